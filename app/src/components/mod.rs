@@ -1,0 +1,3 @@
+//! Widgets shared by several pages.
+
+pub mod shell;

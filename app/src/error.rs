@@ -1,0 +1,37 @@
+//! The one error type of the console's server functions.
+
+use leptos::server_fn::codec::JsonEncoding;
+use leptos::server_fn::error::{FromServerFnError, ServerFnErrorErr};
+use serde::{Deserialize, Serialize};
+
+/// What a server function returns on failure. Safe to show: internal details (database texts,
+/// URLs) are logged on the server and never put in here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+pub enum ConsoleError {
+    /// The request was malformed or failed validation; the text says what to change.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Something failed on the server; details are in the server log under this request.
+    #[error("internal error; see the server log")]
+    Internal,
+    /// Transport or encoding failure reported by the server-function machinery.
+    #[error("request failed: {0}")]
+    ServerFn(ServerFnErrorErr),
+}
+
+impl FromServerFnError for ConsoleError {
+    type Encoder = JsonEncoding;
+
+    fn from_server_fn_error(value: ServerFnErrorErr) -> Self {
+        ConsoleError::ServerFn(value)
+    }
+}
+
+#[cfg(feature = "ssr")]
+impl ConsoleError {
+    /// Logs `error` on the server and returns the opaque [`ConsoleError::Internal`].
+    pub fn internal(error: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %error, "server function failed");
+        ConsoleError::Internal
+    }
+}

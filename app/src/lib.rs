@@ -1,0 +1,75 @@
+//! The dedup console's user interface (Leptos 0.8, server-rendered and hydrated).
+//!
+//! - `ssr` (server build): renders pages and runs the server functions, which reach the engine
+//!   through [`ssr::ConsoleState`], provided as Leptos context by the server.
+//! - `hydrate` (wasm build by cargo-leptos): makes the server-rendered pages interactive.
+//!
+//! The two features are never enabled together.
+
+pub mod components;
+pub mod error;
+pub mod pages;
+#[cfg(feature = "ssr")]
+pub mod ssr;
+pub mod wire;
+
+use leptos::prelude::*;
+use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
+use leptos_router::components::{Route, Router, Routes};
+use leptos_router::path;
+
+use crate::components::shell::ConsoleLayout;
+use crate::pages::{not_built::NotBuilt, overview::OverviewPage};
+
+/// The HTML document around the app, rendered on the server only.
+pub fn shell(options: LeptosOptions) -> impl IntoView {
+    view! {
+        <!DOCTYPE html>
+        <html lang="en">
+            <head>
+                <meta charset="utf-8" />
+                <meta name="viewport" content="width=device-width, initial-scale=1" />
+                <AutoReload options=options.clone() />
+                <HydrationScripts options />
+                <MetaTags />
+            </head>
+            <body>
+                <App />
+            </body>
+        </html>
+    }
+}
+
+/// The console: navigation shell and route table.
+#[component]
+pub fn App() -> impl IntoView {
+    provide_meta_context();
+    view! {
+        <Stylesheet id="leptos" href="/pkg/dedup-console.css" />
+        <Title text="dedup console" />
+        <Router>
+            <ConsoleLayout>
+                <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
+                    <Route path=path!("/") view=OverviewPage />
+                    <Route path=path!("/records") view=|| view! { <NotBuilt title="Records" /> } />
+                    <Route path=path!("/stuck") view=|| view! { <NotBuilt title="Stuck" /> } />
+                    <Route path=path!("/retries") view=|| view! { <NotBuilt title="Retries" /> } />
+                    <Route
+                        path=path!("/dead-letters")
+                        view=|| view! { <NotBuilt title="Dead letters" /> }
+                    />
+                    <Route path=path!("/cleanup") view=|| view! { <NotBuilt title="Cleanup" /> } />
+                    <Route path=path!("/audit") view=|| view! { <NotBuilt title="Audit" /> } />
+                </Routes>
+            </ConsoleLayout>
+        </Router>
+    }
+}
+
+/// Entry point of the wasm bundle: hydrates the server-rendered body.
+#[cfg(feature = "hydrate")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub fn hydrate() {
+    console_error_panic_hook::set_once();
+    leptos::mount::hydrate_body(App);
+}

@@ -1,0 +1,42 @@
+//! Server-side glue: the state the server provides to server functions, and conversions from
+//! engine types to [`crate::wire`] types.
+
+use dedup_engine::health::{HealthProbes, HealthReport};
+use leptos::prelude::use_context;
+
+use crate::error::ConsoleError;
+use crate::wire::{DependencyView, HealthView};
+
+/// Everything server functions need, provided by the server as Leptos context for each request.
+#[derive(Clone)]
+pub struct ConsoleState {
+    /// Probes of PostgreSQL, Redis and RabbitMQ.
+    pub probes: HealthProbes,
+}
+
+/// The [`ConsoleState`] of the current request.
+///
+/// Errors: [`ConsoleError::Internal`] when the server did not provide it (a wiring bug).
+pub fn console_state() -> Result<ConsoleState, ConsoleError> {
+    use_context::<ConsoleState>().ok_or_else(|| ConsoleError::internal("ConsoleState missing from context"))
+}
+
+impl From<HealthReport> for HealthView {
+    fn from(report: HealthReport) -> Self {
+        HealthView {
+            checked_at: report.checked_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            dependencies: report
+                .dependencies()
+                .into_iter()
+                .map(|d| DependencyView {
+                    key: d.service.to_owned(),
+                    name: d.name.clone(),
+                    url: d.url.clone(),
+                    up: d.up,
+                    latency_ms: d.latency_ms,
+                    error: d.error.clone(),
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,54 @@
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer, launchBrowser, screenshot, waitForHydration } from './support/harness.mjs';
+
+let server;
+let browser;
+
+before(async () => {
+  server = await startServer();
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  await server?.stop();
+});
+
+test('overview hydrates and its refresh button fetches the health again', async () => {
+  const page = await browser.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  await page.goto(server.base + '/');
+  await waitForHydration(page);
+
+  const rows = page.locator('[data-testid="health-table"] tbody tr');
+  assert.equal(await rows.count(), 3);
+  for (const key of ['database', 'redis', 'broker']) {
+    assert.equal(await page.locator(`tr[data-dependency="${key}"]`).getAttribute('data-state'), 'up', key);
+  }
+  const before = await page.getByTestId('checked-at').textContent();
+
+  await page.getByTestId('refresh-health').click();
+  await page.getByText('refreshed 1×').waitFor();
+  await page.waitForFunction(
+    (old) => document.querySelector('[data-testid="checked-at"]')?.textContent !== old,
+    before,
+  );
+  const after = await page.getByTestId('checked-at').textContent();
+  assert.ok(after > before, `checked-at moved forward: ${before} -> ${after}`);
+
+  await screenshot(page, 'overview');
+  assert.deepEqual(errors, [], 'no script errors');
+});
+
+test('navigation links work without a full reload after hydration', async () => {
+  const page = await browser.newPage();
+  await page.goto(server.base + '/');
+  await waitForHydration(page);
+  await page.evaluate(() => { window.__sameDocument = true; });
+  await page.getByRole('link', { name: 'Audit' }).click();
+  await page.getByRole('heading', { name: 'Audit' }).waitFor();
+  assert.equal(new URL(page.url()).pathname, '/audit');
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, 'client-side navigation');
+});

@@ -1,0 +1,107 @@
+// Test harness: a dedup-console server with a fresh database, and Debian's Chromium.
+//
+// DEDUP_BIN (set by scripts/test) is the server binary; DEDUP_SITE_ROOT the built site.
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const ARTIFACTS = join(here, '..', '..', 'artifacts');
+const ADMIN_URL = process.env.DEDUP_TEST_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+function psql(sql) {
+  execFileSync('psql', [ADMIN_URL, '-v', 'ON_ERROR_STOP=1', '-q', '-c', sql], { stdio: 'pipe' });
+}
+
+/** Starts the server on a free port with a fresh database; `env` adds configuration. */
+export async function startServer(env = {}) {
+  const bin = process.env.DEDUP_BIN;
+  if (!bin) throw new Error('DEDUP_BIN is not set: run the browser tests through scripts/test');
+  const port = await freePort();
+  const database = `dce2e_${Math.random().toString(16).slice(2, 14)}`;
+  const url = new URL(ADMIN_URL);
+  url.pathname = `/${database}`;
+  const child = spawn(bin, ['serve'], {
+    env: {
+      ...process.env,
+      DATABASE_URL: url.toString(),
+      DEDUP_LISTEN: `127.0.0.1:${port}`,
+      ...env,
+    },
+    stdio: ['ignore', 'inherit', 'pipe'],
+  });
+  let log = '';
+  child.stderr.on('data', (chunk) => { log += chunk; });
+  const base = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`server exited (${child.exitCode}):\n${log}`);
+    try {
+      const res = await fetch(`${base}/healthz`);
+      if (res.ok) break;
+    } catch { /* not listening yet */ }
+    if (Date.now() > deadline) throw new Error(`server did not start within 60 s:\n${log}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  return {
+    base,
+    database,
+    log: () => log,
+    async stop() {
+      child.kill('SIGTERM');
+      await new Promise((r) => (child.exitCode !== null ? r() : child.once('exit', r)));
+      psql(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
+    },
+  };
+}
+
+/** Launches headless Chromium with a fresh profile; returns the persistent context. */
+export async function launchBrowser() {
+  const profile = mkdtempSync(join(tmpdir(), 'dc-chromium-'));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
+  });
+  const close = context.close.bind(context);
+  context.close = async () => {
+    await close();
+    rmSync(profile, { recursive: true, force: true });
+  };
+  return context;
+}
+
+/** Saves a full-page screenshot under end2end/artifacts/. */
+export async function screenshot(page, name) {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
+}
+
+/** Waits until the wasm bundle has hydrated the page. */
+export async function waitForHydration(page) {
+  await page.waitForSelector('body[data-hydrated="true"]', { timeout: 30_000 });
+}

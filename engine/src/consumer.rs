@@ -1,0 +1,209 @@
+//! The consumer service: N workers, each with its own [`Source`](crate::source::Source),
+//! running deliveries through the [`Pipeline`] until shutdown.
+//!
+//! Lifecycle (DESIGN.md; the same for every long-running engine task): started with a shutdown
+//! token; on shutdown each worker stops taking deliveries, finishes and settles the batch in
+//! hand, cancels its subscription (deliveries not yet taken go back to the broker), and the
+//! connection is closed. A lost connection is reopened with exponential back-off; a batch that
+//! had to be redelivered (database trouble) pauses the worker with the same back-off instead of
+//! spinning on immediate redeliveries.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::pipeline::{Disposition, Pipeline};
+use crate::source::SourceFactory;
+use crate::worker::worker_name;
+
+/// Consumer settings.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsumerSettings {
+    /// Workers (each with its own channel / source). Default 4.
+    pub concurrency: usize,
+    /// Most deliveries processed in one database transaction. Default 50.
+    pub batch_size: usize,
+    /// How long a worker waits for more deliveries after the first of a batch, in ms. Default 5.
+    pub batch_linger_ms: u64,
+    /// First back-off after a connection loss or a redelivered batch, in ms. Default 500.
+    pub backoff_initial_ms: u64,
+    /// Longest such back-off, in ms. Default 30000.
+    pub backoff_max_ms: u64,
+}
+
+impl Default for ConsumerSettings {
+    fn default() -> Self {
+        Self { concurrency: 4, batch_size: 50, batch_linger_ms: 5, backoff_initial_ms: 500, backoff_max_ms: 30_000 }
+    }
+}
+
+/// What the console shows of a running consumer.
+#[derive(Debug, Default)]
+pub struct ConsumerStatus {
+    running_workers: AtomicUsize,
+    in_flight: AtomicUsize,
+    last_error: std::sync::Mutex<Option<(DateTime<Utc>, String)>>,
+}
+
+impl ConsumerStatus {
+    /// Workers currently holding an open source.
+    pub fn running_workers(&self) -> usize {
+        self.running_workers.load(Ordering::Relaxed)
+    }
+
+    /// Deliveries taken from the broker and not yet settled.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The last connection or settlement error, with when it happened.
+    pub fn last_error(&self) -> Option<(DateTime<Utc>, String)> {
+        self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_error(&self, error: String) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some((Utc::now(), error));
+    }
+}
+
+/// A consumer: a pipeline fed by sources from a factory.
+pub struct Consumer {
+    pipeline: Pipeline,
+    factory: Arc<dyn SourceFactory>,
+    settings: ConsumerSettings,
+    status: Arc<ConsumerStatus>,
+}
+
+impl Consumer {
+    /// A consumer; call [`Consumer::run`] to start it.
+    pub fn new(pipeline: Pipeline, factory: Arc<dyn SourceFactory>, settings: ConsumerSettings) -> Self {
+        Self { pipeline, factory, settings, status: Arc::new(ConsumerStatus::default()) }
+    }
+
+    /// The status handle (shared; stays valid while the consumer runs).
+    pub fn status(&self) -> Arc<ConsumerStatus> {
+        self.status.clone()
+    }
+
+    /// Runs the workers until `shutdown` is cancelled and they have drained, then closes the
+    /// connection.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let workers: Vec<_> = (0..self.settings.concurrency.max(1))
+            .map(|n| {
+                tokio::spawn(run_worker(
+                    n,
+                    self.pipeline.clone(),
+                    self.factory.clone(),
+                    self.settings.clone(),
+                    self.status.clone(),
+                    shutdown.clone(),
+                ))
+            })
+            .collect();
+        for worker in workers {
+            let _ = worker.await;
+        }
+        self.factory.close().await;
+        tracing::info!(group = %self.pipeline.group(), "consumer stopped");
+    }
+}
+
+/// Doubling back-off between `initial` and `max`.
+struct Pause {
+    next: Duration,
+    initial: Duration,
+    max: Duration,
+}
+
+impl Pause {
+    fn new(settings: &ConsumerSettings) -> Self {
+        let initial = Duration::from_millis(settings.backoff_initial_ms.max(1));
+        Self { next: initial, initial, max: Duration::from_millis(settings.backoff_max_ms).max(initial) }
+    }
+
+    /// Sleeps for the current pause (or until shutdown) and doubles it. False on shutdown.
+    async fn sleep(&mut self, shutdown: &CancellationToken) -> bool {
+        let pause = self.next;
+        self.next = (self.next * 2).min(self.max);
+        tokio::select! {
+            () = shutdown.cancelled() => false,
+            () = tokio::time::sleep(pause) => true,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+async fn run_worker(
+    n: usize,
+    pipeline: Pipeline,
+    factory: Arc<dyn SourceFactory>,
+    settings: ConsumerSettings,
+    status: Arc<ConsumerStatus>,
+    shutdown: CancellationToken,
+) {
+    let name = worker_name(n);
+    let linger = Duration::from_millis(settings.batch_linger_ms);
+    let mut pause = Pause::new(&settings);
+    while !shutdown.is_cancelled() {
+        let opened = tokio::select! {
+            () = shutdown.cancelled() => break,
+            opened = factory.open(n) => opened,
+        };
+        let mut source = match opened {
+            Ok(source) => source,
+            Err(e) => {
+                tracing::warn!(worker = %name, error = %e, "cannot open the source; retrying");
+                status.set_error(e.to_string());
+                if !pause.sleep(&shutdown).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        pause.reset();
+        status.running_workers.fetch_add(1, Ordering::Relaxed);
+        let error = loop {
+            let next = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => None,
+                next = source.next_batch(settings.batch_size, linger) => Some(next),
+            };
+            let batch = match next {
+                None | Some(Ok(None)) => break None,
+                Some(Err(e)) => break Some(e),
+                Some(Ok(Some(batch))) => batch,
+            };
+            status.in_flight.fetch_add(batch.len(), Ordering::Relaxed);
+            let size = batch.len();
+            let dispositions = pipeline.process(&name, batch).await;
+            let settled = source.settle(&dispositions).await;
+            status.in_flight.fetch_sub(size, Ordering::Relaxed);
+            if let Err(e) = settled {
+                break Some(e);
+            }
+            if dispositions.contains(&Disposition::Redeliver) {
+                if !pause.sleep(&shutdown).await {
+                    break None;
+                }
+            } else {
+                pause.reset();
+            }
+        };
+        source.stop().await;
+        status.running_workers.fetch_sub(1, Ordering::Relaxed);
+        if let Some(e) = error {
+            tracing::warn!(worker = %name, error = %e, "source failed; reconnecting");
+            status.set_error(e.to_string());
+            if !pause.sleep(&shutdown).await {
+                break;
+            }
+        }
+    }
+}

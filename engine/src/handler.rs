@@ -1,0 +1,217 @@
+//! Handlers: the business code run for a claimed record, in one of the two modes of DESIGN.md.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use crate::record::{HandlerMode, LeaseExpiryPolicy, MessageId};
+
+/// What a handler gets to see of a message.
+#[derive(Debug, Clone, Copy)]
+pub struct HandlerInput<'a> {
+    /// The message id.
+    pub message_id: &'a MessageId,
+    /// `<entity>.<event>`.
+    pub message_type: &'a str,
+    /// The payload parsed as JSON (`None` for binary payloads).
+    pub json: Option<&'a Value>,
+    /// The raw payload.
+    pub payload: &'a [u8],
+    /// Broker headers as JSON.
+    pub headers: &'a serde_json::Map<String, Value>,
+    /// This attempt's number (1-based), from the dedup table.
+    pub attempt: i32,
+}
+
+impl HandlerInput<'_> {
+    /// A string field of the JSON payload, or a permanent error naming the field.
+    pub fn str_field(&self, name: &str) -> Result<&str, HandlerError> {
+        self.json.and_then(|j| j.get(name)).and_then(Value::as_str).ok_or_else(|| {
+            HandlerError::permanent("INVALID_PAYLOAD", format!("payload field {name:?} is missing or not a string"))
+        })
+    }
+
+    /// An integer field of the JSON payload, or a permanent error naming the field.
+    pub fn i64_field(&self, name: &str) -> Result<i64, HandlerError> {
+        self.json.and_then(|j| j.get(name)).and_then(Value::as_i64).ok_or_else(|| {
+            HandlerError::permanent("INVALID_PAYLOAD", format!("payload field {name:?} is missing or not an integer"))
+        })
+    }
+}
+
+/// A handler failure.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct HandlerError {
+    /// Short code of the failure (`ORDER_NOT_FOUND`, `SMS_GATEWAY_UNAVAILABLE`, `DATABASE`).
+    pub kind: Cow<'static, str>,
+    /// What went wrong, for the operator.
+    pub message: String,
+    /// Retrying cannot help (bad payload, business rule violated): the record goes dead at once.
+    pub permanent: bool,
+    /// A database conflict (deadlock, serialization failure, lost connection): the attempt is
+    /// retried at once without counting it.
+    pub transient: bool,
+}
+
+impl HandlerError {
+    /// A failure worth retrying after a back-off.
+    pub fn retryable(kind: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        Self { kind: kind.into(), message: message.into(), permanent: false, transient: false }
+    }
+
+    /// A failure that retrying cannot fix.
+    pub fn permanent(kind: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        Self { kind: kind.into(), message: message.into(), permanent: true, transient: false }
+    }
+
+    /// The dead-letter grouping key: kind plus the message's first line, with numbers and long
+    /// hex runs replaced by `#` so that "order 42 not found" and "order 43 not found" group
+    /// together. At most 200 characters.
+    pub fn error_class(&self) -> String {
+        error_class(&self.kind, &self.message)
+    }
+}
+
+/// See [`HandlerError::error_class`].
+pub fn error_class(kind: &str, message: &str) -> String {
+    let first_line = message.lines().next().unwrap_or_default();
+    let mut normalised = String::with_capacity(first_line.len());
+    let mut in_number = false;
+    for token in first_line.split_inclusive(|c: char| !c.is_ascii_alphanumeric()) {
+        let (word, sep) = token.split_at(token.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()).len());
+        let numeric = !word.is_empty()
+            && (word.chars().all(|c| c.is_ascii_digit())
+                || (word.len() >= 8
+                    && word.chars().all(|c| c.is_ascii_hexdigit())
+                    && word.chars().any(|c| c.is_ascii_digit())));
+        if numeric {
+            if !in_number {
+                normalised.push('#');
+            }
+            in_number = sep.is_empty() || matches!(sep, "-" | "." | ":");
+            if !in_number {
+                normalised.push_str(sep);
+            }
+        } else {
+            in_number = false;
+            normalised.push_str(word);
+            normalised.push_str(sep);
+        }
+    }
+    let class = format!("{kind}: {normalised}");
+    class.chars().take(200).collect()
+}
+
+impl From<sqlx::Error> for HandlerError {
+    fn from(e: sqlx::Error) -> Self {
+        let transient = crate::store::is_transient(&e);
+        Self { kind: "DATABASE".into(), message: e.to_string(), permanent: false, transient }
+    }
+}
+
+/// A handler whose effects live in the dedup store's database: it runs inside the transaction
+/// that claimed the record, and the record is marked `succeeded` in the same transaction.
+#[async_trait]
+pub trait TransactionalHandler: Send + Sync + 'static {
+    /// Applies the message's business changes on `tx`. Returning an error rolls them back.
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError>;
+
+    /// The shared business row this message will lock, if any (e.g. the SKU whose stock it
+    /// reserves). A batch runs its messages ordered by this key, so concurrent batches lock hot
+    /// rows in one order and wait for each other instead of deadlocking.
+    fn lock_key(&self, _input: &HandlerInput<'_>) -> Option<String> {
+        None
+    }
+}
+
+/// A handler with an external side effect (an SMS, an HTTP call): runs after its claim has
+/// committed, under a lease that is extended while it runs; its completion is fenced by the
+/// lease token.
+#[async_trait]
+pub trait LeasedHandler: Send + Sync + 'static {
+    /// Performs the effect. It must finish well within the lease or keep working only while
+    /// the lease is extended (the engine extends it every third of its duration).
+    async fn handle(&self, input: &HandlerInput<'_>) -> Result<(), HandlerError>;
+}
+
+/// A handler in one of the two modes.
+#[derive(Clone)]
+pub enum Handler {
+    /// See [`TransactionalHandler`].
+    Transactional(Arc<dyn TransactionalHandler>),
+    /// See [`LeasedHandler`].
+    Leased {
+        /// The effect.
+        handler: Arc<dyn LeasedHandler>,
+        /// What a redelivery of a stuck record may do.
+        on_lease_expiry: LeaseExpiryPolicy,
+    },
+}
+
+impl Handler {
+    /// The mode.
+    pub fn mode(&self) -> HandlerMode {
+        match self {
+            Handler::Transactional(_) => HandlerMode::Transactional,
+            Handler::Leased { .. } => HandlerMode::Leased,
+        }
+    }
+
+    /// Whether an expired lease may be claimed again automatically.
+    pub fn reclaims_expired(&self) -> bool {
+        matches!(self, Handler::Leased { on_lease_expiry: LeaseExpiryPolicy::Reclaim, .. })
+    }
+}
+
+/// The handlers of one consumer group, by message type.
+#[derive(Clone, Default)]
+pub struct HandlerRegistry {
+    by_type: HashMap<String, Handler>,
+}
+
+impl HandlerRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `handler` for `message_type` (`<entity>.<event>`), replacing any previous one.
+    pub fn register(&mut self, message_type: impl Into<String>, handler: Handler) -> &mut Self {
+        self.by_type.insert(message_type.into(), handler);
+        self
+    }
+
+    /// The handler of a type.
+    pub fn get(&self, message_type: &str) -> Option<&Handler> {
+        self.by_type.get(message_type)
+    }
+
+    /// The registered types, sorted.
+    pub fn types(&self) -> Vec<&str> {
+        let mut types: Vec<&str> = self.by_type.keys().map(String::as_str).collect();
+        types.sort_unstable();
+        types
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_classes_group_messages_that_differ_only_in_numbers() {
+        let a = error_class("ORDER_NOT_FOUND", "order 202501281000001 not found\nat line 3");
+        let b = error_class("ORDER_NOT_FOUND", "order 202501281000002 not found");
+        assert_eq!(a, b);
+        assert_eq!(a, "ORDER_NOT_FOUND: order # not found");
+        assert_eq!(error_class("X", "timeout after 1.5 s"), "X: timeout after # s");
+        assert_eq!(error_class("X", "id 3f2a9c1e7b not known"), "X: id # not known");
+        assert_eq!(error_class("X", "abc"), "X: abc");
+        assert!(error_class("X", &"y".repeat(500)).chars().count() == 200);
+    }
+}

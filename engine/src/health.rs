@@ -1,0 +1,141 @@
+//! Health probes of the three dependencies (PostgreSQL, Redis, RabbitMQ), shared by `/readyz`
+//! and the console's overview.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::service::{Service, redact_url};
+
+/// The state of one dependency at one moment.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DependencyHealth {
+    /// `"database"`, `"redis"` or `"broker"` ([`Service::key`]).
+    pub service: &'static str,
+    /// Human name: `PostgreSQL`, `Redis`, `RabbitMQ`.
+    pub name: String,
+    /// The URL probed, password redacted.
+    pub url: String,
+    /// Whether the probe succeeded within the timeout.
+    pub up: bool,
+    /// Wall time of the probe in milliseconds (up to the timeout when it failed).
+    pub latency_ms: f64,
+    /// Why the probe failed, with the start hint; `None` when up.
+    pub error: Option<String>,
+}
+
+/// The health of all three dependencies, probed concurrently.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HealthReport {
+    /// When the probes started.
+    pub checked_at: DateTime<Utc>,
+    /// PostgreSQL.
+    pub database: DependencyHealth,
+    /// Redis.
+    pub redis: DependencyHealth,
+    /// RabbitMQ.
+    pub broker: DependencyHealth,
+}
+
+impl HealthReport {
+    /// True when every dependency answered.
+    pub fn all_up(&self) -> bool {
+        self.database.up && self.redis.up && self.broker.up
+    }
+
+    /// The dependencies in display order.
+    pub fn dependencies(&self) -> [&DependencyHealth; 3] {
+        [&self.database, &self.redis, &self.broker]
+    }
+}
+
+/// Probes the dependencies. Cheap to clone.
+///
+/// Each probe is a real round trip: `SELECT 1` on a pooled PostgreSQL connection, `PING` on a
+/// new Redis connection, an AMQP handshake with RabbitMQ (closed right after). Each is bounded
+/// by `timeout`.
+#[derive(Clone)]
+pub struct HealthProbes {
+    pool: PgPool,
+    database_url: String,
+    redis_url: String,
+    amqp_url: String,
+    timeout: Duration,
+}
+
+impl HealthProbes {
+    /// Creates probes for the given pool and URLs; `timeout` bounds each probe.
+    pub fn new(pool: PgPool, database_url: &str, redis_url: &str, amqp_url: &str, timeout: Duration) -> Self {
+        Self {
+            pool,
+            database_url: database_url.to_owned(),
+            redis_url: redis_url.to_owned(),
+            amqp_url: amqp_url.to_owned(),
+            timeout,
+        }
+    }
+
+    /// Runs the three probes concurrently.
+    pub async fn check(&self) -> HealthReport {
+        let checked_at = Utc::now();
+        let (database, redis, broker) = tokio::join!(self.check_database(), self.check_redis(), self.check_broker());
+        HealthReport { checked_at, database, redis, broker }
+    }
+
+    /// `SELECT 1` on a pooled connection.
+    pub async fn check_database(&self) -> DependencyHealth {
+        self.timed(Service::PostgreSql, &self.database_url, async {
+            sqlx::query("SELECT 1").execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// `PING` on a fresh connection.
+    pub async fn check_redis(&self) -> DependencyHealth {
+        self.timed(Service::Redis, &self.redis_url, async {
+            let client = redis::Client::open(self.redis_url.as_str())?;
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(Some(self.timeout));
+            let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+            let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+            anyhow::ensure!(pong == "PONG", "unexpected PING reply {pong:?}");
+            Ok(())
+        })
+        .await
+    }
+
+    /// An AMQP connection handshake, then a clean close.
+    pub async fn check_broker(&self) -> DependencyHealth {
+        self.timed(Service::RabbitMq, &self.amqp_url, async {
+            let conn = lapin::Connection::connect(&self.amqp_url, lapin::ConnectionProperties::default()).await?;
+            conn.close(200, "health probe".into()).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn timed(
+        &self,
+        service: Service,
+        url: &str,
+        probe: impl Future<Output = anyhow::Result<()>>,
+    ) -> DependencyHealth {
+        let started = Instant::now();
+        let outcome = match tokio::time::timeout(self.timeout, probe).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("{e:#}")),
+            Err(_) => Some(format!("no answer within {} ms", self.timeout.as_millis())),
+        };
+        DependencyHealth {
+            service: service.key(),
+            name: service.to_string(),
+            url: redact_url(url),
+            up: outcome.is_none(),
+            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+            error: outcome.map(|cause| format!("{service} is down: {cause}. {}", service.start_hint())),
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The order handlers.
+
+use async_trait::async_trait;
+use sqlx::PgConnection;
+
+use super::sms::{Sms, SmsError, SmsGateway};
+use crate::handler::{HandlerError, HandlerInput, LeasedHandler, TransactionalHandler};
+
+/// `ORDER.CREATE` (transactional): the order as `PENDING`, and its stock reserved.
+///
+/// Payload: `{ "orderNo", "sku", "quantity", "amountCents", "phone" }`.
+/// Errors: `INVALID_PAYLOAD`, `OUT_OF_STOCK` and `ORDER_EXISTS` (permanent).
+pub struct CreateOrder;
+
+#[async_trait]
+impl TransactionalHandler for CreateOrder {
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+        let order_no = input.str_field("orderNo")?;
+        let sku = input.str_field("sku")?;
+        let quantity = i32::try_from(input.i64_field("quantity")?)
+            .ok()
+            .filter(|q| *q > 0)
+            .ok_or_else(|| HandlerError::permanent("INVALID_PAYLOAD", "quantity must be a positive integer"))?;
+        let amount = input.i64_field("amountCents")?;
+        let phone = input.str_field("phone")?;
+        let reserved = sqlx::query(
+            "UPDATE inventory SET available = available - $2, reserved = reserved + $2
+             WHERE sku = $1 AND available >= $2",
+        )
+        .bind(sku)
+        .bind(quantity)
+        .execute(&mut *tx)
+        .await?;
+        if reserved.rows_affected() == 0 {
+            return Err(HandlerError::permanent("OUT_OF_STOCK", format!("no {quantity} units of {sku} available")));
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO orders (order_no, status, sku, quantity, amount_cents, phone, version)
+             VALUES ($1, 'PENDING', $2, $3, $4, $5, 1)",
+        )
+        .bind(order_no)
+        .bind(sku)
+        .bind(quantity)
+        .bind(amount)
+        .bind(phone)
+        .execute(&mut *tx)
+        .await;
+        if let Err(e) = inserted {
+            // The handler runs in its own savepoint, so a unique violation here aborts only
+            // this message's changes.
+            if e.as_database_error().is_some_and(|d| d.constraint() == Some("orders_pkey")) {
+                return Err(HandlerError::permanent("ORDER_EXISTS", format!("order {order_no} exists already")));
+            }
+            return Err(e.into());
+        }
+        sqlx::query("INSERT INTO inventory_reservations (order_no, sku, quantity, message_id) VALUES ($1, $2, $3, $4)")
+            .bind(order_no)
+            .bind(sku)
+            .bind(quantity)
+            .bind(input.message_id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+
+    /// The SKU's inventory row is the hot row all CREATEs of that SKU lock.
+    fn lock_key(&self, input: &HandlerInput<'_>) -> Option<String> {
+        input.str_field("sku").ok().map(str::to_owned)
+    }
+}
+
+/// `ORDER.PAY` (transactional): the state machine `PENDING → PAID`, by a conditional update on
+/// status and version; the payment is booked only when the update took.
+///
+/// Payload: `{ "orderNo", "amountCents", "expectedVersion" }`.
+/// Errors: `ORDER_NOT_FOUND` (retryable: the CREATE may arrive later), `VERSION_CONFLICT`
+/// (permanent). An order already `PAID` is a no-op.
+pub struct PayOrder;
+
+#[async_trait]
+impl TransactionalHandler for PayOrder {
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+        let order_no = input.str_field("orderNo")?;
+        let amount = input.i64_field("amountCents")?;
+        let expected = i32::try_from(input.i64_field("expectedVersion")?)
+            .map_err(|_| HandlerError::permanent("INVALID_PAYLOAD", "expectedVersion out of range"))?;
+        let paid = sqlx::query(
+            "UPDATE orders SET status = 'PAID', version = version + 1, paid_at = now()
+             WHERE order_no = $1 AND status = 'PENDING' AND version = $2",
+        )
+        .bind(order_no)
+        .bind(expected)
+        .execute(&mut *tx)
+        .await?;
+        if paid.rows_affected() == 1 {
+            sqlx::query("INSERT INTO payments (order_no, amount_cents, message_id) VALUES ($1, $2, $3)")
+                .bind(order_no)
+                .bind(amount)
+                .bind(input.message_id.as_str())
+                .execute(&mut *tx)
+                .await?;
+            return Ok(());
+        }
+        let current: Option<(String, i32)> = sqlx::query_as("SELECT status, version FROM orders WHERE order_no = $1")
+            .bind(order_no)
+            .fetch_optional(&mut *tx)
+            .await?;
+        match current {
+            None => Err(HandlerError::retryable("ORDER_NOT_FOUND", format!("order {order_no} not found (yet)"))),
+            Some((status, _)) if status == "PAID" => Ok(()),
+            // Created by a transaction that committed between our update and this read.
+            Some((status, version)) if status == "PENDING" && version == expected => Err(HandlerError::retryable(
+                "ORDER_NOT_FOUND",
+                format!("order {order_no} appeared concurrently; retrying"),
+            )),
+            Some((status, version)) => Err(HandlerError::permanent(
+                "VERSION_CONFLICT",
+                format!("order {order_no} is {status} at version {version}, expected PENDING at {expected}"),
+            )),
+        }
+    }
+}
+
+/// `ORDER.NOTIFY` (leased): sends "order paid" by SMS through the gateway stand-in.
+///
+/// Payload: `{ "orderNo", "kind", "phone", "text" }`.
+/// Errors: `SMS_GATEWAY_UNAVAILABLE` (retryable).
+pub struct NotifyOrder {
+    gateway: SmsGateway,
+}
+
+impl NotifyOrder {
+    /// A handler sending through `gateway`.
+    pub fn new(gateway: SmsGateway) -> Self {
+        Self { gateway }
+    }
+}
+
+#[async_trait]
+impl LeasedHandler for NotifyOrder {
+    async fn handle(&self, input: &HandlerInput<'_>) -> Result<(), HandlerError> {
+        let sms = Sms {
+            order_no: input.str_field("orderNo")?,
+            kind: input.str_field("kind")?,
+            phone: input.str_field("phone")?,
+            body: input.str_field("text")?,
+            message_id: input.message_id.as_str(),
+        };
+        self.gateway.send(sms).await.map_err(|e| match e {
+            SmsError::Rejected => HandlerError::retryable("SMS_GATEWAY_UNAVAILABLE", e.to_string()),
+            SmsError::Log(db) => db.into(),
+        })
+    }
+}

@@ -1,0 +1,85 @@
+//! The order domain the embedded consumer runs (the example of the seeds): `ORDER.CREATE`,
+//! `ORDER.PAY` and `ORDER.NOTIFY`, with a simulator that produces duplicate-laden traffic and a
+//! verifier that proves every effect happened once.
+//!
+//! Message ids: `ORDER.<EVENT>.<order no>:<version>`; CREATE is version 1, PAY 2, NOTIFY 3.
+
+mod handlers;
+pub mod simulate;
+mod sms;
+pub mod verify;
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+pub use handlers::{CreateOrder, NotifyOrder, PayOrder};
+pub use sms::SmsGateway;
+
+use crate::handler::{Handler, HandlerRegistry};
+use crate::record::LeaseExpiryPolicy;
+
+/// Settings of the order domain.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrderSettings {
+    /// Number of SKUs stocked at start (`SKU-0001` ...). Default 100.
+    pub skus: u32,
+    /// Units of each SKU stocked at start (only when the SKU is new). Default 1 000 000.
+    pub initial_stock: i32,
+    /// Latency of the SMS gateway stand-in, in ms. Default 20.
+    pub sms_latency_ms: u64,
+    /// Share of SMS sends the stand-in rejects (0.0–1.0). Default 0.
+    pub sms_failure_rate: f64,
+    /// `on_lease_expiry` of the leased NOTIFY handler. Default `hold`.
+    pub notify_on_lease_expiry: LeaseExpiryPolicy,
+}
+
+impl Default for OrderSettings {
+    fn default() -> Self {
+        Self {
+            skus: 100,
+            initial_stock: 1_000_000,
+            sms_latency_ms: 20,
+            sms_failure_rate: 0.0,
+            notify_on_lease_expiry: LeaseExpiryPolicy::Hold,
+        }
+    }
+}
+
+/// The SKU code of index `i` (1-based).
+pub fn sku(i: u32) -> String {
+    format!("SKU-{i:04}")
+}
+
+/// Stocks the SKUs that do not exist yet.
+pub async fn stock_inventory(pool: &PgPool, settings: &OrderSettings) -> Result<(), sqlx::Error> {
+    let skus: Vec<String> = (1..=settings.skus.max(1)).map(sku).collect();
+    sqlx::query("INSERT INTO inventory (sku, available) SELECT unnest($1::text[]), $2 ON CONFLICT (sku) DO NOTHING")
+        .bind(skus)
+        .bind(settings.initial_stock)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// The order handlers: CREATE and PAY transactional, NOTIFY leased (through the SMS stand-in).
+pub fn order_handlers(pool: PgPool, settings: &OrderSettings) -> HandlerRegistry {
+    let mut registry = HandlerRegistry::new();
+    registry
+        .register("ORDER.CREATE", Handler::Transactional(Arc::new(CreateOrder)))
+        .register("ORDER.PAY", Handler::Transactional(Arc::new(PayOrder)))
+        .register(
+            "ORDER.NOTIFY",
+            Handler::Leased {
+                handler: Arc::new(NotifyOrder::new(SmsGateway::new(
+                    pool,
+                    settings.sms_latency_ms,
+                    settings.sms_failure_rate,
+                ))),
+                on_lease_expiry: settings.notify_on_lease_expiry,
+            },
+        );
+    registry
+}

@@ -1,0 +1,291 @@
+//! `dedup-console simulate`: publishes an order event stream the way real producers do — with
+//! retries that resend the same message id seconds later, reordering, and poison messages — and
+//! records what it sent (`simulation_runs`, `simulation_messages`) for the verifier.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use super::{OrderSettings, sku};
+use crate::message::{Broker, IdPolicy, InboundMessage, SourceRef};
+use crate::source::rabbitmq::{Publisher, properties_for};
+
+/// What to publish.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SimulateParams {
+    /// Orders; each gets CREATE, PAY and NOTIFY.
+    pub orders: u64,
+    /// Messages per second (0: as fast as the broker confirms).
+    pub rate: f64,
+    /// Share of messages a producer "retries": sent again with the same id (0.0–1.0).
+    pub duplicate_rate: f64,
+    /// Longest delay of such a resend, in ms (each is uniform between 200 ms and this).
+    pub duplicate_delay_ms: u64,
+    /// Events are shuffled within windows of this many messages (1: in order).
+    pub reorder_window: usize,
+    /// Share of orders followed by a poison message (no id, bad JSON, or oversize) (0.0–1.0).
+    pub poison_rate: f64,
+    /// The consumer group whose records the verifier will check.
+    pub group: String,
+    /// Exchange to publish to.
+    pub exchange: String,
+    /// Random seed (a run is reproducible given the seed).
+    pub seed: u64,
+}
+
+/// What a run published.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimulationReport {
+    /// The run's id (`simulation_runs.id`).
+    pub run_id: i64,
+    /// Order numbers of this run start with this.
+    pub order_prefix: String,
+    /// Orders.
+    pub orders: u64,
+    /// Distinct messages (including poison).
+    pub messages: u64,
+    /// Copies published in all (messages + duplicates).
+    pub published: u64,
+    /// Duplicate copies.
+    pub duplicates: u64,
+    /// Poison messages.
+    pub poison: u64,
+    /// Wall time, in seconds.
+    pub seconds: f64,
+    /// Copies per second.
+    pub rate: f64,
+}
+
+/// One message to publish.
+#[derive(Debug, Clone)]
+struct Outgoing {
+    /// AMQP message-id property (`None` for poison without an id).
+    message_id: Option<String>,
+    /// The id the record is expected under.
+    record_id: String,
+    routing_key: &'static str,
+    payload: Vec<u8>,
+    poison: bool,
+}
+
+fn event(order_no: &str, kind: &'static str, version: u32, body: Value) -> Outgoing {
+    let id = format!("ORDER.{kind}.{order_no}:{version}");
+    let mut body = body;
+    body["messageId"] = Value::String(id.clone());
+    Outgoing {
+        message_id: Some(id.clone()),
+        record_id: id,
+        routing_key: match kind {
+            "CREATE" => "order.create",
+            "PAY" => "order.pay",
+            _ => "order.notify",
+        },
+        payload: serde_json::to_vec(&body).expect("JSON serialises"),
+        poison: false,
+    }
+}
+
+fn order_events(order_no: &str, rng: &mut StdRng, orders: &OrderSettings) -> [Outgoing; 3] {
+    let quantity = rng.random_range(1..=3);
+    let amount = rng.random_range(500..50_000);
+    let phone = format!("+86138{:08}", rng.random_range(0..100_000_000u32));
+    [
+        event(
+            order_no,
+            "CREATE",
+            1,
+            json!({
+                "orderNo": order_no, "sku": sku(rng.random_range(1..=orders.skus.max(1))),
+                "quantity": quantity, "amountCents": amount, "phone": phone
+            }),
+        ),
+        event(order_no, "PAY", 2, json!({"orderNo": order_no, "amountCents": amount, "expectedVersion": 1})),
+        event(
+            order_no,
+            "NOTIFY",
+            3,
+            json!({
+                "orderNo": order_no, "kind": "PAID", "phone": phone,
+                "text": format!("Order {order_no} is paid. Thank you!")
+            }),
+        ),
+    ]
+}
+
+fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy) -> Outgoing {
+    let (message_id, payload) = match rng.random_range(0..10) {
+        0..5 => (None, serde_json::to_vec(&json!({"orderNo": order_no, "note": "no message id"})).unwrap()),
+        5..9 => (
+            Some(format!("ORDER.GARBLED.{order_no}:1")),
+            format!("{{\"orderNo\": \"{order_no}\", garbled").into_bytes(),
+        ),
+        _ => {
+            let pad = " ".repeat(policy.max_payload_bytes);
+            (None, serde_json::to_vec(&json!({"orderNo": order_no, "pad": pad})).unwrap())
+        }
+    };
+    // Ask the consumer's own rules which record id this poison will be stored under.
+    let probe = InboundMessage {
+        payload: payload.clone(),
+        headers: serde_json::Map::new(),
+        property_message_id: message_id.clone(),
+        content_type: Some("application/json".to_owned()),
+        broker: Broker::RabbitMq,
+        source: SourceRef::default(),
+        redelivered: false,
+    };
+    let record_id = match policy.identify(&probe) {
+        Err(p) => p.record_id.to_string(),
+        Ok(found) => found.id.to_string(),
+    };
+    Outgoing { message_id, record_id, routing_key: "order.poison", payload, poison: true }
+}
+
+/// Publishes a run and records it. `progress` is called with (copies published, copies planned).
+///
+/// Errors: database (recording the run) or broker (a publish not confirmed) errors, as text.
+pub async fn simulate(
+    pool: &PgPool,
+    publisher: &Publisher,
+    params: &SimulateParams,
+    orders: &OrderSettings,
+    policy: &IdPolicy,
+    progress: impl Fn(u64, u64),
+) -> anyhow::Result<SimulationReport> {
+    let started = Instant::now();
+    let run_id: i64 = sqlx::query_scalar("INSERT INTO simulation_runs (parameters) VALUES ($1) RETURNING id")
+        .bind(sqlx::types::Json(params))
+        .fetch_one(pool)
+        .await?;
+    // Time and run id: unique even across databases (a fresh database restarts run ids).
+    let order_prefix = format!("{}{run_id:04}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
+    sqlx::query("UPDATE simulation_runs SET parameters = parameters || jsonb_build_object('order_prefix', $2::text) WHERE id = $1")
+        .bind(run_id)
+        .bind(&order_prefix)
+        .execute(pool)
+        .await?;
+
+    let mut rng = StdRng::seed_from_u64(params.seed);
+    let mut plan: Vec<Outgoing> = Vec::with_capacity(usize::try_from(params.orders * 3).unwrap_or(0));
+    for i in 0..params.orders {
+        let order_no = format!("{order_prefix}{i:07}");
+        plan.extend(order_events(&order_no, &mut rng, orders));
+        if params.poison_rate > 0.0 && rng.random_bool(params.poison_rate.clamp(0.0, 1.0)) {
+            plan.push(poison(&order_no, &mut rng, policy));
+        }
+    }
+    for window in plan.chunks_mut(params.reorder_window.max(1)) {
+        window.shuffle(&mut rng);
+    }
+    let duplicate_rate = params.duplicate_rate.clamp(0.0, 1.0);
+    let duplicates_planned = (plan.len() as f64 * duplicate_rate).round() as u64;
+    let total_planned = plan.len() as u64 + duplicates_planned;
+
+    let mut copies: HashMap<usize, i32> = HashMap::new();
+    // Resends due later: (due, index into plan).
+    let mut resends: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
+    let mut in_flight = FuturesUnordered::new();
+    let interval = (params.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / params.rate));
+    let mut next_slot = Instant::now();
+    let mut next_index = 0;
+    let (mut published, mut duplicates) = (0u64, 0u64);
+    let max_delay = params.duplicate_delay_ms.max(201);
+
+    loop {
+        let now = Instant::now();
+        let index = match resends.peek() {
+            Some(Reverse((due, _))) if *due <= now || next_index >= plan.len() => {
+                let Reverse((due, index)) = resends.pop().expect("peeked");
+                tokio::time::sleep_until(due.into()).await;
+                duplicates += 1;
+                index
+            }
+            _ if next_index < plan.len() => {
+                next_index += 1;
+                if rng.random_bool(duplicate_rate) {
+                    let delay = Duration::from_millis(rng.random_range(200..max_delay));
+                    resends.push(Reverse((Instant::now() + delay, next_index - 1)));
+                }
+                next_index - 1
+            }
+            _ => break,
+        };
+        if let Some(interval) = interval {
+            tokio::time::sleep_until(next_slot.into()).await;
+            next_slot = next_slot.max(Instant::now() - interval) + interval;
+        }
+        let out = &plan[index];
+        *copies.entry(index).or_insert(0) += 1;
+        let props = properties_for(out.message_id.as_deref(), &serde_json::Map::new(), Some("application/json"));
+        in_flight.push(publisher.publish(&params.exchange, out.routing_key, &out.payload, props));
+        if in_flight.len() >= 256 {
+            in_flight.next().await.expect("non-empty")?;
+        }
+        published += 1;
+        if published % 500 == 0 {
+            progress(published, total_planned);
+        }
+    }
+    while let Some(result) = in_flight.next().await {
+        result?;
+    }
+    progress(published, published);
+
+    let mut groups = Vec::new();
+    let mut ids = Vec::new();
+    let mut poison_flags = Vec::new();
+    let mut counts = Vec::new();
+    for (index, n) in &copies {
+        groups.push(params.group.as_str());
+        ids.push(plan[*index].record_id.as_str());
+        poison_flags.push(plan[*index].poison);
+        counts.push(*n);
+    }
+    for chunk in (0..ids.len()).collect::<Vec<_>>().chunks(5000) {
+        let (a, b) = (chunk[0], chunk[chunk.len() - 1] + 1);
+        sqlx::query(
+            "INSERT INTO simulation_messages (run_id, consumer_group, message_id, poison, copies)
+             SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bool[], $5::int[])
+             ON CONFLICT (run_id, consumer_group, message_id) DO UPDATE
+                 SET copies = simulation_messages.copies + EXCLUDED.copies",
+        )
+        .bind(run_id)
+        .bind(&groups[a..b])
+        .bind(&ids[a..b])
+        .bind(&poison_flags[a..b])
+        .bind(&counts[a..b])
+        .execute(pool)
+        .await?;
+    }
+    let poison_count = plan.iter().filter(|o| o.poison).count() as u64;
+    sqlx::query(
+        "UPDATE simulation_runs SET finished_at = now(), published = $2, duplicates = $3, poison = $4 WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(published as i64)
+    .bind(duplicates as i64)
+    .bind(poison_count as i64)
+    .execute(pool)
+    .await?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(SimulationReport {
+        run_id,
+        order_prefix,
+        orders: params.orders,
+        messages: plan.len() as u64,
+        published,
+        duplicates,
+        poison: poison_count,
+        seconds,
+        rate: published as f64 / seconds.max(1e-9),
+    })
+}

@@ -1,0 +1,66 @@
+//! The SMS gateway stand-in: accepts a send after a configurable latency, rejects a configurable
+//! share of sends, and records every accepted send in `notifications` — outside the consumer's
+//! transaction, like a real gateway — so double sends are countable.
+
+use std::time::Duration;
+
+use rand::Rng;
+use sqlx::PgPool;
+
+/// One SMS.
+#[derive(Debug, Clone, Copy)]
+pub struct Sms<'a> {
+    /// The order it is about.
+    pub order_no: &'a str,
+    /// What it says happened (`PAID`).
+    pub kind: &'a str,
+    /// Recipient.
+    pub phone: &'a str,
+    /// Text.
+    pub body: &'a str,
+    /// The message that asked for it.
+    pub message_id: &'a str,
+}
+
+/// Why the gateway did not send.
+#[derive(Debug, thiserror::Error)]
+pub enum SmsError {
+    /// The stand-in rejected the send (its failure rate).
+    #[error("SMS gateway rejected the send (simulated outage)")]
+    Rejected,
+    /// Recording the send failed.
+    #[error("SMS gateway log unavailable: {0}")]
+    Log(#[from] sqlx::Error),
+}
+
+/// The stand-in gateway.
+#[derive(Debug, Clone)]
+pub struct SmsGateway {
+    pool: PgPool,
+    latency: Duration,
+    failure_rate: f64,
+}
+
+impl SmsGateway {
+    /// A gateway logging to `pool`'s `notifications`.
+    pub fn new(pool: PgPool, latency_ms: u64, failure_rate: f64) -> Self {
+        Self { pool, latency: Duration::from_millis(latency_ms), failure_rate: failure_rate.clamp(0.0, 1.0) }
+    }
+
+    /// Sends: waits the latency, maybe rejects, else records the send (autocommit).
+    pub async fn send(&self, sms: Sms<'_>) -> Result<(), SmsError> {
+        tokio::time::sleep(self.latency).await;
+        if self.failure_rate > 0.0 && rand::rng().random_bool(self.failure_rate) {
+            return Err(SmsError::Rejected);
+        }
+        sqlx::query("INSERT INTO notifications (order_no, kind, phone, body, message_id) VALUES ($1, $2, $3, $4, $5)")
+            .bind(sms.order_no)
+            .bind(sms.kind)
+            .bind(sms.phone)
+            .bind(sms.body)
+            .bind(sms.message_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

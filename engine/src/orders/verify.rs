@@ -1,0 +1,180 @@
+//! `dedup-console verify`: proves a simulation run's effects happened exactly once and that
+//! every message it published is accounted for.
+//!
+//! Violations (each makes `ok` false): an order with more than one stock reservation, more
+//! than one payment, or more than one SMS of a kind; a paid order without exactly one payment;
+//! a created order without exactly one reservation; a SKU whose `reserved` differs from the sum
+//! of its reservations; a published message id with no dedup record (lost, or still queued
+//! when the wait ran out).
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sqlx::{PgPool, Row};
+
+/// The verifier's findings.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    /// No violation.
+    pub ok: bool,
+    /// The run checked.
+    pub run_id: i64,
+    /// Its order-number prefix.
+    pub order_prefix: String,
+    /// Orders the run published.
+    pub orders: i64,
+    /// Orders that exist.
+    pub orders_created: i64,
+    /// Orders that are `PAID`.
+    pub orders_paid: i64,
+    /// SMS sends for the run's orders.
+    pub sms_sent: i64,
+    /// Distinct message ids published (poison included).
+    pub messages: i64,
+    /// Copies published (duplicates included).
+    pub copies: i64,
+    /// Message ids whose record is `succeeded`.
+    pub succeeded: i64,
+    /// Message ids whose record is `dead` (poison included).
+    pub dead: i64,
+    /// Poison messages whose record is `dead`.
+    pub poison_dead: i64,
+    /// Message ids whose record is `failed` (a retry is due).
+    pub failed: i64,
+    /// Message ids whose record is `processing` (in flight, or stuck).
+    pub processing: i64,
+    /// Message ids without a record.
+    pub missing: i64,
+    /// Orders with more than one reservation.
+    pub double_reservations: i64,
+    /// Orders with more than one payment.
+    pub double_payments: i64,
+    /// (order, kind) pairs with more than one SMS.
+    pub double_sms: i64,
+    /// Paid orders without exactly one payment, or created orders without exactly one reservation.
+    pub inconsistent_orders: i64,
+    /// SKUs whose `reserved` differs from the sum of their reservations.
+    pub inventory_mismatches: i64,
+    /// What is wrong, one line each.
+    pub violations: Vec<String>,
+}
+
+/// Checks run `run_id` (the latest run when `None`), polling for up to `wait` until nothing is
+/// missing, failed or processing.
+///
+/// Errors: no such run, or a database error.
+pub async fn verify(pool: &PgPool, run_id: Option<i64>, wait: Duration) -> anyhow::Result<VerifyReport> {
+    let run: Option<(i64, i64, Option<String>)> = sqlx::query_as(
+        "SELECT id, (parameters->>'orders')::bigint, parameters->>'order_prefix' FROM simulation_runs
+         WHERE $1::bigint IS NULL OR id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(run_id)
+    .fetch_optional(pool)
+    .await?;
+    let Some((run_id, orders, Some(prefix))) = run else {
+        anyhow::bail!(match run_id {
+            Some(id) => format!("no simulation run {id}"),
+            None => "no simulation run recorded; run `dedup-console simulate` first".to_owned(),
+        });
+    };
+    let started = Instant::now();
+    loop {
+        let report = check(pool, run_id, orders, &prefix).await?;
+        let settled = report.missing == 0 && report.failed == 0 && report.processing == 0;
+        if settled || started.elapsed() >= wait {
+            return Ok(report);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn count(pool: &PgPool, sql: &str, prefix: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(sql).bind(format!("{prefix}%")).fetch_one(pool).await
+}
+
+async fn check(pool: &PgPool, run_id: i64, orders: i64, prefix: &str) -> anyhow::Result<VerifyReport> {
+    let row = sqlx::query(
+        "SELECT count(*) AS messages, COALESCE(sum(m.copies), 0)::bigint AS copies,
+                count(*) FILTER (WHERE r.id IS NULL) AS missing,
+                count(*) FILTER (WHERE r.status = 'succeeded') AS succeeded,
+                count(*) FILTER (WHERE r.status = 'dead') AS dead,
+                count(*) FILTER (WHERE r.status = 'dead' AND m.poison) AS poison_dead,
+                count(*) FILTER (WHERE r.status = 'failed') AS failed,
+                count(*) FILTER (WHERE r.status = 'processing') AS processing
+         FROM simulation_messages m
+         LEFT JOIN dedup_records r ON r.consumer_group = m.consumer_group AND r.message_id = m.message_id
+         WHERE m.run_id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(pool)
+    .await?;
+    let mut r = VerifyReport {
+        run_id,
+        order_prefix: prefix.to_owned(),
+        orders,
+        messages: row.try_get("messages")?,
+        copies: row.try_get("copies")?,
+        missing: row.try_get("missing")?,
+        succeeded: row.try_get("succeeded")?,
+        dead: row.try_get("dead")?,
+        poison_dead: row.try_get("poison_dead")?,
+        failed: row.try_get("failed")?,
+        processing: row.try_get("processing")?,
+        ..VerifyReport::default()
+    };
+    r.orders_created = count(pool, "SELECT count(*) FROM orders WHERE order_no LIKE $1", prefix).await?;
+    r.orders_paid =
+        count(pool, "SELECT count(*) FROM orders WHERE order_no LIKE $1 AND status = 'PAID'", prefix).await?;
+    r.sms_sent = count(pool, "SELECT count(*) FROM notifications WHERE order_no LIKE $1", prefix).await?;
+    r.double_reservations = count(
+        pool,
+        "SELECT count(*) FROM (SELECT order_no FROM inventory_reservations WHERE order_no LIKE $1
+                               GROUP BY order_no HAVING count(*) > 1) d",
+        prefix,
+    )
+    .await?;
+    r.double_payments = count(
+        pool,
+        "SELECT count(*) FROM (SELECT order_no FROM payments WHERE order_no LIKE $1
+                               GROUP BY order_no HAVING count(*) > 1) d",
+        prefix,
+    )
+    .await?;
+    r.double_sms = count(
+        pool,
+        "SELECT count(*) FROM (SELECT order_no, kind FROM notifications WHERE order_no LIKE $1
+                               GROUP BY order_no, kind HAVING count(*) > 1) d",
+        prefix,
+    )
+    .await?;
+    r.inconsistent_orders = count(
+        pool,
+        "SELECT count(*) FROM orders o WHERE o.order_no LIKE $1 AND (
+             (SELECT count(*) FROM inventory_reservations x WHERE x.order_no = o.order_no) <> 1
+          OR (o.status = 'PAID') <> ((SELECT count(*) FROM payments p WHERE p.order_no = o.order_no) = 1))",
+        prefix,
+    )
+    .await?;
+    r.inventory_mismatches = sqlx::query_scalar(
+        "SELECT count(*) FROM inventory i
+         WHERE i.reserved <> COALESCE((SELECT sum(quantity) FROM inventory_reservations x WHERE x.sku = i.sku), 0)",
+    )
+    .fetch_one(pool)
+    .await?;
+
+    let mut violations = Vec::new();
+    let mut flag = |n: i64, what: &str| {
+        if n > 0 {
+            violations.push(format!("{n} {what}"));
+        }
+    };
+    flag(r.double_reservations, "orders with stock reserved more than once");
+    flag(r.double_payments, "orders paid more than once");
+    flag(r.double_sms, "(order, kind) pairs with more than one SMS");
+    flag(r.inconsistent_orders, "orders whose reservation or payment does not match their status");
+    flag(r.inventory_mismatches, "SKUs whose reserved stock differs from their reservations");
+    flag(r.missing, "published message ids without a dedup record (lost, or still queued)");
+    r.ok = violations.is_empty();
+    r.violations = violations;
+    Ok(r)
+}

@@ -1,0 +1,147 @@
+//! Leased handlers: claim committed first (with a lease and an open attempt row), then the
+//! external effect while the lease is extended every third of its duration, then a completion
+//! fenced by the lease token. A worker whose lease was taken over cannot complete.
+
+use std::time::Instant;
+
+use futures::future::join_all;
+
+use super::{AckReason, Disposition, Marker, Pipeline, Routed};
+use crate::handler::Handler;
+use crate::record::HandlerMode;
+use crate::stats::Event;
+use crate::store::{ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease};
+
+type Outcome = (usize, Disposition, Option<Marker>);
+
+impl Pipeline {
+    pub(super) async fn run_leased(&self, worker: &str, items: Vec<Routed<'_>>) -> Vec<Outcome> {
+        join_all(items.iter().map(|item| async move {
+            let (disposition, marker) = self.process_leased(worker, item).await;
+            (item.index, disposition, marker)
+        }))
+        .await
+    }
+
+    async fn process_leased(&self, worker: &str, item: &Routed<'_>) -> (Disposition, Option<Marker>) {
+        let Handler::Leased { handler, .. } = &item.handler else { unreachable!("partitioned by mode") };
+        let group = self.settings.group.as_str();
+        let lease = Lease::new(worker, self.settings.lease);
+        let request = ClaimRequest {
+            group: &self.settings.group,
+            message_id: &item.identified.id,
+            message_type: &item.identified.message_type,
+            mode: HandlerMode::Leased,
+            max_attempts: self.settings.max_attempts,
+            reclaim_expired: item.handler.reclaims_expired(),
+            lease: &lease,
+            message: item.message,
+            payload_hash: &item.payload_hash,
+        };
+        let mut conn = match self.store.pool().acquire().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(error = %e, "no database connection; redelivering");
+                return (Disposition::Redeliver, None);
+            }
+        };
+        let claim = match self.store.claim(&mut conn, &request).await {
+            Ok(ClaimOutcome::Claimed(claim)) => claim,
+            Ok(ClaimOutcome::Existing(existing)) => {
+                return (self.judge_existing(item.identified.id.as_str(), &existing), None);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, message_id = %item.identified.id, "claim failed; redelivering");
+                return (Disposition::Redeliver, None);
+            }
+        };
+        drop(conn);
+        self.stats.count(group, Event::Claimed, 1);
+        if claim.created {
+            self.stats.count(group, Event::Created, 1);
+        }
+        if claim.took_over {
+            self.stats.count(group, Event::LeaseTakeover, 1);
+            tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "expired lease taken over (on_lease_expiry = reclaim)");
+        }
+
+        let heartbeat = tokio::spawn(self.clone().extend_lease_while_running(claim.clone(), lease.clone()));
+        let started = Instant::now();
+        let result = handler.handle(&Self::input(item, claim.attempt)).await;
+        heartbeat.abort();
+        metrics::histogram!("dedup_handler_duration_seconds", "type" => item.identified.message_type.clone())
+            .record(started.elapsed().as_secs_f64());
+
+        let Ok(mut conn) = self.store.pool().acquire().await else {
+            // The effect may have happened; the record stays processing and, once its lease
+            // expires, stuck: an operator decides. The redelivery is judged then.
+            return (Disposition::Redeliver, None);
+        };
+        match result {
+            Ok(()) => match self.store.complete(&mut conn, &claim, &lease, HandlerMode::Leased).await {
+                Ok(true) => {
+                    self.stats.count(group, Event::Succeeded, 1);
+                    (Disposition::Ack(AckReason::Processed), Some(self.marker(item, claim.first_seen_at)))
+                }
+                Ok(false) => {
+                    tracing::warn!(message_id = %item.identified.id, "lease lost before completion; not marking succeeded");
+                    (Disposition::Ack(AckReason::LeaseLost), None)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, message_id = %item.identified.id, "completion failed; redelivering");
+                    (Disposition::Redeliver, None)
+                }
+            },
+            Err(error) => {
+                self.stats.count(group, Event::Failed, 1);
+                let delay = self.settings.backoff.delay_after(claim.attempt);
+                let text = error.to_string();
+                let failure = FailureReport {
+                    claim: &claim,
+                    lease: &lease,
+                    error: &text,
+                    error_class: &error.error_class(),
+                    permanent: error.permanent,
+                    retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+                };
+                tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text, "handler failed");
+                match self.store.fail_leased(&mut conn, &failure).await {
+                    Ok(FailureOutcome::Failed) => {
+                        self.stats.count(group, Event::Retry, 1);
+                        (Disposition::Retry { delay }, None)
+                    }
+                    Ok(FailureOutcome::Dead) => {
+                        self.stats.count(group, Event::Dead, 1);
+                        (Disposition::DeadLetter { reason: text }, None)
+                    }
+                    Ok(FailureOutcome::Superseded) => (Disposition::Ack(AckReason::LeaseLost), None),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "recording a failure failed; redelivering");
+                        (Disposition::Redeliver, None)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Extends the lease every third of its duration until aborted; stops when the lease can no
+    /// longer be extended (taken over: the fenced completion will then refuse).
+    async fn extend_lease_while_running(self, claim: ClaimedRecord, lease: Lease) {
+        let period = lease.duration / 3;
+        loop {
+            tokio::time::sleep(period).await;
+            let extended = match self.store.pool().acquire().await {
+                Ok(mut conn) => self.store.extend_lease(&mut conn, &claim, &lease).await,
+                Err(e) => Err(e.into()),
+            };
+            match extended {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(record = claim.id, "lease lost while the handler runs");
+                    return;
+                }
+                Err(e) => tracing::warn!(record = claim.id, error = %e, "extending the lease failed; will retry"),
+            }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The idempotent pipeline: what happens to a batch of deliveries between the broker and the
+//! ack, whatever the broker.
+//!
+//! For each delivery: find its id (else it is poison), find its handler, ask the Redis fast
+//! path (a hit is a duplicate: skip), then claim its record in PostgreSQL and run the handler —
+//! transactional handlers all in one transaction with a savepoint per message (one commit per
+//! batch), leased handlers each on their own. After the commit, Redis markers are written for
+//! what succeeded. The result is one [`Disposition`] per delivery; the source turns it into
+//! acks, retry copies, dead-letter copies or offset commits. The pipeline itself never acks.
+
+mod leased;
+mod transactional;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::fastpath::{FastPath, Lookup};
+use crate::handler::{Handler, HandlerInput, HandlerRegistry};
+use crate::message::{IdPolicy, Identified, InboundMessage, Poison, PoisonReason};
+use crate::record::{ConsumerGroup, RecordStatus};
+use crate::retry::Backoff;
+use crate::stats::{Event, Stats};
+use crate::store::ExistingRecord;
+use crate::store::postgres::PgStore;
+
+/// What the source must do with a delivery once the pipeline is done with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// Finished with: acknowledge it (RabbitMQ ack, Kafka offset may pass it).
+    Ack(AckReason),
+    /// Send a copy back after `delay` (the retry path: a delayed queue or retry topic), then
+    /// acknowledge the original.
+    Retry {
+        /// How long until the copy should be delivered again.
+        delay: Duration,
+    },
+    /// Send a copy to the dead-letter queue or topic with `reason`, then acknowledge the
+    /// original. The record is already `dead` in the database either way.
+    DeadLetter {
+        /// Why it is dead, for the copy's headers.
+        reason: String,
+    },
+    /// The pipeline could not judge it (database unavailable, transaction failed): give it
+    /// back to the broker unacknowledged, to be judged again.
+    Redeliver,
+}
+
+/// Why a delivery is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckReason {
+    /// Its handler succeeded and the record is `succeeded`.
+    Processed,
+    /// A duplicate caught by the Redis marker.
+    DuplicateRedis,
+    /// A duplicate caught by the database (record `succeeded`, `dead`, or out of attempts).
+    DuplicateDatabase,
+    /// A redelivery of a stuck record under `hold`: kept in the record, waits for an operator.
+    Parked,
+    /// The worker's lease was taken over before it completed; the new holder settles it.
+    LeaseLost,
+}
+
+/// Pipeline settings of one consumer group.
+#[derive(Debug, Clone)]
+pub struct PipelineSettings {
+    /// The consumer group all records are scoped to.
+    pub group: ConsumerGroup,
+    /// Attempts before a record goes dead.
+    pub max_attempts: i32,
+    /// Lease written by every claim (raised to [`crate::store::MIN_LEASE`]).
+    pub lease: Duration,
+    /// Back-off between attempts.
+    pub backoff: Backoff,
+    /// How ids are found; what is poison.
+    pub id_policy: IdPolicy,
+    /// Largest part of a poison payload kept on its record, in bytes.
+    pub keep_poison_payload_bytes: usize,
+}
+
+/// Everything a pipeline needs. Cheap to clone; shared by a consumer's workers.
+#[derive(Clone)]
+pub struct Pipeline {
+    store: PgStore,
+    fast_path: Arc<FastPath>,
+    stats: Arc<Stats>,
+    handlers: Arc<HandlerRegistry>,
+    settings: Arc<PipelineSettings>,
+}
+
+/// A delivery with its id found and its handler chosen.
+struct Routed<'a> {
+    index: usize,
+    message: &'a InboundMessage,
+    identified: Identified,
+    handler: Handler,
+    payload_hash: Vec<u8>,
+}
+
+/// A succeeded record whose Redis marker is due after the commit: (key, first seen Unix ms).
+type Marker = (String, i64);
+
+impl Pipeline {
+    /// A pipeline over a store, a fast path, shared stats and a group's handlers.
+    pub fn new(
+        store: PgStore,
+        fast_path: Arc<FastPath>,
+        stats: Arc<Stats>,
+        handlers: HandlerRegistry,
+        settings: PipelineSettings,
+    ) -> Self {
+        Self { store, fast_path, stats, handlers: Arc::new(handlers), settings: Arc::new(settings) }
+    }
+
+    /// The consumer group.
+    pub fn group(&self) -> &ConsumerGroup {
+        &self.settings.group
+    }
+
+    /// The shared stats.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// Processes a batch and returns one disposition per delivery, in order. `worker` names the
+    /// caller (`<host>:<pid>:<n>`); it becomes the lease owner.
+    pub async fn process(&self, worker: &str, batch: &[InboundMessage]) -> Vec<Disposition> {
+        let group = self.settings.group.as_str();
+        self.stats.count(group, Event::Delivery, batch.len() as i64);
+        let mut dispositions: Vec<Option<Disposition>> = vec![None; batch.len()];
+        let mut poison: Vec<(usize, &InboundMessage, Poison)> = Vec::new();
+        let mut routed: Vec<Routed<'_>> = Vec::new();
+
+        for (index, message) in batch.iter().enumerate() {
+            match self.settings.id_policy.identify(message) {
+                Err(p) => poison.push((index, message, p)),
+                Ok(identified) => match self.handlers.get(&identified.message_type) {
+                    Some(handler) => routed.push(Routed {
+                        index,
+                        message,
+                        payload_hash: message.payload_hash(),
+                        handler: handler.clone(),
+                        identified,
+                    }),
+                    None => {
+                        let reason = PoisonReason::NoHandler { message_type: identified.message_type.clone() };
+                        let message_type = identified.message_type;
+                        poison.push((index, message, Poison { record_id: identified.id, message_type, reason }));
+                    }
+                },
+            }
+        }
+
+        let routed = self.check_fast_path(routed, &mut dispositions).await;
+        let (tx_items, leased_items): (Vec<_>, Vec<_>) =
+            routed.into_iter().partition(|r| matches!(r.handler, Handler::Transactional(_)));
+
+        let (tx_results, leased_results) =
+            tokio::join!(self.run_transaction(worker, tx_items, poison), self.run_leased(worker, leased_items));
+        let mut markers = Vec::new();
+        for (index, disposition, marker) in tx_results.into_iter().chain(leased_results) {
+            dispositions[index] = Some(disposition);
+            markers.extend(marker);
+        }
+        if !markers.is_empty() && !self.fast_path.mark_many(&markers).await {
+            tracing::debug!(
+                count = markers.len(),
+                "Redis markers not written; the database still protects these records"
+            );
+        }
+        dispositions.into_iter().map(|d| d.unwrap_or(Disposition::Redeliver)).collect()
+    }
+
+    /// Drops deliveries whose Redis marker exists (duplicates), returns the rest.
+    async fn check_fast_path<'a>(
+        &self,
+        routed: Vec<Routed<'a>>,
+        dispositions: &mut [Option<Disposition>],
+    ) -> Vec<Routed<'a>> {
+        let group = self.settings.group.as_str();
+        let keys: Vec<String> = routed.iter().map(|r| self.fast_path.key(group, r.identified.id.as_str())).collect();
+        let lookups = self.fast_path.lookup_many(&keys).await;
+        let now_ms = Utc::now().timestamp_millis();
+        let mut rest = Vec::with_capacity(routed.len());
+        for (r, lookup) in routed.into_iter().zip(lookups) {
+            match lookup {
+                Lookup::Hit { first_seen_ms } => {
+                    self.stats.count(group, Event::RedisHit, 1);
+                    self.stats.count(group, Event::DuplicateRedis, 1);
+                    if let Some(first) = first_seen_ms {
+                        self.stats.duplicate_delay(group, now_ms - first);
+                    }
+                    self.stats.fast_path_duplicate(group, r.identified.id.as_str());
+                    dispositions[r.index] = Some(Disposition::Ack(AckReason::DuplicateRedis));
+                }
+                Lookup::Miss => {
+                    self.stats.count(group, Event::RedisMiss, 1);
+                    rest.push(r);
+                }
+                Lookup::Unavailable => {
+                    self.stats.count(group, Event::RedisFallback, 1);
+                    rest.push(r);
+                }
+            }
+        }
+        rest
+    }
+
+    /// What to do with a delivery whose record exists and could not be claimed.
+    fn judge_existing(&self, message_id: &str, existing: &ExistingRecord) -> Disposition {
+        let group = self.settings.group.as_str();
+        if !existing.same_payload {
+            metrics::counter!("dedup_payload_conflicts_total", "group" => group.to_owned()).increment(1);
+            tracing::warn!(message_id, record = existing.id, "payload conflict: same message id, different payload");
+        }
+        match existing.status {
+            RecordStatus::Processing if existing.parked => {
+                self.stats.count(group, Event::Parked, 1);
+                tracing::info!(
+                    message_id,
+                    record = existing.id,
+                    "redelivery of a stuck record parked (on_lease_expiry = hold)"
+                );
+                Disposition::Ack(AckReason::Parked)
+            }
+            RecordStatus::Processing => {
+                // The holder may still fail or die: keep a copy with the broker and judge it
+                // again when the lease has run out.
+                self.stats.count(group, Event::Retry, 1);
+                let until_expiry = existing
+                    .lease_expires_at
+                    .map(|at| (at - Utc::now()).to_std().unwrap_or_default())
+                    .unwrap_or_default();
+                Disposition::Retry { delay: until_expiry.max(Duration::from_secs(1)) }
+            }
+            RecordStatus::Succeeded | RecordStatus::Dead | RecordStatus::Failed => {
+                self.stats.count(group, Event::DuplicateDb, 1);
+                self.stats.duplicate_delay(group, existing.delay_ms);
+                Disposition::Ack(AckReason::DuplicateDatabase)
+            }
+        }
+    }
+
+    fn input<'a>(r: &'a Routed<'_>, attempt: i32) -> HandlerInput<'a> {
+        HandlerInput {
+            message_id: &r.identified.id,
+            message_type: &r.identified.message_type,
+            json: r.identified.json.as_ref(),
+            payload: &r.message.payload,
+            headers: &r.message.headers,
+            attempt,
+        }
+    }
+
+    fn marker(&self, r: &Routed<'_>, first_seen: chrono::DateTime<Utc>) -> Marker {
+        (self.fast_path.key(self.settings.group.as_str(), r.identified.id.as_str()), first_seen.timestamp_millis())
+    }
+}

@@ -1,0 +1,189 @@
+//! The engine as a running service: the consumer, the fast path and the aggregate flusher,
+//! started together and stopped together. The server embeds one [`Engine`]; the CLI's
+//! `simulate` uses its pieces.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::consumer::{Consumer, ConsumerSettings, ConsumerStatus};
+use crate::fastpath::{FastPath, FastPathSettings};
+use crate::message::IdPolicy;
+use crate::orders::{self, OrderSettings};
+use crate::pipeline::{Pipeline, PipelineSettings};
+use crate::record::ConsumerGroup;
+use crate::retry::Backoff;
+use crate::source::SourceFactory;
+use crate::source::rabbitmq::{RabbitConnector, RabbitSettings};
+use crate::stats::{self, Stats};
+use crate::store::postgres::PgStore;
+
+/// The embedded consumer's settings (`[consumer]` in the configuration file).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsumerConfig {
+    /// Run the consumer inside `serve`. Default true.
+    pub enabled: bool,
+    /// The consumer group its records are scoped to. Default `order-service`.
+    pub group: String,
+    /// Attempts before a record goes dead. Default 5.
+    pub max_attempts: i32,
+    /// Lease of each claim, in ms (raised to 1000). Default 30000.
+    pub lease_ms: u64,
+    /// Largest part of a poison payload kept on its record, in bytes. Default 65536.
+    pub keep_poison_payload_bytes: usize,
+    /// Workers, batching, reconnect back-off.
+    pub workers: ConsumerSettings,
+    /// Exchange, queues, prefetch, dead letters.
+    pub rabbitmq: RabbitSettings,
+    /// Retry back-off.
+    pub backoff: Backoff,
+    /// Where message ids are found; the payload size limit.
+    pub ids: IdPolicy,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            group: "order-service".to_owned(),
+            max_attempts: 5,
+            lease_ms: 30_000,
+            keep_poison_payload_bytes: 64 * 1024,
+            workers: ConsumerSettings::default(),
+            rabbitmq: RabbitSettings::default(),
+            backoff: Backoff::default(),
+            ids: IdPolicy::default(),
+        }
+    }
+}
+
+/// Everything the engine needs to start.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// RabbitMQ URL.
+    pub amqp_url: String,
+    /// Redis URL.
+    pub redis_url: String,
+    /// The consumer.
+    pub consumer: ConsumerConfig,
+    /// The fast path.
+    pub fast_path: FastPathSettings,
+    /// The order domain.
+    pub orders: OrderSettings,
+    /// How often in-memory aggregates are written to the database.
+    pub stats_flush: Duration,
+}
+
+/// A running engine.
+pub struct Engine {
+    /// The dedup store.
+    pub store: PgStore,
+    /// The Redis fast path.
+    pub fast_path: Arc<FastPath>,
+    /// In-memory aggregates.
+    pub stats: Arc<Stats>,
+    /// The broker connection (also used to publish: requeue, drills).
+    pub connector: Arc<RabbitConnector>,
+    consumer_status: Option<Arc<ConsumerStatus>>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the engine on a migrated pool: stocks the order domain, starts the consumer
+    /// (when enabled) and the aggregate flusher. Does not wait for RabbitMQ or Redis: the
+    /// consumer connects (and reconnects) in the background.
+    ///
+    /// Errors: an invalid consumer group name, or the inventory could not be stocked.
+    pub async fn start(pool: PgPool, config: EngineConfig) -> anyhow::Result<Self> {
+        let store = PgStore::new(pool.clone());
+        let fast_path = Arc::new(FastPath::new(&config.redis_url, config.fast_path.clone()));
+        let stats = Arc::new(Stats::default());
+        let c = &config.consumer;
+        let connector = Arc::new(RabbitConnector::new(&config.amqp_url, c.rabbitmq.clone(), c.backoff.clone()));
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+
+        tasks.push(tokio::spawn(run_stats_flusher(
+            pool.clone(),
+            store.clone(),
+            stats.clone(),
+            config.stats_flush,
+            shutdown.clone(),
+        )));
+
+        let mut consumer_status = None;
+        if c.enabled {
+            orders::stock_inventory(&pool, &config.orders).await?;
+            let pipeline = Pipeline::new(
+                store.clone(),
+                fast_path.clone(),
+                stats.clone(),
+                orders::order_handlers(pool.clone(), &config.orders),
+                PipelineSettings {
+                    group: ConsumerGroup::parse(c.group.clone())?,
+                    max_attempts: c.max_attempts.max(1),
+                    lease: Duration::from_millis(c.lease_ms),
+                    backoff: c.backoff.clone(),
+                    id_policy: c.ids.clone(),
+                    keep_poison_payload_bytes: c.keep_poison_payload_bytes,
+                },
+            );
+            let consumer = Consumer::new(pipeline, connector.clone() as Arc<dyn SourceFactory>, c.workers.clone());
+            consumer_status = Some(consumer.status());
+            tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
+        }
+        Ok(Self { store, fast_path, stats, connector, consumer_status, shutdown, tasks })
+    }
+
+    /// The consumer's status, when it runs.
+    pub fn consumer_status(&self) -> Option<&Arc<ConsumerStatus>> {
+        self.consumer_status.as_ref()
+    }
+
+    /// Stops the consumer (in-flight batches finish and are acked), flushes the aggregates,
+    /// closes the broker connection.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.connector.close().await;
+    }
+}
+
+/// Flushes the in-memory aggregates every `period` and samples the table size every minute,
+/// until shutdown (then flushes once more).
+async fn run_stats_flusher(
+    pool: PgPool,
+    store: PgStore,
+    stats: Arc<Stats>,
+    period: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(period.max(Duration::from_millis(10)));
+    let mut last_sample: Option<tokio::time::Instant> = None;
+    loop {
+        let stopping = tokio::select! {
+            () = shutdown.cancelled() => true,
+            _ = ticker.tick() => false,
+        };
+        if let Err(e) = stats.flush(&pool, &store).await {
+            tracing::warn!(error = %e, "flushing aggregates failed; will retry");
+        }
+        if last_sample.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+            if let Err(e) = stats::sample_table(&pool).await {
+                tracing::warn!(error = %e, "sampling the table size failed");
+            }
+            last_sample = Some(tokio::time::Instant::now());
+        }
+        if stopping {
+            return;
+        }
+    }
+}

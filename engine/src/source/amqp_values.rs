@@ -1,0 +1,98 @@
+//! AMQP field tables ↔ JSON, for storing headers on records and republishing them.
+
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use serde_json::{Map, Number, Value};
+
+/// Converts an AMQP header table to a JSON object. Byte arrays and non-UTF-8 long strings
+/// become arrays of numbers; decimals become numbers; timestamps their Unix seconds.
+pub fn table_to_json(table: &FieldTable) -> Map<String, Value> {
+    table.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_to_json(v))).collect()
+}
+
+fn bytes_to_json(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Value::String(s.to_owned()),
+        Err(_) => Value::Array(bytes.iter().map(|b| Value::from(*b)).collect()),
+    }
+}
+
+fn value_to_json(value: &AMQPValue) -> Value {
+    match value {
+        AMQPValue::Boolean(b) => Value::Bool(*b),
+        AMQPValue::ShortShortInt(n) => Value::from(*n),
+        AMQPValue::ShortShortUInt(n) => Value::from(*n),
+        AMQPValue::ShortInt(n) => Value::from(*n),
+        AMQPValue::ShortUInt(n) => Value::from(*n),
+        AMQPValue::LongInt(n) => Value::from(*n),
+        AMQPValue::LongUInt(n) => Value::from(*n),
+        AMQPValue::LongLongInt(n) => Value::from(*n),
+        AMQPValue::Float(f) => Number::from_f64(f64::from(*f)).map_or(Value::Null, Value::Number),
+        AMQPValue::Double(f) => Number::from_f64(*f).map_or(Value::Null, Value::Number),
+        AMQPValue::DecimalValue(d) => {
+            Number::from_f64(f64::from(d.value) / 10f64.powi(i32::from(d.scale))).map_or(Value::Null, Value::Number)
+        }
+        AMQPValue::ShortString(s) => Value::String(s.as_str().to_owned()),
+        AMQPValue::LongString(s) => bytes_to_json(s.as_bytes()),
+        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(value_to_json).collect()),
+        AMQPValue::Timestamp(t) => Value::from(*t),
+        AMQPValue::FieldTable(t) => Value::Object(table_to_json(t)),
+        AMQPValue::ByteArray(b) => Value::Array(b.as_slice().iter().map(|x| Value::from(*x)).collect()),
+        AMQPValue::Void => Value::Null,
+    }
+}
+
+/// Converts a JSON object back to an AMQP header table (strings as long strings, integers as
+/// 64-bit, other numbers as doubles, nested objects as tables).
+pub fn json_to_table(map: &Map<String, Value>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (k, v) in map {
+        table.insert(ShortString::from(k.as_str()), json_to_value(v));
+    }
+    table
+}
+
+fn json_to_value(value: &Value) -> AMQPValue {
+    match value {
+        Value::Null => AMQPValue::Void,
+        Value::Bool(b) => AMQPValue::Boolean(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => AMQPValue::LongLongInt(i),
+            None => AMQPValue::Double(n.as_f64().unwrap_or_default()),
+        },
+        Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+        Value::Array(items) => {
+            let mut array = FieldArray::default();
+            for item in items {
+                array.push(json_to_value(item));
+            }
+            AMQPValue::FieldArray(array)
+        }
+        Value::Object(map) => AMQPValue::FieldTable(json_to_table(map)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_through_json() {
+        let json = serde_json::json!({
+            "x-message-id": "ORDER.PAY.1:2",
+            "n": 42,
+            "ratio": 0.5,
+            "ok": true,
+            "nested": {"a": [1, "b"]},
+            "none": null
+        });
+        let table = json_to_table(json.as_object().unwrap());
+        assert_eq!(Value::Object(table_to_json(&table)), json);
+    }
+
+    #[test]
+    fn binary_long_strings_become_byte_arrays() {
+        let mut table = FieldTable::default();
+        table.insert("bin".into(), AMQPValue::LongString(LongString::from(vec![0xffu8, 0x00])));
+        assert_eq!(table_to_json(&table)["bin"], serde_json::json!([255, 0]));
+    }
+}

@@ -1,0 +1,302 @@
+//! Aggregates kept as the engine works: per-minute counters, the duplicate-delay histogram,
+//! fast-path duplicate counts, and table-size samples. Counted in memory on the hot path and
+//! flushed to PostgreSQL about once a second (a crash loses at most that second of counters;
+//! record counts by status are exact, kept by triggers). Every event also feeds a Prometheus
+//! counter (`metrics` facade; the server installs the exporter).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use chrono::{DateTime, DurationRound, NaiveDate, TimeDelta, Utc};
+use sqlx::PgPool;
+
+use crate::store::{DedupStore, StoreError};
+
+/// Something the engine counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// A delivery arrived.
+    Delivery,
+    /// A claim created a new record.
+    Created,
+    /// A record was claimed.
+    Claimed,
+    /// A record became `succeeded`.
+    Succeeded,
+    /// An attempt failed (the record is `failed`, or `dead` when counted under `Dead` too).
+    Failed,
+    /// A record became `dead` (attempts exhausted, permanent error, poison).
+    Dead,
+    /// A poison message.
+    Poison,
+    /// A redelivery of a stuck record was parked.
+    Parked,
+    /// A duplicate caught by the Redis marker.
+    DuplicateRedis,
+    /// A duplicate caught by the database.
+    DuplicateDb,
+    /// A Redis lookup found a marker.
+    RedisHit,
+    /// A Redis lookup found none.
+    RedisMiss,
+    /// Redis did not answer; the database was asked instead.
+    RedisFallback,
+    /// An expired lease was claimed by another worker.
+    LeaseTakeover,
+    /// A copy was sent back through the retry path.
+    Retry,
+}
+
+/// The per-minute counters, indexed by `Event as usize` (the column order of `stats_minute`).
+pub type Counters = [i64; ALL_EVENTS.len()];
+
+/// Every event, in discriminant order.
+pub const ALL_EVENTS: [Event; 15] = [
+    Event::Delivery,
+    Event::Created,
+    Event::Claimed,
+    Event::Succeeded,
+    Event::Failed,
+    Event::Dead,
+    Event::Poison,
+    Event::Parked,
+    Event::DuplicateRedis,
+    Event::DuplicateDb,
+    Event::RedisHit,
+    Event::RedisMiss,
+    Event::RedisFallback,
+    Event::LeaseTakeover,
+    Event::Retry,
+];
+
+/// Upper bounds (ms) of the duplicate-delay histogram buckets; the last one catches the rest.
+pub const DELAY_BUCKETS_MS: [i64; 13] = [
+    100,
+    1_000,
+    5_000,
+    30_000,
+    60_000,
+    300_000,
+    1_800_000,
+    3_600_000,
+    21_600_000,
+    86_400_000,
+    604_800_000,
+    2_592_000_000,
+    i64::MAX,
+];
+
+/// The bucket bound for a delay.
+pub fn delay_bucket(delay_ms: i64) -> i64 {
+    DELAY_BUCKETS_MS.into_iter().find(|le| delay_ms <= *le).unwrap_or(i64::MAX)
+}
+
+#[derive(Default)]
+struct Pending {
+    minutes: HashMap<(DateTime<Utc>, String), Counters>,
+    /// (day, group, bucket) → (count, max delay ms)
+    delays: HashMap<(NaiveDate, String, i64), (i64, i64)>,
+    /// (group, message id) → (copies, latest arrival)
+    fast_path_duplicates: HashMap<(String, String), (i32, DateTime<Utc>)>,
+}
+
+/// The in-memory side of the aggregates. Shared by all workers.
+#[derive(Default)]
+pub struct Stats {
+    pending: Mutex<Pending>,
+}
+
+fn metric_name(event: Event) -> (&'static str, Option<(&'static str, &'static str)>) {
+    match event {
+        Event::Delivery => ("dedup_deliveries_total", None),
+        Event::Created => ("dedup_records_created_total", None),
+        Event::Claimed => ("dedup_claims_total", None),
+        Event::Succeeded => ("dedup_succeeded_total", None),
+        Event::Failed => ("dedup_failures_total", None),
+        Event::Dead => ("dedup_dead_letters_total", None),
+        Event::Poison => ("dedup_poison_total", None),
+        Event::Parked => ("dedup_parked_total", None),
+        Event::DuplicateRedis => ("dedup_duplicates_total", Some(("layer", "redis"))),
+        Event::DuplicateDb => ("dedup_duplicates_total", Some(("layer", "database"))),
+        Event::RedisHit => ("dedup_redis_lookups_total", Some(("result", "hit"))),
+        Event::RedisMiss => ("dedup_redis_lookups_total", Some(("result", "miss"))),
+        Event::RedisFallback => ("dedup_redis_fallbacks_total", None),
+        Event::LeaseTakeover => ("dedup_lease_takeovers_total", None),
+        Event::Retry => ("dedup_retries_total", None),
+    }
+}
+
+impl Stats {
+    /// Counts `n` occurrences of `event` for `group` in the current minute.
+    pub fn count(&self, group: &str, event: Event, n: i64) {
+        if n == 0 {
+            return;
+        }
+        let (name, label) = metric_name(event);
+        let group_label = group.to_owned();
+        match label {
+            Some((k, v)) => metrics::counter!(name, "group" => group_label, k => v).increment(n.unsigned_abs()),
+            None => metrics::counter!(name, "group" => group_label).increment(n.unsigned_abs()),
+        }
+        let minute = Utc::now().duration_trunc(TimeDelta::minutes(1)).unwrap_or_else(|_| Utc::now());
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.minutes.entry((minute, group.to_owned())).or_insert([0; ALL_EVENTS.len()])[event as usize] += n;
+    }
+
+    /// Records a duplicate's arrival delay (arrival minus the record's first seen).
+    pub fn duplicate_delay(&self, group: &str, delay_ms: i64) {
+        let delay_ms = delay_ms.max(0);
+        metrics::histogram!("dedup_duplicate_delay_seconds", "group" => group.to_owned())
+            .record(delay_ms as f64 / 1000.0);
+        let day = Utc::now().date_naive();
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = pending.delays.entry((day, group.to_owned(), delay_bucket(delay_ms))).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 = entry.1.max(delay_ms);
+    }
+
+    /// Notes a duplicate caught by Redis, to be added to its record's `duplicate_count`.
+    pub fn fast_path_duplicate(&self, group: &str, message_id: &str) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let entry =
+            pending.fast_path_duplicates.entry((group.to_owned(), message_id.to_owned())).or_insert((0, Utc::now()));
+        entry.0 += 1;
+        entry.1 = Utc::now();
+    }
+
+    /// Writes everything counted since the last flush. On failure the counts are kept for the
+    /// next flush.
+    pub async fn flush<S: DedupStore>(&self, pool: &PgPool, store: &S) -> Result<(), StoreError> {
+        let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Err(e) = write(pool, store, &taken).await {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            for (k, v) in taken.minutes {
+                let counters = pending.minutes.entry(k).or_insert([0; ALL_EVENTS.len()]);
+                counters.iter_mut().zip(v).for_each(|(a, b)| *a += b);
+            }
+            for (k, (n, max)) in taken.delays {
+                let e = pending.delays.entry(k).or_insert((0, 0));
+                e.0 += n;
+                e.1 = e.1.max(max);
+            }
+            for (k, (n, at)) in taken.fast_path_duplicates {
+                let e = pending.fast_path_duplicates.entry(k).or_insert((0, at));
+                e.0 += n;
+                e.1 = e.1.max(at);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+async fn write<S: DedupStore>(pool: &PgPool, store: &S, p: &Pending) -> Result<(), StoreError> {
+    if !p.minutes.is_empty() {
+        let mut minute = Vec::new();
+        let mut group = Vec::new();
+        let mut columns: Vec<Vec<i64>> = vec![Vec::new(); ALL_EVENTS.len()];
+        for ((m, g), c) in &p.minutes {
+            minute.push(*m);
+            group.push(g.as_str());
+            for (column, value) in columns.iter_mut().zip(c) {
+                column.push(*value);
+            }
+        }
+        let mut q = sqlx::query(
+            "INSERT INTO stats_minute AS s (minute, consumer_group, deliveries, created, claimed, succeeded, failed,
+                 dead, poison, parked, duplicates_redis, duplicates_db, redis_hits, redis_misses, redis_fallbacks,
+                 lease_takeovers, retries)
+             SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+                 $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[],
+                 $14::int8[], $15::int8[], $16::int8[], $17::int8[])
+             ON CONFLICT (minute, consumer_group) DO UPDATE SET
+                 deliveries = s.deliveries + EXCLUDED.deliveries, created = s.created + EXCLUDED.created,
+                 claimed = s.claimed + EXCLUDED.claimed, succeeded = s.succeeded + EXCLUDED.succeeded,
+                 failed = s.failed + EXCLUDED.failed, dead = s.dead + EXCLUDED.dead,
+                 poison = s.poison + EXCLUDED.poison, parked = s.parked + EXCLUDED.parked,
+                 duplicates_redis = s.duplicates_redis + EXCLUDED.duplicates_redis,
+                 duplicates_db = s.duplicates_db + EXCLUDED.duplicates_db,
+                 redis_hits = s.redis_hits + EXCLUDED.redis_hits, redis_misses = s.redis_misses + EXCLUDED.redis_misses,
+                 redis_fallbacks = s.redis_fallbacks + EXCLUDED.redis_fallbacks,
+                 lease_takeovers = s.lease_takeovers + EXCLUDED.lease_takeovers,
+                 retries = s.retries + EXCLUDED.retries",
+        )
+        .bind(minute)
+        .bind(group);
+        for column in columns {
+            q = q.bind(column);
+        }
+        q.execute(pool).await?;
+    }
+    if !p.delays.is_empty() {
+        let (mut day, mut group, mut le, mut count, mut max) = (vec![], vec![], vec![], vec![], vec![]);
+        for ((d, g, l), (n, m)) in &p.delays {
+            day.push(*d);
+            group.push(g.as_str());
+            le.push(*l);
+            count.push(*n);
+            max.push(*m);
+        }
+        sqlx::query(
+            "INSERT INTO duplicate_delays AS d (day, consumer_group, le_ms, count, max_delay_ms)
+             SELECT * FROM unnest($1::date[], $2::text[], $3::int8[], $4::int8[], $5::int8[])
+             ON CONFLICT (day, consumer_group, le_ms) DO UPDATE SET
+                 count = d.count + EXCLUDED.count, max_delay_ms = GREATEST(d.max_delay_ms, EXCLUDED.max_delay_ms)",
+        )
+        .bind(day)
+        .bind(group)
+        .bind(le)
+        .bind(count)
+        .bind(max)
+        .execute(pool)
+        .await?;
+    }
+    if !p.fast_path_duplicates.is_empty() {
+        let entries: Vec<(String, String, i32, DateTime<Utc>)> =
+            p.fast_path_duplicates.iter().map(|((g, id), (n, at))| (g.clone(), id.clone(), *n, *at)).collect();
+        store.add_fast_path_duplicates(&entries).await?;
+    }
+    Ok(())
+}
+
+/// Samples total records (sum of the trigger-kept counts) and the dedup table's size on disk
+/// into `table_samples`.
+pub async fn sample_table(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO table_samples (sampled_at, total_records, table_bytes, index_bytes)
+         SELECT date_trunc('minute', now()),
+                COALESCE((SELECT sum(n) FROM record_counts), 0),
+                pg_table_size('dedup_records'), pg_indexes_size('dedup_records')
+         ON CONFLICT (sampled_at) DO UPDATE SET total_records = EXCLUDED.total_records,
+             table_bytes = EXCLUDED.table_bytes, index_bytes = EXCLUDED.index_bytes",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_fall_into_the_smallest_bucket_that_holds_them() {
+        assert_eq!(delay_bucket(0), 100);
+        assert_eq!(delay_bucket(100), 100);
+        assert_eq!(delay_bucket(101), 1_000);
+        assert_eq!(delay_bucket(3_000_000_000), i64::MAX);
+    }
+
+    #[test]
+    fn counts_accumulate_per_minute_and_group() {
+        let stats = Stats::default();
+        stats.count("g", Event::Claimed, 2);
+        stats.count("g", Event::Claimed, 3);
+        stats.count("h", Event::DuplicateRedis, 1);
+        let pending = stats.pending.lock().unwrap();
+        let g: i64 =
+            pending.minutes.iter().filter(|((_, grp), _)| grp == "g").map(|(_, c)| c[Event::Claimed as usize]).sum();
+        assert_eq!(g, 5);
+        assert_eq!(pending.minutes.len(), 2);
+    }
+}

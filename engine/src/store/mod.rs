@@ -1,0 +1,269 @@
+//! The dedup store: where records live, and every state transition on them.
+//!
+//! [`DedupStore`] is the seam for other databases (MySQL/MariaDB and an embedded SQLite store
+//! come next); [`postgres::PgStore`] is the PostgreSQL implementation. Every transition is one
+//! conditional statement fenced by the expected status (and lease token where a lease is held),
+//! timed by the database clock (`now()`), never the worker's.
+
+pub mod postgres;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::message::InboundMessage;
+use crate::record::{ConsumerGroup, HandlerMode, MessageId, RecordStatus};
+
+/// Shortest lease a claim may carry. A claim asked with less (or zero, or negative) is raised to
+/// this: a claim without a live lease would let a second worker take the record at once.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// Errors from the store. Database errors keep their SQLSTATE so callers can tell transient
+/// ones (deadlock, serialization failure, lost connection) from the rest.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or failed the statement.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    /// See [`is_transient`].
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Database(e) => is_transient(e),
+        }
+    }
+}
+
+/// True for database errors worth retrying the same work: deadlock (40P01), serialization
+/// failure (40001), the server shutting the connection (57P01), a lost connection, a pool
+/// timeout.
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40P01" | "40001" | "57P01")),
+        _ => false,
+    }
+}
+
+/// The lease a claim writes: who holds the record, with which token, for how long.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    /// `<host>:<pid>:<worker>` of the claiming worker.
+    pub owner: String,
+    /// Fencing token; completion and failure must present it.
+    pub token: Uuid,
+    /// How long the lease lasts from the claim (database clock). Raised to [`MIN_LEASE`].
+    pub duration: Duration,
+}
+
+impl Lease {
+    /// A new lease with a fresh token; `duration` is raised to [`MIN_LEASE`] when shorter.
+    pub fn new(owner: impl Into<String>, duration: Duration) -> Self {
+        Lease { owner: owner.into(), token: Uuid::new_v4(), duration: duration.max(MIN_LEASE) }
+    }
+
+    /// The duration in whole milliseconds, never below [`MIN_LEASE`].
+    pub fn millis(&self) -> i64 {
+        i64::try_from(self.duration.max(MIN_LEASE).as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// What a claim needs to know.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// Scope of the dedup record.
+    pub group: &'a ConsumerGroup,
+    /// The business idempotency key.
+    pub message_id: &'a MessageId,
+    /// `<entity>.<event>`.
+    pub message_type: &'a str,
+    /// The handler's mode; leased claims also open an attempt row.
+    pub mode: HandlerMode,
+    /// Attempts allowed before the record goes dead (new records only).
+    pub max_attempts: i32,
+    /// Whether a processing record whose lease expired may be claimed (`on_lease_expiry =
+    /// reclaim`); false for `hold` and for transactional handlers.
+    pub reclaim_expired: bool,
+    /// The lease to write.
+    pub lease: &'a Lease,
+    /// The delivery (payload, headers, source are stored on new records).
+    pub message: &'a InboundMessage,
+    /// SHA-256 of the payload.
+    pub payload_hash: &'a [u8],
+}
+
+/// A record this worker now holds.
+#[derive(Debug, Clone)]
+pub struct ClaimedRecord {
+    /// Row id.
+    pub id: i64,
+    /// The attempt number this claim started (1 for a new record).
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// True when this claim created the record.
+    pub created: bool,
+    /// True when this claim took over an expired lease (auto-reclaim).
+    pub took_over: bool,
+    /// When the record was first seen (database clock).
+    pub first_seen_at: DateTime<Utc>,
+    /// When this claim was made (database clock).
+    pub claimed_at: DateTime<Utc>,
+    /// The lease token written.
+    pub lease_token: Uuid,
+}
+
+/// An existing record that could not be claimed, as the duplicate check saw it.
+#[derive(Debug, Clone)]
+pub struct ExistingRecord {
+    /// Row id.
+    pub id: i64,
+    /// Current status.
+    pub status: RecordStatus,
+    /// For processing records: whether the lease has expired (stuck).
+    pub lease_expired: bool,
+    /// For processing records: when the lease expires.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Whether this delivery's payload hash equals the stored one (false: a payload conflict).
+    pub same_payload: bool,
+    /// Delivery arrival minus first seen, by the database clock, in milliseconds.
+    pub delay_ms: i64,
+    /// Whether this delivery was parked (stuck record under `hold`).
+    pub parked: bool,
+}
+
+/// The result of a claim attempt.
+#[derive(Debug, Clone)]
+pub enum ClaimOutcome {
+    /// This worker holds the record now.
+    Claimed(ClaimedRecord),
+    /// The record exists and is not claimable; the delivery was counted as a duplicate on it.
+    Existing(ExistingRecord),
+}
+
+/// A handler failure to record.
+#[derive(Debug, Clone, Copy)]
+pub struct FailureReport<'a> {
+    /// The claim being failed.
+    pub claim: &'a ClaimedRecord,
+    /// The worker's lease (leased mode: fences the update).
+    pub lease: &'a Lease,
+    /// Error text, stored as `last_error`.
+    pub error: &'a str,
+    /// Error kind + first line: the grouping key of dead letters.
+    pub error_class: &'a str,
+    /// True when the error says retrying cannot help: the record goes dead at once.
+    pub permanent: bool,
+    /// When the retry copy is due back (for `next_attempt_at`), in ms from now.
+    pub retry_delay_ms: i64,
+}
+
+/// What a failure turned the record into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureOutcome {
+    /// `failed`: claimable again by the retry copy.
+    Failed,
+    /// `dead`: attempts exhausted (or permanent error); waits for an operator.
+    Dead,
+    /// Nothing recorded: the record had moved on (the lease was lost or another worker took it).
+    Superseded,
+}
+
+/// A poison message to store as a dead record.
+#[derive(Debug, Clone, Copy)]
+pub struct PoisonRecord<'a> {
+    /// Scope.
+    pub group: &'a ConsumerGroup,
+    /// Its id, or the synthetic `POISON...` id.
+    pub message_id: &'a MessageId,
+    /// Type (`POISON` for synthetic ids).
+    pub message_type: &'a str,
+    /// The reason, stored as `last_error`.
+    pub reason: &'a str,
+    /// The reason's kind, stored as `error_class`.
+    pub reason_kind: &'a str,
+    /// The delivery.
+    pub message: &'a InboundMessage,
+    /// SHA-256 of the payload.
+    pub payload_hash: &'a [u8],
+    /// Largest payload kept on the record, in bytes (longer ones are truncated and flagged; the
+    /// dead-letter copy carries the whole payload).
+    pub keep_payload_bytes: usize,
+    /// Recorded as `max_attempts`.
+    pub max_attempts: i32,
+}
+
+/// A dedup store. Methods take a connection so callers compose them with business changes in
+/// one transaction (transactional mode) or run them alone (leased mode, autocommit).
+#[async_trait]
+pub trait DedupStore: Send + Sync + 'static {
+    /// The database.
+    type Db: sqlx::Database;
+
+    /// The store's pool.
+    fn pool(&self) -> &sqlx::Pool<Self::Db>;
+
+    /// Claims the record (DESIGN.md, "Claim"): creates it as `processing` with the lease, or
+    /// takes an existing one that is claimable — `failed` with attempts left, or `processing`
+    /// with an expired lease when `reclaim_expired`. Otherwise counts the delivery as a
+    /// duplicate on the existing record (and parks it when stuck) and returns what it saw.
+    async fn claim(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// Marks a claimed record `succeeded`, fenced by status and lease token, clears the lease
+    /// and the stored payload, and closes the attempt. False when the lease was lost.
+    async fn complete(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        claim: &ClaimedRecord,
+        lease: &Lease,
+        mode: HandlerMode,
+    ) -> Result<bool, StoreError>;
+
+    /// Records a handler failure of a transactional claim whose changes were rolled back (so
+    /// the claim itself is gone): writes `failed` (or `dead` at max attempts) with the attempt
+    /// count the claim had, provided the record is still where the claim found it.
+    async fn fail_rolled_back(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        request: &ClaimRequest<'_>,
+        failure: &FailureReport<'_>,
+    ) -> Result<FailureOutcome, StoreError>;
+
+    /// Records a handler failure of a leased claim, fenced by the lease token.
+    async fn fail_leased(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        failure: &FailureReport<'_>,
+    ) -> Result<FailureOutcome, StoreError>;
+
+    /// Extends a held lease by its duration from now (database clock). False when lost.
+    async fn extend_lease(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        claim: &ClaimedRecord,
+        lease: &Lease,
+    ) -> Result<bool, StoreError>;
+
+    /// Stores a poison message as a `dead` record (or counts a duplicate on an existing one).
+    /// Returns the row id and whether the record was created.
+    async fn record_poison(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        poison: &PoisonRecord<'_>,
+    ) -> Result<(i64, bool), StoreError>;
+
+    /// Adds duplicates caught by the Redis fast path to their records' `duplicate_count`
+    /// (batched, off the hot path). Entries: (group, message id, copies, latest arrival).
+    async fn add_fast_path_duplicates(
+        &self,
+        entries: &[(String, String, i32, DateTime<Utc>)],
+    ) -> Result<(), StoreError>;
+}

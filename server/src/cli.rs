@@ -1,0 +1,231 @@
+//! The command line: `serve` (default), `migrate`, `simulate`, `verify`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use dedup_engine::orders::simulate::{SimulateParams, simulate};
+use dedup_engine::orders::verify::{VerifyReport, verify};
+use dedup_engine::source::rabbitmq::RabbitConnector;
+
+use crate::config::Settings;
+use crate::startup::{Application, open_database};
+use crate::telemetry;
+
+/// dedup-console: an idempotent message consumer (RabbitMQ → PostgreSQL dedup table + Redis fast
+/// path) and the web console to watch and repair it.
+#[derive(Debug, Parser)]
+#[command(name = "dedup-console", version, about)]
+pub struct Cli {
+    /// TOML configuration file (keys as in README.md); environment variables override it.
+    #[arg(long, global = true, env = "DEDUP_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// What to do; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the console and API, with the embedded consumer and background tasks.
+    Serve,
+    /// Apply pending database migrations, verify the schema, and exit.
+    Migrate,
+    /// Publish a simulated order event stream (with duplicates, reordering and poison messages)
+    /// to RabbitMQ, and record what was sent for `verify`.
+    Simulate(SimulateArgs),
+    /// Check that a simulation run's effects happened exactly once and every message is
+    /// accounted for; exits 1 on any violation.
+    Verify(VerifyArgs),
+}
+
+/// `simulate` options.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Orders to simulate (each: CREATE, PAY, NOTIFY).
+    #[arg(long, default_value_t = 1000)]
+    pub orders: u64,
+    /// Messages per second; 0 publishes as fast as the broker confirms.
+    #[arg(long, default_value_t = 500.0)]
+    pub rate: f64,
+    /// Share of messages resent by a "producer retry" with the same message id (0–1).
+    #[arg(long, default_value_t = 0.2)]
+    pub duplicate_rate: f64,
+    /// Longest delay of such a resend, in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    pub duplicate_delay_ms: u64,
+    /// Shuffle events within windows of this many messages (1: keep order).
+    #[arg(long, default_value_t = 8)]
+    pub reorder_window: usize,
+    /// Share of orders followed by a poison message (0–1).
+    #[arg(long, default_value_t = 0.01)]
+    pub poison_rate: f64,
+    /// Random seed; a random one when omitted.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `verify` options.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The simulation run to check; the latest when omitted.
+    #[arg(long)]
+    pub run: Option<i64>,
+    /// Wait up to this many seconds for in-flight messages to settle before judging.
+    #[arg(long, default_value_t = 0)]
+    pub wait_secs: u64,
+    /// Print the report as JSON (an object with a boolean `ok` and the counts).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn validate_share(name: &str, value: f64) -> anyhow::Result<()> {
+    anyhow::ensure!((0.0..=1.0).contains(&value), "--{name} must be between 0 and 1, got {value}");
+    Ok(())
+}
+
+/// Runs the parsed command. Errors are printed by `main` and exit with status 1.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
+    telemetry::init(settings.log_format);
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            tracing::info!(settings = %settings.redacted_json(), "starting dedup-console");
+            let app = Application::build(settings).await?;
+            app.run_until_stopped(shutdown_signal()).await
+        }
+        Command::Migrate => {
+            let pool = open_database(&settings).await?;
+            println!("migrations applied; schema verified ({})", settings.database_url.redacted());
+            pool.close().await;
+            Ok(())
+        }
+        Command::Simulate(args) => run_simulate(&settings, args).await,
+        Command::Verify(args) => run_verify(&settings, args).await,
+    }
+}
+
+async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result<()> {
+    validate_share("duplicate-rate", args.duplicate_rate)?;
+    validate_share("poison-rate", args.poison_rate)?;
+    anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 or more");
+    let pool = open_database(settings).await?;
+    let consumer = &settings.consumer;
+    let connector =
+        RabbitConnector::new(settings.amqp_url.expose(), consumer.rabbitmq.clone(), consumer.backoff.clone());
+    let publisher = connector.publisher().await?;
+    let params = SimulateParams {
+        orders: args.orders,
+        rate: args.rate,
+        duplicate_rate: args.duplicate_rate,
+        duplicate_delay_ms: args.duplicate_delay_ms,
+        reorder_window: args.reorder_window,
+        poison_rate: args.poison_rate,
+        group: consumer.group.clone(),
+        exchange: consumer.rabbitmq.exchange.clone(),
+        seed: args.seed.unwrap_or_else(rand_seed),
+    };
+    let bar = indicatif::ProgressBar::new(args.orders * 3);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} messages ({per_sec}, eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let report = simulate(&pool, &publisher, &params, &settings.orders, &consumer.ids, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .await?;
+    bar.finish_and_clear();
+    connector_close(connector).await;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "run {}: {} orders, {} messages ({} poison), {} copies published ({} duplicates) in {:.1} s ({:.0}/s); \
+             order numbers start with {}",
+            report.run_id,
+            report.orders,
+            report.messages,
+            report.poison,
+            report.published,
+            report.duplicates,
+            report.seconds,
+            report.rate,
+            report.order_prefix
+        );
+    }
+    pool.close().await;
+    Ok(())
+}
+
+async fn connector_close(connector: RabbitConnector) {
+    use dedup_engine::source::SourceFactory;
+    connector.close().await;
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()> {
+    let pool = open_database(settings).await?;
+    let report = verify(&pool, args.run, Duration::from_secs(args.wait_secs)).await?;
+    pool.close().await;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    anyhow::ensure!(report.ok, "verification failed: {}", report.violations.join("; "));
+    Ok(())
+}
+
+fn print_report(r: &VerifyReport) {
+    println!("run {} (orders {}…): {}", r.run_id, r.order_prefix, if r.ok { "OK" } else { "VIOLATIONS" });
+    println!(
+        "  orders: {} published, {} created, {} paid; {} SMS sent",
+        r.orders, r.orders_created, r.orders_paid, r.sms_sent
+    );
+    println!(
+        "  messages: {} ids ({} copies): {} succeeded, {} dead ({} poison), {} failed, {} processing, {} missing",
+        r.messages, r.copies, r.succeeded, r.dead, r.poison_dead, r.failed, r.processing, r.missing
+    );
+    println!(
+        "  double effects: {} reservations, {} payments, {} SMS; {} inconsistent orders; {} inventory mismatches",
+        r.double_reservations, r.double_payments, r.double_sms, r.inconsistent_orders, r.inventory_mismatches
+    );
+    for v in &r.violations {
+        println!("  violation: {v}");
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received");
+}

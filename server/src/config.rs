@@ -1,0 +1,266 @@
+//! Configuration: defaults, then an optional TOML file, then environment variables (last wins).
+//!
+//! Environment variables: `DATABASE_URL`, `REDIS_URL`, `AMQP_URL` (the conventional names), and
+//! `DEDUP_<KEY>` for every key of [`Settings`] (e.g. `DEDUP_LISTEN=0.0.0.0:3000`). The TOML file is
+//! given with `--config <path>` or `DEDUP_CONFIG`. The table of keys is in README.md.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use dedup_engine::fastpath::FastPathSettings;
+use dedup_engine::orders::OrderSettings;
+use dedup_engine::runtime::ConsumerConfig;
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// A URL that may carry a password. Printed and serialised with the password redacted;
+/// [`SecretUrl::expose`] gives the real value to the code that connects.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct SecretUrl(SecretString);
+
+impl SecretUrl {
+    /// The URL with its password, for connecting.
+    pub fn expose(&self) -> &str {
+        self.0.expose_secret()
+    }
+
+    /// The URL with its password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        dedup_engine::service::redact_url(self.expose())
+    }
+}
+
+impl From<&str> for SecretUrl {
+    fn from(value: &str) -> Self {
+        SecretUrl(SecretString::from(value.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl Serialize for SecretUrl {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.redacted())
+    }
+}
+
+/// The server's settings. Every field has a default that works against the local services.
+///
+/// Missing keys take their defaults from [`Default`] (`#[serde(default)]`), not from a
+/// serialised copy of the defaults: serialising redacts the URLs' passwords.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Address the console and API listen on. Default `127.0.0.1:3000`; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// PostgreSQL URL (dedup store and business tables). Env: `DATABASE_URL`.
+    pub database_url: SecretUrl,
+    /// Redis URL (fast-path markers). Env: `REDIS_URL`.
+    pub redis_url: SecretUrl,
+    /// RabbitMQ URL. Env: `AMQP_URL`.
+    pub amqp_url: SecretUrl,
+    /// Directory with the built site (`pkg/` with wasm, js, css; assets). Default `target/site`,
+    /// where cargo-leptos writes it, relative to the working directory.
+    pub site_root: PathBuf,
+    /// Most PostgreSQL connections the server opens.
+    pub db_max_connections: u32,
+    /// Longest time a request may take before the server answers 408, in milliseconds.
+    pub request_timeout_ms: u64,
+    /// Bound on each dependency probe of `/readyz` and the overview, in milliseconds.
+    pub probe_timeout_ms: u64,
+    /// Log format: `text` or `json`.
+    pub log_format: LogFormat,
+    /// How often the engine writes its in-memory aggregates, in milliseconds.
+    pub stats_flush_ms: u64,
+    /// The embedded consumer (`[consumer]`, `[consumer.workers]`, `[consumer.rabbitmq]`,
+    /// `[consumer.backoff]`, `[consumer.ids]`).
+    pub consumer: ConsumerConfig,
+    /// The Redis fast path (`[fast_path]`).
+    pub fast_path: FastPathSettings,
+    /// The order domain (`[orders]`).
+    pub orders: OrderSettings,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The keys of [`Settings`]: the only `DEDUP_*` variables read.
+const TOP_LEVEL_KEYS: [&str; 13] = [
+    "listen",
+    "database_url",
+    "redis_url",
+    "amqp_url",
+    "site_root",
+    "db_max_connections",
+    "request_timeout_ms",
+    "probe_timeout_ms",
+    "log_format",
+    "stats_flush_ms",
+    "consumer",
+    "fast_path",
+    "orders",
+];
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+            database_url: "postgres://postgres@127.0.0.1:5432/dedup_console".into(),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            site_root: PathBuf::from("target/site"),
+            db_max_connections: 16,
+            request_timeout_ms: 30_000,
+            probe_timeout_ms: 2_000,
+            log_format: LogFormat::Text,
+            stats_flush_ms: 1000,
+            consumer: ConsumerConfig::default(),
+            fast_path: FastPathSettings::default(),
+            orders: OrderSettings::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// Loads the settings: defaults, then `file` (TOML) if given, then the environment.
+    ///
+    /// Errors: a missing or malformed file, an unknown key, or a value of the wrong type; the
+    /// message names the key and where it came from.
+    pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
+        let mut figment = Figment::new();
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(Box::new(figment::Error::from(format!(
+                    "configuration file {} does not exist",
+                    path.display()
+                ))));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        figment
+            .merge(
+                Env::raw().only(&["DATABASE_URL", "REDIS_URL", "AMQP_URL"]).map(|k| k.as_str().to_lowercase().into()),
+            )
+            // Other tools use DEDUP_ variables too (DEDUP_BIN, DEDUP_CACHE_DIR): only keys of
+            // these settings are read from the environment. Keys inside a section are strict.
+            .merge(
+                Env::prefixed("DEDUP_")
+                    .filter(|key| {
+                        let top = key.as_str().split("__").next().unwrap_or_default();
+                        TOP_LEVEL_KEYS.iter().any(|k| k.eq_ignore_ascii_case(top))
+                    })
+                    .split("__"),
+            )
+            .extract()
+            .map_err(Box::new)
+    }
+
+    /// What the engine needs from these settings.
+    pub fn engine_config(&self) -> dedup_engine::runtime::EngineConfig {
+        dedup_engine::runtime::EngineConfig {
+            amqp_url: self.amqp_url.expose().to_owned(),
+            redis_url: self.redis_url.expose().to_owned(),
+            consumer: self.consumer.clone(),
+            fast_path: self.fast_path.clone(),
+            orders: self.orders.clone(),
+            stats_flush: std::time::Duration::from_millis(self.stats_flush_ms),
+        }
+    }
+
+    /// The effective settings as JSON, secrets redacted, for the start-up log.
+    pub fn redacted_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("<unprintable settings: {e}>"))
+    }
+}
+
+#[cfg(test)]
+// figment's Jail API returns its large error type from the closures; nothing to box there.
+#[allow(clippy::result_large_err)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_env_override_defaults_and_secrets_are_redacted() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("dc.toml", "listen = \"127.0.0.1:4000\"\nprobe_timeout_ms = 500\n")?;
+            jail.set_env("AMQP_URL", "amqp://user:hunter2@broker:5672/%2f");
+            jail.set_env("DEDUP_PROBE_TIMEOUT_MS", "750");
+            jail.set_env("DEDUP_CONSUMER__WORKERS__CONCURRENCY", "9");
+            let s = Settings::load(Some(Path::new("dc.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(s.listen.port(), 4000);
+            assert_eq!(s.probe_timeout_ms, 750, "env wins over the file");
+            assert_eq!(s.consumer.workers.concurrency, 9, "nested keys through __");
+            assert_eq!(s.amqp_url.expose(), "amqp://user:hunter2@broker:5672/%2f");
+            assert_eq!(s.redis_url.expose(), "redis://127.0.0.1:6379", "defaults fill missing keys");
+            let printed = s.redacted_json();
+            assert!(!printed.contains("hunter2"), "{printed}");
+            assert!(printed.contains("amqp://user:***@broker:5672/%2f"), "{printed}");
+            assert!(!format!("{s:?}").contains("hunter2"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bad.toml", "lisen = \"x\"\n")?;
+            let err = Settings::load(Some(Path::new("bad.toml"))).unwrap_err().to_string();
+            assert!(err.contains("lisen"), "{err}");
+            jail.set_env("DEDUP_REQUEST_TIMEOUT_MS", "soon");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.to_lowercase().contains("request_timeout_ms"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_environment_key_list_matches_the_settings() {
+        let json = serde_json::to_value(Settings::default()).unwrap();
+        let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut listed = TOP_LEVEL_KEYS.to_vec();
+        listed.sort_unstable();
+        assert_eq!(keys, listed);
+    }
+
+    #[test]
+    fn foreign_dedup_variables_are_ignored_but_nested_typos_are_not() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("DEDUP_BIN", "/usr/bin/x");
+            assert!(Settings::load(None).is_ok());
+            jail.set_env("DEDUP_CONSUMER__WORKRS__CONCURRENCY", "2");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.contains("workrs"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn default_urls_keep_their_passwords() {
+        figment::Jail::expect_with(|_| {
+            let s = Settings::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(s.amqp_url.expose(), "amqp://guest:guest@127.0.0.1:5672/%2f");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error() {
+        let err = Settings::load(Some(Path::new("/nonexistent/dc.toml"))).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/dc.toml"), "{err}");
+    }
+}

@@ -1,0 +1,117 @@
+//! Building and running the server: database, dependency checks, engine, router, listener.
+//!
+//! [`Application::build`] does everything that can fail at start (so errors surface before the
+//! port opens); [`Application::run_until_stopped`] serves until the shutdown signal, then stops
+//! the engine (in-flight deliveries finish and are acked). Tests build an application on port 0
+//! and read [`Application::port`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use dedup_app::ssr::ConsoleState;
+use dedup_engine::db::{self, PoolSettings};
+use dedup_engine::health::HealthProbes;
+use dedup_engine::runtime::Engine;
+use leptos::prelude::LeptosOptions;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+
+use crate::config::Settings;
+use crate::routes;
+
+/// State shared by the axum handlers.
+#[derive(Clone)]
+pub struct AppState {
+    /// Leptos rendering options (site root, output name).
+    pub leptos_options: LeptosOptions,
+    /// What the console's server functions get as context.
+    pub console: ConsoleState,
+    /// The server's settings.
+    pub settings: Arc<Settings>,
+}
+
+impl axum::extract::FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}
+
+/// A built, not yet running server.
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+    pool: PgPool,
+    engine: Engine,
+}
+
+/// Connects to PostgreSQL (creating the database if needed), applies migrations and verifies
+/// the schema.
+///
+/// Errors: PostgreSQL unreachable (names the service, the redacted URL and how to start it), a
+/// failed migration, or a missing dedup UNIQUE constraint.
+pub async fn open_database(settings: &Settings) -> anyhow::Result<PgPool> {
+    let pool = db::connect(
+        settings.database_url.expose(),
+        &PoolSettings { max_connections: settings.db_max_connections, ..PoolSettings::default() },
+    )
+    .await?;
+    db::migrate(&pool).await?;
+    Ok(pool)
+}
+
+impl Application {
+    /// Opens the database, checks Redis and RabbitMQ (a warning, not a failure: the console
+    /// still serves, `/readyz` reports them down and the consumer keeps reconnecting), starts
+    /// the engine, builds the router and binds the listener.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        crate::telemetry::metrics_handle();
+        let pool = open_database(&settings).await?;
+        let probes = HealthProbes::new(
+            pool.clone(),
+            settings.database_url.expose(),
+            settings.redis_url.expose(),
+            settings.amqp_url.expose(),
+            Duration::from_millis(settings.probe_timeout_ms),
+        );
+        let (redis, broker) = tokio::join!(probes.check_redis(), probes.check_broker());
+        for dependency in [redis, broker] {
+            if let Some(error) = dependency.error {
+                tracing::warn!(service = dependency.service, "{error}");
+            }
+        }
+
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", settings.listen))?;
+        let local_addr = listener.local_addr()?;
+        let engine = Engine::start(pool.clone(), settings.engine_config()).await?;
+        let leptos_options = LeptosOptions::builder()
+            .output_name("dedup-console")
+            .site_root(settings.site_root.to_string_lossy().into_owned())
+            .site_pkg_dir("pkg")
+            .site_addr(local_addr)
+            .env(leptos::config::Env::PROD)
+            .build();
+        let state = AppState { leptos_options, console: ConsoleState { probes }, settings: Arc::new(settings) };
+        let router = routes::router(state);
+        tracing::info!("console listening on http://{local_addr}");
+        Ok(Self { listener, router, pool, engine })
+    }
+
+    /// The port the listener is bound to (useful with port 0).
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or_default()
+    }
+
+    /// Serves until `shutdown` resolves, then stops the engine (the consumer finishes and acks
+    /// its in-flight batches), lets in-flight requests finish and closes the database pool.
+    pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        axum::serve(self.listener, self.router).with_graceful_shutdown(shutdown).await?;
+        self.engine.stop().await;
+        self.pool.close().await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,40 @@
+use crate::helpers::spawn_app;
+
+#[tokio::test]
+async fn overview_is_server_rendered_with_navigation_and_health() {
+    let app = spawn_app().await;
+    let response = app.get("/").await;
+    assert_eq!(response.status(), 200);
+    let html = response.text().await.unwrap();
+    for label in ["Overview", "Records", "Stuck", "Retries", "Dead letters", "Cleanup", "Audit"] {
+        assert!(html.contains(&format!(">{label}<")), "nav has {label}");
+    }
+    assert!(html.contains("data-testid=\"health-table\""), "health rendered on the server");
+    assert!(html.contains("data-dependency=\"database\" data-state=\"up\""));
+    assert!(html.contains("/pkg/dedup-console.js"), "hydration script referenced");
+}
+
+#[tokio::test]
+async fn unknown_pages_are_404_and_responses_are_compressed_on_request() {
+    let app = spawn_app().await;
+    let missing = app.get("/no-such-page").await;
+    assert_eq!(missing.status(), 404);
+
+    let compressed =
+        app.client.get(format!("{}/", app.address)).header("accept-encoding", "gzip").send().await.unwrap();
+    assert_eq!(compressed.headers().get("content-encoding").map(|v| v.to_str().unwrap()), Some("gzip"));
+}
+
+#[tokio::test]
+async fn the_health_server_function_answers_json() {
+    let app = spawn_app().await;
+    let response = app
+        .client
+        .post(format!("{}/api/fn/get_health", app.address))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+}

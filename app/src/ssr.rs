@@ -1,8 +1,14 @@
 //! Server-side glue: the state the server provides to server functions, and conversions from
 //! engine types to [`crate::wire`] types.
 
+use std::sync::Arc;
+
+use dedup_engine::consumer::ConsumerStatus;
+use dedup_engine::fastpath::FastPath;
 use dedup_engine::health::{HealthProbes, HealthReport};
+use dedup_engine::source::rabbitmq::RabbitConnector;
 use leptos::prelude::use_context;
+use sqlx::PgPool;
 
 use crate::error::ConsoleError;
 use crate::wire::{DependencyView, HealthView};
@@ -12,6 +18,16 @@ use crate::wire::{DependencyView, HealthView};
 pub struct ConsoleState {
     /// Probes of PostgreSQL, Redis and RabbitMQ.
     pub probes: HealthProbes,
+    /// The database (dedup store, aggregates).
+    pub pool: PgPool,
+    /// The Redis fast path (marker state on record pages).
+    pub fast_path: Arc<FastPath>,
+    /// The broker connection (queue depth, publishing).
+    pub connector: Arc<RabbitConnector>,
+    /// The embedded consumer's status; `None` when it is disabled.
+    pub consumer: Option<Arc<ConsumerStatus>>,
+    /// The consumer group the embedded consumer runs.
+    pub group: String,
 }
 
 /// The [`ConsoleState`] of the current request.

@@ -94,7 +94,15 @@ impl Application {
             .site_addr(local_addr)
             .env(leptos::config::Env::PROD)
             .build();
-        let state = AppState { leptos_options, console: ConsoleState { probes }, settings: Arc::new(settings) };
+        let console = ConsoleState {
+            probes,
+            pool: pool.clone(),
+            fast_path: engine.fast_path.clone(),
+            connector: engine.connector.clone(),
+            consumer: engine.consumer_status().cloned(),
+            group: settings.consumer.group.clone(),
+        };
+        let state = AppState { leptos_options, console, settings: Arc::new(settings) };
         let router = routes::router(state);
         tracing::info!("console listening on http://{local_addr}");
         Ok(Self { listener, router, pool, engine })

@@ -1,8 +1,10 @@
 //! The Redis fast path (DESIGN.md, "Redis fast path").
 //!
-//! Key `<prefix>:<consumer_group>:<message_id>`, value the record's first-seen time in Unix
-//! milliseconds (so a hit also yields the duplicate's delay), written with `SET NX EX <ttl>` only
-//! after the database commit that made the record `succeeded`. A hit means "duplicate, skip". A
+//! Key `<prefix>:<consumer_group>:<message_id>`, value `<first seen, Unix ms>:<first 16 hex digits
+//! of the payload's SHA-256>` (so a hit also yields the duplicate's delay, and a same-id delivery
+//! with another payload can be sent on to the database to be flagged as a payload conflict),
+//! written with `SET NX EX <ttl>` only after the database commit that made the record
+//! `succeeded`. A hit means "duplicate, skip". A
 //! miss, a timeout or an error means "ask the database", which always decides: Redis being down
 //! slows consumption, it never stops it and never lets a duplicate through.
 
@@ -36,16 +38,48 @@ impl Default for FastPathSettings {
 /// What the fast path said about one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
-    /// A marker exists: the message already succeeded. Carries the record's first-seen time
-    /// (Unix ms) when the marker holds one.
-    Hit {
-        /// First seen, Unix milliseconds.
-        first_seen_ms: Option<i64>,
-    },
+    /// A marker exists: the message already succeeded.
+    Hit(Marker),
     /// No marker: ask the database.
     Miss,
     /// Redis did not answer (down, timeout, error): ask the database; count a fallback.
     Unavailable,
+}
+
+/// What a marker holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marker {
+    /// The record's first-seen time, Unix milliseconds.
+    pub first_seen_ms: i64,
+    /// The first 8 bytes of the payload's SHA-256 (as 16 hex digits in Redis).
+    pub payload_hash_prefix: u64,
+}
+
+impl Marker {
+    /// A marker for a record first seen at `first_seen_ms` with payload hash `payload_hash`
+    /// (SHA-256; shorter input is zero-padded).
+    pub fn new(first_seen_ms: i64, payload_hash: &[u8]) -> Self {
+        let mut prefix = [0u8; 8];
+        for (dst, src) in prefix.iter_mut().zip(payload_hash) {
+            *dst = *src;
+        }
+        Self { first_seen_ms, payload_hash_prefix: u64::from_be_bytes(prefix) }
+    }
+
+    /// Whether `payload_hash` (SHA-256) starts like the marked payload's.
+    pub fn same_payload(&self, payload_hash: &[u8]) -> bool {
+        Marker::new(self.first_seen_ms, payload_hash).payload_hash_prefix == self.payload_hash_prefix
+    }
+
+    fn encode(&self) -> String {
+        format!("{}:{:016x}", self.first_seen_ms, self.payload_hash_prefix)
+    }
+
+    /// Parses `<ms>:<hex>`; `None` for anything else (treated as a plain hit).
+    fn decode(text: &str) -> Option<Self> {
+        let (ms, hash) = text.split_once(':')?;
+        Some(Self { first_seen_ms: ms.parse().ok()?, payload_hash_prefix: u64::from_str_radix(hash, 16).ok()? })
+    }
 }
 
 enum Connection {
@@ -136,9 +170,10 @@ impl FastPath {
         match tokio::time::timeout(self.timeout(), cmd.query_async::<Vec<Option<String>>>(&mut conn)).await {
             Ok(Ok(values)) if values.len() == keys.len() => values
                 .into_iter()
-                .map(|v| match v {
-                    Some(text) => Lookup::Hit { first_seen_ms: text.parse().ok() },
-                    None => Lookup::Miss,
+                .map(|v| match v.as_deref().map(Marker::decode) {
+                    Some(Some(marker)) => Lookup::Hit(marker),
+                    // Not ours (or garbled): the database decides.
+                    Some(None) | None => Lookup::Miss,
                 })
                 .collect(),
             Ok(Ok(_)) => unavailable(),
@@ -150,17 +185,17 @@ impl FastPath {
         }
     }
 
-    /// Writes markers (`SET key first_seen_ms NX EX ttl`), pipelined in one round trip. Call
-    /// only after the commit that made the records `succeeded`. Returns false when Redis did
-    /// not take them (the records are still protected by the database).
-    pub async fn mark_many(&self, markers: &[(String, i64)]) -> bool {
+    /// Writes markers (`SET key <marker> NX EX ttl`), pipelined in one round trip. Call only
+    /// after the commit that made the records `succeeded`. Returns false when Redis did not take
+    /// them (the records are still protected by the database).
+    pub async fn mark_many(&self, markers: &[(String, Marker)]) -> bool {
         if markers.is_empty() {
             return true;
         }
         let Some(mut conn) = self.connection().await else { return false };
         let mut pipe = redis::pipe();
-        for (key, first_seen_ms) in markers {
-            pipe.cmd("SET").arg(key).arg(first_seen_ms).arg("NX").arg("EX").arg(self.settings.ttl_secs).ignore();
+        for (key, marker) in markers {
+            pipe.cmd("SET").arg(key).arg(marker.encode()).arg("NX").arg("EX").arg(self.settings.ttl_secs).ignore();
         }
         matches!(tokio::time::timeout(self.timeout(), pipe.query_async::<()>(&mut conn)).await, Ok(Ok(())))
     }
@@ -174,5 +209,22 @@ impl FastPath {
             .map_err(|_| "Redis timed out".to_owned())?
             .map_err(|e| e.to_string())?;
         Ok(if ttl == -2 { None } else { Some(ttl) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_round_trip_and_compare_payload_hashes() {
+        let hash = [0xabu8; 32];
+        let marker = Marker::new(1_700_000_000_000, &hash);
+        assert_eq!(marker.encode(), "1700000000000:abababababababab");
+        assert_eq!(Marker::decode(&marker.encode()), Some(marker));
+        assert!(marker.same_payload(&hash));
+        assert!(!marker.same_payload(&[0u8; 32]));
+        assert_eq!(Marker::decode("1700000000000"), None);
+        assert_eq!(Marker::decode("x:y"), None);
     }
 }

@@ -6,13 +6,13 @@ use std::time::Instant;
 
 use futures::future::join_all;
 
-use super::{AckReason, Disposition, Marker, Pipeline, Routed};
+use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
 use crate::handler::Handler;
 use crate::record::HandlerMode;
 use crate::stats::Event;
 use crate::store::{ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease};
 
-type Outcome = (usize, Disposition, Option<Marker>);
+type Outcome = (usize, Disposition, Option<DueMarker>);
 
 impl Pipeline {
     pub(super) async fn run_leased(&self, worker: &str, items: Vec<Routed<'_>>) -> Vec<Outcome> {
@@ -23,7 +23,7 @@ impl Pipeline {
         .await
     }
 
-    async fn process_leased(&self, worker: &str, item: &Routed<'_>) -> (Disposition, Option<Marker>) {
+    async fn process_leased(&self, worker: &str, item: &Routed<'_>) -> (Disposition, Option<DueMarker>) {
         let Handler::Leased { handler, .. } = &item.handler else { unreachable!("partitioned by mode") };
         let group = self.settings.group.as_str();
         let lease = Lease::new(worker, self.settings.lease);

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::fastpath::{FastPath, Lookup};
+use crate::fastpath::{FastPath, Lookup, Marker};
 use crate::handler::{Handler, HandlerInput, HandlerRegistry};
 use crate::message::{IdPolicy, Identified, InboundMessage, Poison, PoisonReason};
 use crate::record::{ConsumerGroup, RecordStatus};
@@ -98,8 +98,8 @@ struct Routed<'a> {
     payload_hash: Vec<u8>,
 }
 
-/// A succeeded record whose Redis marker is due after the commit: (key, first seen Unix ms).
-type Marker = (String, i64);
+/// A succeeded record whose Redis marker is due after the commit.
+type DueMarker = (String, Marker);
 
 impl Pipeline {
     /// A pipeline over a store, a fast path, shared stats and a group's handlers.
@@ -185,14 +185,17 @@ impl Pipeline {
         let mut rest = Vec::with_capacity(routed.len());
         for (r, lookup) in routed.into_iter().zip(lookups) {
             match lookup {
-                Lookup::Hit { first_seen_ms } => {
+                Lookup::Hit(marker) if marker.same_payload(&r.payload_hash) => {
                     self.stats.count(group, Event::RedisHit, 1);
                     self.stats.count(group, Event::DuplicateRedis, 1);
-                    if let Some(first) = first_seen_ms {
-                        self.stats.duplicate_delay(group, now_ms - first);
-                    }
+                    self.stats.duplicate_delay(group, now_ms - marker.first_seen_ms);
                     self.stats.fast_path_duplicate(group, r.identified.id.as_str());
                     dispositions[r.index] = Some(Disposition::Ack(AckReason::DuplicateRedis));
+                }
+                Lookup::Hit(_) => {
+                    // Same id, other payload: the database counts and flags the conflict.
+                    self.stats.count(group, Event::RedisHit, 1);
+                    rest.push(r);
                 }
                 Lookup::Miss => {
                     self.stats.count(group, Event::RedisMiss, 1);
@@ -253,7 +256,10 @@ impl Pipeline {
         }
     }
 
-    fn marker(&self, r: &Routed<'_>, first_seen: chrono::DateTime<Utc>) -> Marker {
-        (self.fast_path.key(self.settings.group.as_str(), r.identified.id.as_str()), first_seen.timestamp_millis())
+    fn marker(&self, r: &Routed<'_>, first_seen: chrono::DateTime<Utc>) -> DueMarker {
+        (
+            self.fast_path.key(self.settings.group.as_str(), r.identified.id.as_str()),
+            Marker::new(first_seen.timestamp_millis(), &r.payload_hash),
+        )
     }
 }

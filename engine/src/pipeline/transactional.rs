@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use sqlx::{Acquire, PgConnection};
 
-use super::{AckReason, Disposition, Marker, Pipeline, Routed};
+use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
 use crate::handler::Handler;
 use crate::message::{InboundMessage, Poison};
 use crate::record::HandlerMode;
@@ -17,7 +17,7 @@ use crate::store::{ClaimOutcome, ClaimRequest, DedupStore, FailureOutcome, Failu
 /// serialization failure before it is given back to the broker.
 const TRANSIENT_RETRIES: usize = 3;
 
-type Outcome = (usize, Disposition, Option<Marker>);
+type Outcome = (usize, Disposition, Option<DueMarker>);
 
 impl Pipeline {
     pub(super) async fn run_transaction(
@@ -125,7 +125,7 @@ impl Pipeline {
         tx: &mut PgConnection,
         worker: &str,
         item: &Routed<'_>,
-    ) -> (Disposition, Option<Marker>) {
+    ) -> (Disposition, Option<DueMarker>) {
         let Handler::Transactional(handler) = &item.handler else { unreachable!("partitioned by mode") };
         let group = self.settings.group.as_str();
         let lease = Lease::new(worker, self.settings.lease);

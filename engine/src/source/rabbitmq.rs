@@ -66,6 +66,8 @@ pub struct RabbitSettings {
     /// Tries to publish one dead-letter copy before giving up (the record stays `dead` in the
     /// database, with its payload, either way).
     pub dead_letter_publish_attempts: u32,
+    /// Name shown for the connection in RabbitMQ's management tools (`<name> <host>:<pid>`).
+    pub connection_name: String,
 }
 
 impl Default for RabbitSettings {
@@ -78,6 +80,7 @@ impl Default for RabbitSettings {
             dead_letter_exchange: String::new(),
             dead_letter_routing_key: None,
             dead_letter_publish_attempts: 3,
+            connection_name: "dedup-console".to_owned(),
         }
     }
 }
@@ -136,7 +139,8 @@ impl RabbitConnector {
             return Ok(conn.clone());
         }
         self.connected.store(false, Ordering::Relaxed);
-        let conn = Connection::connect(&self.url, ConnectionProperties::default())
+        let name = format!("{} {}:{}", self.settings.connection_name, crate::worker::hostname(), std::process::id());
+        let conn = Connection::connect(&self.url, ConnectionProperties::default().with_connection_name(name.into()))
             .await
             .map_err(|e| SourceError::Disconnected(Unreachable::new(Service::RabbitMq, &self.url, e).to_string()))?;
         let conn = Arc::new(conn);

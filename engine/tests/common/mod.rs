@@ -1,0 +1,181 @@
+//! Shared helpers of the engine's integration tests: a fresh database per test, a Redis key
+//! prefix per test, messages, and small handlers whose effects can be counted.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_engine::fastpath::{FastPath, FastPathSettings};
+use dedup_engine::handler::{HandlerError, HandlerInput, HandlerRegistry, LeasedHandler, TransactionalHandler};
+use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef};
+use dedup_engine::pipeline::{Pipeline, PipelineSettings};
+use dedup_engine::record::ConsumerGroup;
+use dedup_engine::retry::Backoff;
+use dedup_engine::stats::Stats;
+use dedup_engine::store::postgres::PgStore;
+use dedup_engine::testing::TestDatabase;
+use sqlx::{PgConnection, PgPool};
+
+pub const GROUP: &str = "test-group";
+
+/// Redis of the tests (`REDIS_URL`, default local).
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A database with a `test_effects` table, and a fast path with a key prefix of its own.
+pub struct Harness {
+    pub db: TestDatabase,
+    pub fast_path: Arc<FastPath>,
+    pub stats: Arc<Stats>,
+}
+
+impl Harness {
+    pub async fn new() -> Self {
+        Self::with_redis(&redis_url()).await
+    }
+
+    /// With Redis at `url` (e.g. a closed port: Redis down).
+    pub async fn with_redis(url: &str) -> Self {
+        let db = TestDatabase::create().await;
+        sqlx::query("CREATE TABLE test_effects (message_id TEXT NOT NULL, payload JSONB, at TIMESTAMPTZ DEFAULT now())")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let prefix = format!("test-{}", uuid::Uuid::new_v4().simple());
+        let fast_path = Arc::new(FastPath::new(url, FastPathSettings { prefix, ..FastPathSettings::default() }));
+        Self { db, fast_path, stats: Arc::new(Stats::default()) }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.db.pool
+    }
+
+    pub fn pipeline(&self, handlers: HandlerRegistry, max_attempts: i32) -> Pipeline {
+        self.pipeline_with(handlers, settings(max_attempts, Duration::from_secs(30)))
+    }
+
+    pub fn pipeline_with(&self, handlers: HandlerRegistry, settings: PipelineSettings) -> Pipeline {
+        Pipeline::new(PgStore::new(self.db.pool.clone()), self.fast_path.clone(), self.stats.clone(), handlers, settings)
+    }
+
+    /// Effects recorded for `message_id`.
+    pub async fn effects(&self, message_id: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM test_effects WHERE message_id = $1")
+            .bind(message_id)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    /// (status, attempts, duplicate_count, payload_conflicts) of a record.
+    pub async fn record(&self, message_id: &str) -> Option<(String, i32, i32, i32)> {
+        sqlx::query_as(
+            "SELECT status, attempts, duplicate_count, payload_conflicts FROM dedup_records
+             WHERE consumer_group = $1 AND message_id = $2",
+        )
+        .bind(GROUP)
+        .bind(message_id)
+        .fetch_optional(&self.db.pool)
+        .await
+        .unwrap()
+    }
+}
+
+pub fn settings(max_attempts: i32, lease: Duration) -> PipelineSettings {
+    PipelineSettings {
+        group: ConsumerGroup::parse(GROUP).unwrap(),
+        max_attempts,
+        lease,
+        backoff: Backoff { initial_ms: 1000, max_ms: 8000 },
+        id_policy: IdPolicy::default(),
+        keep_poison_payload_bytes: 1024,
+    }
+}
+
+/// A JSON message with the id in the AMQP property.
+pub fn message(id: &str, body: serde_json::Value) -> InboundMessage {
+    raw_message(Some(id), serde_json::to_vec(&body).unwrap())
+}
+
+pub fn raw_message(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
+    InboundMessage {
+        payload,
+        headers: serde_json::Map::new(),
+        property_message_id: id.map(str::to_owned),
+        content_type: Some("application/json".to_owned()),
+        broker: Broker::RabbitMq,
+        source: SourceRef {
+            exchange: Some("test.exchange".to_owned()),
+            routing_key: Some("test.key".to_owned()),
+            queue: Some("test.queue".to_owned()),
+        },
+        redelivered: false,
+    }
+}
+
+/// Records one row in `test_effects` per run, in the claim's transaction.
+pub struct RecordEffect;
+
+#[async_trait]
+impl TransactionalHandler for RecordEffect {
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO test_effects (message_id, payload) VALUES ($1, $2)")
+            .bind(input.message_id.as_str())
+            .bind(input.json.cloned())
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Fails every time (retryable).
+pub struct AlwaysFails;
+
+#[async_trait]
+impl TransactionalHandler for AlwaysFails {
+    async fn handle(&self, _: &HandlerInput<'_>, _: &mut PgConnection) -> Result<(), HandlerError> {
+        Err(HandlerError::retryable("DOWNSTREAM_DOWN", "downstream 503 at attempt"))
+    }
+}
+
+/// Counts runs (an external effect), after an optional delay.
+pub struct CountingEffect {
+    pub runs: AtomicUsize,
+    pub delay: Duration,
+}
+
+impl CountingEffect {
+    pub fn new(delay: Duration) -> Arc<Self> {
+        Arc::new(Self { runs: AtomicUsize::new(0), delay })
+    }
+
+    pub fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl LeasedHandler for CountingEffect {
+    async fn handle(&self, _: &HandlerInput<'_>) -> Result<(), HandlerError> {
+        tokio::time::sleep(self.delay).await;
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Counts log events at WARN or above (install with `tracing::subscriber::set_default` in a
+/// current-thread runtime so every task of the test reports to it).
+#[derive(Clone, Default)]
+pub struct WarnCounter(pub Arc<AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarnCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() <= tracing::Level::WARN {
+            eprintln!("unexpected {} from {}", event.metadata().level(), event.metadata().target());
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The idempotent pipeline against real PostgreSQL and Redis (deliveries built in memory; the
+//! broker side is covered by `rabbitmq.rs`).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use dedup_engine::handler::{Handler, HandlerRegistry};
+use dedup_engine::pipeline::{AckReason, Disposition};
+use dedup_engine::record::LeaseExpiryPolicy;
+use serde_json::json;
+use tracing_subscriber::layer::SubscriberExt;
+
+fn recording() -> HandlerRegistry {
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(RecordEffect)));
+    handlers
+}
+
+async fn db_counters(h: &Harness) -> (i64, i64) {
+    sqlx::query_as("SELECT xact_rollback, deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(h.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn eight_simultaneous_deliveries_make_one_effect_and_seven_duplicates() {
+    let warnings = WarnCounter::default();
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let h = Harness::new().await;
+    let pipeline = h.pipeline(recording(), 5);
+    let msg = message("ORDER.PAY.1001:2", json!({"orderNo": "1001"}));
+    let before = db_counters(&h).await;
+
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (pipeline, msg, barrier) = (pipeline.clone(), msg.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                pipeline.process(&format!("worker-{i}"), &[msg]).await.remove(0)
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+
+    let processed = outcomes.iter().filter(|d| **d == Disposition::Ack(AckReason::Processed)).count();
+    let duplicates = outcomes
+        .iter()
+        .filter(|d| matches!(d, Disposition::Ack(AckReason::DuplicateDatabase | AckReason::DuplicateRedis)))
+        .count();
+    assert_eq!((processed, duplicates), (1, 7), "{outcomes:?}");
+    assert_eq!(h.effects("ORDER.PAY.1001:2").await, 1);
+    let (status, attempts, _, conflicts) = h.record("ORDER.PAY.1001:2").await.unwrap();
+    assert_eq!((status.as_str(), attempts, conflicts), ("succeeded", 1, 0));
+    let after = db_counters(&h).await;
+    assert_eq!(after, before, "no transaction rolled back, no deadlock (xact_rollback, deadlocks)");
+    assert_eq!(warnings.0.load(Ordering::SeqCst), 0, "no warning or error logged");
+}
+
+#[tokio::test]
+async fn a_redelivery_after_success_is_skipped_by_redis_and_by_the_database() {
+    let h = Harness::new().await;
+    let pipeline = h.pipeline(recording(), 5);
+    let msg = message("ORDER.PAY.7:2", json!({"orderNo": "7"}));
+    assert_eq!(pipeline.process("w", std::slice::from_ref(&msg)).await, [Disposition::Ack(AckReason::Processed)]);
+    // The marker exists after the ack: the key is not deleted.
+    let key = h.fast_path.key(GROUP, "ORDER.PAY.7:2");
+    assert!(h.fast_path.marker_ttl(&key).await.unwrap().is_some_and(|ttl| ttl > 600_000));
+    assert_eq!(pipeline.process("w", std::slice::from_ref(&msg)).await, [Disposition::Ack(AckReason::DuplicateRedis)]);
+
+    // Without the marker (expired, or Redis lost it) the database still knows.
+    let mut conn = redis::Client::open(redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+    assert_eq!(pipeline.process("w", std::slice::from_ref(&msg)).await, [Disposition::Ack(AckReason::DuplicateDatabase)]);
+    assert_eq!(h.effects("ORDER.PAY.7:2").await, 1);
+    let (_, _, duplicate_count, _) = h.record("ORDER.PAY.7:2").await.unwrap();
+    assert_eq!(duplicate_count, 1, "the database-caught duplicate is counted on the record");
+}
+
+#[tokio::test]
+async fn the_marker_is_written_only_after_commit() {
+    use dedup_engine::handler::{HandlerError, HandlerInput, TransactionalHandler};
+    use sqlx::PgConnection;
+    use std::sync::atomic::AtomicBool;
+
+    /// Kills its own database connection the first time (the claim's transaction is lost).
+    struct DropsConnectionOnce(AtomicBool);
+    #[async_trait::async_trait]
+    impl TransactionalHandler for DropsConnectionOnce {
+        async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+            if !self.0.swap(true, Ordering::SeqCst) {
+                let _ = sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())").execute(&mut *tx).await;
+            }
+            RecordEffect.handle(input, tx).await
+        }
+    }
+
+    let h = Harness::new().await;
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(DropsConnectionOnce(AtomicBool::new(false)))));
+    let pipeline = h.pipeline(handlers, 5);
+    let msg = message("ORDER.PAY.8:2", json!({"orderNo": "8"}));
+    let key = h.fast_path.key(GROUP, "ORDER.PAY.8:2");
+
+    assert_eq!(pipeline.process("w", std::slice::from_ref(&msg)).await, [Disposition::Redeliver]);
+    assert_eq!(h.fast_path.marker_ttl(&key).await.unwrap(), None, "no marker for an uncommitted claim");
+    assert!(h.record("ORDER.PAY.8:2").await.is_none(), "the claim was rolled back");
+
+    assert_eq!(pipeline.process("w", std::slice::from_ref(&msg)).await, [Disposition::Ack(AckReason::Processed)]);
+    assert_eq!(h.effects("ORDER.PAY.8:2").await, 1);
+    assert!(h.fast_path.marker_ttl(&key).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn same_id_with_another_payload_is_processed_once_and_flagged() {
+    let h = Harness::new().await;
+    let pipeline = h.pipeline(recording(), 5);
+    let first = message("ORDER.PAY.9:2", json!({"orderNo": "9", "amountCents": 100}));
+    let other = message("ORDER.PAY.9:2", json!({"orderNo": "9", "amountCents": 999}));
+    assert_eq!(pipeline.process("w", &[first]).await, [Disposition::Ack(AckReason::Processed)]);
+    // The Redis marker has the payload hash: a different payload goes to the database.
+    assert_eq!(pipeline.process("w", &[other]).await, [Disposition::Ack(AckReason::DuplicateDatabase)]);
+    assert_eq!(h.effects("ORDER.PAY.9:2").await, 1);
+    let (status, _, duplicates, conflicts) = h.record("ORDER.PAY.9:2").await.unwrap();
+    assert_eq!((status.as_str(), duplicates, conflicts), ("succeeded", 1, 1));
+}
+
+#[tokio::test]
+async fn with_redis_down_the_database_decides_and_fallbacks_are_counted() {
+    let h = Harness::with_redis("redis://127.0.0.1:1").await;
+    let pipeline = h.pipeline(recording(), 5);
+    let msg = message("ORDER.PAY.10:2", json!({"orderNo": "10"}));
+    let batch = [msg.clone(), msg.clone(), msg];
+    let outcomes = pipeline.process("w", &batch).await;
+    assert_eq!(outcomes[0], Disposition::Ack(AckReason::Processed), "{outcomes:?}");
+    assert_eq!(&outcomes[1..], [const { Disposition::Ack(AckReason::DuplicateDatabase) }; 2]);
+    assert_eq!(h.effects("ORDER.PAY.10:2").await, 1);
+    h.stats.flush(h.pool(), &dedup_engine::store::postgres::PgStore::new(h.pool().clone())).await.unwrap();
+    let (fallbacks, db_duplicates): (i64, i64) =
+        sqlx::query_as("SELECT sum(redis_fallbacks)::bigint, sum(duplicates_db)::bigint FROM stats_minute")
+            .fetch_one(h.pool())
+            .await
+            .unwrap();
+    assert_eq!((fallbacks, db_duplicates), (3, 2));
+}
+
+#[tokio::test]
+async fn a_failing_handler_is_retried_with_growing_delays_then_dead() {
+    let h = Harness::new().await;
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(AlwaysFails)));
+    let pipeline = h.pipeline(handlers, 3);
+    let msg = message("ORDER.PAY.11:2", json!({"orderNo": "11"}));
+    let mut outcomes = Vec::new();
+    for _ in 0..4 {
+        outcomes.extend(pipeline.process("w", std::slice::from_ref(&msg)).await);
+    }
+    assert_eq!(outcomes[0], Disposition::Retry { delay: Duration::from_secs(1) });
+    assert_eq!(outcomes[1], Disposition::Retry { delay: Duration::from_secs(2) });
+    assert!(matches!(&outcomes[2], Disposition::DeadLetter { reason } if reason.contains("DOWNSTREAM_DOWN")), "{outcomes:?}");
+    assert_eq!(outcomes[3], Disposition::Ack(AckReason::DuplicateDatabase), "a dead record waits for an operator");
+    let (status, attempts, _, _) = h.record("ORDER.PAY.11:2").await.unwrap();
+    assert_eq!((status.as_str(), attempts), ("dead", 3));
+    let history: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT a.attempt, a.outcome FROM record_attempts a JOIN dedup_records r ON r.id = a.record_id
+         WHERE r.message_id = 'ORDER.PAY.11:2' ORDER BY a.attempt",
+    )
+    .fetch_all(h.pool())
+    .await
+    .unwrap();
+    assert_eq!(history, [(1, "failed".into()), (2, "failed".into()), (3, "dead".into())]);
+    let (error_class, payload_kept): (String, bool) = sqlx::query_as(
+        "SELECT error_class, payload IS NOT NULL FROM dedup_records WHERE message_id = 'ORDER.PAY.11:2'",
+    )
+    .fetch_one(h.pool())
+    .await
+    .unwrap();
+    assert_eq!(error_class, "DOWNSTREAM_DOWN: downstream # at attempt");
+    assert!(payload_kept, "a dead record keeps its payload for requeue");
+}
+
+#[tokio::test]
+async fn poison_messages_are_dead_lettered_once_and_never_retried() {
+    let h = Harness::new().await;
+    let pipeline = h.pipeline(recording(), 5);
+    let no_id = raw_message(None, br#"{"orderNo":"12"}"#.to_vec());
+    let bad_json = raw_message(Some("ORDER.PAY.13:2"), b"{oops".to_vec());
+    let unknown_type = message("SHIPMENT.SENT.14:1", json!({}));
+    let outcomes = pipeline.process("w", &[no_id.clone(), bad_json, unknown_type]).await;
+    for (o, why) in outcomes.iter().zip(["no message id", "unparsable payload", "no handler"]) {
+        assert!(matches!(o, Disposition::DeadLetter { reason } if reason.contains(why)), "{o:?} should say {why}");
+    }
+    assert_eq!(pipeline.process("w", &[no_id]).await, [Disposition::Ack(AckReason::DuplicateDatabase)]);
+    let dead: Vec<(String, String, bool)> = sqlx::query_as(
+        "SELECT message_type, error_class, payload IS NOT NULL FROM dedup_records WHERE status = 'dead' ORDER BY id",
+    )
+    .fetch_all(h.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        dead,
+        [
+            ("POISON".into(), "NO_MESSAGE_ID".into(), true),
+            ("ORDER.PAY".into(), "UNPARSABLE_PAYLOAD".into(), true),
+            ("SHIPMENT.SENT".into(), "NO_HANDLER".into(), true)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_oversize_payload_is_poison_and_kept_truncated() {
+    let h = Harness::new().await;
+    let pipeline = h.pipeline(recording(), 5);
+    let big = raw_message(Some("ORDER.PAY.15:2"), vec![b'x'; 10 * 1024 * 1024]);
+    let outcomes = pipeline.process("w", &[big]).await;
+    assert!(matches!(&outcomes[0], Disposition::DeadLetter { reason } if reason.contains("exceeds the limit")));
+    let (kept, truncated): (i32, bool) =
+        sqlx::query_as("SELECT length(payload), payload_truncated FROM dedup_records WHERE message_id = 'ORDER.PAY.15:2'")
+            .fetch_one(h.pool())
+            .await
+            .unwrap();
+    assert_eq!((kept, truncated), (1024, true));
+}
+
+#[tokio::test]
+async fn leased_handlers_commit_the_claim_first_and_complete_fenced() {
+    let h = Harness::new().await;
+    let effect = CountingEffect::new(Duration::from_millis(300));
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.NOTIFY", Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Hold });
+    let pipeline = h.pipeline_with(handlers, settings(5, Duration::from_secs(5)));
+    let msg = message("ORDER.NOTIFY.16:3", json!({"orderNo": "16"}));
+
+    let running = tokio::spawn({
+        let (pipeline, msg) = (pipeline.clone(), msg.clone());
+        async move { pipeline.process("a", &[msg]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // While the effect runs, the claim is visible (committed) with a live lease; a copy is sent
+    // back to be judged after the lease, not dropped.
+    let (status, owner, live): (String, String, bool) = sqlx::query_as(
+        "SELECT status, lease_owner, lease_expires_at > now() FROM dedup_records WHERE message_id = 'ORDER.NOTIFY.16:3'",
+    )
+    .fetch_one(h.pool())
+    .await
+    .unwrap();
+    assert_eq!((status.as_str(), owner.as_str(), live), ("processing", "a", true));
+    let copy = pipeline.process("b", std::slice::from_ref(&msg)).await;
+    assert!(matches!(copy[0], Disposition::Retry { delay } if delay >= Duration::from_secs(4)), "{copy:?}");
+
+    assert_eq!(running.await.unwrap(), [Disposition::Ack(AckReason::Processed)]);
+    assert_eq!(effect.runs(), 1);
+    let (status, attempts, _, _) = h.record("ORDER.NOTIFY.16:3").await.unwrap();
+    assert_eq!((status.as_str(), attempts), ("succeeded", 1));
+    let attempt: (Option<String>, bool) = sqlx::query_as(
+        "SELECT outcome, ended_at IS NOT NULL FROM record_attempts a JOIN dedup_records r ON r.id = a.record_id
+         WHERE r.message_id = 'ORDER.NOTIFY.16:3'",
+    )
+    .fetch_one(h.pool())
+    .await
+    .unwrap();
+    assert_eq!(attempt, (Some("succeeded".into()), true));
+}

@@ -72,3 +72,97 @@ impl Drop for TestDatabase {
         }
     }
 }
+
+/// RabbitMQ of the tests (`AMQP_URL`, default local guest).
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// Redis of the tests (`REDIS_URL`, default local).
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A test's own exchange, work queue, retry and dead-letter queues (names `t-<uuid>.*`) and
+/// connection name; all deleted when dropped.
+pub struct TestBroker {
+    /// The settings naming them (prefetch 50, binding `#`).
+    pub settings: crate::source::rabbitmq::RabbitSettings,
+    /// The back-off whose levels are the retry queues.
+    pub backoff: crate::retry::Backoff,
+    url: String,
+    extra_queues: Vec<String>,
+}
+
+impl TestBroker {
+    /// Fresh names on the broker at `url`.
+    pub fn new(url: &str, backoff: crate::retry::Backoff) -> Self {
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        let settings = crate::source::rabbitmq::RabbitSettings {
+            exchange: format!("t-{tag}.events"),
+            queue: format!("t-{tag}.work"),
+            binding_keys: vec!["#".to_owned()],
+            prefetch: 50,
+            connection_name: format!("dedup-test-{tag}"),
+            ..crate::source::rabbitmq::RabbitSettings::default()
+        };
+        Self { settings, backoff, url: url.to_owned(), extra_queues: Vec::new() }
+    }
+
+    /// Deletes `queue` too when dropped.
+    pub fn also_delete(&mut self, queue: &str) {
+        self.extra_queues.push(queue.to_owned());
+    }
+
+    /// A connector on these names.
+    pub fn connector(&self) -> std::sync::Arc<crate::source::rabbitmq::RabbitConnector> {
+        std::sync::Arc::new(crate::source::rabbitmq::RabbitConnector::new(
+            &self.url,
+            self.settings.clone(),
+            self.backoff.clone(),
+        ))
+    }
+
+    /// A plain channel on a new connection.
+    pub async fn channel(&self) -> lapin::Channel {
+        let conn =
+            lapin::Connection::connect(&self.url, lapin::ConnectionProperties::default()).await.expect("RabbitMQ");
+        conn.create_channel().await.expect("channel")
+    }
+
+    /// (ready messages, consumers) of `queue`; `None` when it does not exist (yet).
+    pub async fn queue_state(&self, queue: &str) -> Option<(u32, u32)> {
+        let options = lapin::options::QueueDeclareOptions { passive: true, ..Default::default() };
+        let q = self.channel().await.queue_declare(queue.into(), options, Default::default()).await.ok()?;
+        Some((q.message_count(), q.consumer_count()))
+    }
+
+    /// Messages ready in `queue` (unacknowledged ones not counted). Panics when it is missing.
+    pub async fn depth(&self, queue: &str) -> u32 {
+        self.queue_state(queue).await.expect("queue exists").0
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        let mut queues: Vec<String> = self.backoff.levels().into_iter().map(|d| self.settings.retry_queue(d)).collect();
+        queues.push(self.settings.queue.clone());
+        queues.push(self.settings.dead_letter_queue());
+        queues.append(&mut self.extra_queues);
+        let exchange = self.settings.exchange.clone();
+        let url = self.url.clone();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async move {
+                let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await.ok()?;
+                let channel = conn.create_channel().await.ok()?;
+                for q in queues {
+                    let _ = channel.queue_delete(q.as_str().into(), Default::default()).await;
+                }
+                let _ = channel.exchange_delete(exchange.as_str().into(), Default::default()).await;
+                conn.close(200, "test done".into()).await.ok()
+            })
+        })
+        .join();
+    }
+}

@@ -11,6 +11,7 @@ use common::*;
 use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::pipeline::{AckReason, Disposition};
 use dedup_engine::record::LeaseExpiryPolicy;
+use dedup_engine::testing::redis_url;
 use serde_json::json;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -79,7 +80,10 @@ async fn a_redelivery_after_success_is_skipped_by_redis_and_by_the_database() {
     // Without the marker (expired, or Redis lost it) the database still knows.
     let mut conn = redis::Client::open(redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
-    assert_eq!(pipeline.process("w", std::slice::from_ref(&msg)).await, [Disposition::Ack(AckReason::DuplicateDatabase)]);
+    assert_eq!(
+        pipeline.process("w", std::slice::from_ref(&msg)).await,
+        [Disposition::Ack(AckReason::DuplicateDatabase)]
+    );
     assert_eq!(h.effects("ORDER.PAY.7:2").await, 1);
     let (_, _, duplicate_count, _) = h.record("ORDER.PAY.7:2").await.unwrap();
     assert_eq!(duplicate_count, 1, "the database-caught duplicate is counted on the record");
@@ -165,7 +169,10 @@ async fn a_failing_handler_is_retried_with_growing_delays_then_dead() {
     }
     assert_eq!(outcomes[0], Disposition::Retry { delay: Duration::from_secs(1) });
     assert_eq!(outcomes[1], Disposition::Retry { delay: Duration::from_secs(2) });
-    assert!(matches!(&outcomes[2], Disposition::DeadLetter { reason } if reason.contains("DOWNSTREAM_DOWN")), "{outcomes:?}");
+    assert!(
+        matches!(&outcomes[2], Disposition::DeadLetter { reason } if reason.contains("DOWNSTREAM_DOWN")),
+        "{outcomes:?}"
+    );
     assert_eq!(outcomes[3], Disposition::Ack(AckReason::DuplicateDatabase), "a dead record waits for an operator");
     let (status, attempts, _, _) = h.record("ORDER.PAY.11:2").await.unwrap();
     assert_eq!((status.as_str(), attempts), ("dead", 3));
@@ -222,11 +229,12 @@ async fn an_oversize_payload_is_poison_and_kept_truncated() {
     let big = raw_message(Some("ORDER.PAY.15:2"), vec![b'x'; 10 * 1024 * 1024]);
     let outcomes = pipeline.process("w", &[big]).await;
     assert!(matches!(&outcomes[0], Disposition::DeadLetter { reason } if reason.contains("exceeds the limit")));
-    let (kept, truncated): (i32, bool) =
-        sqlx::query_as("SELECT length(payload), payload_truncated FROM dedup_records WHERE message_id = 'ORDER.PAY.15:2'")
-            .fetch_one(h.pool())
-            .await
-            .unwrap();
+    let (kept, truncated): (i32, bool) = sqlx::query_as(
+        "SELECT length(payload), payload_truncated FROM dedup_records WHERE message_id = 'ORDER.PAY.15:2'",
+    )
+    .fetch_one(h.pool())
+    .await
+    .unwrap();
     assert_eq!((kept, truncated), (1024, true));
 }
 
@@ -235,7 +243,10 @@ async fn leased_handlers_commit_the_claim_first_and_complete_fenced() {
     let h = Harness::new().await;
     let effect = CountingEffect::new(Duration::from_millis(300));
     let mut handlers = HandlerRegistry::new();
-    handlers.register("ORDER.NOTIFY", Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Hold });
+    handlers.register(
+        "ORDER.NOTIFY",
+        Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Hold },
+    );
     let pipeline = h.pipeline_with(handlers, settings(5, Duration::from_secs(5)));
     let msg = message("ORDER.NOTIFY.16:3", json!({"orderNo": "16"}));
 

@@ -12,87 +12,34 @@ use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::pipeline::PipelineSettings;
 use dedup_engine::retry::Backoff;
-use dedup_engine::source::rabbitmq::{DEAD_LETTER_REASON_HEADER, RabbitConnector, RabbitSettings, properties_for};
+use dedup_engine::source::rabbitmq::{DEAD_LETTER_REASON_HEADER, properties_for};
 use dedup_engine::source::{SourceFactory, amqp_values::table_to_json};
-use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+use dedup_engine::testing::TestBroker as Broker;
+use dedup_engine::testing::amqp_url;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
-/// A test's own exchange and queues; deleted when dropped.
-struct Broker {
-    settings: RabbitSettings,
-    backoff: Backoff,
-    extra_queues: Vec<String>,
-}
-
-impl Broker {
-    fn new(backoff: Backoff) -> Self {
-        let tag = uuid::Uuid::new_v4().simple().to_string();
-        let settings = RabbitSettings {
-            exchange: format!("t-{tag}.events"),
-            queue: format!("t-{tag}.work"),
-            binding_keys: vec!["#".to_owned()],
-            prefetch: 50,
-            connection_name: format!("dedup-test-{tag}"),
-            ..RabbitSettings::default()
-        };
-        Self { settings, backoff, extra_queues: Vec::new() }
-    }
-
-    fn connector(&self) -> Arc<RabbitConnector> {
-        Arc::new(RabbitConnector::new(&amqp_url(), self.settings.clone(), self.backoff.clone()))
-    }
-
-    async fn channel(&self) -> lapin::Channel {
-        let conn = lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await.unwrap();
-        conn.create_channel().await.unwrap()
-    }
-
-    /// Messages ready in `queue` (not counting unacked ones).
-    async fn depth(&self, queue: &str) -> u32 {
-        let options = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
-        self.channel().await.queue_declare(queue.into(), options, FieldTable::default()).await.unwrap().message_count()
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let mut queues: Vec<String> = self.backoff.levels().into_iter().map(|d| self.settings.retry_queue(d)).collect();
-        queues.push(self.settings.queue.clone());
-        queues.push(self.settings.dead_letter_queue());
-        queues.extend(self.extra_queues.clone());
-        let exchange = self.settings.exchange.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async move {
-                let Ok(conn) = lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
-                else {
-                    return;
-                };
-                let Ok(channel) = conn.create_channel().await else { return };
-                for q in queues {
-                    let _ = channel.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
-                }
-                let _ = channel.exchange_delete(exchange.as_str().into(), Default::default()).await;
-                let _ = conn.close(200, "test done".into()).await;
-            });
-        })
-        .join();
-    }
-}
-
 fn consumer_settings() -> ConsumerSettings {
-    ConsumerSettings { concurrency: 2, batch_size: 20, batch_linger_ms: 5, backoff_initial_ms: 100, backoff_max_ms: 1000 }
+    ConsumerSettings {
+        concurrency: 2,
+        batch_size: 20,
+        batch_linger_ms: 5,
+        backoff_initial_ms: 100,
+        backoff_max_ms: 1000,
+    }
 }
 
 /// Starts a consumer; returns its shutdown token and task.
-fn start(h: &Harness, broker: &Broker, handlers: HandlerRegistry, max_attempts: i32) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let settings = PipelineSettings { backoff: broker.backoff.clone(), ..settings(max_attempts, Duration::from_secs(30)) };
+fn start(
+    h: &Harness,
+    broker: &Broker,
+    handlers: HandlerRegistry,
+    max_attempts: i32,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let settings =
+        PipelineSettings { backoff: broker.backoff.clone(), ..settings(max_attempts, Duration::from_secs(30)) };
     let pipeline = h.pipeline_with(handlers, settings);
     let consumer = Consumer::new(pipeline, broker.connector() as Arc<dyn SourceFactory>, consumer_settings());
     let token = CancellationToken::new();
@@ -105,7 +52,12 @@ async fn publish(broker: &Broker, ids: &[String]) {
     for id in ids {
         let body = serde_json::to_vec(&json!({"n": id})).unwrap();
         publisher
-            .publish(&broker.settings.exchange, "order.test", &body, properties_for(Some(id), &Default::default(), Some("application/json")))
+            .publish(
+                &broker.settings.exchange,
+                "order.test",
+                &body,
+                properties_for(Some(id), &Default::default(), Some("application/json")),
+            )
             .await
             .unwrap();
     }
@@ -121,13 +73,17 @@ async fn eventually<F: Future<Output = bool>>(within: Duration, mut check: impl 
 }
 
 async fn status_count(h: &Harness, status: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM dedup_records WHERE status = $1").bind(status).fetch_one(h.pool()).await.unwrap()
+    sqlx::query_scalar("SELECT count(*) FROM dedup_records WHERE status = $1")
+        .bind(status)
+        .fetch_one(h.pool())
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn a_failing_message_is_retried_with_growing_delays_then_dead_lettered_and_acked() {
     let h = Harness::new().await;
-    let broker = Broker::new(Backoff { initial_ms: 300, max_ms: 1200 });
+    let broker = Broker::new(&amqp_url(), Backoff { initial_ms: 300, max_ms: 1200 });
     let mut handlers = HandlerRegistry::new();
     handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(AlwaysFails)));
     let (token, task) = start(&h, &broker, handlers, 3);
@@ -135,13 +91,17 @@ async fn a_failing_message_is_retried_with_growing_delays_then_dead_lettered_and
 
     eventually(Duration::from_secs(20), || async { status_count(&h, "dead").await == 1 }).await;
     let started: Vec<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("SELECT started_at FROM record_attempts ORDER BY attempt").fetch_all(h.pool()).await.unwrap();
+        sqlx::query_scalar("SELECT started_at FROM record_attempts ORDER BY attempt")
+            .fetch_all(h.pool())
+            .await
+            .unwrap();
     assert_eq!(started.len(), 3, "exactly max_attempts attempts");
     let gaps: Vec<i64> = started.windows(2).map(|w| (w[1] - w[0]).num_milliseconds()).collect();
     assert!(gaps[0] >= 290 && gaps[1] >= 590 && gaps[1] > gaps[0], "growing delays: {gaps:?} ms");
 
     // The copy in the dead-letter queue carries the id and the reason.
-    eventually(Duration::from_secs(5), || async { broker.depth(&broker.settings.dead_letter_queue()).await == 1 }).await;
+    eventually(Duration::from_secs(5), || async { broker.depth(&broker.settings.dead_letter_queue()).await == 1 })
+        .await;
     let channel = broker.channel().await;
     let copy = channel
         .basic_get(broker.settings.dead_letter_queue().as_str().into(), BasicGetOptions { no_ack: true })
@@ -160,14 +120,14 @@ async fn a_failing_message_is_retried_with_growing_delays_then_dead_lettered_and
 #[tokio::test]
 async fn when_the_dead_letter_copy_cannot_be_published_the_record_stays_dead_and_the_queue_moves_on() {
     let h = Harness::new().await;
-    let mut broker = Broker::new(Backoff { initial_ms: 100, max_ms: 100 });
+    let mut broker = Broker::new(&amqp_url(), Backoff { initial_ms: 100, max_ms: 100 });
     // A queue that refuses every message: publishing the copy is nacked by the broker.
     let refusing = format!("{}.refusing", broker.settings.queue);
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
     args.insert("x-overflow".into(), AMQPValue::LongString(LongString::from("reject-publish")));
     broker.channel().await.queue_declare(refusing.as_str().into(), QueueDeclareOptions::default(), args).await.unwrap();
-    broker.extra_queues.push(refusing.clone());
+    broker.also_delete(&refusing);
     broker.settings.dead_letter_routing_key = Some(refusing.clone());
     broker.settings.dead_letter_publish_attempts = 2;
 
@@ -201,7 +161,8 @@ async fn close_connection_by_name(name: &str) {
         .await
         .expect("rabbitmqctl runs");
     let listing = String::from_utf8_lossy(&out.stdout);
-    let pids: Vec<&str> = listing.lines().filter(|l| l.contains(name)).filter_map(|l| l.split_whitespace().next()).collect();
+    let pids: Vec<&str> =
+        listing.lines().filter(|l| l.contains(name)).filter_map(|l| l.split_whitespace().next()).collect();
     assert!(!pids.is_empty(), "connection {name} not found in:\n{listing}");
     for pid in pids {
         let status = tokio::process::Command::new("rabbitmqctl")
@@ -216,7 +177,7 @@ async fn close_connection_by_name(name: &str) {
 #[tokio::test]
 async fn the_consumer_reconnects_after_the_broker_closes_its_connection() {
     let h = Harness::new().await;
-    let broker = Broker::new(Backoff { initial_ms: 200, max_ms: 200 });
+    let broker = Broker::new(&amqp_url(), Backoff { initial_ms: 200, max_ms: 200 });
     let mut handlers = HandlerRegistry::new();
     handlers.register("ORDER.CREATE", Handler::Transactional(Arc::new(RecordEffect)));
     let ids: Vec<String> = (0..400).map(|i| format!("ORDER.CREATE.{i}:1")).collect();

@@ -8,7 +8,9 @@ use std::time::Duration;
 use common::*;
 use dedup_engine::record::{ConsumerGroup, HandlerMode, MessageId};
 use dedup_engine::store::postgres::PgStore;
-use dedup_engine::store::{ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease};
+use dedup_engine::store::{
+    ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
+};
 use serde_json::json;
 
 struct Case {
@@ -108,7 +110,8 @@ async fn an_expired_lease_is_reclaimed_only_when_allowed_and_the_old_holder_is_f
     let c = case.claimed(&second, true).await;
     assert!(c.took_over);
     assert_eq!(c.attempt, 2);
-    let reentries: i32 = sqlx::query_scalar("SELECT reentries FROM dedup_records").fetch_one(case.h.pool()).await.unwrap();
+    let reentries: i32 =
+        sqlx::query_scalar("SELECT reentries FROM dedup_records").fetch_one(case.h.pool()).await.unwrap();
     assert_eq!(reentries, 1);
 
     assert!(!case.complete(&a, &first).await, "the old holder cannot complete");

@@ -15,15 +15,10 @@ use dedup_engine::record::ConsumerGroup;
 use dedup_engine::retry::Backoff;
 use dedup_engine::stats::Stats;
 use dedup_engine::store::postgres::PgStore;
-use dedup_engine::testing::TestDatabase;
+use dedup_engine::testing::{TestDatabase, redis_url};
 use sqlx::{PgConnection, PgPool};
 
 pub const GROUP: &str = "test-group";
-
-/// Redis of the tests (`REDIS_URL`, default local).
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
-}
 
 /// A database with a `test_effects` table, and a fast path with a key prefix of its own.
 pub struct Harness {
@@ -40,10 +35,12 @@ impl Harness {
     /// With Redis at `url` (e.g. a closed port: Redis down).
     pub async fn with_redis(url: &str) -> Self {
         let db = TestDatabase::create().await;
-        sqlx::query("CREATE TABLE test_effects (message_id TEXT NOT NULL, payload JSONB, at TIMESTAMPTZ DEFAULT now())")
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        sqlx::query(
+            "CREATE TABLE test_effects (message_id TEXT NOT NULL, payload JSONB, at TIMESTAMPTZ DEFAULT now())",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
         let prefix = format!("test-{}", uuid::Uuid::new_v4().simple());
         let fast_path = Arc::new(FastPath::new(url, FastPathSettings { prefix, ..FastPathSettings::default() }));
         Self { db, fast_path, stats: Arc::new(Stats::default()) }
@@ -58,7 +55,13 @@ impl Harness {
     }
 
     pub fn pipeline_with(&self, handlers: HandlerRegistry, settings: PipelineSettings) -> Pipeline {
-        Pipeline::new(PgStore::new(self.db.pool.clone()), self.fast_path.clone(), self.stats.clone(), handlers, settings)
+        Pipeline::new(
+            PgStore::new(self.db.pool.clone()),
+            self.fast_path.clone(),
+            self.stats.clone(),
+            handlers,
+            settings,
+        )
     }
 
     /// Effects recorded for `message_id`.

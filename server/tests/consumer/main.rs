@@ -1,0 +1,7 @@
+//! The embedded consumer as operators run it: `dedup-console serve` processes against real
+//! PostgreSQL, Redis and RabbitMQ — two processes on one queue, processes killed with SIGKILL
+//! mid-handler, Redis stopped mid-run.
+
+mod crashes;
+mod exactly_once;
+mod support;

@@ -1,0 +1,149 @@
+//! Running `dedup-console serve` as a child process with a test's own database, queues and
+//! Redis prefix.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use dedup_engine::message::IdPolicy;
+use dedup_engine::orders::OrderSettings;
+use dedup_engine::orders::simulate::{SimulateParams, SimulationReport, simulate};
+use dedup_engine::retry::Backoff;
+use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
+use tokio::process::{Child, Command};
+
+/// One test's world: database, broker names, Redis prefix, shared server environment.
+pub struct World {
+    pub db: TestDatabase,
+    pub broker: TestBroker,
+    pub redis_url: String,
+    pub env: HashMap<String, String>,
+}
+
+impl World {
+    /// A fresh world; retry back-off 500 ms doubling to 2 s so tests run quickly.
+    pub async fn new() -> Self {
+        let db = TestDatabase::create().await;
+        let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 500, max_ms: 2000 });
+        let s = &broker.settings;
+        let env = HashMap::from([
+            ("DATABASE_URL".to_owned(), db.url.clone()),
+            ("DEDUP_CONSUMER__RABBITMQ__EXCHANGE".to_owned(), s.exchange.clone()),
+            ("DEDUP_CONSUMER__RABBITMQ__QUEUE".to_owned(), s.queue.clone()),
+            ("DEDUP_CONSUMER__RABBITMQ__CONNECTION_NAME".to_owned(), s.connection_name.clone()),
+            ("DEDUP_CONSUMER__BACKOFF__INITIAL_MS".to_owned(), "500".to_owned()),
+            ("DEDUP_CONSUMER__BACKOFF__MAX_MS".to_owned(), "2000".to_owned()),
+            ("DEDUP_FAST_PATH__PREFIX".to_owned(), format!("t{}", uuid::Uuid::new_v4().simple())),
+            ("RUST_LOG".to_owned(), "warn,dedup_engine=info".to_owned()),
+        ]);
+        Self { db, broker, redis_url: redis_url(), env }
+    }
+
+    /// Starts a server with the world's environment plus `extra`; waits until its consumer is
+    /// subscribed to the work queue.
+    pub async fn serve(&self, name: &str, extra: &[(&str, &str)]) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = std::env::temp_dir().join(format!("{}-{name}.log", self.db.name));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedup-console"));
+        cmd.arg("serve")
+            .envs(&self.env)
+            .env("REDIS_URL", &self.redis_url)
+            .env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
+            .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("dedup-console starts");
+        let server = Server { child, log };
+        let consumers_before = self.broker.queue_state(&self.broker.settings.queue).await.map_or(0, |s| s.1);
+        let started = Instant::now();
+        loop {
+            let state = self.broker.queue_state(&self.broker.settings.queue).await;
+            if state.is_some_and(|(_, consumers)| consumers > consumers_before) {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "server {name} did not subscribe; log: {}",
+                server.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        server
+    }
+
+    /// Publishes a simulation run through the world's exchange.
+    pub async fn simulate(&self, orders: u64, rate: f64, duplicate_rate: f64, poison_rate: f64) -> SimulationReport {
+        let publisher = self.broker.connector().publisher().await.unwrap();
+        let params = SimulateParams {
+            orders,
+            rate,
+            duplicate_rate,
+            duplicate_delay_ms: 2000,
+            reorder_window: 8,
+            poison_rate,
+            group: "order-service".to_owned(),
+            exchange: self.broker.settings.exchange.clone(),
+            seed: 42,
+        };
+        simulate(&self.db.pool, &publisher, &params, &OrderSettings::default(), &IdPolicy::default(), |_, _| {})
+            .await
+            .expect("simulation publishes")
+    }
+
+    /// Publishes one JSON message with `id` as its message id.
+    pub async fn publish(&self, id: &str, routing_key: &str, body: serde_json::Value) {
+        use dedup_engine::source::rabbitmq::properties_for;
+        let publisher = self.broker.connector().publisher().await.unwrap();
+        let props = properties_for(Some(id), &serde_json::Map::new(), Some("application/json"));
+        let payload = serde_json::to_vec(&body).unwrap();
+        publisher.publish(&self.broker.settings.exchange, routing_key, &payload, props).await.unwrap();
+    }
+
+    /// Polls a scalar query until `ok(value)` or `within` passes; returns the last value.
+    pub async fn wait_for<T>(&self, within: Duration, sql: &str, ok: impl Fn(&T) -> bool) -> T
+    where
+        T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+    {
+        let started = Instant::now();
+        loop {
+            let value: T = sqlx::query_scalar(sql).fetch_one(&self.db.pool).await.unwrap();
+            if ok(&value) || started.elapsed() >= within {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// A running `dedup-console serve`.
+pub struct Server {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Server {
+    /// SIGKILL: no shutdown handling at all, as in a crash.
+    pub async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub async fn stop(mut self) {
+        let pid = self.child.id().expect("running");
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await.expect("exits").unwrap();
+        assert!(status.success(), "clean exit after SIGTERM; log: {}", self.log_text());
+    }
+
+    /// The process id (part of its workers' names, `<host>:<pid>:<n>`).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// The server's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}

@@ -71,6 +71,13 @@ impl FromStr for RecordStatus {
     }
 }
 
+impl TryFrom<String> for RecordStatus {
+    type Error = UnknownStatus;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        value.parse()
+    }
+}
+
 /// How a handler's effect relates to the database (DESIGN.md, "Two handler modes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -1,0 +1,172 @@
+//! Records that need an operator: stuck claims, retries in progress and dead letters grouped by
+//! cause.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use super::QueryError;
+use super::records::RecordRow;
+
+/// A stuck record re-entered processing this many times after an expired lease: it keeps
+/// crashing its worker (or outliving its lease) instead of failing, so retries never count it
+/// towards dead.
+pub const CRASH_LOOP_REENTRIES: i32 = 2;
+
+/// A `processing` record whose lease has expired (database clock).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct StuckRecord {
+    /// Record id.
+    pub id: i64,
+    /// Consumer group.
+    pub consumer_group: String,
+    /// Message id.
+    pub message_id: String,
+    /// Message type.
+    pub message_type: String,
+    /// `transactional` or `leased`.
+    pub handler_mode: Option<String>,
+    /// The worker that held the lease.
+    pub lease_owner: Option<String>,
+    /// When the lease expired.
+    pub lease_expires_at: DateTime<Utc>,
+    /// Seconds since the lease expired.
+    pub stuck_secs: i64,
+    /// Last change (the claim), database clock.
+    pub updated_at: DateTime<Utc>,
+    /// Attempts so far.
+    pub attempts: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// Re-entries into processing after an expired lease.
+    pub reentries: i32,
+    /// `reentries >= CRASH_LOOP_REENTRIES`: the record keeps re-entering processing.
+    pub crash_loop: bool,
+    /// When a redelivery was parked on it (`hold`), if one was.
+    pub parked_at: Option<DateTime<Utc>>,
+}
+
+/// Stuck records, longest stuck first, and how many there are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StuckList {
+    /// All stuck records.
+    pub total: i64,
+    /// The first `limit` of them.
+    pub rows: Vec<StuckRecord>,
+}
+
+/// The stuck records (at most `limit`), longest stuck first, with the total.
+///
+/// Errors: [`QueryError::Database`].
+pub async fn stuck_records(pool: &sqlx::PgPool, limit: i64) -> Result<StuckList, QueryError> {
+    let rows = sqlx::query_as(
+        "SELECT id, consumer_group, message_id, message_type, handler_mode, lease_owner, lease_expires_at,
+                extract(epoch FROM now() - lease_expires_at)::bigint AS stuck_secs, updated_at, attempts,
+                max_attempts, reentries, reentries >= $2 AS crash_loop, parked_at
+         FROM dedup_records WHERE status = 'processing' AND lease_expires_at < now()
+         ORDER BY lease_expires_at, id LIMIT $1",
+    )
+    .bind(limit)
+    .bind(CRASH_LOOP_REENTRIES)
+    .fetch_all(pool);
+    let (rows, total) = tokio::try_join!(map_db(rows), super::overview::stuck_count(pool))?;
+    Ok(StuckList { total, rows })
+}
+
+/// How many failed records have made a given number of attempts.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AttemptsBucket {
+    /// Attempts made.
+    pub attempts: i32,
+    /// Failed records with that many.
+    pub records: i64,
+}
+
+/// Retries of one message type among failed records.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct TypeRetries {
+    /// Message type.
+    pub message_type: String,
+    /// Failed records of the type.
+    pub records: i64,
+    /// Their attempts, summed.
+    pub attempts: i64,
+    /// The most attempts of one of them.
+    pub max_attempts: i32,
+}
+
+/// The retries page: failed records, which will be tried again when their copy returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryOverview {
+    /// Failed records by attempts made, fewest first.
+    pub distribution: Vec<AttemptsBucket>,
+    /// Message types with the most failed records' attempts, most first (at most 10).
+    pub top_types: Vec<TypeRetries>,
+    /// The soonest `next_attempt_at` among failed records.
+    pub next_retry_at: Option<DateTime<Utc>>,
+    /// The most retried failed records (most attempts first).
+    pub most_retried: Vec<RecordRow>,
+}
+
+/// Reads the retries page; `limit` bounds the list of most retried records.
+///
+/// Errors: [`QueryError::Database`].
+pub async fn retries(pool: &sqlx::PgPool, limit: i64) -> Result<RetryOverview, QueryError> {
+    let distribution = sqlx::query_as(
+        "SELECT attempts, count(*) AS records FROM dedup_records WHERE status = 'failed'
+         GROUP BY attempts ORDER BY attempts",
+    )
+    .fetch_all(pool);
+    let top_types = sqlx::query_as(
+        "SELECT message_type, count(*) AS records, sum(attempts)::bigint AS attempts, max(attempts) AS max_attempts
+         FROM dedup_records WHERE status = 'failed'
+         GROUP BY message_type ORDER BY sum(attempts) DESC, message_type LIMIT 10",
+    )
+    .fetch_all(pool);
+    let next_retry_at =
+        sqlx::query_scalar("SELECT min(next_attempt_at) FROM dedup_records WHERE status = 'failed'").fetch_one(pool);
+    let params = super::filter::RecordListParams {
+        filter: super::filter::RecordFilter { status: Some(crate::record::RecordStatus::Failed), ..Default::default() },
+        sort: super::filter::SortKey::Attempts,
+        limit,
+        ..Default::default()
+    };
+    let most_retried = super::records::records_list(pool, &params);
+    let (distribution, top_types, next_retry_at, most_retried) =
+        tokio::try_join!(map_db(distribution), map_db(top_types), map_db(next_retry_at), most_retried)?;
+    Ok(RetryOverview { distribution, top_types, next_retry_at, most_retried: most_retried.rows })
+}
+
+async fn map_db<T>(f: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, QueryError> {
+    Ok(f.await?)
+}
+
+/// Dead letters sharing one error class (error kind + first line, numbers masked).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct DeadLetterGroup {
+    /// The class; `None` for dead records without one.
+    pub error_class: Option<String>,
+    /// Dead records in the group.
+    pub records: i64,
+    /// Earliest first-seen among them.
+    pub first_seen_at: DateTime<Utc>,
+    /// Latest change (when the last of them went dead).
+    pub last_seen_at: DateTime<Utc>,
+    /// Their message types, sorted.
+    pub message_types: Vec<String>,
+}
+
+/// Dead letters grouped by error class, largest group first (at most `limit` groups).
+///
+/// Errors: [`QueryError::Database`].
+pub async fn dead_letter_groups<'e>(db: impl PgExecutor<'e>, limit: i64) -> Result<Vec<DeadLetterGroup>, QueryError> {
+    Ok(sqlx::query_as(
+        "SELECT error_class, count(*) AS records, min(first_seen_at) AS first_seen_at,
+                max(updated_at) AS last_seen_at,
+                array_agg(DISTINCT message_type ORDER BY message_type) AS message_types
+         FROM dedup_records WHERE status = 'dead'
+         GROUP BY error_class ORDER BY count(*) DESC, error_class LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(db)
+    .await?)
+}

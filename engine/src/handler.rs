@@ -56,17 +56,26 @@ pub struct HandlerError {
     /// A database conflict (deadlock, serialization failure, lost connection): the attempt is
     /// retried at once without counting it.
     pub transient: bool,
+    /// The worker "crashed" mid-effect (leased handlers; the demo's chaos): the engine walks
+    /// away exactly as a killed process would — no completion, no failure recorded, the lease
+    /// left to expire, the delivery given back to the broker unacknowledged.
+    pub crashed: bool,
 }
 
 impl HandlerError {
     /// A failure worth retrying after a back-off.
     pub fn retryable(kind: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Self { kind: kind.into(), message: message.into(), permanent: false, transient: false }
+        Self { kind: kind.into(), message: message.into(), permanent: false, transient: false, crashed: false }
     }
 
     /// A failure that retrying cannot fix.
     pub fn permanent(kind: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Self { kind: kind.into(), message: message.into(), permanent: true, transient: false }
+        Self { kind: kind.into(), message: message.into(), permanent: true, transient: false, crashed: false }
+    }
+
+    /// A simulated crash (see [`HandlerError::crashed`]).
+    pub fn crash(message: impl Into<String>) -> Self {
+        Self { kind: "CRASH".into(), message: message.into(), permanent: false, transient: false, crashed: true }
     }
 
     /// The dead-letter grouping key: kind plus the message's first line, with numbers and long
@@ -110,7 +119,7 @@ pub fn error_class(kind: &str, message: &str) -> String {
 impl From<sqlx::Error> for HandlerError {
     fn from(e: sqlx::Error) -> Self {
         let transient = crate::store::is_transient(&e);
-        Self { kind: "DATABASE".into(), message: e.to_string(), permanent: false, transient }
+        Self { kind: "DATABASE".into(), message: e.to_string(), permanent: false, transient, crashed: false }
     }
 }
 

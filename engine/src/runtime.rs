@@ -77,6 +77,8 @@ pub struct EngineConfig {
     pub orders: OrderSettings,
     /// How often in-memory aggregates are written to the database.
     pub stats_flush: Duration,
+    /// Demo mode: publish simulated orders in the background, make some NOTIFY sends crash.
+    pub demo: bool,
 }
 
 /// A running engine.
@@ -117,14 +119,26 @@ impl Engine {
             shutdown.clone(),
         )));
 
+        let order_settings =
+            if config.demo { orders::demo::demo_order_settings(&config.orders) } else { config.orders.clone() };
+        if config.demo {
+            tasks.push(tokio::spawn(orders::demo::run_demo_traffic(
+                pool.clone(),
+                connector.clone(),
+                c.group.clone(),
+                order_settings.clone(),
+                c.ids.clone(),
+                shutdown.clone(),
+            )));
+        }
         let mut consumer_status = None;
         if c.enabled {
-            orders::stock_inventory(&pool, &config.orders).await?;
+            orders::stock_inventory(&pool, &order_settings).await?;
             let pipeline = Pipeline::new(
                 store.clone(),
                 fast_path.clone(),
                 stats.clone(),
-                orders::order_handlers(pool.clone(), &config.orders),
+                orders::order_handlers(pool.clone(), &order_settings),
                 PipelineSettings {
                     group: ConsumerGroup::parse(c.group.clone())?,
                     max_attempts: c.max_attempts.max(1),

@@ -30,7 +30,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the console and API, with the embedded consumer and background tasks.
-    Serve,
+    Serve(ServeArgs),
     /// Apply pending database migrations, verify the schema, and exit.
     Migrate,
     /// Publish a simulated order event stream (with duplicates, reordering and poison messages)
@@ -39,6 +39,16 @@ pub enum Command {
     /// Check that a simulation run's effects happened exactly once and every message is
     /// accounted for; exits 1 on any violation.
     Verify(VerifyArgs),
+}
+
+/// `serve` options.
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// Demo mode: publish a gentle simulated order stream (with duplicates and poison messages)
+    /// in the background and let a share of SMS sends "crash", so every console page has
+    /// something to show. Off unless given; `scripts/run` gives it.
+    #[arg(long)]
+    pub demo: bool,
 }
 
 /// `simulate` options.
@@ -93,10 +103,10 @@ fn validate_share(name: &str, value: f64) -> anyhow::Result<()> {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     telemetry::init(settings.log_format);
-    match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => {
-            tracing::info!(settings = %settings.redacted_json(), "starting dedup-console");
-            let app = Application::build(settings).await?;
+    match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
+        Command::Serve(args) => {
+            tracing::info!(settings = %settings.redacted_json(), demo = args.demo, "starting dedup-console");
+            let app = Application::build(settings, args.demo).await?;
             app.run_until_stopped(shutdown_signal()).await
         }
         Command::Migrate => {

@@ -169,8 +169,8 @@ impl Settings {
             .map_err(Box::new)
     }
 
-    /// What the engine needs from these settings.
-    pub fn engine_config(&self) -> dedup_engine::runtime::EngineConfig {
+    /// What the engine needs from these settings; `demo` turns on demo mode.
+    pub fn engine_config(&self, demo: bool) -> dedup_engine::runtime::EngineConfig {
         dedup_engine::runtime::EngineConfig {
             amqp_url: self.amqp_url.expose().to_owned(),
             redis_url: self.redis_url.expose().to_owned(),
@@ -178,6 +178,7 @@ impl Settings {
             fast_path: self.fast_path.clone(),
             orders: self.orders.clone(),
             stats_flush: std::time::Duration::from_millis(self.stats_flush_ms),
+            demo,
         }
     }
 

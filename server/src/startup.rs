@@ -65,7 +65,8 @@ impl Application {
     /// Opens the database, checks Redis and RabbitMQ (a warning, not a failure: the console
     /// still serves, `/readyz` reports them down and the consumer keeps reconnecting), starts
     /// the engine, builds the router and binds the listener.
-    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+    /// `demo` turns on demo mode (see `serve --demo`).
+    pub async fn build(settings: Settings, demo: bool) -> anyhow::Result<Self> {
         crate::telemetry::metrics_handle();
         let pool = open_database(&settings).await?;
         let probes = HealthProbes::new(
@@ -86,7 +87,7 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
         let local_addr = listener.local_addr()?;
-        let engine = Engine::start(pool.clone(), settings.engine_config()).await?;
+        let engine = Engine::start(pool.clone(), settings.engine_config(demo)).await?;
         let leptos_options = LeptosOptions::builder()
             .output_name("dedup-console")
             .site_root(settings.site_root.to_string_lossy().into_owned())

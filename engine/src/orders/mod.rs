@@ -4,6 +4,7 @@
 //!
 //! Message ids: `ORDER.<EVENT>.<order no>:<version>`; CREATE is version 1, PAY 2, NOTIFY 3.
 
+pub mod demo;
 mod handlers;
 pub mod simulate;
 mod sms;
@@ -34,6 +35,8 @@ pub struct OrderSettings {
     pub sms_failure_rate: f64,
     /// `on_lease_expiry` of the leased NOTIFY handler. Default `hold`.
     pub notify_on_lease_expiry: LeaseExpiryPolicy,
+    /// Share of NOTIFY sends that simulate a worker crash (0.0–1.0). Default 0; the demo sets it.
+    pub notify_crash_rate: f64,
 }
 
 impl Default for OrderSettings {
@@ -44,6 +47,7 @@ impl Default for OrderSettings {
             sms_latency_ms: 20,
             sms_failure_rate: 0.0,
             notify_on_lease_expiry: LeaseExpiryPolicy::Hold,
+            notify_crash_rate: 0.0,
         }
     }
 }
@@ -73,11 +77,10 @@ pub fn order_handlers(pool: PgPool, settings: &OrderSettings) -> HandlerRegistry
         .register(
             "ORDER.NOTIFY",
             Handler::Leased {
-                handler: Arc::new(NotifyOrder::new(SmsGateway::new(
-                    pool,
-                    settings.sms_latency_ms,
-                    settings.sms_failure_rate,
-                ))),
+                handler: Arc::new(NotifyOrder::new(
+                    SmsGateway::new(pool, settings.sms_latency_ms, settings.sms_failure_rate),
+                    settings.notify_crash_rate,
+                )),
                 on_lease_expiry: settings.notify_on_lease_expiry,
             },
         );

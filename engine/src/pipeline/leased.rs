@@ -72,6 +72,12 @@ impl Pipeline {
         metrics::histogram!("dedup_handler_duration_seconds", "type" => item.identified.message_type.clone())
             .record(started.elapsed().as_secs_f64());
 
+        if let Err(error) = &result
+            && error.crashed
+        {
+            tracing::warn!(message_id = %item.identified.id, "worker crashed mid-effect (simulated); the record will be stuck");
+            return (Disposition::Redeliver, None);
+        }
         let Ok(mut conn) = self.store.pool().acquire().await else {
             // The effect may have happened; the record stays processing and, once its lease
             // expires, stuck: an operator decides. The redelivery is judged then.

@@ -40,7 +40,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     settings.listen = "127.0.0.1:0".parse().unwrap();
     settings.database_url = db.url.as_str().into();
     adjust(&mut settings);
-    let app = Application::build(settings).await.expect("application builds");
+    let app = Application::build(settings, false).await.expect("application builds");
     let address = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until_stopped(std::future::pending()));
     let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();

@@ -1,0 +1,75 @@
+//! Demo traffic for `serve --demo`: a gentle, endless order stream with duplicates, reordering
+//! and poison messages, so a newcomer's console has something on every page within a minute.
+//! (The demo also makes a share of NOTIFY sends crash and the SMS gateway reject some sends: see
+//! [`demo_order_settings`].)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::OrderSettings;
+use super::simulate::{SimulateParams, simulate};
+use crate::message::IdPolicy;
+use crate::source::rabbitmq::RabbitConnector;
+
+/// Orders published per burst.
+const ORDERS_PER_BURST: u64 = 8;
+/// Pause between bursts.
+const PAUSE: Duration = Duration::from_secs(4);
+
+/// The order settings of the demo: 5 % of NOTIFY sends crash (stuck records), 10 % of SMS sends
+/// are rejected by the gateway (retries), unless the configuration already sets them.
+pub fn demo_order_settings(configured: &OrderSettings) -> OrderSettings {
+    let mut settings = configured.clone();
+    if settings.notify_crash_rate == 0.0 {
+        settings.notify_crash_rate = 0.05;
+    }
+    if settings.sms_failure_rate == 0.0 {
+        settings.sms_failure_rate = 0.1;
+    }
+    settings
+}
+
+/// Publishes bursts of simulated orders until shutdown. Broker or database trouble is logged
+/// and retried after the pause; it never stops the server.
+pub async fn run_demo_traffic(
+    pool: PgPool,
+    connector: Arc<RabbitConnector>,
+    group: String,
+    orders: OrderSettings,
+    ids: IdPolicy,
+    shutdown: CancellationToken,
+) {
+    tracing::info!("demo mode: publishing simulated orders every {} s", PAUSE.as_secs());
+    let mut seed: u64 = rand::random();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(PAUSE) => {}
+        }
+        let params = SimulateParams {
+            orders: ORDERS_PER_BURST,
+            rate: 15.0,
+            duplicate_rate: 0.25,
+            duplicate_delay_ms: 5000,
+            reorder_window: 6,
+            poison_rate: 0.04,
+            group: group.clone(),
+            exchange: connector.settings().exchange.clone(),
+            seed,
+        };
+        seed = seed.wrapping_add(1);
+        let burst = async {
+            let publisher = connector.publisher().await?;
+            simulate(&pool, &publisher, &params, &orders, &ids, |_, _| {}).await
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            result = burst => if let Err(e) = result {
+                tracing::warn!(error = %e, "demo traffic: burst not published; retrying later");
+            },
+        }
+    }
+}

@@ -11,6 +11,9 @@ pub enum ConsoleError {
     /// The request was malformed or failed validation; the text says what to change.
     #[error("{0}")]
     BadRequest(String),
+    /// The thing asked for does not exist (a record id no record has).
+    #[error("{0}")]
+    NotFound(String),
     /// Something failed on the server; details are in the server log under this request.
     #[error("internal error; see the server log")]
     Internal,
@@ -33,5 +36,17 @@ impl ConsoleError {
     pub fn internal(error: impl std::fmt::Display) -> Self {
         tracing::error!(error = %error, "server function failed");
         ConsoleError::Internal
+    }
+}
+
+#[cfg(feature = "ssr")]
+impl From<dedup_engine::console::QueryError> for ConsoleError {
+    /// A bad filter keeps its message (it is about the request); a database error is logged and
+    /// becomes the opaque [`ConsoleError::Internal`].
+    fn from(error: dedup_engine::console::QueryError) -> Self {
+        match error {
+            dedup_engine::console::QueryError::BadFilter(message) => ConsoleError::BadRequest(message),
+            other => ConsoleError::internal(other),
+        }
     }
 }

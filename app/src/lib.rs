@@ -19,7 +19,13 @@ use leptos_router::components::{Route, Router, Routes};
 use leptos_router::path;
 
 use crate::components::shell::ConsoleLayout;
-use crate::pages::{not_built::NotBuilt, overview::OverviewPage};
+use crate::pages::dead_letters::DeadLettersPage;
+use crate::pages::not_built::NotBuilt;
+use crate::pages::overview::OverviewPage;
+use crate::pages::record::RecordPage;
+use crate::pages::records::RecordsPage;
+use crate::pages::retries::RetriesPage;
+use crate::pages::stuck::StuckPage;
 
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -51,13 +57,11 @@ pub fn App() -> impl IntoView {
             <ConsoleLayout>
                 <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
                     <Route path=path!("/") view=OverviewPage />
-                    <Route path=path!("/records") view=|| view! { <NotBuilt title="Records" /> } />
-                    <Route path=path!("/stuck") view=|| view! { <NotBuilt title="Stuck" /> } />
-                    <Route path=path!("/retries") view=|| view! { <NotBuilt title="Retries" /> } />
-                    <Route
-                        path=path!("/dead-letters")
-                        view=|| view! { <NotBuilt title="Dead letters" /> }
-                    />
+                    <Route path=path!("/records") view=RecordsPage />
+                    <Route path=path!("/records/:id") view=RecordPage />
+                    <Route path=path!("/stuck") view=StuckPage />
+                    <Route path=path!("/retries") view=RetriesPage />
+                    <Route path=path!("/dead-letters") view=DeadLettersPage />
                     <Route path=path!("/cleanup") view=|| view! { <NotBuilt title="Cleanup" /> } />
                     <Route path=path!("/audit") view=|| view! { <NotBuilt title="Audit" /> } />
                 </Routes>

@@ -1,6 +1,9 @@
 //! Server-side glue: the state the server provides to server functions, and conversions from
 //! engine types to [`crate::wire`] types.
 
+pub mod console;
+mod convert;
+
 use std::sync::Arc;
 
 use dedup_engine::consumer::ConsumerStatus;

@@ -28,3 +28,7 @@ pub struct HealthView {
     /// Database, Redis, broker, in that order.
     pub dependencies: Vec<DependencyView>,
 }
+
+pub mod failures;
+pub mod overview;
+pub mod records;

@@ -1,5 +1,10 @@
 //! One module per console page: the page component, its private children and its server
 //! functions.
 
+pub mod dead_letters;
 pub mod not_built;
 pub mod overview;
+pub mod record;
+pub mod records;
+pub mod retries;
+pub mod stuck;

@@ -1,8 +1,16 @@
-//! Overview: the health of the dependencies (more panels arrive with the console issue).
+//! Overview: live record counts (server-sent events, with pause/resume), traffic and duplicate
+//! rates, the dedup-table growth chart, the consumer, duplicate delays and the health of the
+//! dependencies.
+
+mod panels;
 
 use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
 
+use self::panels::{ConsumerPanel, DelaysPanel, GroupsPanel, GrowthPanel, LivePanel, TrafficPanel};
+use crate::components::live::use_live_feed;
 use crate::error::ConsoleError;
+use crate::wire::overview::{GrowthView, LiveView, OverviewView};
 use crate::wire::{DependencyView, HealthView};
 
 /// Probes PostgreSQL, Redis and RabbitMQ (concurrently, each bounded by the probe timeout).
@@ -12,13 +20,62 @@ pub async fn get_health() -> Result<HealthView, ConsoleError> {
     Ok(state.probes.check().await.into())
 }
 
-/// The overview page.
+/// Counts, traffic, consumer state and duplicate delays.
+#[server(prefix = "/api/fn", endpoint = "get_overview")]
+pub async fn get_overview() -> Result<OverviewView, ConsoleError> {
+    crate::ssr::console::overview(&crate::ssr::console_state()?).await
+}
+
+/// The growth chart over `range` (`1h`, `24h`, `7d`, `30d`; default `24h`).
+#[server(prefix = "/api/fn", endpoint = "get_growth")]
+pub async fn get_growth(range: Option<String>) -> Result<GrowthView, ConsoleError> {
+    crate::ssr::console::growth(&crate::ssr::console_state()?, range.as_deref()).await
+}
+
+/// The overview page. The chart's range is the `range` query parameter.
 #[component]
 pub fn OverviewPage() -> impl IntoView {
+    let query = use_query_map();
+    let range = Memo::new(move |_| query.read().get("range"));
+    let overview = Resource::new(|| (), |_| get_overview());
+    let growth = Resource::new(move || range.get(), get_growth);
+    let live = RwSignal::new(None::<LiveView>);
+    let paused = RwSignal::new(false);
+    use_live_feed(live, paused);
+    view! {
+        <h1>"Overview"</h1>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match overview.await {
+                    Ok(data) => {
+                        view! {
+                            <LivePanel initial=data.live live paused />
+                            <div class="columns">
+                                <TrafficPanel last_hour=data.last_hour last_day=data.last_day />
+                                <ConsumerPanel consumer=data.consumer />
+                            </div>
+                            <div class="columns">
+                                <GroupsPanel groups=data.groups />
+                                <DelaysPanel buckets=data.duplicate_delays />
+                            </div>
+                        }
+                            .into_any()
+                    }
+                    Err(e) => view! { <p class="error">{e.to_string()}</p> }.into_any(),
+                }
+            })}
+        </Transition>
+        <GrowthPanel growth range />
+        <HealthPanel />
+    }
+}
+
+/// The dependencies' health, with a refresh button.
+#[component]
+fn HealthPanel() -> impl IntoView {
     let refreshes = RwSignal::new(0u32);
     let health = Resource::new(move || refreshes.get(), |_| get_health());
     view! {
-        <h1>"Overview"</h1>
         <section class="panel" aria-labelledby="health-title">
             <div class="panel-head">
                 <h2 id="health-title">"Dependencies"</h2>

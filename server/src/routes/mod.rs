@@ -1,6 +1,8 @@
 //! The router: health endpoints, static files, Leptos pages and server functions, and the
 //! tower-http layers around them.
 
+mod api;
+mod events;
 mod health;
 
 use std::time::Duration;
@@ -37,6 +39,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
+        .merge(api::router())
         .nest_service("/pkg", ServeDir::new(pkg_dir))
         .leptos_routes_with_context(
             &state,

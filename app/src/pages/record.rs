@@ -1,0 +1,213 @@
+//! Record detail (`/records/:id`): every field, the payload (pretty JSON, text or hex — always
+//! shown as text, never as markup), headers and source, the attempt history with errors,
+//! duplicates and their delay, and the Redis marker next to the database state.
+
+use leptos::prelude::*;
+use leptos_router::hooks::use_params_map;
+
+use crate::components::format::{StatusBadge, duration, millis, opt_time, short_time};
+use crate::error::ConsoleError;
+use crate::wire::records::{AttemptView, MarkerView, PayloadView, RecordDetailView};
+
+/// One record with its history and marker.
+#[server(prefix = "/api/fn", endpoint = "get_record")]
+pub async fn get_record(id: i64) -> Result<RecordDetailView, ConsoleError> {
+    crate::ssr::console::record(&crate::ssr::console_state()?, id).await
+}
+
+/// The record detail page.
+#[component]
+pub fn RecordPage() -> impl IntoView {
+    let params = use_params_map();
+    let id = Memo::new(move |_| params.with(|p| p.get("id")).and_then(|s| s.parse::<i64>().ok()));
+    let record = Resource::new(
+        move || id.get(),
+        |id| async move {
+            match id {
+                Some(id) => get_record(id).await,
+                None => Err(ConsoleError::BadRequest("record ids are whole numbers".to_owned())),
+            }
+        },
+    );
+    view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match record.await {
+                    Ok(r) => view! { <Detail r /> }.into_any(),
+                    Err(e) => {
+                        view! {
+                            <h1>"Record"</h1>
+                            <p class="error" role="alert">
+                                {e.to_string()}
+                            </p>
+                        }
+                            .into_any()
+                    }
+                }
+            })}
+        </Transition>
+    }
+}
+
+/// A term/definition pair; `—` when the value is absent.
+fn fact(term: &'static str, value: Option<String>) -> impl IntoView {
+    view! {
+        <dt>{term}</dt>
+        <dd>{value.unwrap_or_else(|| "—".to_owned())}</dd>
+    }
+}
+
+#[component]
+fn Detail(r: RecordDetailView) -> impl IntoView {
+    let s = r.record.clone();
+    view! {
+        <h1>
+            "Record " {s.id} " " <StatusBadge status=s.status.clone() />
+        </h1>
+        <p class="mono" data-testid="record-message-id">
+            {s.message_id.clone()}
+        </p>
+        <div class="columns">
+            <section class="panel" aria-labelledby="db-title">
+                <h2 id="db-title">"Database state"</h2>
+                <dl class="facts" data-testid="record-facts">
+                    {fact("Consumer group", Some(s.consumer_group))}
+                    {fact("Message type", Some(s.message_type))}
+                    {fact("Status", Some(s.status))}
+                    {fact("Handler mode", s.handler_mode)}
+                    {fact("Attempts", Some(format!("{} of {}", s.attempts, s.max_attempts)))}
+                    {fact("Re-entries after expired lease", Some(r.reentries.to_string()))}
+                    {fact("First seen", Some(short_time(&s.first_seen_at)))}
+                    {fact("Updated", Some(short_time(&s.updated_at)))}
+                    {fact("Completed", r.completed_at.as_deref().map(short_time))}
+                    {fact("Next attempt", s.next_attempt_at.as_deref().map(short_time))}
+                    {fact("Lease owner", r.lease_owner)}
+                    {fact(
+                        "Lease expires",
+                        r.lease_expires_at
+                            .as_deref()
+                            .map(|t| {
+                                format!("{}{}", short_time(t), if r.lease_expired { " (expired: stuck)" } else { "" })
+                            }),
+                    )}
+                    {fact("Parked redelivery", r.parked_at.as_deref().map(short_time))}
+                    {fact("Error class", s.error_class)}
+                </dl>
+            </section>
+            <section class="panel" aria-labelledby="dup-title">
+                <h2 id="dup-title">"Duplicates and fast path"</h2>
+                <dl class="facts">
+                    {fact("Duplicate deliveries", Some(s.duplicate_count.to_string()))}
+                    {fact("Last duplicate", r.last_duplicate_at.as_deref().map(short_time))}
+                    {fact("Its delay after first seen", r.last_duplicate_delay_ms.map(millis))}
+                    {fact("Payload conflicts", Some(r.payload_conflicts.to_string()))}
+                    {fact("Redis key", Some(r.marker_key))}
+                </dl>
+                <Marker m=r.marker />
+                <h3>"Source"</h3>
+                <dl class="facts" data-testid="record-source">
+                    {fact("Broker", Some(r.source.broker))}
+                    {fact("Exchange", r.source.exchange)}
+                    {fact("Routing key", r.source.routing_key)}
+                    {fact("Queue", r.source.queue)}
+                    {fact("Content type", r.content_type)}
+                </dl>
+            </section>
+        </div>
+        {r
+            .last_error
+            .map(|e| {
+                view! {
+                    <section class="panel" aria-labelledby="error-title">
+                        <h2 id="error-title">"Last error"</h2>
+                        <pre class="code error">{e}</pre>
+                    </section>
+                }
+            })}
+        <section class="panel" aria-labelledby="payload-title">
+            <h2 id="payload-title">"Payload"</h2>
+            <Payload p=r.payload truncated=r.payload_truncated hash=r.payload_hash />
+            <h3>"Headers"</h3>
+            <pre class="code" data-testid="record-headers">
+                {r.headers.unwrap_or_else(|| "(not kept: the record succeeded)".to_owned())}
+            </pre>
+        </section>
+        <section class="panel" aria-labelledby="history-title">
+            <h2 id="history-title">"Attempt history"</h2>
+            <History attempts=r.attempts />
+        </section>
+    }
+}
+
+#[component]
+fn Marker(m: MarkerView) -> impl IntoView {
+    let text = match (m.state.as_str(), m.ttl_secs) {
+        ("present", Some(ttl)) => format!("present, expires in {}", duration(ttl)),
+        ("present", None) => "present, no expiry".to_owned(),
+        ("absent", _) => "absent: a duplicate would be judged by the database".to_owned(),
+        _ => format!("unknown: {}", m.error.unwrap_or_default()),
+    };
+    let class = if m.state == "present" { "badge badge-up" } else { "badge badge-processing" };
+    let state = m.state.clone();
+    view! {
+        <p data-testid="marker" data-state=state>
+            "Redis marker: " <span class=class>{m.state}</span> " " {text}
+        </p>
+    }
+}
+
+#[component]
+fn Payload(p: Option<PayloadView>, truncated: bool, hash: String) -> impl IntoView {
+    match p {
+        None => view! {
+            <p class="empty">"Not kept: a succeeded record drops its payload."</p>
+            <p class="muted small mono">"SHA-256 " {hash}</p>
+        }
+        .into_any(),
+        Some(p) => view! {
+            <p class="muted small">
+                {format!("{} bytes, shown as {}", p.bytes, p.format)}
+                {truncated.then_some(" (truncated: only the start was kept)")} " · SHA-256 "
+                <span class="mono">{hash}</span>
+            </p>
+            // A text node: Leptos escapes it, so markup in a payload is shown, never run.
+            <pre class="code" data-testid="record-payload" data-format=p.format>
+                {p.text}
+            </pre>
+        }
+        .into_any(),
+    }
+}
+
+#[component]
+fn History(attempts: Vec<AttemptView>) -> impl IntoView {
+    if attempts.is_empty() {
+        return view! { <p class="empty">"No attempts recorded."</p> }.into_any();
+    }
+    view! {
+        <ol class="timeline" data-testid="attempts">
+            {attempts
+                .into_iter()
+                .map(|a| {
+                    let outcome = a.outcome.clone().unwrap_or_else(|| "running or abandoned".to_owned());
+                    let data_outcome = outcome.clone();
+                    view! {
+                        <li data-outcome=data_outcome>
+                            <strong>{format!("Attempt {}", a.attempt)}</strong>
+                            " · "
+                            {outcome}
+                            " · "
+                            {short_time(&a.started_at)}
+                            " → "
+                            {opt_time(a.ended_at.as_deref())}
+                            " · "
+                            <span class="mono small">{a.worker}</span>
+                            {a.error.map(|e| view! { <pre class="code error small">{e}</pre> })}
+                        </li>
+                    }
+                })
+                .collect_view()}
+        </ol>
+    }
+    .into_any()
+}

@@ -1,0 +1,100 @@
+//! Stuck: `processing` records whose lease expired by the database clock, longest stuck first,
+//! with the lease owner, attempts, handler mode, and a crash-loop flag for records that keep
+//! re-entering processing.
+
+use leptos::prelude::*;
+use leptos_router::components::A;
+
+use crate::components::format::{count, duration, opt_time, short_time};
+use crate::error::ConsoleError;
+use crate::wire::failures::{StuckRecordView, StuckView};
+
+/// The stuck records.
+#[server(prefix = "/api/fn", endpoint = "list_stuck")]
+pub async fn list_stuck() -> Result<StuckView, ConsoleError> {
+    crate::ssr::console::stuck(&crate::ssr::console_state()?).await
+}
+
+/// The stuck page.
+#[component]
+pub fn StuckPage() -> impl IntoView {
+    let stuck = Resource::new(|| (), |_| list_stuck());
+    view! {
+        <h1>"Stuck"</h1>
+        <p class="muted">
+            "Records in processing whose lease has expired (database clock): their worker died or "
+            "outlived its lease. Leased handlers under " <code>"on_lease_expiry = hold"</code>
+            " wait here for an operator."
+        </p>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match stuck.await {
+                    Ok(s) => view! { <StuckTable s /> }.into_any(),
+                    Err(e) => view! { <p class="error">{e.to_string()}</p> }.into_any(),
+                }
+            })}
+        </Transition>
+    }
+}
+
+#[component]
+fn StuckTable(s: StuckView) -> impl IntoView {
+    if s.rows.is_empty() {
+        return view! { <p class="empty" data-testid="no-stuck">"Nothing is stuck."</p> }.into_any();
+    }
+    let shown = s.rows.len() as i64;
+    view! {
+        <p data-testid="stuck-total" data-value=s.total>
+            {format!("{} stuck", count(s.total))}
+            {(s.total > shown).then(|| format!(", the {shown} longest stuck shown"))}
+        </p>
+        <table class="records" data-testid="stuck-table">
+            <thead>
+                <tr>
+                    <th>"Id"</th>
+                    <th>"Message id"</th>
+                    <th>"Group"</th>
+                    <th>"Mode"</th>
+                    <th>"Lease owner"</th>
+                    <th>"Stuck for"</th>
+                    <th class="num">"Attempts"</th>
+                    <th class="num">"Re-entries"</th>
+                    <th>"Parked"</th>
+                </tr>
+            </thead>
+            <tbody>{s.rows.into_iter().map(|r| view! { <StuckRow r /> }).collect_view()}</tbody>
+        </table>
+    }
+    .into_any()
+}
+
+#[component]
+fn StuckRow(r: StuckRecordView) -> impl IntoView {
+    view! {
+        <tr data-record-id=r.id data-crash-loop=r.crash_loop.to_string()>
+            <td class="num">
+                <A href=format!("/records/{}", r.id)>{r.id}</A>
+            </td>
+            <td class="mono">{r.message_id}</td>
+            <td>{r.consumer_group}</td>
+            <td>{r.handler_mode.unwrap_or_default()}</td>
+            <td class="mono">{r.lease_owner.unwrap_or_default()}</td>
+            <td title=format!("lease expired {}", short_time(&r.lease_expires_at))>{duration(r.stuck_secs)}</td>
+            <td class="num">{format!("{}/{}", r.attempts, r.max_attempts)}</td>
+            <td class="num">
+                {r.reentries}
+                {r
+                    .crash_loop
+                    .then(|| {
+                        view! {
+                            " "
+                            <span class="badge badge-dead" title="keeps re-entering processing">
+                                "crash loop"
+                            </span>
+                        }
+                    })}
+            </td>
+            <td>{opt_time(r.parked_at.as_deref())}</td>
+        </tr>
+    }
+}

@@ -1,0 +1,155 @@
+//! The console's reads as wire types: one function per page or API resource, called by the
+//! page's server function and by the REST API alike (parse, one engine call, convert, map the
+//! error).
+
+use std::time::Duration;
+
+use dedup_engine::console::filter::{FilterText, RecordListParams};
+use dedup_engine::console::{failures, overview, records};
+use dedup_engine::source::SourceFactory;
+
+use super::ConsoleState;
+use super::convert::{record_detail_view, totals};
+use crate::error::ConsoleError;
+use crate::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
+use crate::wire::overview::{ConsumerView, GroupView, GrowthView, LiveView, OverviewView};
+use crate::wire::records::{RecordDetailView, RecordFilterOptions, RecordPageView, RecordsQuery};
+
+/// Rows on the stuck page.
+const STUCK_ROWS: i64 = 200;
+/// Rows of the retries page's "most retried" list.
+const MOST_RETRIED_ROWS: i64 = 50;
+/// Dead-letter groups shown.
+const DEAD_LETTER_GROUPS: i64 = 200;
+/// Longest wait for the broker's queue depth on the overview.
+const QUEUE_DEPTH_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The live numbers (also what `/api/v1/events` pushes).
+pub async fn live(state: &ConsoleState) -> Result<LiveView, ConsoleError> {
+    Ok(overview::live_snapshot(&state.pool).await?.into())
+}
+
+/// The embedded consumer's state; the queue depth asked of the broker with a short timeout.
+pub async fn consumer(state: &ConsoleState) -> ConsumerView {
+    let queue_depth = tokio::time::timeout(QUEUE_DEPTH_TIMEOUT, state.connector.depth()).await.ok().flatten();
+    let status = state.consumer.as_deref();
+    ConsumerView {
+        enabled: status.is_some(),
+        group: state.group.clone(),
+        connected: state.connector.connected(),
+        running_workers: status.map_or(0, |s| s.running_workers() as u64),
+        in_flight: status.map_or(0, |s| s.in_flight() as u64),
+        queue_depth,
+        last_error: status.and_then(|s| s.last_error()).map(|(at, e)| format!("{}: {e}", super::convert::time(at))),
+    }
+}
+
+/// Everything on the overview but the chart and the dependency health.
+pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError> {
+    let pool = &state.pool;
+    let (snapshot, last_hour, last_day, delays, consumer) = tokio::join!(
+        overview::live_snapshot(pool),
+        overview::traffic(pool, 3600),
+        overview::traffic(pool, 86_400),
+        overview::duplicate_delays(pool, 30),
+        consumer(state),
+    );
+    let snapshot = snapshot?;
+    Ok(OverviewView {
+        groups: group_views(&snapshot.counts),
+        live: snapshot.into(),
+        last_hour: last_hour?.into(),
+        last_day: last_day?.into(),
+        consumer,
+        duplicate_delays: delays?.into_iter().map(Into::into).collect(),
+    })
+}
+
+fn group_views(counts: &[overview::StatusCount]) -> Vec<GroupView> {
+    let mut names: Vec<&str> = counts.iter().map(|c| c.consumer_group.as_str()).collect();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|name| GroupView {
+            name: name.to_owned(),
+            counts: totals(counts.iter().filter(|c| c.consumer_group == name)),
+        })
+        .collect()
+}
+
+/// Consumer groups with their records by status.
+pub async fn groups(state: &ConsoleState) -> Result<Vec<GroupView>, ConsoleError> {
+    Ok(group_views(&overview::status_counts(&state.pool).await?))
+}
+
+/// Known message types.
+pub async fn message_types(state: &ConsoleState) -> Result<Vec<String>, ConsoleError> {
+    Ok(overview::message_types(&state.pool).await?)
+}
+
+/// The records filter's choices: consumer groups and message types.
+pub async fn filter_options(state: &ConsoleState) -> Result<RecordFilterOptions, ConsoleError> {
+    let (groups, message_types) =
+        tokio::try_join!(overview::consumer_groups(&state.pool), overview::message_types(&state.pool))?;
+    Ok(RecordFilterOptions { groups, message_types })
+}
+
+/// The growth chart over `range` (`1h`, `24h` (default), `7d`, `30d`).
+pub async fn growth(state: &ConsoleState, range: Option<&str>) -> Result<GrowthView, ConsoleError> {
+    let range = overview::GrowthRange::parse(range)?;
+    let points = overview::growth(&state.pool, range).await?;
+    Ok(GrowthView {
+        range: range.as_str().to_owned(),
+        bucket_secs: range.seconds().1,
+        points: points.into_iter().map(Into::into).collect(),
+    })
+}
+
+/// One page of records.
+pub async fn records(state: &ConsoleState, q: &RecordsQuery) -> Result<RecordPageView, ConsoleError> {
+    let text = FilterText {
+        group: q.group.as_deref(),
+        status: q.status.as_deref(),
+        message_type: q.message_type.as_deref(),
+        error_class: q.error_class.as_deref(),
+        from: q.from.as_deref(),
+        to: q.to.as_deref(),
+        min_attempts: q.min_attempts.as_deref(),
+        message_id: q.id.as_deref(),
+        id_prefix: q.prefix.as_deref(),
+        sort: q.sort.as_deref(),
+        order: q.order.as_deref(),
+        after: q.after.as_deref(),
+        before: q.before.as_deref(),
+        limit: q.limit.as_deref(),
+    };
+    let params = RecordListParams::parse(&text)?;
+    Ok(records::records_list(&state.pool, &params).await?.into())
+}
+
+/// One record with its history and its Redis marker.
+///
+/// Errors: [`ConsoleError::NotFound`] when no record has `id`.
+pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, ConsoleError> {
+    let detail = records::record_detail(&state.pool, id)
+        .await?
+        .ok_or_else(|| ConsoleError::NotFound(format!("no record has id {id}")))?;
+    let key = state.fast_path.key(&detail.row.consumer_group, &detail.row.message_id);
+    let marker = records::record_marker(&state.fast_path, &detail.row.consumer_group, &detail.row.message_id).await;
+    Ok(record_detail_view(detail, key, marker))
+}
+
+/// Stuck records, longest stuck first.
+pub async fn stuck(state: &ConsoleState) -> Result<StuckView, ConsoleError> {
+    Ok(failures::stuck_records(&state.pool, STUCK_ROWS).await?.into())
+}
+
+/// The retries page.
+pub async fn retries(state: &ConsoleState) -> Result<RetriesView, ConsoleError> {
+    Ok(failures::retries(&state.pool, MOST_RETRIED_ROWS).await?.into())
+}
+
+/// Dead letters grouped by error class.
+pub async fn dead_letters(state: &ConsoleState) -> Result<Vec<DeadLetterGroupView>, ConsoleError> {
+    Ok(failures::dead_letter_groups(&state.pool, DEAD_LETTER_GROUPS).await?.into_iter().map(Into::into).collect())
+}

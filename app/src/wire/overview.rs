@@ -1,0 +1,152 @@
+//! Overview wire types: counts, traffic, growth, consumer state, live snapshots.
+
+use serde::{Deserialize, Serialize};
+
+/// Records by status (all consumer groups, or one).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct StatusTotals {
+    /// Claimed, lease held (or expired: stuck).
+    pub processing: i64,
+    /// Done; duplicates are skipped.
+    pub succeeded: i64,
+    /// Last attempt failed; retried when its copy returns.
+    pub failed: i64,
+    /// Attempts exhausted or poison; waits for an operator.
+    pub dead: i64,
+    /// All of them.
+    pub total: i64,
+}
+
+/// One consumer group and its records by status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct GroupView {
+    /// Consumer group.
+    pub name: String,
+    /// Its records by status.
+    pub counts: StatusTotals,
+}
+
+/// What the engine counted over a window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct TrafficView {
+    /// Deliveries received.
+    pub deliveries: i64,
+    /// New dedup records.
+    pub created: i64,
+    /// Duplicates caught (Redis and database).
+    pub duplicates: i64,
+    /// Duplicates over deliveries, 0–1.
+    pub duplicate_rate: f64,
+    /// Redis lookups that found a marker.
+    pub redis_hits: i64,
+    /// Redis lookups that found none.
+    pub redis_misses: i64,
+    /// Hits over answered lookups, 0–1.
+    pub redis_hit_ratio: f64,
+    /// Lookups that fell back to the database (Redis down or slow).
+    pub redis_fallbacks: i64,
+    /// Copies sent through the retry path.
+    pub retries: i64,
+    /// Failed attempts.
+    pub failed: i64,
+    /// Records that became dead.
+    pub dead: i64,
+}
+
+/// The live numbers, pushed by `/api/v1/events` about every second.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct LiveView {
+    /// Database time of the reading, RFC 3339 (UTC).
+    pub at: String,
+    /// Records by status, all groups.
+    pub totals: StatusTotals,
+    /// Processing records whose lease expired.
+    pub stuck: i64,
+    /// Traffic of the last minute.
+    pub last_minute: TrafficView,
+}
+
+/// The embedded consumer's state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct ConsumerView {
+    /// Whether `serve` runs a consumer.
+    pub enabled: bool,
+    /// Consumer group.
+    pub group: String,
+    /// Whether the broker connection is up.
+    pub connected: bool,
+    /// Workers holding an open source.
+    pub running_workers: u64,
+    /// Deliveries taken and not yet settled.
+    pub in_flight: u64,
+    /// Messages ready in the work queue; `None` when the broker did not say.
+    pub queue_depth: Option<u64>,
+    /// The last connection or settlement error, with its time.
+    pub last_error: Option<String>,
+}
+
+/// One bucket of the duplicate-delay histogram.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct DelayBucketView {
+    /// Upper bound in ms; `None` for the overflow bucket.
+    pub le_ms: Option<i64>,
+    /// Duplicates in the bucket.
+    pub count: i64,
+    /// Largest delay in it, ms.
+    pub max_delay_ms: i64,
+}
+
+/// Everything the overview shows apart from the chart and the dependency health.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct OverviewView {
+    /// Live numbers (as the event stream pushes them).
+    pub live: LiveView,
+    /// Counts by consumer group.
+    pub groups: Vec<GroupView>,
+    /// Traffic of the last hour.
+    pub last_hour: TrafficView,
+    /// Traffic of the last 24 hours.
+    pub last_day: TrafficView,
+    /// The embedded consumer.
+    pub consumer: ConsumerView,
+    /// Duplicate arrival delays over the last 30 days.
+    pub duplicate_delays: Vec<DelayBucketView>,
+}
+
+/// One bucket of the growth chart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct GrowthPointView {
+    /// Bucket start, RFC 3339.
+    pub at: String,
+    /// Records created in the bucket.
+    pub created: i64,
+    /// Total records at the bucket's last sample.
+    pub total_records: Option<i64>,
+    /// Table size on disk, bytes.
+    pub table_bytes: Option<i64>,
+    /// Index size on disk, bytes.
+    pub index_bytes: Option<i64>,
+}
+
+/// The dedup-table growth chart over one range.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct GrowthView {
+    /// `1h`, `24h`, `7d` or `30d`.
+    pub range: String,
+    /// Bucket width, seconds.
+    pub bucket_secs: i64,
+    /// Oldest first, every bucket present.
+    pub points: Vec<GrowthPointView>,
+}
+
+/// The chart ranges, as URL values.
+pub const GROWTH_RANGES: [&str; 4] = ["1h", "24h", "7d", "30d"];

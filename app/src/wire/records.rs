@@ -1,0 +1,317 @@
+//! Records list and record detail wire types, and the records filter as it travels in URLs.
+
+use serde::{Deserialize, Serialize};
+
+/// The records filter as text: the query string of `/records` and `/api/v1/records`. Empty or
+/// absent values do not filter; the server validates the rest (unknown status, malformed time,
+/// search over 512 bytes: a 400 with the reason).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::IntoParams, utoipa::ToSchema))]
+#[cfg_attr(feature = "ssr", into_params(parameter_in = Query))]
+#[serde(default)]
+pub struct RecordsQuery {
+    /// Consumer group, exact.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// `processing`, `succeeded`, `failed` or `dead`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// Message type (`ORDER.PAY`), exact.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub message_type: Option<String>,
+    /// Error class, exact (a dead-letter group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_class: Option<String>,
+    /// First seen at or after (RFC 3339 or `YYYY-MM-DDTHH:MM`, UTC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// First seen before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Attempts at least.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_attempts: Option<String>,
+    /// Message id, exact.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Message id prefix.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// `time` (default) or `attempts`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sort: Option<String>,
+    /// `desc` (default) or `asc`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<String>,
+    /// Next page: the `next` cursor of the current page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// Previous page: the `prev` cursor of the current page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before: Option<String>,
+    /// Rows per page (1–500, default 50).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
+}
+
+impl RecordsQuery {
+    /// The URL keys, in the order [`RecordsQuery::pairs`] yields them.
+    pub const KEYS: [&'static str; 14] = [
+        "group",
+        "status",
+        "type",
+        "error_class",
+        "from",
+        "to",
+        "min_attempts",
+        "id",
+        "prefix",
+        "sort",
+        "order",
+        "after",
+        "before",
+        "limit",
+    ];
+
+    fn fields(&self) -> [&Option<String>; 14] {
+        [
+            &self.group,
+            &self.status,
+            &self.message_type,
+            &self.error_class,
+            &self.from,
+            &self.to,
+            &self.min_attempts,
+            &self.id,
+            &self.prefix,
+            &self.sort,
+            &self.order,
+            &self.after,
+            &self.before,
+            &self.limit,
+        ]
+    }
+
+    /// Builds a query from a lookup of URL keys (blank values are dropped).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Self {
+        let mut v = Self::KEYS.map(|k| get(k).filter(|s| !s.trim().is_empty()));
+        let mut take = |i: usize| v[i].take();
+        RecordsQuery {
+            group: take(0),
+            status: take(1),
+            message_type: take(2),
+            error_class: take(3),
+            from: take(4),
+            to: take(5),
+            min_attempts: take(6),
+            id: take(7),
+            prefix: take(8),
+            sort: take(9),
+            order: take(10),
+            after: take(11),
+            before: take(12),
+            limit: take(13),
+        }
+    }
+
+    /// The non-empty (key, value) pairs.
+    pub fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        Self::KEYS.into_iter().zip(self.fields()).filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+    }
+
+    /// `/records?…` for this query (percent-encoded).
+    pub fn href(&self) -> String {
+        let query: Vec<String> = self.pairs().map(|(k, v)| format!("{k}={}", encode_component(v))).collect();
+        if query.is_empty() { "/records".to_owned() } else { format!("/records?{}", query.join("&")) }
+    }
+
+    /// The same filter and order at another page: `after` or `before` the cursor.
+    pub fn at_page(&self, after: Option<String>, before: Option<String>) -> Self {
+        RecordsQuery { after, before, ..self.clone() }
+    }
+}
+
+/// Percent-encodes a URL query component (everything but unreserved characters).
+pub fn encode_component(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The choices the records filter offers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct RecordFilterOptions {
+    /// Consumer groups with records.
+    pub groups: Vec<String>,
+    /// Known message types.
+    pub message_types: Vec<String>,
+}
+
+/// One row of the records list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct RecordSummary {
+    /// Record id.
+    pub id: i64,
+    /// Consumer group.
+    pub consumer_group: String,
+    /// Message id.
+    pub message_id: String,
+    /// `<entity>.<event>` or `POISON`.
+    pub message_type: String,
+    /// `processing`, `succeeded`, `failed` or `dead`.
+    pub status: String,
+    /// `transactional` or `leased`; `None` for poison.
+    pub handler_mode: Option<String>,
+    /// Attempts so far.
+    pub attempts: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// First delivery, RFC 3339.
+    pub first_seen_at: String,
+    /// Last change, RFC 3339.
+    pub updated_at: String,
+    /// When the retry copy is due (failed records), RFC 3339.
+    pub next_attempt_at: Option<String>,
+    /// Error kind + first line of the last failure.
+    pub error_class: Option<String>,
+    /// Duplicate deliveries seen.
+    pub duplicate_count: i32,
+}
+
+/// One page of records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct RecordPageView {
+    /// The rows.
+    pub rows: Vec<RecordSummary>,
+    /// Pass as `after` for the next page; `None` on the last page.
+    pub next: Option<String>,
+    /// Pass as `before` for the previous page; `None` on the first page.
+    pub prev: Option<String>,
+}
+
+/// A payload made safe to show: pretty JSON, UTF-8 text, or a hex dump. Always shown as text
+/// (escaped), never as markup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct PayloadView {
+    /// `json`, `text` or `hex`.
+    pub format: String,
+    /// Stored size in bytes.
+    pub bytes: usize,
+    /// The rendering.
+    pub text: String,
+}
+
+/// One handler attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct AttemptView {
+    /// 1 for the first.
+    pub attempt: i32,
+    /// The worker that ran it.
+    pub worker: String,
+    /// Start, RFC 3339.
+    pub started_at: String,
+    /// End, RFC 3339; `None` while running or after its worker died.
+    pub ended_at: Option<String>,
+    /// `succeeded`, `failed`, `dead`, `lease_lost`, `released`; `None` while open.
+    pub outcome: Option<String>,
+    /// The error of a failed attempt.
+    pub error: Option<String>,
+}
+
+/// The Redis fast-path marker of a record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct MarkerView {
+    /// `present`, `absent` or `unknown` (Redis did not answer).
+    pub state: String,
+    /// Seconds left when present (`None`: no expiry).
+    pub ttl_secs: Option<i64>,
+    /// Why the state is unknown.
+    pub error: Option<String>,
+}
+
+/// Where the message came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct SourceView {
+    /// `rabbitmq` or `kafka`.
+    pub broker: String,
+    /// Exchange (topic).
+    pub exchange: Option<String>,
+    /// Routing key (record key).
+    pub routing_key: Option<String>,
+    /// Queue (partition).
+    pub queue: Option<String>,
+}
+
+/// Every field of one record, its history and its marker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct RecordDetailView {
+    /// The list fields.
+    pub record: RecordSummary,
+    /// Re-entries into processing after an expired lease.
+    pub reentries: i32,
+    /// Lease holder (processing).
+    pub lease_owner: Option<String>,
+    /// Lease expiry, RFC 3339.
+    pub lease_expires_at: Option<String>,
+    /// Whether the lease has expired (stuck).
+    pub lease_expired: bool,
+    /// When it succeeded, RFC 3339.
+    pub completed_at: Option<String>,
+    /// Full text of the last error.
+    pub last_error: Option<String>,
+    /// SHA-256 of the payload, hex.
+    pub payload_hash: String,
+    /// The stored payload (kept while not succeeded).
+    pub payload: Option<PayloadView>,
+    /// Only the payload's start was kept.
+    pub payload_truncated: bool,
+    /// Broker headers, pretty JSON.
+    pub headers: Option<String>,
+    /// Content type.
+    pub content_type: Option<String>,
+    /// Where it came from.
+    pub source: SourceView,
+    /// Latest duplicate arrival, RFC 3339.
+    pub last_duplicate_at: Option<String>,
+    /// That duplicate's delay after first seen, ms.
+    pub last_duplicate_delay_ms: Option<i64>,
+    /// Deliveries with this id and another payload.
+    pub payload_conflicts: i32,
+    /// When a redelivery was parked on it, RFC 3339.
+    pub parked_at: Option<String>,
+    /// Attempt history, oldest first.
+    pub attempts: Vec<AttemptView>,
+    /// The Redis key of the marker.
+    pub marker_key: String,
+    /// The marker's state.
+    pub marker: MarkerView,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_round_trip_through_hrefs() {
+        let q =
+            RecordsQuery { status: Some("dead".into()), prefix: Some("ORDER.PAY 1&x".into()), ..Default::default() };
+        assert_eq!(q.href(), "/records?status=dead&prefix=ORDER.PAY%201%26x");
+        let back = RecordsQuery::from_lookup(|k| q.pairs().find(|(key, _)| *key == k).map(|(_, v)| v.to_owned()));
+        assert_eq!(back, q);
+        assert_eq!(RecordsQuery::default().href(), "/records");
+    }
+}

@@ -1,0 +1,170 @@
+//! The read REST API under `/api/v1` and its OpenAPI document at `/api/openapi.json`.
+//!
+//! Every endpoint calls the same function as the console page that shows the data
+//! (`dedup_app::ssr::console`), so the API and the UI never disagree. Errors are JSON
+//! `{ "error": code, "message": text }`: 400 `bad_request` for an invalid filter (the message
+//! says which), 404 `not_found`, 500 `internal` (details only in the server log, under the
+//! request id).
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use dedup_app::error::ConsoleError;
+use dedup_app::ssr::console;
+use dedup_app::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
+use dedup_app::wire::overview::{GroupView, GrowthView, OverviewView};
+use dedup_app::wire::records::{RecordDetailView, RecordPageView, RecordsQuery};
+use serde::{Deserialize, Serialize};
+use utoipa::OpenApi;
+
+use super::events;
+use crate::startup::AppState;
+
+/// The body of every API error.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// `bad_request`, `not_found` or `internal`.
+    pub error: String,
+    /// What went wrong, for a person.
+    pub message: String,
+}
+
+/// A [`ConsoleError`] as an HTTP response.
+pub struct ApiError(ConsoleError);
+
+impl From<ConsoleError> for ApiError {
+    fn from(e: ConsoleError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self.0 {
+            ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ConsoleError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ConsoleError::Internal | ConsoleError::ServerFn(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        (status, Json(ErrorBody { error: code.to_owned(), message: self.0.to_string() })).into_response()
+    }
+}
+
+/// A malformed query string or path is a bad request too.
+fn rejected(e: impl std::fmt::Display) -> ApiError {
+    ApiError(ConsoleError::BadRequest(e.to_string()))
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// The growth chart's range.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RangeQuery {
+    /// `1h`, `24h` (default), `7d` or `30d`.
+    pub range: Option<String>,
+}
+
+/// Counts by status and group, stuck records, traffic and duplicate rates (last hour, last
+/// day), the consumer's state and duplicate delays, all from aggregates.
+#[utoipa::path(get, path = "/api/v1/aggregates", tag = "aggregates",
+    responses((status = 200, body = OverviewView), (status = 500, body = ErrorBody)))]
+pub async fn aggregates(State(s): State<AppState>) -> ApiResult<OverviewView> {
+    Ok(Json(console::overview(&s.console).await?))
+}
+
+/// Dedup-table growth: records created per bucket, total records and size on disk over time.
+#[utoipa::path(get, path = "/api/v1/aggregates/growth", tag = "aggregates", params(RangeQuery),
+    responses((status = 200, body = GrowthView), (status = 400, body = ErrorBody)))]
+pub async fn growth(State(s): State<AppState>, q: Result<Query<RangeQuery>, QueryRejection>) -> ApiResult<GrowthView> {
+    let Query(q) = q.map_err(rejected)?;
+    Ok(Json(console::growth(&s.console, q.range.as_deref()).await?))
+}
+
+/// Consumer groups with their records by status.
+#[utoipa::path(get, path = "/api/v1/groups", tag = "aggregates",
+    responses((status = 200, body = Vec<GroupView>)))]
+pub async fn groups(State(s): State<AppState>) -> ApiResult<Vec<GroupView>> {
+    Ok(Json(console::groups(&s.console).await?))
+}
+
+/// Known message types.
+#[utoipa::path(get, path = "/api/v1/message-types", tag = "records",
+    responses((status = 200, body = Vec<String>)))]
+pub async fn message_types(State(s): State<AppState>) -> ApiResult<Vec<String>> {
+    Ok(Json(console::message_types(&s.console).await?))
+}
+
+/// One page of records (keyset pagination: pass `next` as `after`, `prev` as `before`).
+#[utoipa::path(get, path = "/api/v1/records", tag = "records", params(RecordsQuery),
+    responses((status = 200, body = RecordPageView), (status = 400, body = ErrorBody)))]
+pub async fn records(
+    State(s): State<AppState>,
+    q: Result<Query<RecordsQuery>, QueryRejection>,
+) -> ApiResult<RecordPageView> {
+    let Query(q) = q.map_err(rejected)?;
+    Ok(Json(console::records(&s.console, &q).await?))
+}
+
+/// One record: every field, payload, headers, source, attempt history, Redis marker.
+#[utoipa::path(get, path = "/api/v1/records/{id}", tag = "records",
+    params(("id" = i64, Path, description = "Record id")),
+    responses((status = 200, body = RecordDetailView), (status = 404, body = ErrorBody)))]
+pub async fn record(State(s): State<AppState>, id: Result<Path<i64>, PathRejection>) -> ApiResult<RecordDetailView> {
+    let Path(id) = id.map_err(rejected)?;
+    Ok(Json(console::record(&s.console, id).await?))
+}
+
+/// Stuck records (processing, lease expired by the database clock), longest stuck first.
+#[utoipa::path(get, path = "/api/v1/stuck", tag = "failures", responses((status = 200, body = StuckView)))]
+pub async fn stuck(State(s): State<AppState>) -> ApiResult<StuckView> {
+    Ok(Json(console::stuck(&s.console).await?))
+}
+
+/// Failed records: attempts distribution, most retried types, next retry, most retried records.
+#[utoipa::path(get, path = "/api/v1/retries", tag = "failures", responses((status = 200, body = RetriesView)))]
+pub async fn retries(State(s): State<AppState>) -> ApiResult<RetriesView> {
+    Ok(Json(console::retries(&s.console).await?))
+}
+
+/// Dead letters grouped by error class, largest group first.
+#[utoipa::path(get, path = "/api/v1/dead-letters", tag = "failures",
+    responses((status = 200, body = Vec<DeadLetterGroupView>)))]
+pub async fn dead_letters(State(s): State<AppState>) -> ApiResult<Vec<DeadLetterGroupView>> {
+    Ok(Json(console::dead_letters(&s.console).await?))
+}
+
+/// The OpenAPI document of this API.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "dedup-console read API",
+        description = "Dedup records, aggregates and failures, as the console shows them."
+    ),
+    paths(aggregates, growth, groups, message_types, records, record, stuck, retries, dead_letters, events::events),
+    components(schemas(ErrorBody))
+)]
+pub struct ApiDoc;
+
+/// `GET /api/openapi.json`.
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+/// The API routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/openapi.json", get(openapi))
+        .route("/api/v1/aggregates", get(aggregates))
+        .route("/api/v1/aggregates/growth", get(growth))
+        .route("/api/v1/groups", get(groups))
+        .route("/api/v1/message-types", get(message_types))
+        .route("/api/v1/records", get(records))
+        .route("/api/v1/records/{id}", get(record))
+        .route("/api/v1/stuck", get(stuck))
+        .route("/api/v1/retries", get(retries))
+        .route("/api/v1/dead-letters", get(dead_letters))
+        .route(dedup_app::components::live::LIVE_EVENTS_PATH, get(events::events))
+}

@@ -31,6 +31,7 @@ impl Default for PoolSettings {
 
 /// Opens a connection pool and checks that the server answers. When the database named in the
 /// URL does not exist yet it is created first (a fresh machine needs no manual `createdb`).
+/// Connections run with `jit = off`.
 ///
 /// Errors: [`Unreachable`] naming PostgreSQL, the redacted URL and how to start it, when the URL
 /// does not parse or no connection can be made within `acquire_timeout`.
@@ -39,7 +40,11 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, Unrea
     let options: PgConnectOptions = url
         .parse::<PgConnectOptions>()
         .map_err(unreachable)?
-        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500))
+        // Every statement of the product is short and index-driven; PostgreSQL's JIT, triggered
+        // by cost estimates (set-returning functions, lateral joins), only adds compile time
+        // (measured: 230 ms on a 2 ms console query).
+        .options([("jit", "off")]);
     let pool_options =
         || PgPoolOptions::new().max_connections(settings.max_connections).acquire_timeout(settings.acquire_timeout);
     match pool_options().connect_with(options.clone()).await {

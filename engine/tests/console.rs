@@ -99,7 +99,12 @@ async fn every_filter_narrows_the_list() {
     );
     assert_eq!(
         ids(p, FilterText { id_prefix: Some("ORDER.PAY.10"), ..Default::default() }).await,
-        ["ORDER.PAY.101:1", "ORDER.PAY.100:1"]
+        ["ORDER.PAY.101:1", "ORDER.PAY.100:1"],
+        "a prefix search lists in message-id order, descending by default"
+    );
+    assert_eq!(
+        ids(p, FilterText { id_prefix: Some("ORDER.PAY.10"), order: Some("asc"), ..Default::default() }).await,
+        ["ORDER.PAY.100:1", "ORDER.PAY.101:1"]
     );
     let from = (chrono::Utc::now() - chrono::TimeDelta::hours(1)).to_rfc3339();
     let to = (chrono::Utc::now() - chrono::TimeDelta::seconds(35)).to_rfc3339();
@@ -148,7 +153,7 @@ async fn keyset_pages_are_stable_under_concurrent_inserts() {
             }
         }
     });
-    for sort in ["time", "attempts"] {
+    for sort in ["time", "attempts", "message_id"] {
         // Start below the newest records, so concurrent inserts land "before" the walk.
         let first = records_list(
             &p,
@@ -177,7 +182,7 @@ async fn keyset_pages_are_stable_under_concurrent_inserts() {
             )
             .await
             .unwrap();
-            next = page.next;
+            next = page.next.clone();
             pages.push(page);
         }
         let forward: Vec<i64> = pages.iter().flat_map(|pg| pg.rows.iter().map(|r| r.id)).collect();
@@ -191,7 +196,7 @@ async fn keyset_pages_are_stable_under_concurrent_inserts() {
         assert!(pages[0].prev.is_none(), "the first page has no previous page");
 
         // Back from the last page: each previous page equals the one seen going forward.
-        let mut back = pages.last().unwrap().prev;
+        let mut back = pages.last().unwrap().prev.clone();
         for expected in pages.iter().rev().skip(1) {
             let before = back.expect("a previous page").encode();
             let page = records_list(
@@ -361,6 +366,18 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
     let created_in_stats: i64 =
         sqlx::query_scalar("SELECT sum(created)::bigint FROM stats_minute").fetch_one(p).await.unwrap();
     assert_eq!(created_in_stats, 20_000, "seeded stats count every seeded record");
+    let hourly: i64 = sqlx::query_scalar("SELECT sum(created)::bigint FROM stats_hour").fetch_one(p).await.unwrap();
+    assert_eq!(hourly, 20_000, "the hourly rollup follows the seeded minutes");
+    sqlx::query(
+        "INSERT INTO stats_minute (minute, consumer_group, created) VALUES (date_trunc('minute', now()), 'g1', 5)
+         ON CONFLICT (minute, consumer_group) DO UPDATE SET created = stats_minute.created + 5",
+    )
+    .execute(p)
+    .await
+    .unwrap();
+    let hourly: i64 = sqlx::query_scalar("SELECT sum(created)::bigint FROM stats_hour").fetch_one(p).await.unwrap();
+    assert_eq!(hourly, 20_005, "and the engine's later flushes");
+    sqlx::query("UPDATE stats_minute SET created = created - 5 WHERE consumer_group = 'g1'").execute(p).await.unwrap();
     let week = traffic(p, 7 * 86_400).await.unwrap();
     assert_eq!(week.created, 20_000);
     assert!(week.duplicate_rate() > 0.0 && week.duplicate_rate() < 1.0);

@@ -43,15 +43,16 @@ pub fn percent(ratio: f64) -> String {
     format!("{:.1} %", ratio * 100.0)
 }
 
-/// Seconds as `2d 3h`, `4h 5m`, `6m 7s` or `8s`.
+/// Seconds as `2d 3h`, `4h 5m`, `6m 7s` or `8s`, the second unit left out when zero (`20m`).
 pub fn duration(secs: i64) -> String {
     let s = secs.max(0);
-    match (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60) {
-        (d, h, _, _) if d > 0 => format!("{d}d {h}h"),
-        (_, h, m, _) if h > 0 => format!("{h}h {m}m"),
-        (_, _, m, sec) if m > 0 => format!("{m}m {sec}s"),
-        (_, _, _, sec) => format!("{sec}s"),
-    }
+    let (big, small) = match (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60) {
+        (d, h, _, _) if d > 0 => ((d, "d"), (h, "h")),
+        (_, h, m, _) if h > 0 => ((h, "h"), (m, "m")),
+        (_, _, m, sec) if m > 0 => ((m, "m"), (sec, "s")),
+        (_, _, _, sec) => return format!("{sec}s"),
+    };
+    if small.0 == 0 { format!("{}{}", big.0, big.1) } else { format!("{}{} {}{}", big.0, big.1, small.0, small.1) }
 }
 
 /// Milliseconds as a duration (`850 ms` below a second).
@@ -78,6 +79,7 @@ mod tests {
         assert_eq!(bytes(3 * 1024 * 1024), "3.0 MiB");
         assert_eq!(duration(90_061), "1d 1h");
         assert_eq!(duration(65), "1m 5s");
+        assert_eq!(duration(1200), "20m");
         assert_eq!(millis(850), "850 ms");
         assert_eq!(percent(0.1234), "12.3 %");
     }

@@ -149,7 +149,7 @@ fn FilterForm(q: RecordsQuery, options: RecordFilterOptions) -> impl IntoView {
                 <Choice
                     name="sort"
                     label="Sort by"
-                    choices=vec!["attempts".to_owned()]
+                    choices=vec!["attempts".to_owned(), "message_id".to_owned()]
                     current=q.sort.clone()
                     any="time"
                 />

@@ -37,13 +37,14 @@ export async function startServer(env = {}) {
   const database = `dce2e_${Math.random().toString(16).slice(2, 14)}`;
   const url = new URL(ADMIN_URL);
   url.pathname = `/${database}`;
+  const serverEnv = {
+    ...process.env,
+    DATABASE_URL: url.toString(),
+    DEDUP_LISTEN: `127.0.0.1:${port}`,
+    ...env,
+  };
   const child = spawn(bin, ['serve'], {
-    env: {
-      ...process.env,
-      DATABASE_URL: url.toString(),
-      DEDUP_LISTEN: `127.0.0.1:${port}`,
-      ...env,
-    },
+    env: serverEnv,
     stdio: ['ignore', 'inherit', 'pipe'],
   });
   let log = '';
@@ -63,6 +64,16 @@ export async function startServer(env = {}) {
     base,
     database,
     log: () => log,
+    /** Runs another `dedup-console` command with the server's configuration; returns stdout. */
+    cli(args) {
+      return execFileSync(bin, args, { env: serverEnv, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    },
+    /** Runs SQL on the server's database; returns psql's unaligned output. */
+    sql(statement) {
+      return execFileSync('psql', [url.toString(), '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', statement], {
+        encoding: 'utf8',
+      }).trim();
+    },
     async stop() {
       child.kill('SIGTERM');
       await new Promise((r) => (child.exitCode !== null ? r() : child.once('exit', r)));

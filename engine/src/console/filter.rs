@@ -80,6 +80,9 @@ pub enum SortKey {
     Time,
     /// Attempts.
     Attempts,
+    /// Message id (byte order). The order of a prefix search: it walks the message-id index, so
+    /// it is fast however many records match.
+    MessageId,
 }
 
 /// Ascending or descending.
@@ -102,47 +105,72 @@ impl SortOrder {
     }
 }
 
+/// The sort-key value of a cursor's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CursorKey {
+    /// First seen, Unix microseconds.
+    Time(i64),
+    /// Attempts.
+    Attempts(i32),
+    /// Message id.
+    MessageId(String),
+}
+
 /// A position in a sorted list: the sort key of one row and its id. Encoded in URLs as
-/// `t<unix microseconds>.<id>` (time) or `a<attempts>.<id>` (attempts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `t<unix microseconds>.<id>` (time), `a<attempts>.<id>` (attempts) or `m<id>.<message id>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    /// The key the cursor belongs to.
-    pub sort: SortKey,
-    /// First seen in Unix microseconds, or attempts.
-    pub key: i64,
+    /// The row's sort key.
+    pub key: CursorKey,
     /// Record id.
     pub id: i64,
 }
 
 impl Cursor {
+    /// The sort the cursor belongs to.
+    pub fn sort(&self) -> SortKey {
+        match self.key {
+            CursorKey::Time(_) => SortKey::Time,
+            CursorKey::Attempts(_) => SortKey::Attempts,
+            CursorKey::MessageId(_) => SortKey::MessageId,
+        }
+    }
+
     /// The text form (see [`Cursor`]).
     pub fn encode(&self) -> String {
-        let tag = match self.sort {
-            SortKey::Time => 't',
-            SortKey::Attempts => 'a',
-        };
-        format!("{tag}{}.{}", self.key, self.id)
+        match &self.key {
+            CursorKey::Time(t) => format!("t{t}.{}", self.id),
+            CursorKey::Attempts(n) => format!("a{n}.{}", self.id),
+            CursorKey::MessageId(m) => format!("m{}.{m}", self.id),
+        }
     }
 
     /// Parses the text form; the cursor must belong to `sort`.
     pub fn decode(text: &str, sort: SortKey) -> Result<Self, QueryError> {
         let bad = || QueryError::BadFilter(format!("invalid page cursor {:?}", clip(text)));
         let (tag, rest) = text.split_at_checked(1).ok_or_else(bad)?;
-        let parsed_sort = match tag {
-            "t" => SortKey::Time,
-            "a" => SortKey::Attempts,
+        let (first, second) = rest.split_once('.').ok_or_else(bad)?;
+        let cursor = match tag {
+            "t" => Cursor {
+                key: CursorKey::Time(first.parse().map_err(|_| bad())?),
+                id: second.parse().map_err(|_| bad())?,
+            },
+            "a" => Cursor {
+                key: CursorKey::Attempts(first.parse().map_err(|_| bad())?),
+                id: second.parse().map_err(|_| bad())?,
+            },
+            "m" => Cursor { key: CursorKey::MessageId(second.to_owned()), id: first.parse().map_err(|_| bad())? },
             _ => return Err(bad()),
         };
-        if parsed_sort != sort {
+        if cursor.sort() != sort {
             return Err(QueryError::BadFilter("the page cursor belongs to another sort order".to_owned()));
         }
-        let (key, id) = rest.split_once('.').ok_or_else(bad)?;
-        Ok(Cursor { sort, key: key.parse().map_err(|_| bad())?, id: id.parse().map_err(|_| bad())? })
+        Ok(cursor)
     }
 }
 
 /// Which page of a sorted list.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum PageAt {
     /// From the start.
     #[default]
@@ -251,11 +279,14 @@ impl RecordListParams {
     /// Validates filter, sort, order, cursor and page size.
     pub fn parse(text: &FilterText<'_>) -> Result<Self, QueryError> {
         let sort = match present(text.sort) {
+            // A prefix search lists its matches in message-id order unless told otherwise.
+            None if present(text.id_prefix).is_some() => SortKey::MessageId,
             None | Some("time") => SortKey::Time,
             Some("attempts") => SortKey::Attempts,
+            Some("message_id") => SortKey::MessageId,
             Some(other) => {
                 return Err(QueryError::BadFilter(format!(
-                    "unknown sort {:?}; expected time or attempts",
+                    "unknown sort {:?}; expected time, attempts or message_id",
                     clip(other)
                 )));
             }
@@ -317,6 +348,8 @@ mod tests {
     fn empty_text_is_the_first_page_newest_first() {
         let p = RecordListParams::parse(&FilterText { group: Some(" "), ..FilterText::default() }).unwrap();
         assert_eq!(p, RecordListParams { limit: DEFAULT_PAGE_SIZE, ..RecordListParams::default() });
+        let prefix = RecordListParams::parse(&FilterText { id_prefix: Some("ORDER."), ..FilterText::default() });
+        assert_eq!(prefix.unwrap().sort, SortKey::MessageId, "a prefix search lists in message-id order");
     }
 
     #[test]
@@ -335,11 +368,14 @@ mod tests {
 
     #[test]
     fn cursors_round_trip_and_belong_to_their_sort() {
-        let c = Cursor { sort: SortKey::Attempts, key: 3, id: 42 };
+        let c = Cursor { key: CursorKey::Attempts(3), id: 42 };
         assert_eq!(Cursor::decode(&c.encode(), SortKey::Attempts).unwrap(), c);
         assert!(Cursor::decode(&c.encode(), SortKey::Time).is_err());
-        let t = Cursor { sort: SortKey::Time, key: -5, id: 1 };
+        let t = Cursor { key: CursorKey::Time(-5), id: 1 };
         assert_eq!(Cursor::decode(&t.encode(), SortKey::Time).unwrap(), t);
+        let m = Cursor { key: CursorKey::MessageId("ORDER.PAY.1:1".to_owned()), id: 7 };
+        assert_eq!(m.encode(), "m7.ORDER.PAY.1:1");
+        assert_eq!(Cursor::decode(&m.encode(), SortKey::MessageId).unwrap(), m);
     }
 
     #[test]

@@ -105,6 +105,36 @@ pub async fn traffic<'e>(db: impl PgExecutor<'e>, seconds: i64) -> Result<Traffi
     .await?)
 }
 
+/// The growth query over a per-interval stats table (`$1` range and `$2` bucket width, seconds).
+macro_rules! growth_sql {
+    ($table:literal, $column:literal) => {
+        concat!(
+            "WITH bounds AS (
+                 SELECT date_bin($2 * interval '1 second', now() - $1 * interval '1 second', 'epoch') AS start,
+                        $2 * interval '1 second' AS width
+             ), created AS (
+                 SELECT date_bin(b.width, s.",
+            $column,
+            ", 'epoch') AS at, sum(s.created)::bigint AS created
+                 FROM ",
+            $table,
+            " s, bounds b WHERE s.",
+            $column,
+            " >= b.start GROUP BY 1
+             )
+             SELECT g.at, COALESCE(c.created, 0)::bigint AS created, t.total_records, t.table_bytes, t.index_bytes
+             FROM bounds b
+             CROSS JOIN generate_series(b.start, now(), b.width) AS g(at)
+             LEFT JOIN created c ON c.at = g.at
+             LEFT JOIN LATERAL (
+                 SELECT total_records, table_bytes, index_bytes FROM table_samples
+                 WHERE sampled_at >= g.at AND sampled_at < g.at + b.width ORDER BY sampled_at DESC LIMIT 1
+             ) t ON true
+             ORDER BY g.at"
+        )
+    };
+}
+
 /// The ranges of the growth chart.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum GrowthRange {
@@ -173,31 +203,14 @@ pub struct GrowthPoint {
 }
 
 /// The growth chart: one point per bucket of `range` (every bucket present, oldest first).
+/// Records created come from `stats_hour` when the buckets are whole hours (7 d, 30 d), else from
+/// `stats_minute`; each bucket's size is its last `table_samples` row (one index probe each).
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn growth<'e>(db: impl PgExecutor<'e>, range: GrowthRange) -> Result<Vec<GrowthPoint>, QueryError> {
     let (span, width) = range.seconds();
-    Ok(sqlx::query_as(
-        "WITH bounds AS (
-             SELECT date_bin($2 * interval '1 second', now() - $1 * interval '1 second', 'epoch') AS start,
-                    $2 * interval '1 second' AS width
-         ), created AS (
-             SELECT date_bin(b.width, s.minute, 'epoch') AS at, sum(s.created)::bigint AS created
-             FROM stats_minute s, bounds b WHERE s.minute >= b.start GROUP BY 1
-         ), samples AS (
-             SELECT DISTINCT ON (1) date_bin(b.width, t.sampled_at, 'epoch') AS at,
-                    t.total_records, t.table_bytes, t.index_bytes
-             FROM table_samples t, bounds b WHERE t.sampled_at >= b.start ORDER BY 1, t.sampled_at DESC
-         )
-         SELECT g.at, COALESCE(c.created, 0)::bigint AS created, s.total_records, s.table_bytes, s.index_bytes
-         FROM bounds b, generate_series(b.start, now(), b.width) AS g(at)
-         LEFT JOIN created c ON c.at = g.at LEFT JOIN samples s ON s.at = g.at
-         ORDER BY g.at",
-    )
-    .bind(span)
-    .bind(width)
-    .fetch_all(db)
-    .await?)
+    let sql = if width % 3600 == 0 { growth_sql!("stats_hour", "hour") } else { growth_sql!("stats_minute", "minute") };
+    Ok(sqlx::query_as(sql).bind(span).bind(width).fetch_all(db).await?)
 }
 
 /// One bucket of the duplicate-delay histogram, summed over groups and days.

@@ -6,7 +6,9 @@ use serde_json::Value;
 use sqlx::{PgExecutor, Postgres, QueryBuilder};
 
 use super::QueryError;
-use super::filter::{Cursor, PageAt, RecordFilter, RecordListParams, SortKey, SortOrder, prefix_upper_bound};
+use super::filter::{
+    Cursor, CursorKey, PageAt, RecordFilter, RecordListParams, SortKey, SortOrder, prefix_upper_bound,
+};
 use crate::fastpath::FastPath;
 use crate::record::RecordStatus;
 
@@ -46,10 +48,11 @@ impl RecordRow {
     /// This row's position under `sort`.
     pub fn cursor(&self, sort: SortKey) -> Cursor {
         let key = match sort {
-            SortKey::Time => self.first_seen_at.timestamp_micros(),
-            SortKey::Attempts => i64::from(self.attempts),
+            SortKey::Time => CursorKey::Time(self.first_seen_at.timestamp_micros()),
+            SortKey::Attempts => CursorKey::Attempts(self.attempts),
+            SortKey::MessageId => CursorKey::MessageId(self.message_id.clone()),
         };
-        Cursor { sort, key, id: self.id }
+        Cursor { key, id: self.id }
     }
 }
 
@@ -112,9 +115,10 @@ pub async fn records_list<'e>(db: impl PgExecutor<'e>, params: &RecordListParams
     let column = match params.sort {
         SortKey::Time => "first_seen_at",
         SortKey::Attempts => "attempts",
+        SortKey::MessageId => "message_id",
     };
     // A previous page reads backwards from its cursor, then flips the rows.
-    let (direction, cursor) = match params.at {
+    let (direction, cursor) = match &params.at {
         PageAt::First => (params.order, None),
         PageAt::After(c) => (params.order, Some(c)),
         PageAt::Before(c) => (params.order.reversed(), Some(c)),
@@ -127,9 +131,10 @@ pub async fn records_list<'e>(db: impl PgExecutor<'e>, params: &RecordListParams
     push_filter(&mut q, &params.filter);
     if let Some(c) = cursor {
         q.push(format!(" AND ({column}, id) {cmp} ("));
-        match params.sort {
-            SortKey::Time => q.push_bind(DateTime::from_timestamp_micros(c.key).unwrap_or_default()),
-            SortKey::Attempts => q.push_bind(i32::try_from(c.key).unwrap_or(i32::MAX)),
+        match &c.key {
+            CursorKey::Time(t) => q.push_bind(DateTime::from_timestamp_micros(*t).unwrap_or_default()),
+            CursorKey::Attempts(n) => q.push_bind(*n),
+            CursorKey::MessageId(m) => q.push_bind(m.clone()),
         };
         q.push(", ").push_bind(c.id).push(")");
     }

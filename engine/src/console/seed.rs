@@ -260,6 +260,8 @@ pub async fn seed_records(
         })
         .await?;
     sqlx::query(SAMPLES_SQL).bind(start).execute(pool).await?;
+    // Fresh statistics, and a visibility map for the index-only scans of the overview.
+    sqlx::query("VACUUM ANALYZE stats_minute").execute(pool).await?;
     sqlx::query("ANALYZE dedup_records").execute(pool).await?;
     let seconds = started.elapsed().as_secs_f64();
     let records = done.into_inner();

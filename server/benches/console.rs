@@ -1,0 +1,194 @@
+//! Console read benchmark: seeds a database up to N records (`BENCH_RECORDS`, default 1 000 000;
+//! `BENCH_DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/dedup_console_bench`), then
+//! times every page's server-side queries (engine calls) and every API call and page (HTTP, on a
+//! server started with the consumer off), and prints p50 / p95 per item.
+//!
+//! `cargo bench -p dedup-console --bench console` (`BENCH_ITERATIONS`, default 40). Not a test:
+//! it asserts nothing; BENCHMARKS.md records its output.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use dedup_console::config::Settings;
+use dedup_console::startup::Application;
+use dedup_engine::console::failures::{dead_letter_groups, retries, stuck_records};
+use dedup_engine::console::filter::{FilterText, RecordListParams};
+use dedup_engine::console::overview::{
+    GrowthRange, consumer_groups, duplicate_delays, growth, live_snapshot, message_types, status_counts, traffic,
+};
+use dedup_engine::console::records::{record_detail, records_list};
+use dedup_engine::console::seed::{SeedParams, seed_records};
+use dedup_engine::db::{self, PoolSettings};
+use sqlx::PgPool;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Runs `f` `n` times (after 3 warm-ups) and prints p50 and p95 in milliseconds.
+async fn time<F, Fut, T, E>(label: &str, n: usize, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: std::fmt::Debug,
+{
+    for _ in 0..3 {
+        f().await.unwrap_or_else(|e| panic!("{label}: {e:?}"));
+    }
+    let mut samples: Vec<Duration> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        f().await.unwrap_or_else(|e| panic!("{label}: {e:?}"));
+        samples.push(started.elapsed());
+    }
+    samples.sort_unstable();
+    let pick = |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1];
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!("| {label:<44} | {:>8.2} | {:>8.2} |", ms(pick(0.50)), ms(pick(0.95)));
+}
+
+fn list(text: FilterText<'_>) -> RecordListParams {
+    RecordListParams::parse(&text).expect("valid filter")
+}
+
+async fn seed_to(pool: &PgPool, records: u64) {
+    let have: i64 =
+        sqlx::query_scalar("SELECT COALESCE(sum(n), 0)::bigint FROM record_counts").fetch_one(pool).await.unwrap();
+    let missing = records.saturating_sub(have as u64);
+    if missing > 0 {
+        eprintln!("seeding {missing} records (have {have})…");
+        let report = seed_records(pool, &SeedParams { records: missing, ..SeedParams::default() }, |_, _| {})
+            .await
+            .expect("seed");
+        eprintln!("seeded {} records in {:.1} s ({:.0}/s)", report.records, report.seconds, report.rate);
+    }
+    sqlx::query("VACUUM ANALYZE dedup_records").execute(pool).await.unwrap();
+}
+
+async fn bench_queries(pool: &PgPool, n: usize) {
+    println!("\nEngine queries (server-side data of each page)\n");
+    println!("| query | p50 ms | p95 ms |\n|---|---:|---:|");
+    time("overview: counts by status (record_counts)", n, || status_counts(pool)).await;
+    time("overview: live snapshot", n, || live_snapshot(pool)).await;
+    time("overview: traffic last hour", n, || traffic(pool, 3600)).await;
+    time("overview: traffic last 24 h", n, || traffic(pool, 86_400)).await;
+    time("overview: duplicate delays 30 d", n, || duplicate_delays(pool, 30)).await;
+    for range in GrowthRange::ALL {
+        time(&format!("overview: growth {}", range.as_str()), n, || growth(pool, range)).await;
+    }
+    time("filters: consumer groups", n, || consumer_groups(pool)).await;
+    time("filters: message types (loose index scan)", n, || message_types(pool)).await;
+
+    // A cursor half way down the table, for "any depth".
+    let (mid_at, mid_id): (chrono::DateTime<chrono::Utc>, i64) = sqlx::query_as(
+        "SELECT first_seen_at, id FROM dedup_records WHERE id >= (SELECT (min(id) + max(id)) / 2 FROM dedup_records)
+         ORDER BY id LIMIT 1",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let deep = format!("t{}.{mid_id}", mid_at.timestamp_micros());
+    let (some_id, some_message): (i64, String) = sqlx::query_as(
+        "SELECT id, message_id FROM dedup_records WHERE id >= (SELECT max(id) * 3 / 4 FROM dedup_records) ORDER BY id LIMIT 1",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let prefix: String = some_message.chars().take(some_message.len() - 4).collect();
+    let from = (mid_at - chrono::TimeDelta::hours(1)).to_rfc3339();
+    let to = mid_at.to_rfc3339();
+    let class = "TIMEOUT: gateway did not answer within # ms";
+    let cases: Vec<(&str, RecordListParams)> = vec![
+        ("records: first page, newest first", list(FilterText::default())),
+        ("records: page at half depth (keyset)", list(FilterText { after: Some(&deep), ..Default::default() })),
+        ("records: previous page at half depth", list(FilterText { before: Some(&deep), ..Default::default() })),
+        ("records: oldest first", list(FilterText { order: Some("asc"), ..Default::default() })),
+        ("records: status = dead", list(FilterText { status: Some("dead"), ..Default::default() })),
+        ("records: status = processing", list(FilterText { status: Some("processing"), ..Default::default() })),
+        (
+            "records: status = failed, by attempts",
+            list(FilterText { status: Some("failed"), sort: Some("attempts"), ..Default::default() }),
+        ),
+        ("records: sorted by attempts", list(FilterText { sort: Some("attempts"), ..Default::default() })),
+        ("records: group = billing-service", list(FilterText { group: Some("billing-service"), ..Default::default() })),
+        ("records: type = ORDER.PAY", list(FilterText { message_type: Some("ORDER.PAY"), ..Default::default() })),
+        ("records: type = POISON (rare)", list(FilterText { message_type: Some("POISON"), ..Default::default() })),
+        ("records: attempts >= 3", list(FilterText { min_attempts: Some("3"), ..Default::default() })),
+        (
+            "records: one hour at half depth",
+            list(FilterText { from: Some(&from), to: Some(&to), ..Default::default() }),
+        ),
+        ("records: message id exact", list(FilterText { message_id: Some(&some_message), ..Default::default() })),
+        ("records: message id prefix", list(FilterText { id_prefix: Some(&prefix), ..Default::default() })),
+        (
+            "records: dead-letter group drill-down",
+            list(FilterText { status: Some("dead"), error_class: Some(class), ..Default::default() }),
+        ),
+    ];
+    for (label, params) in &cases {
+        time(label, n, || records_list(pool, params)).await;
+    }
+    time("record detail (with attempts)", n, || record_detail(pool, some_id)).await;
+    time("stuck: longest stuck 200 + total", n, || stuck_records(pool, 200)).await;
+    time("retries: distribution, types, most retried", n, || retries(pool, 50)).await;
+    time("dead letters: groups by error class", n, || dead_letter_groups(pool, 200)).await;
+}
+
+async fn bench_http(url: &str, n: usize) {
+    let mut settings =
+        Settings { listen: "127.0.0.1:0".parse().unwrap(), database_url: url.into(), ..Settings::default() };
+    settings.consumer.enabled = false;
+    let app = Application::build(settings, false).await.expect("server starts");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    tokio::spawn(app.run_until_stopped(std::future::pending()));
+    let client = reqwest::Client::new();
+    let record: serde_json::Value =
+        client.get(format!("{base}/api/v1/records?limit=1")).send().await.unwrap().json().await.unwrap();
+    let id = record["rows"][0]["id"].as_i64().unwrap_or(1);
+    println!("\nHTTP (API calls and server-rendered pages, one client)\n");
+    println!("| request | p50 ms | p95 ms |\n|---|---:|---:|");
+    for path in [
+        "/api/v1/aggregates".to_owned(),
+        "/api/v1/aggregates/growth?range=30d".to_owned(),
+        "/api/v1/groups".to_owned(),
+        "/api/v1/message-types".to_owned(),
+        "/api/v1/records".to_owned(),
+        "/api/v1/records?status=failed&sort=attempts".to_owned(),
+        "/api/v1/records?prefix=ORDER.PAY.0000000".to_owned(),
+        format!("/api/v1/records/{id}"),
+        "/api/v1/stuck".to_owned(),
+        "/api/v1/retries".to_owned(),
+        "/api/v1/dead-letters".to_owned(),
+        "/".to_owned(),
+        "/records".to_owned(),
+        format!("/records/{id}"),
+        "/stuck".to_owned(),
+        "/retries".to_owned(),
+        "/dead-letters".to_owned(),
+    ] {
+        let client = client.clone();
+        let url = format!("{base}{path}");
+        time(&format!("GET {path}"), n, move || {
+            let request = client.get(url.clone()).send();
+            async move { request.await?.error_for_status()?.bytes().await }
+        })
+        .await;
+    }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let url = std::env::var("BENCH_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/dedup_console_bench".to_owned());
+        let records: u64 = env_or("BENCH_RECORDS", 1_000_000);
+        let n: usize = env_or("BENCH_ITERATIONS", 40);
+        let pool = db::connect(&url, &PoolSettings::default()).await.expect("PostgreSQL for the bench");
+        db::migrate(&pool).await.expect("migrate");
+        seed_to(&pool, records).await;
+        let total: i64 = sqlx::query_scalar("SELECT sum(n)::bigint FROM record_counts").fetch_one(&pool).await.unwrap();
+        println!("console bench: {total} records, {n} timed runs each (after 3 warm-ups)");
+        bench_queries(&pool, n).await;
+        bench_http(&url, n).await;
+    });
+}

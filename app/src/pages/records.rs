@@ -141,7 +141,7 @@ fn FilterForm(q: RecordsQuery, options: RecordFilterOptions) -> impl IntoView {
                     current=q.message_type.clone()
                 />
                 {text("id", "Message id (exact)", q.id.clone(), "search")}
-                {text("prefix", "Message id prefix", q.prefix.clone(), "search")}
+                {text("prefix", "Message id prefix (id order)", q.prefix.clone(), "search")}
                 {text("min_attempts", "Attempts ≥", q.min_attempts.clone(), "number")}
                 {text("from", "First seen from (UTC)", q.from.clone(), "text")}
                 {text("to", "to (UTC)", q.to.clone(), "text")}

@@ -53,7 +53,9 @@ fn Retries(r: RetriesView) -> impl IntoView {
                                 let width = format!("width: {:.1}%", b.records as f64 * 100.0 / widest as f64);
                                 view! {
                                     <tr data-attempts=b.attempts>
-                                        <td class="num">{format!("{} attempts", b.attempts)}</td>
+                                        <td class="num">
+                                            {format!("{} attempt{}", b.attempts, if b.attempts == 1 { "" } else { "s" })}
+                                        </td>
                                         <td class="bar-cell">
                                             <span class="hbar" style=width></span>
                                         </td>

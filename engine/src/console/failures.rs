@@ -73,7 +73,7 @@ pub async fn stuck_records(pool: &sqlx::PgPool, limit: i64) -> Result<StuckList,
 }
 
 /// How many failed records have made a given number of attempts.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptsBucket {
     /// Attempts made.
     pub attempts: i32,
@@ -82,7 +82,7 @@ pub struct AttemptsBucket {
 }
 
 /// Retries of one message type among failed records.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeRetries {
     /// Message type.
     pub message_type: String,
@@ -107,23 +107,25 @@ pub struct RetryOverview {
     pub most_retried: Vec<RecordRow>,
 }
 
-/// Reads the retries page; `limit` bounds the list of most retried records.
+/// Most retried message types listed.
+const TOP_TYPES: usize = 10;
+
+/// Reads the retries page; `limit` bounds the list of most retried records. The distribution
+/// and the types come from one index-only pass over the failed records, grouped by (attempts,
+/// type) and folded here; the next retry is one probe of the failed records' retry-time index.
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn retries(pool: &sqlx::PgPool, limit: i64) -> Result<RetryOverview, QueryError> {
-    let distribution = sqlx::query_as(
-        "SELECT attempts, count(*) AS records FROM dedup_records WHERE status = 'failed'
-         GROUP BY attempts ORDER BY attempts",
+    let cells = sqlx::query_as::<_, (i32, String, i64)>(
+        "SELECT attempts, message_type, count(*) FROM dedup_records WHERE status = 'failed'
+         GROUP BY attempts, message_type",
     )
     .fetch_all(pool);
-    let top_types = sqlx::query_as(
-        "SELECT message_type, count(*) AS records, sum(attempts)::bigint AS attempts, max(attempts) AS max_attempts
-         FROM dedup_records WHERE status = 'failed'
-         GROUP BY message_type ORDER BY sum(attempts) DESC, message_type LIMIT 10",
+    let next_retry_at = sqlx::query_scalar(
+        "SELECT next_attempt_at FROM dedup_records WHERE status = 'failed' AND next_attempt_at IS NOT NULL
+         ORDER BY next_attempt_at LIMIT 1",
     )
-    .fetch_all(pool);
-    let next_retry_at =
-        sqlx::query_scalar("SELECT min(next_attempt_at) FROM dedup_records WHERE status = 'failed'").fetch_one(pool);
+    .fetch_optional(pool);
     let params = super::filter::RecordListParams {
         filter: super::filter::RecordFilter { status: Some(crate::record::RecordStatus::Failed), ..Default::default() },
         sort: super::filter::SortKey::Attempts,
@@ -131,9 +133,34 @@ pub async fn retries(pool: &sqlx::PgPool, limit: i64) -> Result<RetryOverview, Q
         ..Default::default()
     };
     let most_retried = super::records::records_list(pool, &params);
-    let (distribution, top_types, next_retry_at, most_retried) =
-        tokio::try_join!(map_db(distribution), map_db(top_types), map_db(next_retry_at), most_retried)?;
+    let (cells, next_retry_at, most_retried) = tokio::try_join!(map_db(cells), map_db(next_retry_at), most_retried)?;
+    let (distribution, top_types) = fold_retry_cells(&cells);
     Ok(RetryOverview { distribution, top_types, next_retry_at, most_retried: most_retried.rows })
+}
+
+/// Folds (attempts, type, records) cells into the attempts distribution (fewest first) and the
+/// types with the most attempts (most first, then by name; at most [`TOP_TYPES`]).
+fn fold_retry_cells(cells: &[(i32, String, i64)]) -> (Vec<AttemptsBucket>, Vec<TypeRetries>) {
+    let mut by_attempts = std::collections::BTreeMap::<i32, i64>::new();
+    let mut by_type = std::collections::BTreeMap::<&str, TypeRetries>::new();
+    for (attempts, message_type, records) in cells {
+        *by_attempts.entry(*attempts).or_default() += records;
+        let t = by_type.entry(message_type).or_insert_with(|| TypeRetries {
+            message_type: message_type.clone(),
+            records: 0,
+            attempts: 0,
+            max_attempts: 0,
+        });
+        t.records += records;
+        t.attempts += i64::from(*attempts) * records;
+        t.max_attempts = t.max_attempts.max(*attempts);
+    }
+    let distribution =
+        by_attempts.into_iter().map(|(attempts, records)| AttemptsBucket { attempts, records }).collect();
+    let mut top_types: Vec<TypeRetries> = by_type.into_values().collect();
+    top_types.sort_by(|a, b| b.attempts.cmp(&a.attempts).then_with(|| a.message_type.cmp(&b.message_type)));
+    top_types.truncate(TOP_TYPES);
+    (distribution, top_types)
 }
 
 async fn map_db<T>(f: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, QueryError> {
@@ -155,16 +182,18 @@ pub struct DeadLetterGroup {
     pub message_types: Vec<String>,
 }
 
-/// Dead letters grouped by error class, largest group first (at most `limit` groups).
+/// Dead letters grouped by error class, largest group first (at most `limit` groups): grouped by
+/// (class, type) first, so no per-group sort of the types is needed.
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn dead_letter_groups<'e>(db: impl PgExecutor<'e>, limit: i64) -> Result<Vec<DeadLetterGroup>, QueryError> {
     Ok(sqlx::query_as(
-        "SELECT error_class, count(*) AS records, min(first_seen_at) AS first_seen_at,
-                max(updated_at) AS last_seen_at,
-                array_agg(DISTINCT message_type ORDER BY message_type) AS message_types
-         FROM dedup_records WHERE status = 'dead'
-         GROUP BY error_class ORDER BY count(*) DESC, error_class LIMIT $1",
+        "SELECT error_class, sum(records)::bigint AS records, min(first_seen_at) AS first_seen_at,
+                max(last_seen_at) AS last_seen_at, array_agg(message_type ORDER BY message_type) AS message_types
+         FROM (SELECT error_class, message_type, count(*) AS records, min(first_seen_at) AS first_seen_at,
+                      max(updated_at) AS last_seen_at
+               FROM dedup_records WHERE status = 'dead' GROUP BY error_class, message_type) AS by_type
+         GROUP BY error_class ORDER BY sum(records) DESC, error_class LIMIT $1",
     )
     .bind(limit)
     .fetch_all(db)

@@ -115,7 +115,9 @@ WITH src AS (
         last_error, error_class, payload_hash, payload, headers, content_type, source_broker, source_exchange,
         source_routing_key, source_queue, duplicate_count, last_duplicate_at)
     SELECT grp, message_id, message_type, status,
-        CASE WHEN poison THEN NULL WHEN event_type = 'ORDER.NOTIFY' THEN 'leased' ELSE 'transactional' END,
+        -- Only leased handlers leave records stuck (a transactional claim rolls back).
+        CASE WHEN poison THEN NULL WHEN event_type = 'ORDER.NOTIFY' OR status = 'processing' THEN 'leased'
+             ELSE 'transactional' END,
         attempts, 5,
         CASE WHEN status = 'processing' THEN floor(r_dup * 4)::int ELSE 0 END,
         CASE WHEN status = 'processing' THEN 'seed-' || (g % 3) || ':' || (1000 + g % 7) || ':worker-' || (g % 4) END,
@@ -259,6 +261,9 @@ pub async fn seed_records(
             futures::future::ready(Ok(()))
         })
         .await?;
+    // The window's samples are rebuilt from the seeded counts; a sample taken before the seed
+    // (a server that started on the empty table) would read as the table shrinking.
+    sqlx::query("DELETE FROM table_samples WHERE sampled_at >= $1").bind(start).execute(pool).await?;
     sqlx::query(SAMPLES_SQL).bind(start).execute(pool).await?;
     // Fresh statistics, and a visibility map for the index-only scans of the overview.
     sqlx::query("VACUUM ANALYZE stats_minute").execute(pool).await?;

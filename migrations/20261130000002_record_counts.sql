@@ -1,7 +1,11 @@
 -- Counts of dedup records by (consumer group, status), kept exact by triggers so the console
--- never runs COUNT(*) over the big table. Each counter is split over 16 shards chosen by the
--- writing backend's pid, so concurrent transactions rarely wait on the same counter row; a
--- reader sums the shards.
+-- never runs COUNT(*) over the big table.
+--
+-- The triggers are statement-level with transition tables: the engine writes a whole batch
+-- with one INSERT and one UPDATE, so counting costs one trigger call per statement rather than
+-- one per row. Each counter is split over 64 shards chosen by the writing backend's pid, so
+-- concurrent transactions (each holding its counter rows until commit) rarely wait on each
+-- other; a reader sums the shards.
 CREATE TABLE record_counts (
     consumer_group TEXT NOT NULL,
     status         TEXT NOT NULL,
@@ -10,45 +14,60 @@ CREATE TABLE record_counts (
     PRIMARY KEY (consumer_group, status, shard)
 );
 
-CREATE FUNCTION record_counts_add(p_group TEXT, p_status TEXT, p_delta BIGINT) RETURNS void
+-- Adds per-(group, status) deltas; `deltas` is any query's result of (consumer_group, status, n).
+CREATE FUNCTION record_counts_apply(p_groups TEXT[], p_statuses TEXT[], p_deltas BIGINT[]) RETURNS void
 LANGUAGE sql AS $$
-    INSERT INTO record_counts (consumer_group, status, shard, n)
-    VALUES (p_group, p_status, (pg_backend_pid() % 16)::smallint, p_delta)
-    ON CONFLICT (consumer_group, status, shard) DO UPDATE SET n = record_counts.n + EXCLUDED.n
+    INSERT INTO record_counts AS c (consumer_group, status, shard, n)
+    SELECT g, s, (pg_backend_pid() % 64)::smallint, d
+    FROM unnest(p_groups, p_statuses, p_deltas) AS t(g, s, d)
+    WHERE d <> 0
+    ORDER BY g, s
+    ON CONFLICT (consumer_group, status, shard) DO UPDATE SET n = c.n + EXCLUDED.n
 $$;
 
--- Row level for inserts and status changes (single-row statements on the hot path).
-CREATE FUNCTION dedup_records_count_row() RETURNS trigger
+CREATE FUNCTION dedup_records_count_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        PERFORM record_counts_add(OLD.consumer_group, OLD.status, -1);
-    END IF;
-    PERFORM record_counts_add(NEW.consumer_group, NEW.status, 1);
+    PERFORM record_counts_apply(array_agg(consumer_group), array_agg(status), array_agg(n))
+    FROM (SELECT consumer_group, status, count(*) AS n FROM new_rows GROUP BY 1, 2) d;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION dedup_records_count_updated() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM record_counts_apply(array_agg(consumer_group), array_agg(status), array_agg(n))
+    FROM (
+        SELECT consumer_group, status, sum(n)::bigint AS n FROM (
+            SELECT o.consumer_group, o.status, -1 AS n
+            FROM old_rows o JOIN new_rows w ON w.id = o.id
+            WHERE o.status IS DISTINCT FROM w.status OR o.consumer_group IS DISTINCT FROM w.consumer_group
+            UNION ALL
+            SELECT w.consumer_group, w.status, 1
+            FROM old_rows o JOIN new_rows w ON w.id = o.id
+            WHERE o.status IS DISTINCT FROM w.status OR o.consumer_group IS DISTINCT FROM w.consumer_group
+        ) changes GROUP BY 1, 2
+    ) d;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION dedup_records_count_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM record_counts_apply(array_agg(consumer_group), array_agg(status), array_agg(-n))
+    FROM (SELECT consumer_group, status, count(*) AS n FROM old_rows GROUP BY 1, 2) d;
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER dedup_records_count_insert AFTER INSERT ON dedup_records
-    FOR EACH ROW EXECUTE FUNCTION dedup_records_count_row();
-CREATE TRIGGER dedup_records_count_update AFTER UPDATE OF status, consumer_group ON dedup_records
-    FOR EACH ROW
-    WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.consumer_group IS DISTINCT FROM NEW.consumer_group)
-    EXECUTE FUNCTION dedup_records_count_row();
-
--- Statement level for deletes: cleanup deletes thousands of rows per statement; one grouped
--- update per statement instead of one per row.
-CREATE FUNCTION dedup_records_count_deleted() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO record_counts (consumer_group, status, shard, n)
-    SELECT consumer_group, status, (pg_backend_pid() % 16)::smallint, -count(*)
-    FROM deleted_rows GROUP BY consumer_group, status
-    ON CONFLICT (consumer_group, status, shard) DO UPDATE SET n = record_counts.n + EXCLUDED.n;
-    RETURN NULL;
-END
-$$;
-
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION dedup_records_count_inserted();
+CREATE TRIGGER dedup_records_count_update AFTER UPDATE ON dedup_records
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION dedup_records_count_updated();
 CREATE TRIGGER dedup_records_count_delete AFTER DELETE ON dedup_records
-    REFERENCING OLD TABLE AS deleted_rows
+    REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION dedup_records_count_deleted();

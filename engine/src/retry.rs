@@ -24,7 +24,7 @@ impl Backoff {
     /// `initial × 2^(attempt−1)`, capped at `max`.
     pub fn delay_after(&self, attempt: i32) -> Duration {
         let exponent = u32::try_from(attempt.saturating_sub(1)).unwrap_or(0).min(40);
-        let ms = self.initial_ms.max(1).saturating_mul(1u64 << exponent).min(self.max_ms.max(self.initial_ms));
+        let ms = self.initial_ms.max(1).saturating_mul(1u64 << exponent).min(self.max_ms.max(self.initial_ms).max(1));
         Duration::from_millis(ms)
     }
 

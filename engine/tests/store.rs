@@ -117,6 +117,8 @@ async fn an_expired_lease_is_reclaimed_only_when_allowed_and_the_old_holder_is_f
     assert!(!case.complete(&a, &first).await, "the old holder cannot complete");
     let failure = FailureReport {
         claim: &a,
+        mode: HandlerMode::Leased,
+        message: &case.message,
         lease: &first,
         error: "late",
         error_class: "LATE",
@@ -124,7 +126,7 @@ async fn an_expired_lease_is_reclaimed_only_when_allowed_and_the_old_holder_is_f
         retry_delay_ms: 1000,
     };
     let mut conn = case.h.pool().acquire().await.unwrap();
-    assert_eq!(case.store.fail_leased(&mut conn, &failure).await.unwrap(), FailureOutcome::Superseded);
+    assert_eq!(case.store.fail_claimed(&mut conn, &failure).await.unwrap(), FailureOutcome::Superseded);
     assert!(case.complete(&c, &second).await, "the new holder completes");
     let (status, attempts, _, _) = case.h.record("ORDER.NOTIFY.3:3").await.unwrap();
     assert_eq!((status.as_str(), attempts), ("succeeded", 2));
@@ -150,6 +152,8 @@ async fn a_failed_record_is_claimable_until_its_attempts_run_out() {
         assert_eq!(claim.attempt, attempt);
         let failure = FailureReport {
             claim: &claim,
+            mode: HandlerMode::Leased,
+            message: &case.message,
             lease: &lease,
             error: "boom",
             error_class: "BOOM",
@@ -158,7 +162,7 @@ async fn a_failed_record_is_claimable_until_its_attempts_run_out() {
         };
         let mut conn = case.h.pool().acquire().await.unwrap();
         let expected = if attempt == 3 { FailureOutcome::Dead } else { FailureOutcome::Failed };
-        assert_eq!(case.store.fail_leased(&mut conn, &failure).await.unwrap(), expected);
+        assert_eq!(case.store.fail_claimed(&mut conn, &failure).await.unwrap(), expected);
     }
     assert!(matches!(case.claim(&Lease::new("w", Duration::from_secs(30)), true).await, ClaimOutcome::Existing(_)));
     let lease_fields_cleared: bool = sqlx::query_scalar(

@@ -149,7 +149,7 @@ WITH src AS (
     WHERE i.status <> 'succeeded'
 ), counts AS (
     INSERT INTO record_counts AS c (consumer_group, status, shard, n)
-    SELECT consumer_group, status, (pg_backend_pid() % 16)::smallint, count(*) FROM inserted
+    SELECT consumer_group, status, (pg_backend_pid() % 64)::smallint, count(*) FROM inserted
     WHERE $6 GROUP BY consumer_group, status
     ON CONFLICT (consumer_group, status, shard) DO UPDATE SET n = c.n + EXCLUDED.n
 ), minutes AS (

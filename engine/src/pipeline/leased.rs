@@ -104,6 +104,8 @@ impl Pipeline {
                 let text = error.to_string();
                 let failure = FailureReport {
                     claim: &claim,
+                    mode: HandlerMode::Leased,
+                    message: item.message,
                     lease: &lease,
                     error: &text,
                     error_class: &error.error_class(),
@@ -111,7 +113,7 @@ impl Pipeline {
                     retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
                 };
                 tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text, "handler failed");
-                match self.store.fail_leased(&mut conn, &failure).await {
+                match self.store.fail_claimed(&mut conn, &failure).await {
                     Ok(FailureOutcome::Failed) => {
                         self.stats.count(group, Event::Retry, 1);
                         (Disposition::Retry { delay }, None)

@@ -72,6 +72,32 @@ impl Lease {
     }
 }
 
+/// One message of a [`ClaimBatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimItem<'a> {
+    /// The business idempotency key.
+    pub message_id: &'a MessageId,
+    /// `<entity>.<event>`.
+    pub message_type: &'a str,
+    /// SHA-256 of the payload.
+    pub payload_hash: &'a [u8],
+    /// The delivery (its source is stored on new records).
+    pub message: &'a InboundMessage,
+}
+
+/// A batch of transactional claims sharing group, limits and lease.
+#[derive(Debug, Clone)]
+pub struct ClaimBatch<'a> {
+    /// Scope of the records.
+    pub group: &'a ConsumerGroup,
+    /// Attempts allowed before a record goes dead (new records only).
+    pub max_attempts: i32,
+    /// The lease written on every claimed record (one token for the batch).
+    pub lease: &'a Lease,
+    /// The messages, distinct ids.
+    pub items: Vec<ClaimItem<'a>>,
+}
+
 /// What a claim needs to know.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
@@ -150,6 +176,11 @@ pub enum ClaimOutcome {
 pub struct FailureReport<'a> {
     /// The claim being failed.
     pub claim: &'a ClaimedRecord,
+    /// The handler's mode: a transactional claim stored no payload and opened no attempt row
+    /// (on success neither is needed), so its failure stores both.
+    pub mode: HandlerMode,
+    /// The delivery (its payload, headers and content type are kept on a failed record).
+    pub message: &'a InboundMessage,
     /// The worker's lease (leased mode: fences the update).
     pub lease: &'a Lease,
     /// Error text, stored as `last_error`.
@@ -227,18 +258,30 @@ pub trait DedupStore: Send + Sync + 'static {
         mode: HandlerMode,
     ) -> Result<bool, StoreError>;
 
-    /// Records a handler failure of a transactional claim whose changes were rolled back (so
-    /// the claim itself is gone): writes `failed` (or `dead` at max attempts) with the attempt
-    /// count the claim had, provided the record is still where the claim found it.
-    async fn fail_rolled_back(
+    /// Claims a batch of messages for transactional handlers in one statement (DESIGN.md,
+    /// "Claim", set-based): the same rules as [`DedupStore::claim`], rows locked in message-id
+    /// order (one order for every batch, so concurrent batches wait instead of deadlocking).
+    /// The message ids must be distinct. No payload is stored: the claim commits only together
+    /// with its outcome, and a failure stores it ([`DedupStore::fail_claimed`]). Returns one
+    /// outcome per item, in the items' order.
+    async fn claim_many(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,
-        request: &ClaimRequest<'_>,
-        failure: &FailureReport<'_>,
-    ) -> Result<FailureOutcome, StoreError>;
+        batch: &ClaimBatch<'_>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError>;
 
-    /// Records a handler failure of a leased claim, fenced by the lease token.
-    async fn fail_leased(
+    /// Marks claimed transactional records `succeeded` in one statement (fenced by status and
+    /// lease token) and writes their attempt rows. Returns which ids were completed.
+    async fn complete_many(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        claims: &[&ClaimedRecord],
+        lease: &Lease,
+    ) -> Result<Vec<i64>, StoreError>;
+
+    /// Records a handler failure of a claim, fenced by the lease token: `failed` with the retry
+    /// due time, or `dead` at max attempts (or for a permanent error).
+    async fn fail_claimed(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         failure: &FailureReport<'_>,

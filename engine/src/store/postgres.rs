@@ -8,12 +8,15 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+
+use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 
 use super::{
-    ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord, FailureOutcome, FailureReport, Lease,
-    PoisonRecord, StoreError,
+    ClaimBatch, ClaimItem, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord, FailureOutcome,
+    FailureReport, Lease, PoisonRecord, StoreError,
 };
 use crate::record::{HandlerMode, RecordStatus};
 
@@ -80,21 +83,68 @@ const CLAIM_LEASED_SQL: &str = claim_sql!(
 )"#
 );
 
-/// The duplicate check after a claim found nothing claimable: counts the delivery on the
-/// record, flags a payload conflict, parks a delivery of a stuck record (the claim would have
-/// taken it if reclaim were allowed) and reports the record's state.
-const NOTE_DUPLICATE_SQL: &str = r#"
-UPDATE dedup_records SET
-    duplicate_count = duplicate_count + 1,
+/// The duplicate check after a claim found nothing claimable (set-based: `$2`/`$3` are the
+/// message ids and payload hashes): counts the delivery on the record, flags a payload
+/// conflict, parks a delivery of a stuck record (the claim would have taken it if reclaim were
+/// allowed) and reports the record's state.
+const NOTE_DUPLICATES_SQL: &str = r#"
+UPDATE dedup_records r SET
+    duplicate_count = r.duplicate_count + 1,
     last_duplicate_at = now(),
-    payload_conflicts = payload_conflicts + CASE WHEN payload_hash = $3 THEN 0 ELSE 1 END,
-    parked_at = CASE WHEN status = 'processing' AND lease_expires_at < now() THEN now() ELSE parked_at END
-WHERE consumer_group = $1 AND message_id = $2
-RETURNING id, status, lease_expires_at,
-          COALESCE(lease_expires_at < now(), false) AS lease_expired,
-          payload_hash = $3 AS same_payload,
-          (extract(epoch FROM now() - first_seen_at) * 1000)::bigint AS delay_ms,
-          (status = 'processing' AND lease_expires_at < now()) AS parked
+    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash THEN 0 ELSE 1 END,
+    parked_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at < now() THEN now() ELSE r.parked_at END
+FROM unnest($2::text[], $3::bytea[]) AS d(message_id, payload_hash)
+WHERE r.consumer_group = $1 AND r.message_id = d.message_id
+RETURNING r.id, r.message_id, r.status, r.lease_expires_at,
+          COALESCE(r.lease_expires_at < now(), false) AS lease_expired,
+          r.payload_hash = d.payload_hash AS same_payload,
+          (extract(epoch FROM now() - r.first_seen_at) * 1000)::bigint AS delay_ms,
+          (r.status = 'processing' AND r.lease_expires_at < now()) AS parked
+"#;
+
+/// Claims of a transactional batch: one INSERT ... ON CONFLICT for all messages, rows in
+/// message-id order. No payload or headers (stored only if the attempt fails).
+const CLAIM_MANY_SQL: &str = r#"
+INSERT INTO dedup_records AS r (
+    consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
+    lease_owner, lease_token, lease_expires_at, payload_hash, content_type,
+    source_broker, source_exchange, source_routing_key, source_queue)
+SELECT $1, i.message_id, i.message_type, 'processing', 'transactional', 1, $2,
+       $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.content_type,
+       i.broker, i.exchange, i.routing_key, i.queue
+FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+     AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue)
+ORDER BY i.message_id
+ON CONFLICT (consumer_group, message_id) DO UPDATE SET
+    status = 'processing',
+    attempts = r.attempts + 1,
+    handler_mode = EXCLUDED.handler_mode,
+    lease_owner = EXCLUDED.lease_owner,
+    lease_token = EXCLUDED.lease_token,
+    lease_expires_at = EXCLUDED.lease_expires_at,
+    next_attempt_at = NULL,
+    parked_at = NULL,
+    updated_at = now()
+WHERE r.status = 'failed' AND r.attempts < r.max_attempts
+RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, now() AS claimed_at
+"#;
+
+/// Completions of a transactional batch with their attempt rows; `$3` is the worker, `$4` when
+/// the claims were made.
+const COMPLETE_MANY_SQL: &str = r#"
+WITH done AS (
+    UPDATE dedup_records r SET
+        status = 'succeeded', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
+        payload = NULL, headers = NULL
+    FROM unnest($1::bigint[]) AS c(id)
+    WHERE r.id = c.id AND r.status = 'processing' AND r.lease_token = $2
+    RETURNING r.id, r.attempts
+), attempt AS (
+    INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
+    SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done
+)
+SELECT id FROM done
 "#;
 
 /// Completion: `succeeded`, lease and stored payload cleared, attempt closed.
@@ -129,46 +179,42 @@ const COMPLETE_LEASED_SQL: &str = complete_sql!(
      FROM done WHERE a.record_id = done.id AND a.attempt = done.attempts AND a.ended_at IS NULL"
 );
 
-const FAIL_ROLLED_BACK_SQL: &str = r#"
-WITH failed AS (
-    INSERT INTO dedup_records AS r (
-        consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
-        last_error, error_class, next_attempt_at, payload_hash, payload, headers, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue)
-    VALUES ($1, $2, $3, $4, 'transactional', $5, $6, $7, $8,
-            CASE WHEN $4 = 'failed' THEN now() + $9 * interval '1 millisecond' END,
-            $10, $11, $12, $13, $14, $15, $16, $17)
-    ON CONFLICT (consumer_group, message_id) DO UPDATE SET
-        status = EXCLUDED.status,
-        attempts = EXCLUDED.attempts,
-        last_error = EXCLUDED.last_error,
-        error_class = EXCLUDED.error_class,
-        next_attempt_at = EXCLUDED.next_attempt_at,
-        updated_at = now()
-    WHERE r.status = 'failed' AND r.attempts = EXCLUDED.attempts - 1
-    RETURNING id, attempts, status
-), attempt AS (
-    INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error)
-    SELECT id, attempts, $18, $19, now(), status, $7 FROM failed
-)
-SELECT status FROM failed
-"#;
-
-const FAIL_LEASED_SQL: &str = r#"
+/// A failure, fenced by the lease token. `$7`..`$9`: payload, headers, content type (kept by
+/// a transactional failure, whose claim stored none; a leased claim stored them already).
+macro_rules! fail_sql {
+    ($keep_payload:literal, $attempt_cte:literal) => {
+        concat!(
+            r#"
 WITH failed AS (
     UPDATE dedup_records SET
         status = $3, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         last_error = $4, error_class = $5,
         next_attempt_at = CASE WHEN $3 = 'failed' THEN now() + $6 * interval '1 millisecond' END,
-        updated_at = now()
+        updated_at = now()"#,
+            $keep_payload,
+            r#"
     WHERE id = $1 AND status = 'processing' AND lease_token = $2
-    RETURNING id, attempts
-), attempt AS (
-    UPDATE record_attempts a SET ended_at = now(), outcome = $3, error = $4
-    FROM failed WHERE a.record_id = failed.id AND a.attempt = failed.attempts AND a.ended_at IS NULL
-)
+    RETURNING id, attempts, lease_owner
+), attempt AS ("#,
+            $attempt_cte,
+            r#")
 SELECT count(*) FROM failed
-"#;
+"#
+        )
+    };
+}
+/// Transactional: payload kept now, attempt row written now (`$10` worker, `$11` claim time).
+const FAIL_TX_SQL: &str = fail_sql!(
+    ", payload = $7, headers = $8, content_type = COALESCE($9, content_type)",
+    "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error)
+     SELECT id, attempts, $10, $11, now(), $3, $4 FROM failed"
+);
+/// Leased: the claim opened the attempt row.
+const FAIL_LEASED_SQL: &str = fail_sql!(
+    "",
+    "UPDATE record_attempts a SET ended_at = now(), outcome = $3, error = $4
+     FROM failed WHERE a.record_id = failed.id AND a.attempt = failed.attempts AND a.ended_at IS NULL"
+);
 
 const POISON_SQL: &str = r#"
 INSERT INTO dedup_records AS r (
@@ -189,6 +235,46 @@ fn failure_status(failure: &FailureReport<'_>) -> RecordStatus {
         RecordStatus::Dead
     } else {
         RecordStatus::Failed
+    }
+}
+
+fn claimed_from_row(row: &PgRow, lease: &Lease, took_over: bool) -> Result<ClaimedRecord, sqlx::Error> {
+    Ok(ClaimedRecord {
+        id: row.try_get("id")?,
+        attempt: row.try_get("attempts")?,
+        max_attempts: row.try_get("max_attempts")?,
+        created: row.try_get("created")?,
+        took_over,
+        first_seen_at: row.try_get("first_seen_at")?,
+        claimed_at: row.try_get("claimed_at")?,
+        lease_token: lease.token,
+    })
+}
+
+fn existing_from_row(row: &PgRow) -> Result<ExistingRecord, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    Ok(ExistingRecord {
+        id: row.try_get("id")?,
+        status: status.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        lease_expired: row.try_get("lease_expired")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        same_payload: row.try_get("same_payload")?,
+        delay_ms: row.try_get::<Option<i64>, _>("delay_ms")?.unwrap_or_default(),
+        parked: row.try_get::<Option<bool>, _>("parked")?.unwrap_or(false),
+    })
+}
+
+impl PgStore {
+    /// Counts a duplicate delivery on each existing record ([`NOTE_DUPLICATES_SQL`]); returns
+    /// what it saw, by message id. Ids without a record (deleted meanwhile) are missing.
+    async fn note_duplicates(
+        conn: &mut PgConnection,
+        group: &str,
+        ids: &[&str],
+        hashes: &[&[u8]],
+    ) -> Result<HashMap<String, ExistingRecord>, sqlx::Error> {
+        let rows = sqlx::query(NOTE_DUPLICATES_SQL).bind(group).bind(ids).bind(hashes).fetch_all(&mut *conn).await?;
+        rows.iter().map(|row| Ok((row.try_get("message_id")?, existing_from_row(row)?))).collect()
     }
 }
 
@@ -227,40 +313,88 @@ impl DedupStore for PgStore {
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(row) = row {
-            return Ok(ClaimOutcome::Claimed(ClaimedRecord {
-                id: row.try_get("id")?,
-                attempt: row.try_get("attempts")?,
-                max_attempts: row.try_get("max_attempts")?,
-                created: row.try_get("created")?,
-                took_over: row.try_get("took_over")?,
-                first_seen_at: row.try_get("first_seen_at")?,
-                claimed_at: row.try_get("claimed_at")?,
-                lease_token: req.lease.token,
-            }));
+            let took_over = row.try_get("took_over")?;
+            return Ok(ClaimOutcome::Claimed(claimed_from_row(&row, req.lease, took_over)?));
         }
-        let row = sqlx::query(NOTE_DUPLICATE_SQL)
-            .bind(req.group.as_str())
-            .bind(req.message_id.as_str())
-            .bind(req.payload_hash)
-            .fetch_optional(&mut *conn)
-            .await?;
-        match row {
-            Some(row) => {
-                let status: String = row.try_get("status")?;
-                Ok(ClaimOutcome::Existing(ExistingRecord {
-                    id: row.try_get("id")?,
-                    status: status.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-                    lease_expired: row.try_get("lease_expired")?,
-                    lease_expires_at: row.try_get("lease_expires_at")?,
-                    same_payload: row.try_get("same_payload")?,
-                    delay_ms: row.try_get::<Option<i64>, _>("delay_ms")?.unwrap_or_default(),
-                    parked: row.try_get::<Option<bool>, _>("parked")?.unwrap_or(false),
-                }))
-            }
+        let mut seen =
+            Self::note_duplicates(conn, req.group.as_str(), &[req.message_id.as_str()], &[req.payload_hash]).await?;
+        match seen.remove(req.message_id.as_str()) {
+            Some(existing) => Ok(ClaimOutcome::Existing(existing)),
             // Deleted between the two statements (cleanup of an old succeeded record): the
             // message is new again as far as the table knows; claim afresh.
             None => Box::pin(self.claim(conn, req)).await,
         }
+    }
+
+    async fn claim_many(
+        &self,
+        conn: &mut PgConnection,
+        batch: &ClaimBatch<'_>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; batch.items.len()];
+        let mut pending: Vec<usize> = (0..batch.items.len()).collect();
+        // Twice at most: a record deleted between the claim and the duplicate check (cleanup)
+        // is claimed afresh by the second pass.
+        for _ in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let items: Vec<_> = pending.iter().map(|&i| &batch.items[i]).collect();
+            let column =
+                |f: &dyn Fn(&ClaimItem<'_>) -> Option<String>| items.iter().map(|it| f(it)).collect::<Vec<_>>();
+            let rows = sqlx::query(CLAIM_MANY_SQL)
+                .bind(batch.group.as_str())
+                .bind(batch.max_attempts)
+                .bind(&batch.lease.owner)
+                .bind(batch.lease.token)
+                .bind(batch.lease.millis())
+                .bind(items.iter().map(|it| it.message_id.as_str()).collect::<Vec<_>>())
+                .bind(items.iter().map(|it| it.message_type).collect::<Vec<_>>())
+                .bind(items.iter().map(|it| it.payload_hash).collect::<Vec<_>>())
+                .bind(column(&|it| it.message.content_type.clone()))
+                .bind(items.iter().map(|it| it.message.broker.as_str()).collect::<Vec<_>>())
+                .bind(column(&|it| it.message.source.exchange.clone()))
+                .bind(column(&|it| it.message.source.routing_key.clone()))
+                .bind(column(&|it| it.message.source.queue.clone()))
+                .fetch_all(&mut *conn)
+                .await?;
+            let mut claimed: HashMap<String, ClaimedRecord> = HashMap::with_capacity(rows.len());
+            for row in &rows {
+                claimed.insert(row.try_get("message_id")?, claimed_from_row(row, batch.lease, false)?);
+            }
+            let rest: Vec<usize> = pending
+                .iter()
+                .copied()
+                .filter(|&i| !claimed.contains_key(batch.items[i].message_id.as_str()))
+                .collect();
+            for &i in &pending {
+                if let Some(c) = claimed.remove(batch.items[i].message_id.as_str()) {
+                    outcomes[i] = Some(ClaimOutcome::Claimed(c));
+                }
+            }
+            let ids: Vec<&str> = rest.iter().map(|&i| batch.items[i].message_id.as_str()).collect();
+            let hashes: Vec<&[u8]> = rest.iter().map(|&i| batch.items[i].payload_hash).collect();
+            let mut seen = if rest.is_empty() {
+                HashMap::new()
+            } else {
+                Self::note_duplicates(conn, batch.group.as_str(), &ids, &hashes).await?
+            };
+            pending = Vec::new();
+            for i in rest {
+                match seen.remove(batch.items[i].message_id.as_str()) {
+                    Some(existing) => outcomes[i] = Some(ClaimOutcome::Existing(existing)),
+                    None => pending.push(i),
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.ok_or_else(|| {
+                    StoreError::Database(sqlx::Error::Protocol("record vanished twice during a claim".into()))
+                })
+            })
+            .collect()
     }
 
     async fn complete(
@@ -282,58 +416,50 @@ impl DedupStore for PgStore {
         Ok(count == 1)
     }
 
-    async fn fail_rolled_back(
+    async fn complete_many(
         &self,
         conn: &mut PgConnection,
-        req: &ClaimRequest<'_>,
-        failure: &FailureReport<'_>,
-    ) -> Result<FailureOutcome, StoreError> {
-        let status = failure_status(failure);
-        let m = req.message;
-        let stored: Option<String> = sqlx::query_scalar(FAIL_ROLLED_BACK_SQL)
-            .bind(req.group.as_str())
-            .bind(req.message_id.as_str())
-            .bind(req.message_type)
-            .bind(status.as_str())
-            .bind(failure.claim.attempt)
-            .bind(failure.claim.max_attempts)
-            .bind(failure.error)
-            .bind(failure.error_class)
-            .bind(failure.retry_delay_ms)
-            .bind(req.payload_hash)
-            .bind(&m.payload)
-            .bind(Json(&m.headers))
-            .bind(m.content_type.as_deref())
-            .bind(m.broker.as_str())
-            .bind(m.source.exchange.as_deref())
-            .bind(m.source.routing_key.as_deref())
-            .bind(m.source.queue.as_deref())
-            .bind(&failure.lease.owner)
-            .bind(failure.claim.claimed_at)
-            .fetch_optional(&mut *conn)
-            .await?;
-        Ok(match stored.as_deref() {
-            Some("dead") => FailureOutcome::Dead,
-            Some(_) => FailureOutcome::Failed,
-            None => FailureOutcome::Superseded,
-        })
+        claims: &[&ClaimedRecord],
+        lease: &Lease,
+    ) -> Result<Vec<i64>, StoreError> {
+        let Some(first) = claims.first() else { return Ok(Vec::new()) };
+        let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
+        Ok(sqlx::query_scalar(COMPLETE_MANY_SQL)
+            .bind(ids)
+            .bind(lease.token)
+            .bind(&lease.owner)
+            .bind(first.claimed_at)
+            .fetch_all(&mut *conn)
+            .await?)
     }
 
-    async fn fail_leased(
+    async fn fail_claimed(
         &self,
         conn: &mut PgConnection,
         failure: &FailureReport<'_>,
     ) -> Result<FailureOutcome, StoreError> {
         let status = failure_status(failure);
-        let count: i64 = sqlx::query_scalar(FAIL_LEASED_SQL)
-            .bind(failure.claim.id)
-            .bind(failure.claim.lease_token)
-            .bind(status.as_str())
-            .bind(failure.error)
-            .bind(failure.error_class)
-            .bind(failure.retry_delay_ms)
-            .fetch_one(&mut *conn)
-            .await?;
+        let m = failure.message;
+        let query = match failure.mode {
+            HandlerMode::Transactional => sqlx::query_scalar(FAIL_TX_SQL),
+            HandlerMode::Leased => sqlx::query_scalar(FAIL_LEASED_SQL),
+        }
+        .bind(failure.claim.id)
+        .bind(failure.claim.lease_token)
+        .bind(status.as_str())
+        .bind(failure.error)
+        .bind(failure.error_class)
+        .bind(failure.retry_delay_ms);
+        let query = match failure.mode {
+            HandlerMode::Transactional => query
+                .bind(&m.payload)
+                .bind(Json(&m.headers))
+                .bind(m.content_type.as_deref())
+                .bind(&failure.lease.owner)
+                .bind(failure.claim.claimed_at),
+            HandlerMode::Leased => query,
+        };
+        let count: i64 = query.fetch_one(&mut *conn).await?;
         Ok(match (count, status) {
             (0, _) => FailureOutcome::Superseded,
             (_, RecordStatus::Dead) => FailureOutcome::Dead,

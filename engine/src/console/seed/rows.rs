@@ -1,0 +1,272 @@
+//! The synthetic rows, as `COPY` text: about 1 % failed, dead or stuck, three consumer groups,
+//! five message types, realistic errors, duplicates with delays from 100 ms to weeks.
+
+use std::fmt::Write as _;
+
+use chrono::{DateTime, Datelike, TimeDelta, Timelike, Utc};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use sha2::{Digest, Sha256};
+
+/// The columns `copy_text` writes, in order.
+pub const COPY_SQL: &str = "COPY dedup_records (consumer_group, message_id, message_type, status, handler_mode, \
+    attempts, max_attempts, reentries, lease_owner, lease_token, lease_expires_at, first_seen_at, updated_at, \
+    completed_at, next_attempt_at, last_error, error_class, payload_hash, payload, headers, content_type, \
+    source_broker, source_exchange, source_routing_key, source_queue, duplicate_count, last_duplicate_at) FROM STDIN";
+
+/// Where the sequence numbers of a run fall in time.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The run's first sequence number.
+    pub first: i64,
+    /// The window's start.
+    pub start: DateTime<Utc>,
+    /// The window's end.
+    pub now: DateTime<Utc>,
+    /// Microseconds of window per record.
+    pub micros_per_record: f64,
+}
+
+/// Writes one row of COPY text: each value is escaped and followed by a tab, the row by a
+/// newline ([`Row::end`]).
+struct Row<'a>(&'a mut String);
+
+impl Row<'_> {
+    fn raw(&mut self, value: &str) -> &mut Self {
+        for c in value.chars() {
+            match c {
+                '\\' => self.0.push_str("\\\\"),
+                '\t' => self.0.push_str("\\t"),
+                '\n' => self.0.push_str("\\n"),
+                '\r' => self.0.push_str("\\r"),
+                c => self.0.push(c),
+            }
+        }
+        self.0.push('\t');
+        self
+    }
+
+    fn null(&mut self) -> &mut Self {
+        self.0.push_str("\\N\t");
+        self
+    }
+
+    fn text(&mut self, value: Option<&str>) -> &mut Self {
+        match value {
+            Some(v) => self.raw(v),
+            None => self.null(),
+        }
+    }
+
+    fn int(&mut self, value: i64) -> &mut Self {
+        let _ = write!(self.0, "{value}\t");
+        self
+    }
+
+    fn time(&mut self, value: Option<DateTime<Utc>>) -> &mut Self {
+        match value {
+            Some(at) => {
+                // By hand: chrono's `format` costs several times as much per call.
+                let (date, clock) = (at.date_naive(), at.time());
+                let _ = write!(
+                    self.0,
+                    "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}+00\t",
+                    date.year(),
+                    date.month(),
+                    date.day(),
+                    clock.hour(),
+                    clock.minute(),
+                    clock.second(),
+                    clock.nanosecond() / 1000
+                );
+                self
+            }
+            None => self.null(),
+        }
+    }
+
+    /// A bytea, as `\\x` then hex.
+    fn bytes(&mut self, value: Option<&[u8]>) -> &mut Self {
+        let Some(value) = value else { return self.null() };
+        self.0.push_str("\\\\x");
+        for b in value {
+            let _ = write!(self.0, "{b:02x}");
+        }
+        self.0.push('\t');
+        self
+    }
+
+    /// Replaces the last tab by the row's newline.
+    fn end(&mut self) {
+        self.0.pop();
+        self.0.push('\n');
+    }
+}
+
+impl Plan {
+    /// The COPY text of sequence numbers `lo..=hi`.
+    pub fn copy_text(&self, lo: i64, hi: i64) -> String {
+        let mut rng = SmallRng::seed_from_u64(lo as u64 ^ 0x5eed_5eed);
+        let mut out = String::with_capacity(((hi - lo + 1) as usize) * 330);
+        for g in lo..=hi {
+            self.row(&mut out, g, &mut rng);
+        }
+        out
+    }
+
+    fn row(&self, out: &mut String, g: i64, rng: &mut SmallRng) {
+        let [r_status, r_group, r_type, r_attempt, r_dup, r_error, r_time]: [f64; 7] = rng.random();
+        let seen = self.start
+            + TimeDelta::microseconds((((g - self.first) as f64 + r_time) * self.micros_per_record) as i64);
+        let status = match r_status {
+            r if r < 0.004 => "dead",
+            r if r < 0.010 => "failed",
+            r if r < 0.0106 => "processing",
+            _ => "succeeded",
+        };
+        let group = match r_group {
+            r if r < 0.6 => "order-service",
+            r if r < 0.85 => "billing-service",
+            _ => "notification-service",
+        };
+        let event_type = match r_type {
+            r if r < 0.3 => "ORDER.CREATE",
+            r if r < 0.6 => "ORDER.PAY",
+            r if r < 0.85 => "ORDER.NOTIFY",
+            r if r < 0.95 => "ORDER.CANCEL",
+            _ => "INVENTORY.RESERVE",
+        };
+        let order_no = format!("{g:014}");
+        let poison = status == "dead" && r_error < 0.15;
+        let tries = match status {
+            "succeeded" if r_attempt < 0.95 => 1,
+            "succeeded" if r_attempt < 0.99 => 2,
+            "succeeded" => 3,
+            "failed" => 1 + (r_attempt * 4.0) as i32,
+            "dead" => 5,
+            _ => 1 + (r_attempt * 3.0) as i32,
+        };
+        let attempts = if poison { 0 } else { tries };
+        let dups = if r_dup < 0.15 { 1 + (r_dup * 20.0) as i32 } else { 0 };
+        let dup_at = (dups > 0).then(|| {
+            let delay_ms = 10f64.powf(2.0 + r_dup * 45.0) * (1.0 + r_attempt);
+            (seen + TimeDelta::milliseconds(delay_ms.min(4e12) as i64)).min(self.now)
+        });
+        let message_type = if poison { "POISON" } else { event_type };
+        let message_id =
+            if poison { format!("POISON.{order_no}") } else { format!("{event_type}.{order_no}:1") };
+        let unsettled = matches!(status, "failed" | "dead");
+        let error_kind = ["PAYMENT_DECLINED", "TIMEOUT", "NOT_FOUND", "DATABASE", "SMS_GATEWAY"]
+            [((r_error * 5.0) as usize).min(4)];
+        let binary_poison = poison && r_error < 0.07;
+        let (error_class, last_error): (Option<&str>, Option<String>) = if !unsettled {
+            (None, None)
+        } else if binary_poison {
+            (Some("UNPARSABLE_PAYLOAD"), Some("unparsable payload: expected value at line 1 column 1".into()))
+        } else if poison {
+            (
+                Some("NO_MESSAGE_ID"),
+                Some(r#"no message id (looked at the message-id property, header "x-message-id" and JSON pointer "/messageId")"#.into()),
+            )
+        } else {
+            match error_kind {
+                "PAYMENT_DECLINED" => (
+                    Some("PAYMENT_DECLINED: card ending # declined by issuer"),
+                    Some(format!("card ending {} declined by issuer", 1000 + g % 9000)),
+                ),
+                "TIMEOUT" => (
+                    Some("TIMEOUT: gateway did not answer within # ms"),
+                    Some(format!("gateway did not answer within {} ms", 1000 * (1 + g % 5))),
+                ),
+                "NOT_FOUND" => (Some("NOT_FOUND: order # not found"), Some(format!("order {order_no} not found"))),
+                "DATABASE" => (
+                    Some("DATABASE: deadlock detected"),
+                    Some(format!("deadlock detected\nDETAIL: Process {} waits for ShareLock", g % 90000)),
+                ),
+                _ => (
+                    Some("SMS_GATEWAY: rate limited, # requests in flight"),
+                    Some(format!("rate limited, {} requests in flight", g % 50)),
+                ),
+            }
+        };
+        let body: Option<Vec<u8>> = if status == "succeeded" {
+            None
+        } else if binary_poison {
+            Some(Sha256::digest(order_no.as_bytes()).to_vec())
+        } else {
+            Some(
+                serde_json::json!({
+                    "messageId": format!("{event_type}.{order_no}:1"), "orderNo": order_no,
+                    "sku": format!("SKU-{:04}", g % 200), "quantity": 1 + g % 3,
+                    "amountCents": 500 + (g * 7919) % 100_000, "phone": format!("+1555{:07}", g % 10_000_000)
+                })
+                .to_string()
+                .into_bytes(),
+            )
+        };
+        // A succeeded record's payload is gone; its hash only has to be 32 bytes.
+        let hash: [u8; 32] = match &body {
+            Some(body) => Sha256::digest(body).into(),
+            None => rng.random(),
+        };
+        let processing = status == "processing";
+        let mode = if poison {
+            None
+        } else if event_type == "ORDER.NOTIFY" || processing {
+            Some("leased")
+        } else {
+            Some("transactional")
+        };
+        let succeeded = status == "succeeded";
+        let owner = format!("seed-{}:{}:worker-{}", g % 3, 1000 + g % 7, g % 4);
+        let token = uuid::Uuid::from_u128(rng.random()).to_string();
+        let headers = (!succeeded).then(|| format!(r#"{{"x-seeded": true, "x-message-id": "{message_id}"}}"#));
+        Row(out)
+            .raw(group)
+            .raw(&message_id)
+            .raw(message_type)
+            .raw(status)
+            .text(mode)
+            .int(attempts.into())
+            .int(5)
+            .int(if processing { (r_dup * 4.0) as i64 } else { 0 })
+            .text(processing.then_some(owner.as_str()))
+            .text(processing.then_some(token.as_str()))
+            .time(processing.then(|| seen + TimeDelta::seconds(30)))
+            .time(Some(seen))
+            .time(Some(seen + TimeDelta::seconds(2 * i64::from(attempts))))
+            .time(succeeded.then(|| seen + TimeDelta::milliseconds(40)))
+            .time((status == "failed").then(|| seen + TimeDelta::seconds(1 << attempts.clamp(0, 20))))
+            .text(last_error.as_deref())
+            .text(error_class)
+            .bytes(Some(&hash))
+            .bytes(body.as_deref())
+            .text(headers.as_deref())
+            .raw(if binary_poison { "application/octet-stream" } else { "application/json" })
+            .raw("rabbitmq")
+            .raw("orders.events")
+            .raw(&message_type.to_lowercase())
+            .raw(&format!("orders.{group}"))
+            .int(dups.into())
+            .time(dup_at)
+            .end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_have_every_column_and_escape_their_text() {
+        let now = Utc::now();
+        let plan = Plan { first: 1, start: now - TimeDelta::days(1), now, micros_per_record: 1000.0 };
+        let text = plan.copy_text(1, 2000);
+        let columns = COPY_SQL.split('(').nth(1).unwrap().split(')').next().unwrap().split(',').count();
+        for line in text.lines() {
+            assert_eq!(line.split('\t').count(), columns, "{line}");
+        }
+        assert_eq!(text.lines().count(), 2000);
+        assert!(text.contains("\\\\x"), "bytea in hex");
+    }
+}

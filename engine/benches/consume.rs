@@ -1,15 +1,23 @@
-//! Consumption throughput on the same broker, queue settings and prefetch, in one run:
+//! Consumption throughput on one broker, topology and batch size, in one run:
 //!
-//! 1. raw: consume + ack with an empty handler (the broker's ceiling for this setup);
+//! 1. raw: consume + ack (RabbitMQ) or consume + commit (Kafka) with no pipeline — the
+//!    broker's ceiling for this setup. Kafka has two raw phases: a plain rdkafka poll + commit
+//!    loop, and the engine's Kafka source acknowledging everything (its offset bookkeeping,
+//!    queue and workers, without the pipeline);
 //! 2. idempotent: the full pipeline — Redis lookup, PostgreSQL claim in the business
-//!    transaction (one transaction per batch, a savepoint per message), Redis marker, ack;
+//!    transaction (one transaction per batch, a savepoint per message), Redis marker, ack or
+//!    offset commit;
 //! 3. duplicates caught by Redis (the same messages again);
 //! 4. duplicates caught by the database (again, Redis unreachable).
 //!
-//! Run: `cargo bench -p dedup-engine --bench consume [-- MESSAGES [WORKERS [BATCH]]]`
-//! (defaults 20000, 4, 100). Needs the local PostgreSQL, Redis and RabbitMQ. Prints a report.
+//! Run: `cargo bench -p dedup-engine --bench consume [-- [kafka] [MESSAGES [WORKERS [BATCH]]]]`
+//! (defaults RabbitMQ, 20000, 4, 100; Kafka topics have 4 partitions, `max_in_flight` is the
+//! default 1000 unless `KAFKA_MAX_IN_FLIGHT` says otherwise). Needs the local
+//! PostgreSQL, Redis and RabbitMQ or Kafka test broker. Throughput is measured from the first
+//! delivery of a phase to its last settlement. Prints a report.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -19,13 +27,15 @@ use dedup_engine::message::IdPolicy;
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::record::ConsumerGroup;
 use dedup_engine::retry::Backoff;
-use dedup_engine::source::SourceFactory;
-use dedup_engine::source::rabbitmq::properties_for;
+use dedup_engine::source::{Outbound, SourceFactory};
 use dedup_engine::stats::Stats;
 use dedup_engine::store::postgres::PgStore;
+use dedup_engine::testing::kafka::TestKafka;
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use sqlx::PgConnection;
 
 /// The business change of the idempotent phase: one row per message.
@@ -34,7 +44,10 @@ struct InsertRow;
 #[async_trait]
 impl TransactionalHandler for InsertRow {
     async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO bench_effects (message_id) VALUES ($1)").bind(input.message_id.as_str()).execute(tx).await?;
+        sqlx::query("INSERT INTO bench_effects (message_id) VALUES ($1)")
+            .bind(input.message_id.as_str())
+            .execute(tx)
+            .await?;
         Ok(())
     }
 }
@@ -56,46 +69,86 @@ impl Phase {
     }
 }
 
-async fn publish(broker: &TestBroker, ids: &[String]) {
-    let publisher = broker.connector().publisher().await.unwrap();
-    let body = br#"{"orderNo":"1","amountCents":100}"#;
-    let mut in_flight = FuturesUnordered::new();
-    for id in ids {
-        let props = properties_for(Some(id), &serde_json::Map::new(), Some("application/json"));
-        in_flight.push(publisher.publish(&broker.settings.exchange, "bench", body, props));
-        if in_flight.len() >= 512 {
-            in_flight.next().await.unwrap().unwrap();
+/// The broker under test: where sources come from and messages go.
+enum Bench {
+    RabbitMq(TestBroker),
+    Kafka(TestKafka),
+}
+
+impl Bench {
+    fn name(&self) -> &'static str {
+        match self {
+            Bench::RabbitMq(_) => "RabbitMQ",
+            Bench::Kafka(_) => "Kafka",
         }
     }
-    while let Some(r) = in_flight.next().await {
-        r.unwrap();
+
+    /// A fresh connector (each phase opens and closes its own).
+    fn factory(&self) -> Arc<dyn SourceFactory> {
+        match self {
+            Bench::RabbitMq(broker) => broker.connector(),
+            Bench::Kafka(kafka) => kafka.connector(),
+        }
+    }
+
+    /// Publishes one message per id (keyed by id, so Kafka spreads them over the partitions).
+    async fn publish(&self, ids: &[String]) {
+        let factory = self.factory();
+        let publisher = factory.open_publisher().await.unwrap();
+        let destination = factory.destination();
+        let body = br#"{"orderNo":"1","amountCents":100}"#;
+        let headers = serde_json::Map::new();
+        let mut in_flight = FuturesUnordered::new();
+        for id in ids {
+            in_flight.push(publisher.publish(Outbound {
+                destination: &destination,
+                routing_key: "bench",
+                key: Some(id),
+                message_id: Some(id),
+                payload: body,
+                headers: &headers,
+                content_type: Some("application/json"),
+            }));
+            if in_flight.len() >= 512 {
+                in_flight.next().await.unwrap().unwrap();
+            }
+        }
+        while let Some(r) = in_flight.next().await {
+            r.unwrap();
+        }
+        drop(in_flight);
+        factory.close().await;
     }
 }
 
 /// Consumes `total` deliveries with `workers` sources; each batch goes through `pipeline`
-/// (or is acked as is when `None`).
+/// (or is acknowledged as is when `None`).
 async fn consume(
     name: &'static str,
-    broker: &TestBroker,
+    factory: Arc<dyn SourceFactory>,
     pipeline: Option<Pipeline>,
     total: usize,
     workers: usize,
     batch: usize,
     expect: Option<AckReason>,
 ) -> Phase {
-    let connector = broker.connector();
-    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let started = Instant::now();
+    let done = Arc::new(AtomicUsize::new(0));
+    let first = Arc::new(OnceLock::new());
     let tasks: Vec<_> = (0..workers)
         .map(|n| {
-            let (connector, pipeline, done) = (connector.clone(), pipeline.clone(), done.clone());
+            let (factory, pipeline, done, first) = (factory.clone(), pipeline.clone(), done.clone(), first.clone());
             tokio::spawn(async move {
-                let mut source = connector.open(n).await.unwrap();
+                let mut source = factory.open(n).await.unwrap();
                 let mut in_pipeline = Duration::ZERO;
-                while done.load(std::sync::atomic::Ordering::SeqCst) < total {
-                    let next = tokio::time::timeout(Duration::from_millis(500), source.next_batch(batch, Duration::from_millis(2))).await;
+                while done.load(Ordering::SeqCst) < total {
+                    let next = tokio::time::timeout(
+                        Duration::from_millis(500),
+                        source.next_batch(batch, Duration::from_millis(2)),
+                    )
+                    .await;
                     let Ok(next) = next else { continue };
                     let deliveries = next.unwrap().unwrap();
+                    first.get_or_init(Instant::now);
                     let dispositions = match &pipeline {
                         Some(p) => {
                             let t = Instant::now();
@@ -108,21 +161,56 @@ async fn consume(
                         }
                         None => vec![Disposition::Ack(AckReason::Processed); deliveries.len()],
                     };
-                    done.fetch_add(dispositions.len(), std::sync::atomic::Ordering::SeqCst);
                     source.settle(&dispositions).await.unwrap();
+                    done.fetch_add(dispositions.len(), Ordering::SeqCst);
                 }
                 source.stop().await;
-                in_pipeline
+                (in_pipeline, Instant::now())
             })
         })
         .collect();
-    let mut pipeline_time = Duration::ZERO;
+    let (mut pipeline_time, mut last) = (Duration::ZERO, None);
     for t in tasks {
-        pipeline_time += t.await.unwrap();
+        let (in_pipeline, finished) = t.await.unwrap();
+        pipeline_time += in_pipeline;
+        last = last.max(Some(finished));
     }
-    let elapsed = started.elapsed();
-    connector.close().await;
+    let elapsed = last.unwrap() - *first.get().unwrap();
+    factory.close().await;
+    eprintln!("{name}: {total} in {elapsed:.1?}");
     Phase { name, messages: total, elapsed, pipeline: pipeline_time }
+}
+
+/// A plain rdkafka loop on the bench's group: poll, and commit the position every `batch`
+/// records (asynchronously, then once synchronously at the end).
+fn raw_kafka(kafka: &TestKafka, total: usize, batch: usize) -> Phase {
+    let s = &kafka.settings;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &s.brokers)
+        .set("group.id", &kafka.group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.max.bytes", s.fetch_max_bytes.to_string())
+        .set("max.partition.fetch.bytes", s.max_partition_fetch_bytes.to_string())
+        .set("fetch.wait.max.ms", s.fetch_wait_max_ms.to_string())
+        .set("session.timeout.ms", s.session_timeout_ms.to_string())
+        .create()
+        .unwrap();
+    consumer.subscribe(&[kafka.topic()]).unwrap();
+    let (mut seen, mut first) = (0, None);
+    while seen < total {
+        let Some(record) = consumer.poll(Duration::from_millis(100)) else { continue };
+        record.unwrap();
+        first.get_or_insert_with(Instant::now);
+        seen += 1;
+        if seen % batch == 0 {
+            consumer.commit_consumer_state(CommitMode::Async).unwrap();
+        }
+    }
+    consumer.commit_consumer_state(CommitMode::Sync).unwrap();
+    let elapsed = first.unwrap().elapsed();
+    eprintln!("raw rdkafka poll + commit: {total} in {elapsed:.1?}");
+    Phase { name: "raw rdkafka poll + commit", messages: total, elapsed, pipeline: Duration::ZERO }
 }
 
 fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>) -> Pipeline {
@@ -145,6 +233,12 @@ fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>) -> Pipeline {
 }
 
 fn main() {
+    // Client warnings (librdkafka's too) on stderr; more with RUST_LOG.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let kafka = std::env::args().any(|a| a == "kafka");
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let total = args.first().copied().unwrap_or(20_000);
     let workers = args.get(1).copied().unwrap_or(4);
@@ -156,35 +250,65 @@ fn main() {
             .execute(&db.pool)
             .await
             .unwrap();
-        let mut broker = TestBroker::new(&amqp_url(), Backoff::default());
-        broker.settings.prefetch = u16::try_from(batch * 2).unwrap_or(u16::MAX);
+        let bench = if kafka {
+            let mut kafka = TestKafka::new(4, Backoff::default());
+            if let Ok(limit) = std::env::var("KAFKA_MAX_IN_FLIGHT") {
+                kafka.settings.max_in_flight = limit.parse().expect("KAFKA_MAX_IN_FLIGHT is a number");
+            }
+            Bench::Kafka(kafka)
+        } else {
+            let mut broker = TestBroker::new(&amqp_url(), Backoff::default());
+            broker.settings.prefetch = u16::try_from(batch * 2).unwrap_or(u16::MAX);
+            Bench::RabbitMq(broker)
+        };
         let prefix = format!("bench-{}", uuid::Uuid::new_v4().simple());
-        let redis = Arc::new(FastPath::new(&redis_url(), FastPathSettings { prefix: prefix.clone(), ..Default::default() }));
-        let no_redis = Arc::new(FastPath::new("redis://127.0.0.1:1", FastPathSettings { prefix, ..Default::default() }));
-        // Declare the topology before publishing.
-        broker.connector().publisher().await.unwrap();
+        let redis =
+            Arc::new(FastPath::new(&redis_url(), FastPathSettings { prefix: prefix.clone(), ..Default::default() }));
+        let no_redis =
+            Arc::new(FastPath::new("redis://127.0.0.1:1", FastPathSettings { prefix, ..Default::default() }));
 
         let raw_ids: Vec<String> = (0..total).map(|i| format!("RAW.EVENT.{i}:1")).collect();
         let ids: Vec<String> = (0..total).map(|i| format!("BENCH.EVENT.{i}:1")).collect();
         let mut phases = Vec::new();
 
-        publish(&broker, &raw_ids).await;
-        phases.push(consume("raw consume + ack", &broker, None, total, workers, batch, None).await);
-        publish(&broker, &ids).await;
+        if let Bench::Kafka(kafka) = &bench {
+            bench.publish(&raw_ids).await;
+            phases.push(tokio::task::block_in_place(|| raw_kafka(kafka, total, batch)));
+        }
+        bench.publish(&raw_ids).await;
+        let raw_name = if kafka { "engine source, ack only" } else { "raw consume + ack" };
+        phases.push(consume(raw_name, bench.factory(), None, total, workers, batch, None).await);
+        bench.publish(&ids).await;
         phases.push(
-            consume("idempotent (claim + handler + marker)", &broker, Some(pipeline(&db, redis.clone())), total, workers, batch, Some(AckReason::Processed))
-                .await,
+            consume(
+                "idempotent (claim + handler + marker)",
+                bench.factory(),
+                Some(pipeline(&db, redis.clone())),
+                total,
+                workers,
+                batch,
+                Some(AckReason::Processed),
+            )
+            .await,
         );
-        publish(&broker, &ids).await;
+        bench.publish(&ids).await;
         phases.push(
-            consume("duplicates, Redis hit", &broker, Some(pipeline(&db, redis)), total, workers, batch, Some(AckReason::DuplicateRedis))
-                .await,
+            consume(
+                "duplicates, Redis hit",
+                bench.factory(),
+                Some(pipeline(&db, redis)),
+                total,
+                workers,
+                batch,
+                Some(AckReason::DuplicateRedis),
+            )
+            .await,
         );
-        publish(&broker, &ids).await;
+        bench.publish(&ids).await;
         phases.push(
             consume(
                 "duplicates, database (Redis down)",
-                &broker,
+                bench.factory(),
                 Some(pipeline(&db, no_redis)),
                 total,
                 workers,
@@ -197,16 +321,25 @@ fn main() {
         let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_effects").fetch_one(&db.pool).await.unwrap();
         assert_eq!(effects, i64::try_from(total).unwrap(), "every message applied exactly once");
 
-        println!("\nconsume benchmark: {total} messages per phase, {workers} workers, batch {batch}, prefetch {}", batch * 2);
+        let setup = match &bench {
+            Bench::Kafka(kafka) => format!("max_in_flight {}", kafka.settings.max_in_flight),
+            Bench::RabbitMq(broker) => format!("prefetch {}", broker.settings.prefetch),
+        };
+        println!(
+            "\nconsume benchmark ({}): {total} messages per phase, {workers} workers, batch {batch}, {setup}",
+            bench.name()
+        );
         println!("{:<42} {:>10} {:>12} {:>20}", "phase", "msg/s", "% of raw", "pipeline µs/msg");
         let raw = phases[0].rate();
         for p in &phases {
-            let pipeline = if p.pipeline.is_zero() { "-".to_owned() } else { format!("{:.1}", p.pipeline_us_per_message()) };
+            let pipeline =
+                if p.pipeline.is_zero() { "-".to_owned() } else { format!("{:.1}", p.pipeline_us_per_message()) };
             println!("{:<42} {:>10.0} {:>11.1}% {:>20}", p.name, p.rate(), 100.0 * p.rate() / raw, pipeline);
         }
+        let idempotent = phases.len() - 3;
         println!(
             "Redis-hit duplicate vs database claim, pipeline time per message: {:.1}× faster",
-            phases[1].pipeline_us_per_message() / phases[2].pipeline_us_per_message()
+            phases[idempotent].pipeline_us_per_message() / phases[idempotent + 1].pipeline_us_per_message()
         );
     });
 }

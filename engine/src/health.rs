@@ -1,19 +1,22 @@
-//! Health probes of the three dependencies (PostgreSQL, Redis, RabbitMQ), shared by `/readyz`
-//! and the console's overview.
+//! Health probes of the three dependencies (PostgreSQL, Redis, and the broker the consumer
+//! reads from — RabbitMQ, or Kafka when it is the source), shared by `/readyz` and the console's
+//! overview.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::service::{Service, redact_url};
+use crate::source::kafka::KafkaProbe;
 
 /// The state of one dependency at one moment.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DependencyHealth {
     /// `"database"`, `"redis"` or `"broker"` ([`Service::key`]).
     pub service: &'static str,
-    /// Human name: `PostgreSQL`, `Redis`, `RabbitMQ`.
+    /// Human name: `PostgreSQL`, `Redis`, `RabbitMQ` or `Kafka`.
     pub name: String,
     /// The URL probed, password redacted.
     pub url: String,
@@ -34,7 +37,7 @@ pub struct HealthReport {
     pub database: DependencyHealth,
     /// Redis.
     pub redis: DependencyHealth,
-    /// RabbitMQ.
+    /// The consumer's broker: RabbitMQ, or Kafka.
     pub broker: DependencyHealth,
 }
 
@@ -53,14 +56,15 @@ impl HealthReport {
 /// Probes the dependencies. Cheap to clone.
 ///
 /// Each probe is a real round trip: `SELECT 1` on a pooled PostgreSQL connection, `PING` on a
-/// new Redis connection, an AMQP handshake with RabbitMQ (closed right after). Each is bounded
-/// by `timeout`.
+/// new Redis connection, an AMQP handshake with RabbitMQ (closed right after) — or, with
+/// [`HealthProbes::with_kafka`], a metadata request to Kafka. Each is bounded by `timeout`.
 #[derive(Clone)]
 pub struct HealthProbes {
     pool: PgPool,
     database_url: String,
     redis_url: String,
     amqp_url: String,
+    kafka: Option<Arc<KafkaProbe>>,
     timeout: Duration,
 }
 
@@ -72,8 +76,18 @@ impl HealthProbes {
             database_url: database_url.to_owned(),
             redis_url: redis_url.to_owned(),
             amqp_url: amqp_url.to_owned(),
+            kafka: None,
             timeout,
         }
+    }
+
+    /// Probes the Kafka cluster at `brokers` as the broker instead of RabbitMQ (the consumer
+    /// reads from Kafka).
+    ///
+    /// Errors: an invalid Kafka client configuration.
+    pub fn with_kafka(mut self, brokers: &str) -> anyhow::Result<Self> {
+        self.kafka = Some(Arc::new(KafkaProbe::new(brokers)?));
+        Ok(self)
     }
 
     /// Runs the three probes concurrently.
@@ -107,8 +121,14 @@ impl HealthProbes {
         .await
     }
 
-    /// An AMQP connection handshake, then a clean close.
+    /// An AMQP connection handshake, then a clean close; or a Kafka metadata request.
     pub async fn check_broker(&self) -> DependencyHealth {
+        if let Some(kafka) = &self.kafka {
+            let mut health = self.timed(Service::Kafka, "", kafka.check(self.timeout)).await;
+            // Bootstrap brokers are `host:port` lists, not URLs, and carry no password.
+            health.url = kafka.brokers().to_owned();
+            return health;
+        }
         self.timed(Service::RabbitMq, &self.amqp_url, async {
             let conn = lapin::Connection::connect(&self.amqp_url, lapin::ConnectionProperties::default()).await?;
             conn.close(200, "health probe".into()).await?;

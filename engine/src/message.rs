@@ -1,6 +1,7 @@
 //! Broker-neutral inbound messages, and how a message id is found in one (DESIGN.md, "Terms":
-//! the AMQP `message_id` property, else a configured header, else a JSON pointer into the
-//! payload; none of them → poison).
+//! the AMQP `message_id` property, else a configured header, else — Kafka — the record key, else
+//! a JSON pointer into the payload, else — Kafka, when enabled — `<topic>-<partition>-<offset>`;
+//! none of them → poison).
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -29,15 +30,18 @@ impl Broker {
 
 /// Where a message came from, kept on the record so a requeue can republish it to the same
 /// place. RabbitMQ: exchange, routing key, queue. Kafka: topic (in `exchange`), key (in
-/// `routing_key`), partition (in `queue`).
+/// `routing_key`), partition (in `queue`), offset. Retry copies carry their original's.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct SourceRef {
     /// Exchange (RabbitMQ) or topic (Kafka).
     pub exchange: Option<String>,
-    /// Routing key (RabbitMQ) or record key (Kafka).
+    /// Routing key (RabbitMQ) or record key (Kafka, as UTF-8 text).
     pub routing_key: Option<String>,
     /// Queue (RabbitMQ) or partition (Kafka).
     pub queue: Option<String>,
+    /// Kafka: the record's offset in its partition (not stored on records). `None` for RabbitMQ.
+    #[serde(default)]
+    pub offset: Option<i64>,
 }
 
 /// One delivered message, as the engine sees it whatever the broker.
@@ -68,13 +72,28 @@ impl InboundMessage {
 }
 
 /// How to find a message id, and what makes a message poison.
+///
+/// Order: the AMQP `message_id` property; the `header`; the Kafka record key (when `key`); the
+/// `json_pointer`; `<topic>-<partition>-<offset>` (Kafka, when `offset_fallback`).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IdPolicy {
-    /// Header consulted when the message-id property is absent. Default `x-message-id`.
+    /// Header consulted when the message-id property is absent (the only envelope field Kafka
+    /// has for it; the Kafka publisher writes ids here). Default `x-message-id`.
     pub header: Option<String>,
-    /// JSON pointer (RFC 6901) into the payload consulted last. Default `/messageId`.
+    /// Kafka: take the record key as the message id when the header is absent. Default true.
+    /// Turn it off when keys are entity ids (an order number shared by all of an order's
+    /// events) and the id lives in the payload: otherwise every event after the first of an
+    /// entity would be skipped as a duplicate.
+    pub key: bool,
+    /// JSON pointer (RFC 6901) into the payload, consulted after the envelope. Default `/messageId`.
     pub json_pointer: Option<String>,
+    /// Kafka: when nothing else yields an id, use `<topic>-<partition>-<offset>` of the original
+    /// record (retry copies keep it). Default false. It catches redeliveries of the same record
+    /// (crash before the offset commit, rebalance) but not a producer's retry, which appends the
+    /// message again under a new offset — a business id in a header, the key or the payload
+    /// catches both. Such ids have no `<entity>.<event>` prefix: their type is `UNKNOWN`.
+    pub offset_fallback: bool,
     /// Largest payload accepted, in bytes; larger ones are poison. Default 1 MiB.
     pub max_payload_bytes: usize,
 }
@@ -83,7 +102,9 @@ impl Default for IdPolicy {
     fn default() -> Self {
         Self {
             header: Some("x-message-id".to_owned()),
+            key: true,
             json_pointer: Some("/messageId".to_owned()),
+            offset_fallback: false,
             max_payload_bytes: 1024 * 1024,
         }
     }
@@ -93,8 +114,10 @@ impl Default for IdPolicy {
 /// this reason and never retried.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PoisonReason {
-    /// No id in the property, the header or the payload.
-    #[error("no message id (looked at the message-id property, header {header:?} and JSON pointer {pointer:?})")]
+    /// No id in the property, the header, the Kafka key or the payload.
+    #[error(
+        "no message id (looked at the message-id property, header {header:?}, the Kafka key and JSON pointer {pointer:?})"
+    )]
     NoMessageId {
         /// The header consulted.
         header: Option<String>,
@@ -172,9 +195,9 @@ fn is_binary(content_type: Option<&str>) -> bool {
 }
 
 impl IdPolicy {
-    /// Finds the message id and parses the payload. Order: size limit, property, header, JSON
-    /// pointer. A payload that is not JSON is poison unless its content type is binary (then it
-    /// is passed through as bytes).
+    /// Finds the message id and parses the payload. Order: size limit, property, header, Kafka
+    /// key, JSON pointer, Kafka offset. A payload that is not JSON is poison unless its content
+    /// type is binary (then it is passed through as bytes).
     pub fn identify(&self, message: &InboundMessage) -> Result<Identified, Poison> {
         let poison = |reason: PoisonReason, id: Option<MessageId>| {
             let (record_id, message_type) = match id {
@@ -204,15 +227,18 @@ impl IdPolicy {
                 }
             }
         };
-        let raw = self.id_from_envelope(message).or_else(|| {
-            let pointer = self.json_pointer.as_deref()?;
-            let value = json.as_ref()?.pointer(pointer)?;
-            Some(match value {
-                Value::String(s) => MessageId::parse(s.clone()),
-                Value::Number(n) => MessageId::parse(n.to_string()),
-                _ => MessageId::parse(String::new()),
+        let raw = self
+            .id_from_envelope(message)
+            .or_else(|| {
+                let pointer = self.json_pointer.as_deref()?;
+                let value = json.as_ref()?.pointer(pointer)?;
+                Some(match value {
+                    Value::String(s) => MessageId::parse(s.clone()),
+                    Value::Number(n) => MessageId::parse(n.to_string()),
+                    _ => MessageId::parse(String::new()),
+                })
             })
-        });
+            .or_else(|| self.offset_id(message));
         match raw {
             None => Err(poison(
                 PoisonReason::NoMessageId { header: self.header.clone(), pointer: self.json_pointer.clone() },
@@ -226,17 +252,31 @@ impl IdPolicy {
         }
     }
 
-    /// The id from the property, else the header (not the payload).
+    /// The id from the property, else the header, else the Kafka key (not the payload).
     fn id_from_envelope(&self, message: &InboundMessage) -> Option<Result<MessageId, IdError>> {
         if let Some(id) = message.property_message_id.as_deref().filter(|s| !s.is_empty()) {
             return Some(MessageId::parse(id));
         }
-        let header = self.header.as_deref()?;
-        match message.headers.get(header)? {
-            Value::String(s) => Some(MessageId::parse(s.clone())),
-            Value::Number(n) => Some(MessageId::parse(n.to_string())),
-            _ => Some(MessageId::parse(String::new())),
+        let from_header = self.header.as_deref().and_then(|header| {
+            Some(match message.headers.get(header)? {
+                Value::String(s) => MessageId::parse(s.clone()),
+                Value::Number(n) => MessageId::parse(n.to_string()),
+                _ => MessageId::parse(String::new()),
+            })
+        });
+        from_header.or_else(|| {
+            let key = message.source.routing_key.as_deref().filter(|k| !k.is_empty());
+            (self.key && message.broker == Broker::Kafka).then_some(key).flatten().map(MessageId::parse)
+        })
+    }
+
+    /// `<topic>-<partition>-<offset>` of a Kafka record, when enabled.
+    fn offset_id(&self, message: &InboundMessage) -> Option<Result<MessageId, IdError>> {
+        if !self.offset_fallback || message.broker != Broker::Kafka {
+            return None;
         }
+        let s = &message.source;
+        Some(MessageId::parse(format!("{}-{}-{}", s.exchange.as_deref()?, s.queue.as_deref()?, s.offset?)))
     }
 }
 
@@ -312,6 +352,35 @@ mod tests {
         m.property_message_id = Some("FILE.UPLOAD.7:1".into());
         let found = policy.identify(&m).unwrap();
         assert!(found.json.is_none());
+    }
+
+    #[test]
+    fn kafka_header_then_key_then_json_pointer_then_offset() {
+        let mut policy = IdPolicy::default();
+        let mut m = message(br#"{"orderNo":"7"}"#);
+        m.broker = Broker::Kafka;
+        m.source =
+            SourceRef { exchange: Some("orders".into()), routing_key: None, queue: Some("2".into()), offset: Some(41) };
+        assert!(matches!(policy.identify(&m).unwrap_err().reason, PoisonReason::NoMessageId { .. }));
+        policy.offset_fallback = true;
+        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "orders-2-41");
+        m.payload = br#"{"messageId":"ORDER.PAY.7:2"}"#.to_vec();
+        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.7:2");
+        m.source.routing_key = Some("ORDER.PAY.8:2".into());
+        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.8:2");
+        m.headers.insert("x-message-id".into(), Value::String("ORDER.PAY.9:2".into()));
+        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.9:2");
+        m.headers.clear();
+        policy.key = false;
+        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.7:2", "key ignored when turned off");
+    }
+
+    #[test]
+    fn a_rabbitmq_routing_key_is_never_an_id() {
+        let mut m = message(br#"{"orderNo":"7"}"#);
+        m.source.routing_key = Some("order.pay".into());
+        let policy = IdPolicy { offset_fallback: true, ..IdPolicy::default() };
+        assert!(matches!(policy.identify(&m).unwrap_err().reason, PoisonReason::NoMessageId { .. }));
     }
 
     #[test]

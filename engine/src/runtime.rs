@@ -12,12 +12,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::consumer::{Consumer, ConsumerSettings, ConsumerStatus};
 use crate::fastpath::{FastPath, FastPathSettings};
-use crate::message::IdPolicy;
+use crate::message::{Broker, IdPolicy};
 use crate::orders::{self, OrderSettings};
 use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::record::ConsumerGroup;
 use crate::retry::Backoff;
 use crate::source::SourceFactory;
+use crate::source::kafka::{KafkaConnector, KafkaSettings};
 use crate::source::rabbitmq::{RabbitConnector, RabbitSettings};
 use crate::stats::{self, Stats};
 use crate::store::postgres::PgStore;
@@ -38,8 +39,12 @@ pub struct ConsumerConfig {
     pub keep_poison_payload_bytes: usize,
     /// Workers, batching, reconnect back-off.
     pub workers: ConsumerSettings,
-    /// Exchange, queues, prefetch, dead letters.
+    /// The broker consumed from: `rabbitmq` (default) or `kafka`.
+    pub source: Broker,
+    /// Exchange, queues, prefetch, dead letters (when `source = "rabbitmq"`).
     pub rabbitmq: RabbitSettings,
+    /// Brokers, group, topics, fetch limits, back-pressure (when `source = "kafka"`).
+    pub kafka: KafkaSettings,
     /// Retry back-off.
     pub backoff: Backoff,
     /// Where message ids are found; the payload size limit.
@@ -55,9 +60,28 @@ impl Default for ConsumerConfig {
             lease_ms: 30_000,
             keep_poison_payload_bytes: 64 * 1024,
             workers: ConsumerSettings::default(),
+            source: Broker::RabbitMq,
             rabbitmq: RabbitSettings::default(),
+            kafka: KafkaSettings::default(),
             backoff: Backoff::default(),
             ids: IdPolicy::default(),
+        }
+    }
+}
+
+impl ConsumerConfig {
+    /// The Kafka connector of these settings (whatever `source` says): group `kafka.group_id`,
+    /// else `group`; message ids published in the `ids.header` (default `x-message-id`).
+    pub fn kafka_connector(&self) -> KafkaConnector {
+        let id_header = self.ids.header.as_deref().unwrap_or("x-message-id");
+        KafkaConnector::new(self.kafka.clone(), &self.group, self.backoff.clone(), id_header)
+    }
+
+    /// The source factory of `source`: the RabbitMQ connector at `amqp_url`, or Kafka.
+    pub fn source_factory(&self, amqp_url: &str) -> Arc<dyn SourceFactory> {
+        match self.source {
+            Broker::RabbitMq => Arc::new(RabbitConnector::new(amqp_url, self.rabbitmq.clone(), self.backoff.clone())),
+            Broker::Kafka => Arc::new(self.kafka_connector()),
         }
     }
 }
@@ -89,8 +113,11 @@ pub struct Engine {
     pub fast_path: Arc<FastPath>,
     /// In-memory aggregates.
     pub stats: Arc<Stats>,
-    /// The broker connection (also used to publish: requeue, drills).
+    /// The RabbitMQ connection (also used to publish: requeue, drills).
     pub connector: Arc<RabbitConnector>,
+    /// The source the consumer reads from (`consumer.source`): the RabbitMQ connector above, or
+    /// Kafka. Its depth is the queue depth or the group's lag; it publishes requeues too.
+    pub source: Arc<dyn SourceFactory>,
     consumer_status: Option<Arc<ConsumerStatus>>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -108,6 +135,10 @@ impl Engine {
         let stats = Arc::new(Stats::default());
         let c = &config.consumer;
         let connector = Arc::new(RabbitConnector::new(&config.amqp_url, c.rabbitmq.clone(), c.backoff.clone()));
+        let source: Arc<dyn SourceFactory> = match c.source {
+            Broker::RabbitMq => connector.clone(),
+            Broker::Kafka => c.source_factory(&config.amqp_url),
+        };
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
 
@@ -124,7 +155,7 @@ impl Engine {
         if config.demo {
             tasks.push(tokio::spawn(orders::demo::run_demo_traffic(
                 pool.clone(),
-                connector.clone(),
+                source.clone(),
                 c.group.clone(),
                 order_settings.clone(),
                 c.ids.clone(),
@@ -148,11 +179,11 @@ impl Engine {
                     keep_poison_payload_bytes: c.keep_poison_payload_bytes,
                 },
             );
-            let consumer = Consumer::new(pipeline, connector.clone() as Arc<dyn SourceFactory>, c.workers.clone());
+            let consumer = Consumer::new(pipeline, source.clone(), c.workers.clone());
             consumer_status = Some(consumer.status());
             tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
         }
-        Ok(Self { store, fast_path, stats, connector, consumer_status, shutdown, tasks })
+        Ok(Self { store, fast_path, stats, connector, source, consumer_status, shutdown, tasks })
     }
 
     /// The consumer's status, when it runs.
@@ -160,14 +191,15 @@ impl Engine {
         self.consumer_status.as_ref()
     }
 
-    /// Stops the consumer (in-flight batches finish and are acked), flushes the aggregates,
-    /// closes the broker connection.
+    /// Stops the consumer (in-flight batches finish and are acked or committed), flushes the
+    /// aggregates, closes the broker connections.
     pub async fn stop(self) {
         self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;
         }
         self.connector.close().await;
+        self.source.close().await;
     }
 }
 

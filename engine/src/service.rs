@@ -11,8 +11,10 @@ pub enum Service {
     /// The fast-path duplicate markers. Optional at run time: a Redis outage makes every lookup
     /// fall through to the database.
     Redis,
-    /// The message broker the embedded consumer reads from.
+    /// The message broker the embedded consumer reads from (the default source).
     RabbitMq,
+    /// The Kafka cluster the embedded consumer reads from when `consumer.source = "kafka"`.
+    Kafka,
 }
 
 impl Service {
@@ -21,7 +23,7 @@ impl Service {
         match self {
             Service::PostgreSql => "database",
             Service::Redis => "redis",
-            Service::RabbitMq => "broker",
+            Service::RabbitMq | Service::Kafka => "broker",
         }
     }
 
@@ -38,6 +40,9 @@ impl Service {
                  `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save \"\" --appendonly no`"
             }
             Service::RabbitMq => "check with `rabbitmq-diagnostics -q ping`; start with `rabbitmq-server -detached`",
+            Service::Kafka => {
+                "check with `scripts/kafka-broker status`; start the local test broker with `scripts/kafka-broker`"
+            }
         }
     }
 }
@@ -48,6 +53,7 @@ impl fmt::Display for Service {
             Service::PostgreSql => "PostgreSQL",
             Service::Redis => "Redis",
             Service::RabbitMq => "RabbitMQ",
+            Service::Kafka => "Kafka",
         })
     }
 }

@@ -4,6 +4,8 @@
 //! to use is `DEDUP_TEST_DATABASE_URL` (any database on it; default
 //! `postgres://postgres@127.0.0.1:5432/postgres`).
 
+pub mod kafka;
+
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 

@@ -4,11 +4,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use dedup_engine::console::seed::{SeedParams, seed_records};
+use dedup_engine::message::Broker;
 use dedup_engine::orders::simulate::{SimulateParams, simulate};
-use dedup_engine::orders::verify::{VerifyReport, verify};
-use dedup_engine::source::rabbitmq::RabbitConnector;
+use dedup_engine::orders::verify::{VerifyReport, check_kafka_lag, verify};
+use dedup_engine::runtime::ConsumerConfig;
 
 use crate::config::Settings;
 use crate::startup::{Application, open_database};
@@ -35,7 +36,7 @@ pub enum Command {
     /// Apply pending database migrations, verify the schema, and exit.
     Migrate,
     /// Publish a simulated order event stream (with duplicates, reordering and poison messages)
-    /// to RabbitMQ, and record what was sent for `verify`.
+    /// to RabbitMQ or Kafka, and record what was sent for `verify`.
     Simulate(SimulateArgs),
     /// Check that a simulation run's effects happened exactly once and every message is
     /// accounted for; exits 1 on any violation.
@@ -73,9 +74,33 @@ pub struct ServeArgs {
     pub demo: bool,
 }
 
+/// The broker `--source` names.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SourceArg {
+    /// RabbitMQ (`[consumer.rabbitmq]`).
+    Rabbitmq,
+    /// Kafka (`[consumer.kafka]`).
+    Kafka,
+}
+
+/// The consumer settings with `consumer.source` overridden by `--source`, if given.
+fn consumer_for(settings: &Settings, source: Option<SourceArg>) -> ConsumerConfig {
+    let mut consumer = settings.consumer.clone();
+    match source {
+        Some(SourceArg::Rabbitmq) => consumer.source = Broker::RabbitMq,
+        Some(SourceArg::Kafka) => consumer.source = Broker::Kafka,
+        None => {}
+    }
+    consumer
+}
+
 /// `simulate` options.
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
+    /// Broker to publish to (to the exchange, or to the first topic keyed by order number);
+    /// default `consumer.source` of the configuration.
+    #[arg(long, value_enum)]
+    pub source: Option<SourceArg>,
     /// Orders to simulate (each: CREATE, PAY, NOTIFY).
     #[arg(long, default_value_t = 1000)]
     pub orders: u64,
@@ -105,6 +130,10 @@ pub struct SimulateArgs {
 /// `verify` options.
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
+    /// With `kafka`, also check that the consumer group has consumed and committed every record
+    /// (lag 0); default `consumer.source` of the configuration.
+    #[arg(long, value_enum)]
+    pub source: Option<SourceArg>,
     /// The simulation run to check; the latest when omitted.
     #[arg(long)]
     pub run: Option<i64>,
@@ -172,10 +201,9 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
     validate_share("poison-rate", args.poison_rate)?;
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 or more");
     let pool = open_database(settings).await?;
-    let consumer = &settings.consumer;
-    let connector =
-        RabbitConnector::new(settings.amqp_url.expose(), consumer.rabbitmq.clone(), consumer.backoff.clone());
-    let publisher = connector.publisher().await?;
+    let consumer = consumer_for(settings, args.source);
+    let source = consumer.source_factory(settings.amqp_url.expose());
+    let publisher = source.open_publisher().await?;
     let params = SimulateParams {
         orders: args.orders,
         rate: args.rate,
@@ -184,7 +212,7 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
         reorder_window: args.reorder_window,
         poison_rate: args.poison_rate,
         group: consumer.group.clone(),
-        exchange: consumer.rabbitmq.exchange.clone(),
+        exchange: source.destination(),
         seed: args.seed.unwrap_or_else(rand_seed),
     };
     let bar = indicatif::ProgressBar::new(args.orders * 3);
@@ -194,13 +222,13 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let report = simulate(&pool, &publisher, &params, &settings.orders, &consumer.ids, |done, total| {
+    let report = simulate(&pool, publisher.as_ref(), &params, &settings.orders, &consumer.ids, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })
     .await?;
     bar.finish_and_clear();
-    connector_close(connector).await;
+    source.close().await;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -222,11 +250,6 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
     Ok(())
 }
 
-async fn connector_close(connector: RabbitConnector) {
-    use dedup_engine::source::SourceFactory;
-    connector.close().await;
-}
-
 fn rand_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
@@ -234,8 +257,13 @@ fn rand_seed() -> u64 {
 
 async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()> {
     let pool = open_database(settings).await?;
-    let report = verify(&pool, args.run, Duration::from_secs(args.wait_secs)).await?;
+    let wait = Duration::from_secs(args.wait_secs);
+    let mut report = verify(&pool, args.run, wait).await?;
     pool.close().await;
+    let consumer = consumer_for(settings, args.source);
+    if consumer.source == Broker::Kafka {
+        check_kafka_lag(&mut report, &consumer.kafka_connector(), wait).await?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -259,6 +287,9 @@ fn print_report(r: &VerifyReport) {
         "  double effects: {} reservations, {} payments, {} SMS; {} inconsistent orders; {} inventory mismatches",
         r.double_reservations, r.double_payments, r.double_sms, r.inconsistent_orders, r.inventory_mismatches
     );
+    if let Some(lag) = r.kafka_lag {
+        println!("  Kafka: {lag} records not yet consumed and committed by the group");
+    }
     for v in &r.violations {
         println!("  violation: {v}");
     }

@@ -192,6 +192,8 @@ impl Settings {
 // figment's Jail API returns its large error type from the closures; nothing to box there.
 #[allow(clippy::result_large_err)]
 mod tests {
+    use dedup_engine::message::Broker;
+
     use super::*;
 
     #[test]
@@ -246,6 +248,22 @@ mod tests {
             jail.set_env("DEDUP_CONSUMER__WORKRS__CONCURRENCY", "2");
             let err = Settings::load(None).unwrap_err().to_string();
             assert!(err.contains("workrs"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_kafka_source_is_configured_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            assert_eq!(Settings::load(None).map_err(|e| e.to_string())?.consumer.source, Broker::RabbitMq);
+            jail.set_env("DEDUP_CONSUMER__SOURCE", "kafka");
+            jail.set_env("DEDUP_CONSUMER__KAFKA__TOPICS", r#"["t-1.orders","t-2"]"#);
+            jail.set_env("DEDUP_CONSUMER__KAFKA__SESSION_TIMEOUT_MS", "6000");
+            let s = Settings::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(s.consumer.source, Broker::Kafka);
+            assert_eq!(s.consumer.kafka.topics, ["t-1.orders", "t-2"]);
+            assert_eq!(s.consumer.kafka.session_timeout_ms, 6000);
+            assert_eq!(s.consumer.kafka.brokers, "127.0.0.1:9092");
             Ok(())
         });
     }

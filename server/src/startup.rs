@@ -13,6 +13,7 @@ use axum::Router;
 use dedup_app::ssr::ConsoleState;
 use dedup_engine::db::{self, PoolSettings};
 use dedup_engine::health::HealthProbes;
+use dedup_engine::message::Broker;
 use dedup_engine::runtime::Engine;
 use leptos::prelude::LeptosOptions;
 use sqlx::PgPool;
@@ -62,20 +63,24 @@ pub async fn open_database(settings: &Settings) -> anyhow::Result<PgPool> {
 }
 
 impl Application {
-    /// Opens the database, checks Redis and RabbitMQ (a warning, not a failure: the console
-    /// still serves, `/readyz` reports them down and the consumer keeps reconnecting), starts
+    /// Opens the database, checks Redis and the broker (RabbitMQ, or Kafka when it is the
+    /// consumer's source; a warning, not a failure: the console still serves, `/readyz` reports
+    /// them down and the consumer keeps reconnecting), starts
     /// the engine, builds the router and binds the listener.
     /// `demo` turns on demo mode (see `serve --demo`).
     pub async fn build(settings: Settings, demo: bool) -> anyhow::Result<Self> {
         crate::telemetry::metrics_handle();
         let pool = open_database(&settings).await?;
-        let probes = HealthProbes::new(
+        let mut probes = HealthProbes::new(
             pool.clone(),
             settings.database_url.expose(),
             settings.redis_url.expose(),
             settings.amqp_url.expose(),
             Duration::from_millis(settings.probe_timeout_ms),
         );
+        if settings.consumer.source == Broker::Kafka {
+            probes = probes.with_kafka(&settings.consumer.kafka.brokers)?;
+        }
         let (redis, broker) = tokio::join!(probes.check_redis(), probes.check_broker());
         for dependency in [redis, broker] {
             if let Some(error) = dependency.error {

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::OrderSettings;
 use super::simulate::{SimulateParams, simulate};
 use crate::message::IdPolicy;
-use crate::source::rabbitmq::RabbitConnector;
+use crate::source::SourceFactory;
 
 /// Orders published per burst.
 const ORDERS_PER_BURST: u64 = 8;
@@ -32,11 +32,11 @@ pub fn demo_order_settings(configured: &OrderSettings) -> OrderSettings {
     settings
 }
 
-/// Publishes bursts of simulated orders until shutdown. Broker or database trouble is logged
-/// and retried after the pause; it never stops the server.
+/// Publishes bursts of simulated orders to the consumer's source until shutdown. Broker or
+/// database trouble is logged and retried after the pause; it never stops the server.
 pub async fn run_demo_traffic(
     pool: PgPool,
-    connector: Arc<RabbitConnector>,
+    source: Arc<dyn SourceFactory>,
     group: String,
     orders: OrderSettings,
     ids: IdPolicy,
@@ -57,13 +57,13 @@ pub async fn run_demo_traffic(
             reorder_window: 6,
             poison_rate: 0.04,
             group: group.clone(),
-            exchange: connector.settings().exchange.clone(),
+            exchange: source.destination(),
             seed,
         };
         seed = seed.wrapping_add(1);
         let burst = async {
-            let publisher = connector.publisher().await?;
-            simulate(&pool, &publisher, &params, &orders, &ids, |_, _| {}).await
+            let publisher = source.open_publisher().await?;
+            simulate(&pool, publisher.as_ref(), &params, &orders, &ids, |_, _| {}).await
         };
         tokio::select! {
             () = shutdown.cancelled() => return,

@@ -17,7 +17,7 @@ use sqlx::PgPool;
 
 use super::{OrderSettings, sku};
 use crate::message::{Broker, IdPolicy, InboundMessage, SourceRef};
-use crate::source::rabbitmq::{Publisher, properties_for};
+use crate::source::{Outbound, Publish};
 
 /// What to publish.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -32,11 +32,12 @@ pub struct SimulateParams {
     pub duplicate_delay_ms: u64,
     /// Events are shuffled within windows of this many messages (1: in order).
     pub reorder_window: usize,
-    /// Share of orders followed by a poison message (no id, bad JSON, or oversize) (0.0–1.0).
+    /// Share of orders followed by a poison message (no id, bad JSON, or oversize — not on Kafka
+    /// when the payload limit leaves no room under its record limit) (0.0–1.0).
     pub poison_rate: f64,
     /// The consumer group whose records the verifier will check.
     pub group: String,
-    /// Exchange to publish to.
+    /// Exchange (RabbitMQ) or topic (Kafka) to publish to.
     pub exchange: String,
     /// Random seed (a run is reproducible given the seed).
     pub seed: u64,
@@ -73,6 +74,9 @@ struct Outgoing {
     /// The id the record is expected under.
     record_id: String,
     routing_key: &'static str,
+    /// Kafka record key: the order number, so an order's events share a partition, as real
+    /// producers key them.
+    key: String,
     payload: Vec<u8>,
     poison: bool,
 }
@@ -84,6 +88,7 @@ fn event(order_no: &str, kind: &'static str, version: u32, body: Value) -> Outgo
     Outgoing {
         message_id: Some(id.clone()),
         record_id: id,
+        key: order_no.to_owned(),
         routing_key: match kind {
             "CREATE" => "order.create",
             "PAY" => "order.pay",
@@ -121,33 +126,45 @@ fn order_events(order_no: &str, rng: &mut StdRng, orders: &OrderSettings) -> [Ou
     ]
 }
 
-fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy) -> Outgoing {
+/// Kafka's default limit on one record (`message.max.bytes`, about 1 MB): an oversize poison is
+/// only sent when the payload limit leaves room under it.
+const KAFKA_RECORD_LIMIT_BYTES: usize = 1_000_000;
+
+fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy, broker: Broker) -> Outgoing {
+    let oversize_fits = broker != Broker::Kafka || policy.max_payload_bytes + 1024 < KAFKA_RECORD_LIMIT_BYTES;
+    let no_id = || (None, serde_json::to_vec(&json!({"orderNo": order_no, "note": "no message id"})).unwrap());
     let (message_id, payload) = match rng.random_range(0..10) {
-        0..5 => (None, serde_json::to_vec(&json!({"orderNo": order_no, "note": "no message id"})).unwrap()),
+        0..5 => no_id(),
         5..9 => (
             Some(format!("ORDER.GARBLED.{order_no}:1")),
             format!("{{\"orderNo\": \"{order_no}\", garbled").into_bytes(),
         ),
-        _ => {
+        _ if oversize_fits => {
             let pad = " ".repeat(policy.max_payload_bytes);
             (None, serde_json::to_vec(&json!({"orderNo": order_no, "pad": pad})).unwrap())
         }
+        _ => no_id(),
     };
-    // Ask the consumer's own rules which record id this poison will be stored under.
+    // Ask the consumer's own rules which record id this poison will be stored under (on Kafka
+    // the key — the order number — stands in for a missing id header).
+    let routing_key = "order.poison";
     let probe = InboundMessage {
         payload: payload.clone(),
         headers: serde_json::Map::new(),
         property_message_id: message_id.clone(),
         content_type: Some("application/json".to_owned()),
-        broker: Broker::RabbitMq,
-        source: SourceRef::default(),
+        broker,
+        source: SourceRef {
+            routing_key: Some(if broker == Broker::Kafka { order_no } else { routing_key }.to_owned()),
+            ..SourceRef::default()
+        },
         redelivered: false,
     };
     let record_id = match policy.identify(&probe) {
         Err(p) => p.record_id.to_string(),
         Ok(found) => found.id.to_string(),
     };
-    Outgoing { message_id, record_id, routing_key: "order.poison", payload, poison: true }
+    Outgoing { message_id, record_id, routing_key, key: order_no.to_owned(), payload, poison: true }
 }
 
 /// Publishes a run and records it. `progress` is called with (copies published, copies planned).
@@ -155,7 +172,7 @@ fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy) -> Outgoing {
 /// Errors: database (recording the run) or broker (a publish not confirmed) errors, as text.
 pub async fn simulate(
     pool: &PgPool,
-    publisher: &Publisher,
+    publisher: &dyn Publish,
     params: &SimulateParams,
     orders: &OrderSettings,
     policy: &IdPolicy,
@@ -180,7 +197,7 @@ pub async fn simulate(
         let order_no = format!("{order_prefix}{i:07}");
         plan.extend(order_events(&order_no, &mut rng, orders));
         if params.poison_rate > 0.0 && rng.random_bool(params.poison_rate.clamp(0.0, 1.0)) {
-            plan.push(poison(&order_no, &mut rng, policy));
+            plan.push(poison(&order_no, &mut rng, policy, publisher.broker()));
         }
     }
     for window in plan.chunks_mut(params.reorder_window.max(1)) {
@@ -193,6 +210,7 @@ pub async fn simulate(
     let mut copies: HashMap<usize, i32> = HashMap::new();
     // Resends due later: (due, index into plan).
     let mut resends: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
+    let headers = serde_json::Map::new();
     let mut in_flight = FuturesUnordered::new();
     let interval = (params.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / params.rate));
     let mut next_slot = Instant::now();
@@ -225,8 +243,15 @@ pub async fn simulate(
         }
         let out = &plan[index];
         *copies.entry(index).or_insert(0) += 1;
-        let props = properties_for(out.message_id.as_deref(), &serde_json::Map::new(), Some("application/json"));
-        in_flight.push(publisher.publish(&params.exchange, out.routing_key, &out.payload, props));
+        in_flight.push(publisher.publish(Outbound {
+            destination: &params.exchange,
+            routing_key: out.routing_key,
+            key: Some(&out.key),
+            message_id: out.message_id.as_deref(),
+            payload: &out.payload,
+            headers: &headers,
+            content_type: Some("application/json"),
+        }));
         if in_flight.len() >= 256 {
             in_flight.next().await.expect("non-empty")?;
         }

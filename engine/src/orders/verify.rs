@@ -5,12 +5,15 @@
 //! than one payment, or more than one SMS of a kind; a paid order without exactly one payment;
 //! a created order without exactly one reservation; a SKU whose `reserved` differs from the sum
 //! of its reservations; a published message id with no dedup record (lost, or still queued
-//! when the wait ran out).
+//! when the wait ran out); with Kafka ([`check_kafka_lag`]), records the consumer group has not
+//! consumed and committed.
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sqlx::{PgPool, Row};
+
+use crate::source::kafka::KafkaConnector;
 
 /// The verifier's findings.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -55,6 +58,9 @@ pub struct VerifyReport {
     pub inconsistent_orders: i64,
     /// SKUs whose `reserved` differs from the sum of their reservations.
     pub inventory_mismatches: i64,
+    /// Kafka: records of the group's source and retry topics not yet consumed and committed
+    /// (the lag); `None` when not checked (RabbitMQ).
+    pub kafka_lag: Option<u64>,
     /// What is wrong, one line each.
     pub violations: Vec<String>,
 }
@@ -86,6 +92,34 @@ pub async fn verify(pool: &PgPool, run_id: Option<i64>, wait: Duration) -> anyho
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Adds the Kafka group's lag to `report`, polling for up to `wait` until it is 0 (the
+/// consumer commits offsets shortly after the records are committed in the database). A lag
+/// left is a violation: offsets were not committed past work that is done.
+///
+/// Errors: Kafka did not answer.
+pub async fn check_kafka_lag(
+    report: &mut VerifyReport,
+    connector: &KafkaConnector,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let lag = loop {
+        let lag = connector.lag().await?;
+        if lag == 0 || started.elapsed() >= wait {
+            break lag;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    report.kafka_lag = Some(lag);
+    if lag > 0 {
+        report
+            .violations
+            .push(format!("{lag} records of Kafka group {} not consumed and committed", connector.group_id()));
+        report.ok = false;
+    }
+    Ok(())
 }
 
 async fn count(pool: &PgPool, sql: &str, prefix: &str) -> Result<i64, sqlx::Error> {

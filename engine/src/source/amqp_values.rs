@@ -9,7 +9,9 @@ pub fn table_to_json(table: &FieldTable) -> Map<String, Value> {
     table.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_to_json(v))).collect()
 }
 
-fn bytes_to_json(bytes: &[u8]) -> Value {
+/// Bytes as a JSON string when they are UTF-8, else as an array of numbers (also used for Kafka
+/// header values).
+pub(crate) fn bytes_to_json(bytes: &[u8]) -> Value {
     match std::str::from_utf8(bytes) {
         Ok(s) => Value::String(s.to_owned()),
         Err(_) => Value::Array(bytes.iter().map(|b| Value::from(*b)).collect()),

@@ -2,20 +2,27 @@
 //!
 //! The engine core never acknowledges anything itself: the pipeline returns a
 //! [`Disposition`](crate::pipeline::Disposition) per delivery, and the source applies it in its
-//! broker's terms — RabbitMQ acks, delayed retry queues and a dead-letter queue; Kafka (next)
-//! offset commits that never pass an unfinished record, a retry topic and a dead-letter topic.
+//! broker's terms — RabbitMQ acks, delayed retry queues and a dead-letter queue; Kafka offset
+//! commits that never pass an unfinished record, retry topics and a dead-letter topic.
 //! One [`Source`] belongs to one worker; a [`SourceFactory`] opens them and reopens them after a
-//! connection loss.
+//! connection loss. A [`Publish`] sends new messages (simulator, demo traffic) and requeued
+//! records to the same broker.
 
 pub mod amqp_values;
+pub mod kafka;
 pub mod rabbitmq;
 
+use std::fmt::Display;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::message::InboundMessage;
+use crate::message::{Broker, InboundMessage};
 use crate::pipeline::Disposition;
+
+/// Header on dead-letter copies (queue or topic) with the reason the record is dead.
+pub const DEAD_LETTER_REASON_HEADER: &str = "x-dedup-dead-letter-reason";
 
 /// Errors of a source.
 #[derive(Debug, thiserror::Error)]
@@ -60,4 +67,85 @@ pub trait SourceFactory: Send + Sync + 'static {
 
     /// Closes the connection (after the workers have stopped).
     async fn close(&self);
+
+    /// A publisher on the same broker, connecting if needed.
+    ///
+    /// Errors: as [`SourceFactory::open`].
+    async fn open_publisher(&self) -> Result<Arc<dyn Publish>, SourceError>;
+
+    /// Where new messages for this consumer are published: the exchange (RabbitMQ) or the first
+    /// topic (Kafka).
+    fn destination(&self) -> String;
+}
+
+/// A message to publish, in broker-neutral terms. A requeue fills it from a stored record:
+/// `destination`, `routing_key` and `key` from its [`SourceRef`](crate::message::SourceRef), so
+/// the copy goes back where the original came from with the same message id and key.
+#[derive(Debug, Clone, Copy)]
+pub struct Outbound<'a> {
+    /// Exchange (RabbitMQ) or topic (Kafka).
+    pub destination: &'a str,
+    /// RabbitMQ routing key (Kafka ignores it).
+    pub routing_key: &'a str,
+    /// Kafka record key, which also picks the partition (RabbitMQ ignores it); `None`: no key.
+    pub key: Option<&'a str>,
+    /// The business message id: the AMQP `message_id` property, or the Kafka id header.
+    pub message_id: Option<&'a str>,
+    /// The body.
+    pub payload: &'a [u8],
+    /// Headers, as stored on records (JSON values).
+    pub headers: &'a serde_json::Map<String, serde_json::Value>,
+    /// Content type (AMQP property; Kafka header `content-type`).
+    pub content_type: Option<&'a str>,
+}
+
+/// A publish that the broker did not confirm.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PublishFailed(pub String);
+
+/// Publishes messages to one broker and waits for its confirmation.
+#[async_trait]
+pub trait Publish: Send + Sync {
+    /// Which broker this publishes to.
+    fn broker(&self) -> Broker;
+
+    /// Publishes `message` persistently and returns once the broker has confirmed it.
+    ///
+    /// Errors: the broker refused or did not confirm it (unroutable, nacked, timed out).
+    async fn publish(&self, message: Outbound<'_>) -> Result<(), PublishFailed>;
+}
+
+/// Tries `publish` up to `attempts` times (at least once), 100 ms × attempt apart, for a
+/// dead-letter copy of `what` (a description for the log). DESIGN.md ("Retries and dead
+/// letters"): those tries are bounded, and the record stays `dead` in the database with its
+/// payload either way; a copy that could not be published is counted in
+/// `dedup_dead_letter_publish_failures_total`. Returns whether the copy was published.
+pub(crate) async fn publish_dead_letter<T, E, F>(
+    attempts: u32,
+    what: &(dyn Display + Sync),
+    mut publish: impl FnMut() -> F,
+) -> bool
+where
+    E: Display,
+    F: Future<Output = Result<T, E>>,
+{
+    let attempts = attempts.max(1);
+    for attempt in 1..=attempts {
+        match publish().await {
+            Ok(_) => return true,
+            Err(e) => {
+                tracing::warn!(attempt, attempts, error = %e, "dead-letter copy not published");
+                if attempt < attempts {
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                }
+            }
+        }
+    }
+    metrics::counter!("dedup_dead_letter_publish_failures_total").increment(1);
+    tracing::error!(
+        message = %what,
+        "dead-letter copy could not be published; the record stays dead in the database with its payload"
+    );
+    false
 }

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::amqp_values::{json_to_table, table_to_json};
-use super::{Source, SourceError, SourceFactory};
+use super::{Outbound, Publish, PublishFailed, Source, SourceError, SourceFactory};
 use crate::message::{Broker, InboundMessage, SourceRef};
 use crate::pipeline::Disposition;
 use crate::retry::Backoff;
@@ -44,8 +44,7 @@ use crate::service::{Service, Unreachable};
 pub const SOURCE_EXCHANGE_HEADER: &str = "x-dedup-source-exchange";
 /// Header on copies naming the original routing key.
 pub const SOURCE_ROUTING_KEY_HEADER: &str = "x-dedup-source-routing-key";
-/// Header on dead-letter copies with the reason.
-pub const DEAD_LETTER_REASON_HEADER: &str = "x-dedup-dead-letter-reason";
+pub use super::DEAD_LETTER_REASON_HEADER;
 
 /// RabbitMQ settings of a consumer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -254,6 +253,14 @@ impl SourceFactory for RabbitConnector {
         }
         self.connected.store(false, Ordering::Relaxed);
     }
+
+    async fn open_publisher(&self) -> Result<Arc<dyn Publish>, SourceError> {
+        Ok(Arc::new(self.publisher().await?))
+    }
+
+    fn destination(&self) -> String {
+        self.settings.exchange.clone()
+    }
 }
 
 /// A confirm-mode publishing channel.
@@ -321,6 +328,21 @@ impl Publisher {
     /// Whether the channel is usable.
     pub fn is_open(&self) -> bool {
         self.channel.status().connected()
+    }
+}
+
+#[async_trait]
+impl Publish for Publisher {
+    fn broker(&self) -> Broker {
+        Broker::RabbitMq
+    }
+
+    /// To `destination` (the exchange) with `routing_key`; the message id in the AMQP property.
+    async fn publish(&self, message: Outbound<'_>) -> Result<(), PublishFailed> {
+        let props = properties_for(message.message_id, message.headers, message.content_type);
+        Publisher::publish(self, message.destination, message.routing_key, message.payload, props)
+            .await
+            .map_err(|e| PublishFailed(e.to_string()))
     }
 }
 
@@ -401,6 +423,7 @@ impl RabbitSource {
             routing_key: header_str(SOURCE_ROUTING_KEY_HEADER)
                 .or_else(|| Some(delivery.routing_key.as_str().to_owned())),
             queue: Some(self.settings.queue.clone()),
+            offset: None,
         };
         self.batch.push(InboundMessage {
             payload: delivery.data,
@@ -439,23 +462,11 @@ impl RabbitSource {
         let (exchange, routing_key) = self.settings.dead_letter_target();
         let reason: String = reason.chars().take(1000).collect();
         let props = self.copy_properties(index, &[(DEAD_LETTER_REASON_HEADER, &reason)]);
-        let attempts = self.settings.dead_letter_publish_attempts.max(1);
-        for attempt in 1..=attempts {
-            match self.publisher.publish(&exchange, &routing_key, &self.batch[index].payload, props.clone()).await {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(attempt, attempts, error = %e, "dead-letter copy not published");
-                    if attempt < attempts {
-                        tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
-                    }
-                }
-            }
-        }
-        metrics::counter!("dedup_dead_letter_publish_failures_total").increment(1);
-        tracing::error!(
-            message_id = ?self.batch[index].property_message_id,
-            "dead-letter copy could not be published; the record stays dead in the database with its payload"
-        );
+        let what = format!("message id {:?}", self.batch[index].property_message_id);
+        super::publish_dead_letter(self.settings.dead_letter_publish_attempts, &what, || {
+            self.publisher.publish(&exchange, &routing_key, &self.batch[index].payload, props.clone())
+        })
+        .await;
     }
 }
 

@@ -114,6 +114,7 @@ pub fn raw_message(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
             exchange: Some("test.exchange".to_owned()),
             routing_key: Some("test.key".to_owned()),
             queue: Some("test.queue".to_owned()),
+            offset: None,
         },
         redelivered: false,
     }

@@ -12,7 +12,8 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// `GET /readyz`: probes PostgreSQL, Redis and RabbitMQ concurrently.
+/// `GET /readyz`: probes PostgreSQL, Redis and the broker (RabbitMQ, or Kafka when
+/// `consumer.source = "kafka"`) concurrently.
 ///
 /// Body (JSON): `{ "ready": bool, "checked_at": RFC 3339, "database" | "redis" | "broker": {
 /// "service", "name", "url" (redacted), "up", "latency_ms", "error" } }`. Status 200 when all are

@@ -1,15 +1,18 @@
-//! Running `dedup-console serve` as a child process with a test's own database, queues and
-//! Redis prefix.
+//! Running `dedup-console serve` as a child process with a test's own database, queues (or
+//! Kafka topic and group) and Redis prefix.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedup_engine::message::IdPolicy;
 use dedup_engine::orders::OrderSettings;
 use dedup_engine::orders::simulate::{SimulateParams, SimulationReport, simulate};
 use dedup_engine::retry::Backoff;
+use dedup_engine::source::SourceFactory;
+use dedup_engine::testing::kafka::TestKafka;
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
 use tokio::process::{Child, Command};
 
@@ -17,6 +20,8 @@ use tokio::process::{Child, Command};
 pub struct World {
     pub db: TestDatabase,
     pub broker: TestBroker,
+    /// Set by [`World::with_kafka`]: the servers consume from this topic and group instead.
+    pub kafka: Option<TestKafka>,
     pub redis_url: String,
     pub env: HashMap<String, String>,
 }
@@ -37,7 +42,32 @@ impl World {
             ("DEDUP_FAST_PATH__PREFIX".to_owned(), format!("t{}", uuid::Uuid::new_v4().simple())),
             ("RUST_LOG".to_owned(), "warn,dedup_engine=info".to_owned()),
         ]);
-        Self { db, broker, redis_url: redis_url(), env }
+        Self { db, broker, kafka: None, redis_url: redis_url(), env }
+    }
+
+    /// A world whose servers consume from Kafka: its own topic with `partitions` partitions and
+    /// its own group; session timeout 10 s (the test broker answers slowly on a loaded machine),
+    /// revoke grace 1 s, leases of 5 s.
+    pub async fn with_kafka(partitions: i32) -> Self {
+        let mut world = Self::new().await;
+        let mut kafka = TestKafka::new(partitions, Backoff { initial_ms: 500, max_ms: 2000 });
+        kafka.settings.session_timeout_ms = 10_000;
+        let s = &kafka.settings;
+        world.env.extend(
+            [
+                ("DEDUP_CONSUMER__SOURCE", "kafka".to_owned()),
+                ("DEDUP_CONSUMER__KAFKA__BROKERS", s.brokers.clone()),
+                ("DEDUP_CONSUMER__KAFKA__GROUP_ID", kafka.group.clone()),
+                ("DEDUP_CONSUMER__KAFKA__TOPICS", format!("[\"{}\"]", kafka.topic())),
+                ("DEDUP_CONSUMER__KAFKA__PARTITIONS", partitions.to_string()),
+                ("DEDUP_CONSUMER__KAFKA__SESSION_TIMEOUT_MS", s.session_timeout_ms.to_string()),
+                ("DEDUP_CONSUMER__KAFKA__REVOKE_GRACE_MS", s.revoke_grace_ms.to_string()),
+                ("DEDUP_CONSUMER__LEASE_MS", "5000".to_owned()),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        world.kafka = Some(kafka);
+        world
     }
 
     /// Starts a server with the world's environment plus `extra`; waits until its consumer is
@@ -56,6 +86,18 @@ impl World {
             .kill_on_drop(true);
         let child = cmd.spawn().expect("dedup-console starts");
         let server = Server { child, log };
+        if self.kafka.is_some() {
+            let started = Instant::now();
+            while !server.log_text().contains("Kafka consumer subscribed") {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "server {name} did not subscribe; log: {}",
+                    server.log_text()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            return server;
+        }
         let consumers_before = self.broker.queue_state(&self.broker.settings.queue).await.map_or(0, |s| s.1);
         let started = Instant::now();
         loop {
@@ -73,9 +115,13 @@ impl World {
         server
     }
 
-    /// Publishes a simulation run through the world's exchange.
+    /// Publishes a simulation run through the world's exchange (or Kafka topic).
     pub async fn simulate(&self, orders: u64, rate: f64, duplicate_rate: f64, poison_rate: f64) -> SimulationReport {
-        let publisher = self.broker.connector().publisher().await.unwrap();
+        let source: Arc<dyn SourceFactory> = match &self.kafka {
+            Some(kafka) => kafka.connector(),
+            None => self.broker.connector(),
+        };
+        let publisher = source.open_publisher().await.unwrap();
         let params = SimulateParams {
             orders,
             rate,
@@ -84,12 +130,21 @@ impl World {
             reorder_window: 8,
             poison_rate,
             group: "order-service".to_owned(),
-            exchange: self.broker.settings.exchange.clone(),
+            exchange: source.destination(),
             seed: 42,
         };
-        simulate(&self.db.pool, &publisher, &params, &OrderSettings::default(), &IdPolicy::default(), |_, _| {})
-            .await
-            .expect("simulation publishes")
+        let report = simulate(
+            &self.db.pool,
+            publisher.as_ref(),
+            &params,
+            &OrderSettings::default(),
+            &IdPolicy::default(),
+            |_, _| {},
+        )
+        .await
+        .expect("simulation publishes");
+        source.close().await;
+        report
     }
 
     /// Publishes one JSON message with `id` as its message id.

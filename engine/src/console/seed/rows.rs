@@ -116,8 +116,8 @@ impl Plan {
 
     fn row(&self, out: &mut String, g: i64, rng: &mut SmallRng) {
         let [r_status, r_group, r_type, r_attempt, r_dup, r_error, r_time]: [f64; 7] = rng.random();
-        let seen = self.start
-            + TimeDelta::microseconds((((g - self.first) as f64 + r_time) * self.micros_per_record) as i64);
+        let seen =
+            self.start + TimeDelta::microseconds((((g - self.first) as f64 + r_time) * self.micros_per_record) as i64);
         let status = match r_status {
             r if r < 0.004 => "dead",
             r if r < 0.010 => "failed",
@@ -153,11 +153,10 @@ impl Plan {
             (seen + TimeDelta::milliseconds(delay_ms.min(4e12) as i64)).min(self.now)
         });
         let message_type = if poison { "POISON" } else { event_type };
-        let message_id =
-            if poison { format!("POISON.{order_no}") } else { format!("{event_type}.{order_no}:1") };
+        let message_id = if poison { format!("POISON.{order_no}") } else { format!("{event_type}.{order_no}:1") };
         let unsettled = matches!(status, "failed" | "dead");
-        let error_kind = ["PAYMENT_DECLINED", "TIMEOUT", "NOT_FOUND", "DATABASE", "SMS_GATEWAY"]
-            [((r_error * 5.0) as usize).min(4)];
+        let error_kind =
+            ["PAYMENT_DECLINED", "TIMEOUT", "NOT_FOUND", "DATABASE", "SMS_GATEWAY"][((r_error * 5.0) as usize).min(4)];
         let binary_poison = poison && r_error < 0.07;
         let (error_class, last_error): (Option<&str>, Option<String>) = if !unsettled {
             (None, None)

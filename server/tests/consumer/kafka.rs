@@ -1,0 +1,70 @@
+//! `serve` consuming from Kafka: two processes in one consumer group, one killed with SIGKILL
+//! mid-run and started again (two rebalances), against the local test broker.
+
+use std::time::{Duration, Instant};
+
+use dedup_engine::orders::verify::{check_kafka_lag, verify};
+
+use crate::support::World;
+
+async fn succeeded(world: &World) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM dedup_records WHERE status = 'succeeded'")
+        .fetch_one(&world.db.pool)
+        .await
+        .unwrap()
+}
+
+/// Waits until at least `n` records have succeeded.
+async fn until_succeeded(world: &World, n: i64) {
+    let started = Instant::now();
+    while succeeded(world).await < n {
+        assert!(started.elapsed() < Duration::from_secs(180), "{n} records succeeded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_restarted_happen_exactly_once() {
+    let world = World::with_kafka(4).await;
+    let a = world.serve("a", &[]).await;
+    let b = world.serve("b", &[]).await;
+    let (pid_a, pid_b) = (a.pid(), b.pid());
+
+    let simulation = world.simulate(10_000, 0.0, 0.2, 0.01);
+    let chaos = async {
+        until_succeeded(&world, 3000).await;
+        a.kill().await;
+        // b takes a's partitions once the session times out (first rebalance) ...
+        let after_kill = succeeded(&world).await;
+        until_succeeded(&world, after_kill + 3000).await;
+        // ... and gives some back when a new process joins (second rebalance).
+        world.serve("a2", &[]).await
+    };
+    let (run, a2) = tokio::join!(simulation, chaos);
+    assert!(run.duplicates > 5_000, "about 20 % duplicates: {run:?}");
+
+    let mut report = verify(&world.db.pool, Some(run.run_id), Duration::from_secs(300)).await.unwrap();
+    let connector = world.kafka.as_ref().unwrap().connector();
+    check_kafka_lag(&mut report, &connector, Duration::from_secs(60)).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+    assert_eq!((report.missing, report.failed), (0, 0), "{report:#?}");
+    assert_eq!((report.orders_created, report.orders_paid), (10_000, 10_000), "{report:#?}");
+    // A NOTIFY whose worker was killed mid-send stays stuck for an operator (hold), never sent twice.
+    assert!(report.processing <= 10, "{report:#?}");
+    assert_eq!(report.sms_sent + report.processing, 10_000, "{report:#?}");
+    assert_eq!(report.poison_dead, i64::try_from(run.poison).unwrap());
+
+    let claims: Vec<i64> = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE worker LIKE '%:' || p || ':%') FROM record_attempts, unnest($1::text[]) p GROUP BY p ORDER BY p",
+    )
+    .bind([pid_a.to_string(), pid_b.to_string(), a2.pid().to_string()])
+    .fetch_all(&world.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        claims.iter().all(|n| *n > 0),
+        "the killed, the surviving and the restarted process all consumed: {claims:?}"
+    );
+    b.stop().await;
+    a2.stop().await;
+}

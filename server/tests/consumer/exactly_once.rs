@@ -47,9 +47,14 @@ async fn redis_stopped_mid_run_changes_nothing_but_the_path_duplicates_take() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let server = world.serve("a", &[("DEDUP_FAST_PATH__TIMEOUT_MS", "50")]).await;
 
-    let simulation = world.simulate(600, 400.0, 0.3, 0.0);
+    let simulation = world.simulate(1500, 250.0, 0.3, 0.0);
+    // Redis is stopped once it has caught a duplicate (aggregates are flushed every second), so
+    // a slow start on a loaded machine cannot leave it nothing to catch; the run lasts ~6 s.
     let stopper = async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let started = std::time::Instant::now();
+        while redis_duplicates(&world).await == 0 && started.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         redis.kill().await.unwrap();
     };
     let (run, ()) = tokio::join!(simulation, stopper);
@@ -76,4 +81,12 @@ async fn redis_stopped_mid_run_changes_nothing_but_the_path_duplicates_take() {
     assert!(redis_duplicates > 0, "Redis caught duplicates before it stopped");
     assert!(db_duplicates > 0, "the database caught them after");
     server.stop().await;
+}
+
+/// Duplicates the Redis fast path caught so far, from the flushed aggregates.
+async fn redis_duplicates(world: &World) -> i64 {
+    sqlx::query_scalar("SELECT COALESCE(sum(duplicates_redis), 0)::bigint FROM stats_minute")
+        .fetch_one(&world.db.pool)
+        .await
+        .unwrap()
 }

@@ -7,11 +7,6 @@ use crate::components::format::opt_time;
 use crate::error::ConsoleError;
 use crate::wire::account::{RoleView, UserView};
 
-fn parse_role(role: &str) -> Result<RoleView, ConsoleError> {
-    RoleView::parse(role)
-        .ok_or_else(|| ConsoleError::BadRequest(format!("unknown role {role:?}: use viewer, operator or admin")))
-}
-
 /// Every user.
 #[server(prefix = "/api/fn", endpoint = "list_users", client = crate::csrf::CsrfClient)]
 pub async fn list_users() -> Result<Vec<UserView>, ConsoleError> {
@@ -23,7 +18,7 @@ pub async fn list_users() -> Result<Vec<UserView>, ConsoleError> {
 #[server(prefix = "/api/fn", endpoint = "add_user", client = crate::csrf::CsrfClient)]
 pub async fn add_user(name: String, role: String, password: String) -> Result<UserView, ConsoleError> {
     let (_, auth) = crate::ssr::auth::require(RoleView::Admin)?;
-    let role = parse_role(&role)?;
+    let role = crate::ssr::accounts::parse_role(&role)?;
     crate::ssr::accounts::add_user(&crate::ssr::console_state()?, &auth, &name, role, password).await
 }
 
@@ -31,7 +26,7 @@ pub async fn add_user(name: String, role: String, password: String) -> Result<Us
 #[server(prefix = "/api/fn", endpoint = "set_user_role", client = crate::csrf::CsrfClient)]
 pub async fn set_user_role(id: i64, role: String) -> Result<UserView, ConsoleError> {
     let (_, auth) = crate::ssr::auth::require(RoleView::Admin)?;
-    let role = parse_role(&role)?;
+    let role = crate::ssr::accounts::parse_role(&role)?;
     crate::ssr::accounts::update_user(&crate::ssr::console_state()?, &auth, id, Some(role), None).await
 }
 

@@ -15,6 +15,15 @@ use super::convert::time;
 use crate::error::ConsoleError;
 use crate::wire::account::{CurrentUser, NewTokenView, RoleView, TokenView, UserView};
 
+/// A role name from a form.
+///
+/// # Errors
+/// [`ConsoleError::BadRequest`] naming the accepted roles.
+pub fn parse_role(role: &str) -> Result<RoleView, ConsoleError> {
+    RoleView::parse(role)
+        .ok_or_else(|| ConsoleError::BadRequest(format!("unknown role {role:?}: use viewer, operator or admin")))
+}
+
 /// The engine's role of a wire role.
 pub fn role(r: RoleView) -> Role {
     match r {

@@ -66,8 +66,10 @@ type ApiResult<T> = Result<Json<T>, ApiError>;
 /// The growth chart's range.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct RangeQuery {
     /// `1h`, `24h` (default), `7d` or `30d`.
+    #[param(pattern = "^(|1h|24h|7d|30d)$")]
     pub range: Option<String>,
 }
 
@@ -115,7 +117,7 @@ pub async fn records(
 /// One record: every field, payload, headers, source, attempt history, Redis marker.
 #[utoipa::path(get, path = "/api/v1/records/{id}", tag = "records",
     params(("id" = i64, Path, description = "Record id")),
-    responses((status = 200, body = RecordDetailView), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = RecordDetailView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn record(State(s): State<AppState>, id: Result<Path<i64>, PathRejection>) -> ApiResult<RecordDetailView> {
     let Path(id) = id.map_err(rejected)?;
     Ok(Json(console::record(&s.console, id).await?))
@@ -161,8 +163,21 @@ struct BearerAuth;
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        use utoipa::openapi::{RefOr, ResponseBuilder, content::ContentBuilder};
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        let unauthorized = ResponseBuilder::new()
+            .description("No, an invalid or a revoked API token (and no session)")
+            .content(
+                "application/json",
+                ContentBuilder::new().schema(Some(utoipa::openapi::Ref::from_schema_name("ErrorBody"))).build(),
+            )
+            .build();
+        for item in openapi.paths.paths.values_mut() {
+            for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
+                operation.responses.responses.entry("401".to_owned()).or_insert_with(|| RefOr::T(unauthorized.clone()));
+            }
+        }
     }
 }
 

@@ -291,10 +291,21 @@ async fn oversized_bodies_and_hostile_filters_are_refused_with_clear_errors() {
         ("status=deleted", "unknown status"),
         (&format!("prefix={}", "%41".repeat(10_000)) as &str, "the limit is 512"),
         (&format!("group={}", "g".repeat(10_000)), "the limit is 512"),
+        ("stauts=dead", "unknown field `stauts`"),
     ] {
         let response = app.get(&format!("/api/v1/records?{query}")).await;
         assert_eq!(response.status(), 400, "{}", &query[..20]);
         let body: Value = response.json().await.unwrap();
         assert!(body["message"].as_str().unwrap().contains(says), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn the_openapi_document_declares_the_bearer_scheme_and_the_401s() {
+    let app = spawn_app().await;
+    let doc: Value = app.anonymous().get(app.url("/api/openapi.json")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        assert!(item["get"]["responses"]["401"].is_object(), "{path} documents 401");
     }
 }

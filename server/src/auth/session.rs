@@ -37,13 +37,22 @@ pub struct SessionAuth {
     pub login_at: i64,
 }
 
-/// The store, its table created if missing.
+/// Advisory-lock key serialising the session store's migration across server instances
+/// (`CREATE TABLE IF NOT EXISTS` run concurrently can still collide in the catalog).
+const MIGRATE_LOCK: i64 = 0x6465_6475_7073_6573; // "dedupses"
+
+/// The store, its table created if missing (under an advisory lock, so servers starting
+/// together do not race).
 ///
 /// # Errors
-/// The database error of the store's migration.
+/// The database error of the lock or the store's migration.
 pub async fn store(pool: &PgPool) -> anyhow::Result<PostgresStore> {
     let store = PostgresStore::new(pool.clone());
-    store.migrate().await.context("creating the session table")?;
+    let mut lock = pool.acquire().await.context("locking the session table migration")?;
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(MIGRATE_LOCK).execute(&mut *lock).await?;
+    let migrated = store.migrate().await.context("creating the session table");
+    sqlx::query("SELECT pg_advisory_unlock($1)").bind(MIGRATE_LOCK).execute(&mut *lock).await?;
+    migrated?;
     Ok(store)
 }
 

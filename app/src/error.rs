@@ -14,6 +14,12 @@ pub enum ConsoleError {
     /// The thing asked for does not exist (a record id no record has).
     #[error("{0}")]
     NotFound(String),
+    /// Not signed in (or the session expired): sign in again.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Signed in, but the role does not allow this (or the CSRF check failed).
+    #[error("{0}")]
+    Forbidden(String),
     /// Something failed on the server; details are in the server log under this request.
     #[error("internal error; see the server log")]
     Internal,
@@ -47,6 +53,20 @@ impl From<dedup_engine::console::QueryError> for ConsoleError {
         match error {
             dedup_engine::console::QueryError::BadFilter(message) => ConsoleError::BadRequest(message),
             other => ConsoleError::internal(other),
+        }
+    }
+}
+
+#[cfg(feature = "ssr")]
+impl From<dedup_engine::accounts::AccountError> for ConsoleError {
+    /// Invalid input, a taken name, a missing user and the last-admin guard keep their message;
+    /// a database error is logged and becomes the opaque [`ConsoleError::Internal`].
+    fn from(error: dedup_engine::accounts::AccountError) -> Self {
+        use dedup_engine::accounts::AccountError as E;
+        match error {
+            E::Invalid(_) | E::NameTaken(_) | E::LastAdmin => ConsoleError::BadRequest(error.to_string()),
+            E::NotFound(_) => ConsoleError::NotFound(error.to_string()),
+            E::Unexpected(e) => ConsoleError::internal(format!("{e:#}")),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! The two features are never enabled together.
 
 pub mod components;
+pub mod csrf;
 pub mod error;
 pub mod pages;
 #[cfg(feature = "ssr")]
@@ -18,23 +19,34 @@ use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{Route, Router, Routes};
 use leptos_router::path;
 
+use crate::components::session::provide_session;
 use crate::components::shell::ConsoleLayout;
+use crate::csrf::CSRF_META;
+use crate::pages::account::AccountPage;
 use crate::pages::dead_letters::DeadLettersPage;
+use crate::pages::login::LoginPage;
 use crate::pages::not_built::NotBuilt;
 use crate::pages::overview::OverviewPage;
 use crate::pages::record::RecordPage;
 use crate::pages::records::RecordsPage;
 use crate::pages::retries::RetriesPage;
 use crate::pages::stuck::StuckPage;
+use crate::pages::users::UsersPage;
 
-/// The HTML document around the app, rendered on the server only.
+/// The HTML document around the app, rendered on the server only. Carries the session's CSRF
+/// token in `<meta name="csrf-token">` for [`csrf::CsrfClient`].
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    let csrf_token = ssr::auth::request_auth().csrf_token.unwrap_or_default();
+    #[cfg(not(feature = "ssr"))]
+    let csrf_token = String::new();
     view! {
         <!DOCTYPE html>
         <html lang="en">
             <head>
                 <meta charset="utf-8" />
                 <meta name="viewport" content="width=device-width, initial-scale=1" />
+                <meta name=CSRF_META content=csrf_token />
                 <AutoReload options=options.clone() />
                 <HydrationScripts options />
                 <MetaTags />
@@ -50,6 +62,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
+    provide_session();
     view! {
         <Stylesheet id="leptos" href="/pkg/dedup-console.css" />
         <Title text="dedup console" />
@@ -64,6 +77,9 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/dead-letters") view=DeadLettersPage />
                     <Route path=path!("/cleanup") view=|| view! { <NotBuilt title="Cleanup" /> } />
                     <Route path=path!("/audit") view=|| view! { <NotBuilt title="Audit" /> } />
+                    <Route path=path!("/login") view=LoginPage />
+                    <Route path=path!("/users") view=UsersPage />
+                    <Route path=path!("/account") view=AccountPage />
                 </Routes>
             </ConsoleLayout>
         </Router>

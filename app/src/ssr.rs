@@ -1,6 +1,8 @@
 //! Server-side glue: the state the server provides to server functions, and conversions from
 //! engine types to [`crate::wire`] types.
 
+pub mod accounts;
+pub mod auth;
 pub mod console;
 mod convert;
 

@@ -29,6 +29,7 @@ pub struct HealthView {
     pub dependencies: Vec<DependencyView>,
 }
 
+pub mod account;
 pub mod failures;
 pub mod overview;
 pub mod records;

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { startServer, launchBrowser, screenshot, waitForHydration } from './support/harness.mjs';
+import { startServer, launchBrowser, login, screenshot, waitForHydration } from './support/harness.mjs';
 
 let server;
 let browser;
@@ -25,6 +25,7 @@ before(async () => {
       'application/json', 'rabbitmq', '<img src=x onerror=alert(2)>', 'X: markup')
     RETURNING id`);
   browser = await launchBrowser();
+  await login(browser, server, server.users.viewer);
 });
 
 after(async () => {

@@ -1,6 +1,6 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, launchBrowser, screenshot, waitForHydration } from './support/harness.mjs';
+import { startServer, launchBrowser, login, screenshot, waitForHydration } from './support/harness.mjs';
 
 let server;
 let browser;
@@ -8,6 +8,7 @@ let browser;
 before(async () => {
   server = await startServer();
   browser = await launchBrowser();
+  await login(browser, server, server.users.viewer);
 });
 
 after(async () => {

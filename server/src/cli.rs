@@ -1,4 +1,4 @@
-//! The command line: `serve` (default), `migrate`, `simulate`, `verify`, `seed`.
+//! The command line: `serve` (default), `migrate`, `simulate`, `verify`, `seed`, `user`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use dedup_engine::orders::simulate::{SimulateParams, simulate};
 use dedup_engine::orders::verify::{VerifyReport, check_kafka_lag, verify};
 use dedup_engine::runtime::ConsumerConfig;
 
+use crate::cli_users::UserCommand;
 use crate::config::Settings;
 use crate::startup::{Application, open_database};
 use crate::telemetry;
@@ -45,6 +46,9 @@ pub enum Command {
     /// duplicates over a time window ending now) and matching aggregates, for demos and
     /// benchmarks.
     Seed(SeedArgs),
+    /// Manage operator accounts: add, set-password, list.
+    #[command(subcommand)]
+    User(UserCommand),
 }
 
 /// `seed` options.
@@ -169,6 +173,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Simulate(args) => run_simulate(&settings, args).await,
         Command::Verify(args) => run_verify(&settings, args).await,
         Command::Seed(args) => run_seed(&settings, args).await,
+        Command::User(command) => {
+            let pool = open_database(&settings).await?;
+            let result = crate::cli_users::run(&pool, command).await;
+            pool.close().await;
+            result
+        }
     }
 }
 

@@ -15,6 +15,8 @@ use figment::providers::{Env, Format, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::auth::AuthSettings;
+
 /// A URL that may carry a password. Printed and serialised with the password redacted;
 /// [`SecretUrl::expose`] gives the real value to the code that connects.
 #[derive(Clone, Deserialize)]
@@ -86,6 +88,10 @@ pub struct Settings {
     pub fast_path: FastPathSettings,
     /// The order domain (`[orders]`).
     pub orders: OrderSettings,
+    /// Sessions and sign-in throttling (`[auth]`).
+    pub auth: AuthSettings,
+    /// Largest request body accepted, in bytes (larger: 413). Default 1 MiB.
+    pub max_body_bytes: usize,
 }
 
 /// How log lines are written.
@@ -99,7 +105,7 @@ pub enum LogFormat {
 }
 
 /// The keys of [`Settings`]: the only `DEDUP_*` variables read.
-const TOP_LEVEL_KEYS: [&str; 13] = [
+const TOP_LEVEL_KEYS: [&str; 15] = [
     "listen",
     "database_url",
     "redis_url",
@@ -113,6 +119,8 @@ const TOP_LEVEL_KEYS: [&str; 13] = [
     "consumer",
     "fast_path",
     "orders",
+    "auth",
+    "max_body_bytes",
 ];
 
 impl Default for Settings {
@@ -131,6 +139,8 @@ impl Default for Settings {
             consumer: ConsumerConfig::default(),
             fast_path: FastPathSettings::default(),
             orders: OrderSettings::default(),
+            auth: AuthSettings::default(),
+            max_body_bytes: 1024 * 1024,
         }
     }
 }

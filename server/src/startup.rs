@@ -15,9 +15,11 @@ use dedup_engine::db::{self, PoolSettings};
 use dedup_engine::health::HealthProbes;
 use dedup_engine::message::Broker;
 use dedup_engine::runtime::Engine;
+use futures::FutureExt;
 use leptos::prelude::LeptosOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
+use tower_sessions::ExpiredDeletion;
 
 use crate::config::Settings;
 use crate::routes;
@@ -45,6 +47,7 @@ pub struct Application {
     router: Router,
     pool: PgPool,
     engine: Engine,
+    session_cleanup: tokio::task::JoinHandle<()>,
 }
 
 /// Connects to PostgreSQL (creating the database if needed), applies migrations and verifies
@@ -108,10 +111,18 @@ impl Application {
             consumer: engine.consumer_status().cloned(),
             group: settings.consumer.group.clone(),
         };
+        let sessions = crate::auth::session::store(&pool).await?;
+        let session_cleanup = tokio::spawn(
+            sessions.clone().continuously_delete_expired(crate::auth::session::CLEANUP_PERIOD).map(|result| {
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "deleting expired sessions failed; no more cleanup until restart");
+                }
+            }),
+        );
         let state = AppState { leptos_options, console, settings: Arc::new(settings) };
-        let router = routes::router(state);
+        let router = routes::router(state, sessions);
         tracing::info!("console listening on http://{local_addr}");
-        Ok(Self { listener, router, pool, engine })
+        Ok(Self { listener, router, pool, engine, session_cleanup })
     }
 
     /// The port the listener is bound to (useful with port 0).
@@ -122,7 +133,9 @@ impl Application {
     /// Serves until `shutdown` resolves, then stops the engine (the consumer finishes and acks
     /// its in-flight batches), lets in-flight requests finish and closes the database pool.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        axum::serve(self.listener, self.router).with_graceful_shutdown(shutdown).await?;
+        let service = self.router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await?;
+        self.session_cleanup.abort();
         self.engine.stop().await;
         self.pool.close().await;
         tracing::info!("stopped");

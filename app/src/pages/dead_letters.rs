@@ -10,7 +10,7 @@ use crate::wire::failures::DeadLetterGroupView;
 use crate::wire::records::RecordsQuery;
 
 /// Dead letters grouped by error class, largest group first.
-#[server(prefix = "/api/fn", endpoint = "list_dead_letter_groups")]
+#[server(prefix = "/api/fn", endpoint = "list_dead_letter_groups", client = crate::csrf::CsrfClient)]
 pub async fn list_dead_letter_groups() -> Result<Vec<DeadLetterGroupView>, ConsoleError> {
     crate::ssr::console::dead_letters(&crate::ssr::console_state()?).await
 }

@@ -1,10 +1,13 @@
 //! One module per console page: the page component, its private children and its server
 //! functions.
 
+pub mod account;
 pub mod dead_letters;
+pub mod login;
 pub mod not_built;
 pub mod overview;
 pub mod record;
 pub mod records;
 pub mod retries;
 pub mod stuck;
+pub mod users;

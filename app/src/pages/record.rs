@@ -10,7 +10,7 @@ use crate::error::ConsoleError;
 use crate::wire::records::{AttemptView, MarkerView, PayloadView, RecordDetailView};
 
 /// One record with its history and marker.
-#[server(prefix = "/api/fn", endpoint = "get_record")]
+#[server(prefix = "/api/fn", endpoint = "get_record", client = crate::csrf::CsrfClient)]
 pub async fn get_record(id: i64) -> Result<RecordDetailView, ConsoleError> {
     crate::ssr::console::record(&crate::ssr::console_state()?, id).await
 }

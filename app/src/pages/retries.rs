@@ -10,7 +10,7 @@ use crate::error::ConsoleError;
 use crate::wire::failures::RetriesView;
 
 /// The retries page's data.
-#[server(prefix = "/api/fn", endpoint = "get_retries")]
+#[server(prefix = "/api/fn", endpoint = "get_retries", client = crate::csrf::CsrfClient)]
 pub async fn get_retries() -> Result<RetriesView, ConsoleError> {
     crate::ssr::console::retries(&crate::ssr::console_state()?).await
 }

@@ -10,7 +10,7 @@ use crate::error::ConsoleError;
 use crate::wire::failures::{StuckRecordView, StuckView};
 
 /// The stuck records.
-#[server(prefix = "/api/fn", endpoint = "list_stuck")]
+#[server(prefix = "/api/fn", endpoint = "list_stuck", client = crate::csrf::CsrfClient)]
 pub async fn list_stuck() -> Result<StuckView, ConsoleError> {
     crate::ssr::console::stuck(&crate::ssr::console_state()?).await
 }

@@ -8,13 +8,14 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ssr", derive(utoipa::IntoParams, utoipa::ToSchema))]
 #[cfg_attr(feature = "ssr", into_params(parameter_in = Query))]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RecordsQuery {
     /// Consumer group, exact.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     /// `processing`, `succeeded`, `failed` or `dead`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "ssr", param(pattern = "^(|processing|succeeded|failed|dead)$"))]
     pub status: Option<String>,
     /// Message type (`ORDER.PAY`), exact.
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
@@ -30,6 +31,7 @@ pub struct RecordsQuery {
     pub to: Option<String>,
     /// Attempts at least.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "ssr", param(pattern = "^[0-9]{0,9}$"))]
     pub min_attempts: Option<String>,
     /// Message id, exact.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -37,11 +39,13 @@ pub struct RecordsQuery {
     /// Message id prefix.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
-    /// `time` (default) or `attempts`.
+    /// `time` (default; `message_id` with `prefix`), `attempts` or `message_id`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "ssr", param(pattern = "^(|time|attempts|message_id)$"))]
     pub sort: Option<String>,
     /// `desc` (default) or `asc`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "ssr", param(pattern = "^(|desc|asc)$"))]
     pub order: Option<String>,
     /// Next page: the `next` cursor of the current page.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -51,6 +55,7 @@ pub struct RecordsQuery {
     pub before: Option<String>,
     /// Rows per page (1–500, default 50).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "ssr", param(pattern = "^(|[1-9]|[1-9][0-9]|[1-4][0-9]{2}|500)$"))]
     pub limit: Option<String>,
 }
 

@@ -60,7 +60,7 @@ export async function startServer(env = {}) {
     if (Date.now() > deadline) throw new Error(`server did not start within 60 s:\n${log}`);
     await new Promise((r) => setTimeout(r, 200));
   }
-  return {
+  const server = {
     base,
     database,
     log: () => log,
@@ -74,12 +74,35 @@ export async function startServer(env = {}) {
         encoding: 'utf8',
       }).trim();
     },
+    /** Adds a user with `role` (`viewer`, `operator`, `admin`) through the CLI; returns its password. */
+    addUser(name, role) {
+      const password = `${name} password ${Math.random().toString(16).slice(2, 10)}`;
+      execFileSync(bin, ['user', 'add', name, '--role', role], {
+        env: { ...serverEnv, DEDUP_USER_PASSWORD: password },
+        stdio: 'pipe',
+      });
+      return password;
+    },
     async stop() {
       child.kill('SIGTERM');
       await new Promise((r) => (child.exitCode !== null ? r() : child.once('exit', r)));
       psql(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
     },
   };
+  server.users = Object.fromEntries(
+    ['viewer', 'operator', 'admin'].map((role) => [role, { name: role, password: server.addUser(role, role) }]),
+  );
+  return server;
+}
+
+/** Signs `user` ({ name, password }) in through the sign-in page of `server` in `context`. */
+export async function login(context, server, user) {
+  const page = await context.newPage();
+  await page.goto(`${server.base}/login`);
+  await page.fill('input[name="username"]', user.name);
+  await page.fill('input[name="password"]', user.password);
+  await Promise.all([page.waitForURL((url) => !url.pathname.startsWith('/login')), page.click('button[type="submit"]')]);
+  await page.close();
 }
 
 /** Launches headless Chromium with a fresh profile; returns the persistent context. */

@@ -6,12 +6,12 @@
 //! says which), 404 `not_found`, 500 `internal` (details only in the server log, under the
 //! request id).
 
+use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
 use dedup_app::error::ConsoleError;
 use dedup_app::ssr::console;
 use dedup_app::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
@@ -20,13 +20,15 @@ use dedup_app::wire::records::{RecordDetailView, RecordPageView, RecordsQuery};
 use serde::{Deserialize, Serialize};
 use utoipa::OpenApi;
 
-use super::events;
+use super::{RouteSpec, events};
+use crate::auth::access::Access;
 use crate::startup::AppState;
 
 /// The body of every API error.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
-    /// `bad_request`, `not_found` or `internal`.
+    /// `bad_request`, `unauthorized`, `forbidden`, `not_found`, `too_many_requests`,
+    /// `payload_too_large` or `internal`.
     pub error: String,
     /// What went wrong, for a person.
     pub message: String,
@@ -46,6 +48,8 @@ impl IntoResponse for ApiError {
         let (status, code) = match &self.0 {
             ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ConsoleError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ConsoleError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ConsoleError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ConsoleError::Internal | ConsoleError::ServerFn(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         (status, Json(ErrorBody { error: code.to_owned(), message: self.0.to_string() })).into_response()
@@ -62,8 +66,10 @@ type ApiResult<T> = Result<Json<T>, ApiError>;
 /// The growth chart's range.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct RangeQuery {
     /// `1h`, `24h` (default), `7d` or `30d`.
+    #[param(pattern = "^(|1h|24h|7d|30d)$")]
     pub range: Option<String>,
 }
 
@@ -111,7 +117,7 @@ pub async fn records(
 /// One record: every field, payload, headers, source, attempt history, Redis marker.
 #[utoipa::path(get, path = "/api/v1/records/{id}", tag = "records",
     params(("id" = i64, Path, description = "Record id")),
-    responses((status = 200, body = RecordDetailView), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = RecordDetailView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn record(State(s): State<AppState>, id: Result<Path<i64>, PathRejection>) -> ApiResult<RecordDetailView> {
     let Path(id) = id.map_err(rejected)?;
     Ok(Json(console::record(&s.console, id).await?))
@@ -144,27 +150,57 @@ pub async fn dead_letters(State(s): State<AppState>) -> ApiResult<Vec<DeadLetter
         description = "Dedup records, aggregates and failures, as the console shows them."
     ),
     paths(aggregates, growth, groups, message_types, records, record, stuck, retries, dead_letters, events::events),
-    components(schemas(ErrorBody))
+    components(schemas(ErrorBody)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
 )]
 pub struct ApiDoc;
+
+/// Declares the `bearer` security scheme: a per-user API token (created on the Account page)
+/// sent as `Authorization: Bearer <token>`; without one every `/api/v1` call is 401.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        use utoipa::openapi::{RefOr, ResponseBuilder, content::ContentBuilder};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        let unauthorized = ResponseBuilder::new()
+            .description("No, an invalid or a revoked API token (and no session)")
+            .content(
+                "application/json",
+                ContentBuilder::new().schema(Some(utoipa::openapi::Ref::from_schema_name("ErrorBody"))).build(),
+            )
+            .build();
+        for item in openapi.paths.paths.values_mut() {
+            for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
+                operation.responses.responses.entry("401".to_owned()).or_insert_with(|| RefOr::T(unauthorized.clone()));
+            }
+        }
+    }
+}
 
 /// `GET /api/openapi.json`.
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
 
-/// The API routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/openapi.json", get(openapi))
-        .route("/api/v1/aggregates", get(aggregates))
-        .route("/api/v1/aggregates/growth", get(growth))
-        .route("/api/v1/groups", get(groups))
-        .route("/api/v1/message-types", get(message_types))
-        .route("/api/v1/records", get(records))
-        .route("/api/v1/records/{id}", get(record))
-        .route("/api/v1/stuck", get(stuck))
-        .route("/api/v1/retries", get(retries))
-        .route("/api/v1/dead-letters", get(dead_letters))
-        .route(dedup_app::components::live::LIVE_EVENTS_PATH, get(events::events))
+/// The API routes with their access rules: the OpenAPI document is public, every read needs a
+/// signed-in user (session or API token).
+pub fn routes() -> Vec<RouteSpec> {
+    use Access::{Public, Viewer};
+    vec![
+        RouteSpec::get("/api/openapi.json", Public, get(openapi)),
+        RouteSpec::get("/api/v1/aggregates", Viewer, get(aggregates)),
+        RouteSpec::get("/api/v1/aggregates/growth", Viewer, get(growth)),
+        RouteSpec::get("/api/v1/groups", Viewer, get(groups)),
+        RouteSpec::get("/api/v1/message-types", Viewer, get(message_types)),
+        RouteSpec::get("/api/v1/records", Viewer, get(records)),
+        RouteSpec::get("/api/v1/records/{id}", Viewer, get(record)),
+        RouteSpec::get("/api/v1/stuck", Viewer, get(stuck)),
+        RouteSpec::get("/api/v1/retries", Viewer, get(retries)),
+        RouteSpec::get("/api/v1/dead-letters", Viewer, get(dead_letters)),
+        RouteSpec::get(dedup_app::components::live::LIVE_EVENTS_PATH, Viewer, get(events::events)),
+    ]
 }

@@ -1,52 +1,185 @@
-//! The router: health endpoints, static files, Leptos pages and server functions, and the
-//! tower-http layers around them.
+//! The router: every route with its access rule, Leptos pages and server functions, and the
+//! layers around them (sessions, authorisation, CSRF, security headers, body limit, request ids,
+//! tracing, compression, timeout).
+//!
+//! Access rules live in three tables: [`route_specs`] (axum routes: health, metrics, sign-in,
+//! REST), [`PAGES`] (Leptos pages) and [`SERVER_FNS`] (Leptos server functions). [`policy`]
+//! joins them; a routed request without a rule is refused, and the authorisation-matrix test
+//! fails on any page or server function missing from the tables.
 
-mod api;
+pub mod api;
 mod events;
 mod health;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::{HeaderName, StatusCode};
-use axum::routing::get;
+use axum::http::{HeaderName, Method, StatusCode};
+use axum::routing::{MethodRouter, get, post};
+use dedup_app::ssr::auth::RequestAuth;
 use dedup_app::{App, shell};
-use leptos::prelude::provide_context;
+use leptos::prelude::{provide_context, use_context};
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
 use tower_http::compression::CompressionLayer;
+use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::services::ServeDir;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tower_sessions_sqlx_store::PostgresStore;
 use tracing::Level;
 
+use crate::auth::access::{Access, Policy, RouteKind, Rule};
+use crate::auth::headers::{self, CspNonce};
+use crate::auth::middleware::{AuthLayerState, authorize};
+use crate::auth::{login, session};
 use crate::startup::AppState;
 
 /// Header carrying the request id (generated when the client sent none, echoed in the response
 /// and recorded in every log line of the request).
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
+/// One axum route and who may call it.
+pub struct RouteSpec {
+    /// The method the rule is for.
+    pub method: Method,
+    /// The route pattern (axum syntax, `{param}`).
+    pub path: &'static str,
+    /// Who may call it.
+    pub access: Access,
+    /// The handler.
+    pub handler: MethodRouter<AppState>,
+}
+
+impl RouteSpec {
+    /// A `GET` route.
+    pub fn get(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
+        RouteSpec { method: Method::GET, path, access, handler }
+    }
+
+    /// A `POST` route.
+    pub fn post(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
+        RouteSpec { method: Method::POST, path, access, handler }
+    }
+}
+
+/// The axum routes: probes and metrics (public: load balancers and Prometheus do not sign in),
+/// sign-in and sign-out, and the REST API.
+pub fn route_specs() -> Vec<RouteSpec> {
+    use Access::{Public, Viewer};
+    let mut specs = vec![
+        RouteSpec::get("/healthz", Public, get(health::healthz)),
+        RouteSpec::get("/readyz", Public, get(health::readyz)),
+        RouteSpec::get("/metrics", Public, get(health::metrics)),
+        RouteSpec::post("/login", Public, post(login::login)),
+        RouteSpec::post("/logout", Viewer, post(login::logout)),
+    ];
+    specs.extend(api::routes());
+    specs
+}
+
+/// The Leptos pages (GET) and who may see them. Actions on a page have their own rules.
+pub const PAGES: &[(&str, Access)] = &[
+    ("/login", Access::Public),
+    ("/", Access::Viewer),
+    ("/records", Access::Viewer),
+    ("/records/{id}", Access::Viewer),
+    ("/stuck", Access::Viewer),
+    ("/retries", Access::Viewer),
+    ("/dead-letters", Access::Viewer),
+    ("/cleanup", Access::Viewer),
+    ("/audit", Access::Viewer),
+    ("/account", Access::Viewer),
+    ("/users", Access::Admin),
+];
+
+/// The Leptos server functions and who may call them. Operator actions (release, mark
+/// succeeded, requeue, drill) are [`Access::Operator`]; cleanup schedules, users and settings
+/// [`Access::Admin`].
+pub const SERVER_FNS: &[(&str, Access)] = &[
+    ("/api/fn/get_session", Access::Public),
+    ("/api/fn/get_health", Access::Viewer),
+    ("/api/fn/get_overview", Access::Viewer),
+    ("/api/fn/get_growth", Access::Viewer),
+    ("/api/fn/list_records", Access::Viewer),
+    ("/api/fn/get_record_filters", Access::Viewer),
+    ("/api/fn/get_record", Access::Viewer),
+    ("/api/fn/list_stuck", Access::Viewer),
+    ("/api/fn/get_retries", Access::Viewer),
+    ("/api/fn/list_dead_letter_groups", Access::Viewer),
+    ("/api/fn/list_tokens", Access::Viewer),
+    ("/api/fn/create_token", Access::Viewer),
+    ("/api/fn/revoke_token", Access::Viewer),
+    ("/api/fn/list_users", Access::Admin),
+    ("/api/fn/add_user", Access::Admin),
+    ("/api/fn/set_user_role", Access::Admin),
+    ("/api/fn/set_user_disabled", Access::Admin),
+    ("/api/fn/reset_user_password", Access::Admin),
+];
+
+/// Leptos pages and server functions that have no rule (must be empty; the matrix test checks).
+pub fn unruled() -> Vec<String> {
+    let pages = generate_route_list(App).into_iter().map(|r| r.path().to_owned());
+    let pages = pages.filter(|p| !PAGES.iter().any(|(path, _)| path == p));
+    let fns = leptos::server_fn::axum::server_fn_paths().map(|(p, _)| p.to_owned());
+    let fns = fns.filter(|p| !SERVER_FNS.iter().any(|(path, _)| path == p));
+    pages.chain(fns).collect()
+}
+
+/// Every rule: the route table, the pages and the server functions (with their registered
+/// methods).
+pub fn policy() -> Policy {
+    let mut policy = Policy::default();
+    for spec in route_specs() {
+        policy.insert(spec.method, spec.path, Rule { access: spec.access, kind: RouteKind::Api });
+    }
+    for (path, access) in PAGES {
+        policy.insert(Method::GET, path, Rule { access: *access, kind: RouteKind::Page });
+    }
+    for (path, method) in leptos::server_fn::axum::server_fn_paths() {
+        if let Some((_, access)) = SERVER_FNS.iter().find(|(p, _)| *p == path) {
+            policy.insert(method, path, Rule { access: *access, kind: RouteKind::ServerFn });
+        }
+    }
+    policy
+}
+
 /// Builds the whole router.
-pub fn router(state: AppState) -> Router {
+pub fn router(state: AppState, sessions: PostgresStore) -> Router {
     let routes = generate_route_list(App);
     let leptos_options = state.leptos_options.clone();
     let console = state.console.clone();
     let pkg_dir = std::path::Path::new(&*leptos_options.site_root).join(&*leptos_options.site_pkg_dir);
     let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
+    let unruled = unruled();
+    if !unruled.is_empty() {
+        tracing::error!(?unruled, "pages or server functions without an access rule are refused");
+    }
+    let auth_state = AuthLayerState {
+        pool: state.console.pool.clone(),
+        settings: Arc::new(state.settings.auth.clone()),
+        policy: Arc::new(policy()),
+        max_body_bytes: state.settings.max_body_bytes,
+    };
 
-    Router::new()
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
-        .merge(api::router())
-        .nest_service("/pkg", ServeDir::new(pkg_dir))
+    let mut router = Router::new();
+    for spec in route_specs() {
+        router = router.route(spec.path, spec.handler);
+    }
+    let mut router = router
         .leptos_routes_with_context(
             &state,
             routes,
-            move || provide_context(console.clone()),
+            move || {
+                provide_context(console.clone());
+                provide_request_context();
+            },
             move || shell(leptos_options.clone()),
         )
+        .route_layer(axum::middleware::from_fn_with_state(auth_state, authorize))
+        .nest_service("/pkg", ServeDir::new(pkg_dir))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(
             ServiceBuilder::new()
@@ -68,7 +201,26 @@ pub fn router(state: AppState) -> Router {
                 .layer(TimeoutLayer::with_status_code(
                     StatusCode::REQUEST_TIMEOUT,
                     Duration::from_millis(state.settings.request_timeout_ms),
-                )),
-        )
-        .with_state(state)
+                ))
+                .layer(axum::middleware::from_fn(headers::csp))
+                .layer(session::layer(sessions, &state.settings.auth)),
+        );
+    // Outside the ServiceBuilder: it changes the request body type.
+    router = router.layer(RequestBodyLimitLayer::new(state.settings.max_body_bytes));
+    for layer in headers::fixed() {
+        router = router.layer(layer);
+    }
+    router.with_state(state)
+}
+
+/// Gives pages and server functions the request's [`RequestAuth`] (from the authorisation
+/// layer) and makes Leptos's inline scripts carry the nonce of the response's CSP.
+fn provide_request_context() {
+    let Some(parts) = use_context::<axum::http::request::Parts>() else { return };
+    if let Some(auth) = parts.extensions.get::<RequestAuth>() {
+        provide_context(auth.clone());
+    }
+    if let Some(CspNonce(nonce)) = parts.extensions.get::<CspNonce>() {
+        provide_context(leptos::nonce::Nonce::from_value(nonce.as_str()));
+    }
 }

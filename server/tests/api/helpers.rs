@@ -1,24 +1,116 @@
-//! `spawn_app`: the server on port 0 against a fresh database and the local Redis and RabbitMQ.
+//! `spawn_app`: the server on port 0 against a fresh database and the local Redis and RabbitMQ,
+//! with one user per role (each with an API token) ready to use.
+
+use std::sync::LazyLock;
 
 use dedup_console::config::Settings;
 use dedup_console::startup::Application;
+use dedup_engine::accounts::passwords::hash_password;
+use dedup_engine::accounts::tokens::token_create;
+use dedup_engine::accounts::users::user_add;
+use dedup_engine::accounts::{Role, UserName};
 use dedup_engine::testing::TestDatabase;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+
+/// Every test user's password.
+pub const PASSWORD: &str = "test password 123";
+static PASSWORD_HASH: LazyLock<String> = LazyLock::new(|| hash_password(PASSWORD).unwrap());
+
+/// A test user: named after the role (`viewer`, `operator`, `admin`), with an API token.
+pub struct TestUser {
+    /// Login name.
+    pub name: String,
+    /// Role.
+    pub role: Role,
+    /// API token (`Authorization: Bearer`).
+    pub token: String,
+}
+
+/// A signed-in browser-like client: cookie store with the session, and the session's CSRF token.
+pub struct Session {
+    /// Client with the session cookie (no redirects followed).
+    pub client: reqwest::Client,
+    /// The session's CSRF token (from the page's `<meta name="csrf-token">`).
+    pub csrf: String,
+}
 
 /// A running server and its database.
 pub struct TestApp {
     /// `http://127.0.0.1:<port>`.
     pub address: String,
-    /// HTTP client (no redirects followed, so tests see them).
+    /// HTTP client sending the viewer's API token (no redirects followed, so tests see them).
     pub client: reqwest::Client,
+    /// The users: viewer, operator, admin.
+    pub users: Vec<TestUser>,
     /// The test's database; dropped with the app.
     pub _db: TestDatabase,
 }
 
+fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
+}
+
 impl TestApp {
-    /// GET `path`, returning the response.
+    /// GET `path` with the viewer's token, returning the response.
     pub async fn get(&self, path: &str) -> reqwest::Response {
-        self.client.get(format!("{}{path}", self.address)).send().await.expect("request sent")
+        self.client.get(self.url(path)).send().await.expect("request sent")
     }
+
+    /// `address` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    /// The test user with this role.
+    pub fn user(&self, role: Role) -> &TestUser {
+        self.users.iter().find(|u| u.role == role).expect("a user per role")
+    }
+
+    /// A client without credentials.
+    pub fn anonymous(&self) -> reqwest::Client {
+        client_builder().build().unwrap()
+    }
+
+    /// A client sending `role`'s API token.
+    pub fn bearer(&self, role: Role) -> reqwest::Client {
+        bearer_client(&self.user(role).token)
+    }
+
+    /// Signs in as `name` with `password` (a form post like a browser's, without `Accept:
+    /// text/html`); returns the response and the cookie-keeping client.
+    pub async fn login_as(&self, name: &str, password: &str) -> (reqwest::Response, reqwest::Client) {
+        let client = client_builder().cookie_store(true).build().unwrap();
+        let response = client
+            .post(self.url("/login"))
+            .form(&[("username", name), ("password", password)])
+            .send()
+            .await
+            .expect("request sent");
+        (response, client)
+    }
+
+    /// Signs in as the user with `role`; panics unless it succeeds.
+    pub async fn session(&self, role: Role) -> Session {
+        let (response, client) = self.login_as(&self.user(role).name, PASSWORD).await;
+        assert_eq!(response.status(), 204, "sign-in as {role}");
+        let csrf = csrf_of(&client, &self.url("/account")).await;
+        Session { client, csrf }
+    }
+}
+
+/// The CSRF token in the `<meta name="csrf-token">` of the page at `url`.
+pub async fn csrf_of(client: &reqwest::Client, url: &str) -> String {
+    let html = client.get(url).send().await.unwrap().text().await.unwrap();
+    let marker = "name=\"csrf-token\" content=\"";
+    let start = html.find(marker).map(|i| i + marker.len()).expect("csrf meta rendered");
+    html[start..].split('"').next().unwrap().to_owned()
+}
+
+/// A client sending `token` as `Authorization: Bearer`.
+pub fn bearer_client(token: &str) -> reqwest::Client {
+    let mut headers = HeaderMap::new();
+    headers.insert(AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {token}")).unwrap());
+    client_builder().default_headers(headers).build().unwrap()
 }
 
 /// Local service URLs, overridable like the server's own configuration.
@@ -36,6 +128,13 @@ pub fn local_settings() -> Settings {
 /// Spawns the app with `adjust` applied to the local settings.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let db = TestDatabase::create().await;
+    let mut users = Vec::new();
+    for role in Role::ALL {
+        let name = UserName::parse(role.as_str()).unwrap();
+        let user = user_add(&db.pool, &name, role, &PASSWORD_HASH).await.expect("test user");
+        let (_, token) = token_create(&db.pool, user.id, "tests").await.expect("test token");
+        users.push(TestUser { name: user.name, role, token });
+    }
     let mut settings = local_settings();
     settings.listen = "127.0.0.1:0".parse().unwrap();
     settings.database_url = db.url.as_str().into();
@@ -43,8 +142,8 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let app = Application::build(settings, false).await.expect("application builds");
     let address = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until_stopped(std::future::pending()));
-    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-    TestApp { address, client, _db: db }
+    let client = bearer_client(&users[0].token);
+    TestApp { address, client, users, _db: db }
 }
 
 /// Spawns the app against the local services.

@@ -1,0 +1,104 @@
+//! Sessions: tower-sessions with its PostgreSQL store (table `tower_sessions.session`, created
+//! at start-up by the store's own migration).
+//!
+//! The cookie `dedup_session` is `HttpOnly`, `SameSite=Strict`, `Secure` with
+//! `auth.secure_cookies`, and holds only the random session id. A session expires after
+//! `auth.idle_timeout_secs` without requests (the store's expiry, pushed forward by every
+//! request) and `auth.absolute_timeout_secs` after sign-in (checked by [`current`]). Signing in
+//! rotates the id ([`start`]), so an id planted before sign-in is useless after it.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tower_sessions::cookie::SameSite;
+use tower_sessions::cookie::time;
+use tower_sessions::{Expiry, Session, SessionManagerLayer};
+use tower_sessions_sqlx_store::PostgresStore;
+
+use super::AuthSettings;
+
+/// The session cookie's name.
+pub const COOKIE_NAME: &str = "dedup_session";
+/// How often expired sessions are deleted from the store.
+pub const CLEANUP_PERIOD: Duration = Duration::from_secs(3600);
+const KEY: &str = "auth";
+
+/// The signed-in state a session holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionAuth {
+    /// The user.
+    pub user_id: i64,
+    /// The token state-changing requests of this session must carry (header `x-csrf-token` or
+    /// form field `csrf_token`).
+    pub csrf_token: String,
+    /// Sign-in time, Unix seconds (for the absolute expiry).
+    pub login_at: i64,
+}
+
+/// Advisory-lock key serialising the session store's migration across server instances
+/// (`CREATE TABLE IF NOT EXISTS` run concurrently can still collide in the catalog).
+const MIGRATE_LOCK: i64 = 0x6465_6475_7073_6573; // "dedupses"
+
+/// The store, its table created if missing (under an advisory lock, so servers starting
+/// together do not race).
+///
+/// # Errors
+/// The database error of the lock or the store's migration.
+pub async fn store(pool: &PgPool) -> anyhow::Result<PostgresStore> {
+    let store = PostgresStore::new(pool.clone());
+    let mut lock = pool.acquire().await.context("locking the session table migration")?;
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(MIGRATE_LOCK).execute(&mut *lock).await?;
+    let migrated = store.migrate().await.context("creating the session table");
+    sqlx::query("SELECT pg_advisory_unlock($1)").bind(MIGRATE_LOCK).execute(&mut *lock).await?;
+    migrated?;
+    Ok(store)
+}
+
+/// The session layer with the cookie and expiry settings described in the module docs.
+pub fn layer(store: PostgresStore, settings: &AuthSettings) -> SessionManagerLayer<PostgresStore> {
+    let idle = time::Duration::seconds(i64::try_from(settings.idle_timeout_secs).unwrap_or(i64::MAX));
+    SessionManagerLayer::new(store)
+        .with_name(COOKIE_NAME)
+        .with_http_only(true)
+        .with_same_site(SameSite::Strict)
+        .with_secure(settings.secure_cookies)
+        .with_path("/")
+        .with_expiry(Expiry::OnInactivity(idle))
+        // Saving on every request pushes the idle expiry forward (empty sessions are not saved).
+        .with_always_save(true)
+}
+
+/// Signs `user_id` in on this session: a new session id (against fixation) and a new CSRF token.
+///
+/// # Errors
+/// The store's error.
+pub async fn start(session: &Session, user_id: i64) -> Result<SessionAuth, tower_sessions::session::Error> {
+    session.cycle_id().await?;
+    let auth = SessionAuth {
+        user_id,
+        csrf_token: uuid::Uuid::new_v4().simple().to_string(),
+        login_at: chrono::Utc::now().timestamp(),
+    };
+    session.insert(KEY, &auth).await?;
+    Ok(auth)
+}
+
+/// The signed-in state of this session; a session past the absolute expiry is ended and gives
+/// `None`.
+///
+/// # Errors
+/// The store's error.
+pub async fn current(
+    session: &Session,
+    settings: &AuthSettings,
+) -> Result<Option<SessionAuth>, tower_sessions::session::Error> {
+    let Some(auth) = session.get::<SessionAuth>(KEY).await? else { return Ok(None) };
+    let age = chrono::Utc::now().timestamp() - auth.login_at;
+    if age < 0 || age as u64 >= settings.absolute_timeout_secs {
+        session.flush().await?;
+        return Ok(None);
+    }
+    Ok(Some(auth))
+}

@@ -1,0 +1,110 @@
+//! `dedup-console user add|set-password|list`: account management from the command line, for
+//! the first admin and for recovery. Passwords come from the `DEDUP_USER_PASSWORD` environment
+//! variable or the first line of standard input, never from an argument (arguments are visible
+//! in `ps` and shell history). Changes are in the audit log with actor `cli:<os user>`.
+
+use std::io::BufRead;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use dedup_engine::accounts::passwords::{self, hash_password};
+use dedup_engine::accounts::users::{user_add, user_list, user_set_password};
+use dedup_engine::accounts::{Role, UserName};
+use dedup_engine::audit::{AuditOutcome, NewAuditEntry};
+use serde_json::json;
+use sqlx::PgPool;
+
+/// The environment variable a password may come from.
+pub const PASSWORD_ENV: &str = "DEDUP_USER_PASSWORD";
+
+/// `user` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Add a user. Password from DEDUP_USER_PASSWORD or the first line of stdin.
+    Add(UserAddArgs),
+    /// Set a user's password. Password from DEDUP_USER_PASSWORD or the first line of stdin.
+    SetPassword(UserNameArg),
+    /// List users with role and state.
+    List,
+}
+
+/// `user add` options.
+#[derive(Debug, Args)]
+pub struct UserAddArgs {
+    /// Login name (letters, digits, '.', '_', '-').
+    pub name: String,
+    /// viewer (read), operator (also act on records) or admin (also users, cleanup, settings).
+    #[arg(long, default_value = "viewer")]
+    pub role: String,
+}
+
+/// A user name argument.
+#[derive(Debug, Args)]
+pub struct UserNameArg {
+    /// Login name.
+    pub name: String,
+}
+
+/// The audit actor of this command: `cli:<os user>`.
+fn actor() -> String {
+    let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".to_owned());
+    format!("cli:{user}")
+}
+
+fn read_password() -> anyhow::Result<String> {
+    if let Ok(password) = std::env::var(PASSWORD_ENV) {
+        return Ok(password);
+    }
+    eprintln!("password (one line on stdin; or set {PASSWORD_ENV}):");
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).context("reading the password from stdin")?;
+    Ok(line.trim_end_matches(['\n', '\r']).to_owned())
+}
+
+async fn audit(pool: &PgPool, action: &str, detail: serde_json::Value) -> anyhow::Result<()> {
+    let entry = NewAuditEntry {
+        actor: &actor(),
+        action,
+        outcome: AuditOutcome::Ok,
+        reason: None,
+        consumer_group: None,
+        message_ids: &[],
+        detail,
+        source: Some("cli"),
+    };
+    dedup_engine::audit::record(pool, &entry).await.context("writing the audit log")?;
+    Ok(())
+}
+
+/// Runs a `user` subcommand against `pool`.
+///
+/// # Errors
+/// Invalid name, role or password, a taken name, an unknown user, or a database error.
+pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
+    match command {
+        UserCommand::Add(args) => {
+            let name = UserName::parse(&args.name)?;
+            let role: Role = args.role.parse()?;
+            let password = read_password()?;
+            let hash = passwords::blocking(move || hash_password(&password)).await??;
+            let user = user_add(pool, &name, role, &hash).await?;
+            audit(pool, "user.add", json!({ "user": user.name, "role": role.as_str() })).await?;
+            println!("added user {} ({})", user.name, user.role);
+        }
+        UserCommand::SetPassword(args) => {
+            let password = read_password()?;
+            let hash = passwords::blocking(move || hash_password(&password)).await??;
+            let user = user_set_password(pool, &args.name, &hash).await?;
+            audit(pool, "user.set_password", json!({ "user": user.name })).await?;
+            println!("password of {} changed", user.name);
+        }
+        UserCommand::List => {
+            for u in user_list(pool).await? {
+                let state = if u.disabled { "disabled" } else { "enabled" };
+                let last = u.last_login_at.map_or_else(|| "never".to_owned(), |t| t.to_rfc3339());
+                println!("{:<24} {:<9} {:<9} last sign-in {last}", u.name, u.role, state);
+            }
+        }
+    }
+    Ok(())
+}

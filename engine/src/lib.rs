@@ -6,6 +6,7 @@
 //! façade exposed here. The semantics (statuses, leases, claims, operator actions) are the ones
 //! fixed in `DESIGN.md`; each module names the rule it implements.
 
+pub mod actions;
 pub mod audit;
 pub mod console;
 pub mod consumer;

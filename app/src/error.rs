@@ -14,6 +14,13 @@ pub enum ConsoleError {
     /// The thing asked for does not exist (a record id no record has).
     #[error("{0}")]
     NotFound(String),
+    /// The record's state does not allow the action (wrong status, stale lease token, live
+    /// lease, nothing to republish); nothing changed. The text says what to do.
+    #[error("{0}")]
+    Conflict(String),
+    /// A dependency (the broker) failed the action; nothing changed. Try again later.
+    #[error("{0}")]
+    Unavailable(String),
     /// Something failed on the server; details are in the server log under this request.
     #[error("internal error; see the server log")]
     Internal,
@@ -47,6 +54,22 @@ impl From<dedup_engine::console::QueryError> for ConsoleError {
         match error {
             dedup_engine::console::QueryError::BadFilter(message) => ConsoleError::BadRequest(message),
             other => ConsoleError::internal(other),
+        }
+    }
+}
+
+#[cfg(feature = "ssr")]
+impl From<dedup_engine::actions::ActionError> for ConsoleError {
+    /// Refusals keep their message (it is about the record and safe to show); internal errors
+    /// are logged and become the opaque [`ConsoleError::Internal`].
+    fn from(error: dedup_engine::actions::ActionError) -> Self {
+        use dedup_engine::actions::ErrorKind;
+        match error.kind() {
+            ErrorKind::Invalid => ConsoleError::BadRequest(error.to_string()),
+            ErrorKind::NotFound => ConsoleError::NotFound(error.to_string()),
+            ErrorKind::Conflict => ConsoleError::Conflict(error.to_string()),
+            ErrorKind::Unavailable => ConsoleError::Unavailable(error.to_string()),
+            ErrorKind::Internal => ConsoleError::internal(error),
         }
     }
 }

@@ -19,11 +19,13 @@ use leptos_router::components::{Route, Router, Routes};
 use leptos_router::path;
 
 use crate::components::shell::ConsoleLayout;
+use crate::pages::audit::AuditPage;
+use crate::pages::cleanup::CleanupPage;
 use crate::pages::dead_letters::DeadLettersPage;
-use crate::pages::not_built::NotBuilt;
 use crate::pages::overview::OverviewPage;
 use crate::pages::record::RecordPage;
 use crate::pages::records::RecordsPage;
+use crate::pages::requeue::RequeuePage;
 use crate::pages::retries::RetriesPage;
 use crate::pages::stuck::StuckPage;
 
@@ -62,8 +64,9 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/stuck") view=StuckPage />
                     <Route path=path!("/retries") view=RetriesPage />
                     <Route path=path!("/dead-letters") view=DeadLettersPage />
-                    <Route path=path!("/cleanup") view=|| view! { <NotBuilt title="Cleanup" /> } />
-                    <Route path=path!("/audit") view=|| view! { <NotBuilt title="Audit" /> } />
+                    <Route path=path!("/requeue") view=RequeuePage />
+                    <Route path=path!("/cleanup") view=CleanupPage />
+                    <Route path=path!("/audit") view=AuditPage />
                 </Routes>
             </ConsoleLayout>
         </Router>

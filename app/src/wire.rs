@@ -29,6 +29,8 @@ pub struct HealthView {
     pub dependencies: Vec<DependencyView>,
 }
 
+pub mod actions;
 pub mod failures;
+pub mod operations;
 pub mod overview;
 pub mod records;

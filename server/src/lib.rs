@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod operator;
 pub mod routes;
 pub mod startup;
 pub mod telemetry;

@@ -4,12 +4,13 @@ use leptos::prelude::*;
 use leptos_router::components::A;
 
 /// The pages in navigation order: (path, label).
-pub const NAV_ITEMS: [(&str, &str); 7] = [
+pub const NAV_ITEMS: [(&str, &str); 8] = [
     ("/", "Overview"),
     ("/records", "Records"),
     ("/stuck", "Stuck"),
     ("/retries", "Retries"),
     ("/dead-letters", "Dead letters"),
+    ("/requeue", "Requeues"),
     ("/cleanup", "Cleanup"),
     ("/audit", "Audit"),
 ];

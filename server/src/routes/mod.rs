@@ -2,6 +2,8 @@
 //! tower-http layers around them.
 
 mod api;
+mod api_actions;
+mod api_operations;
 mod events;
 mod health;
 

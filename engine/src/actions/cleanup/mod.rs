@@ -329,11 +329,13 @@ async fn delete_batch(
 ) -> Result<i64, sqlx::Error> {
     let (column, _) = age_column(status);
     let done = sqlx::query(&format!(
-        "DELETE FROM dedup_records r USING (
+        // A materialized CTE: as a subquery the planner may rescan the LIMIT per joined row and
+        // delete far more than one batch.
+        "WITH d AS MATERIALIZED (
              SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2
                AND ($3::text IS NULL OR consumer_group = $3)
-             ORDER BY {column} LIMIT $4 FOR UPDATE SKIP LOCKED) d
-         WHERE r.id = d.id AND r.status = $1"
+             ORDER BY {column} LIMIT $4 FOR UPDATE SKIP LOCKED)
+         DELETE FROM dedup_records r USING d WHERE r.id = d.id AND r.status = $1"
     ))
     .bind(status)
     .bind(cutoff)

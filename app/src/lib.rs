@@ -6,6 +6,10 @@
 //!
 //! The two features are never enabled together.
 
+// The table views of the operator pages nest deep enough to pass the default limit when the
+// wasm build computes their layout.
+#![recursion_limit = "256"]
+
 pub mod components;
 pub mod error;
 pub mod pages;

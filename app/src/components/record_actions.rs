@@ -34,8 +34,8 @@ pub struct ActionTarget {
     pub lease_expired: bool,
 }
 
-/// Action buttons for `target`; `on_done` runs after an action succeeded (refresh the page's
-/// data).
+/// Action buttons for `target`; `on_done` runs when the dialog of a successful action is
+/// closed (refresh the page's data; the dialog keeps showing the result until then).
 #[component]
 pub fn RecordActions(target: ActionTarget, #[prop(into)] on_done: Callback<()>) -> impl IntoView {
     let kinds = RecordActionKind::for_status(&target.status);
@@ -98,13 +98,15 @@ fn ConfirmAction(
             },
         });
     };
-    Effect::new(move |_| {
-        if let Some(Ok(_)) = action.value().get() {
+    let close = move |_| {
+        open.set(None);
+        if action.value().with_untracked(|v| matches!(v, Some(Ok(_)))) {
             on_done.run(());
         }
-    });
+    };
     let blocked = move || {
         action.pending().get()
+            || action.value().with(|v| matches!(v, Some(Ok(_))))
             || (kind.needs_reason() && reason.with(|r| r.trim().is_empty()))
             || (live_lease && !force.get())
     };
@@ -158,7 +160,7 @@ fn ConfirmAction(
                 <button class="primary" data-testid="confirm-submit" disabled=blocked on:click=submit>
                     {format!("{} 1 record", kind.label())}
                 </button>
-                <button data-testid="confirm-cancel" on:click=move |_| open.set(None)>
+                <button data-testid="confirm-cancel" on:click=close>
                     "Close"
                 </button>
             </p>

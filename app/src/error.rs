@@ -20,6 +20,13 @@ pub enum ConsoleError {
     /// Signed in, but the role does not allow this (or the CSRF check failed).
     #[error("{0}")]
     Forbidden(String),
+    /// The record's state does not allow the action (wrong status, stale lease token, live
+    /// lease, nothing to republish); nothing changed. The text says what to do.
+    #[error("{0}")]
+    Conflict(String),
+    /// A dependency (the broker) failed the action; nothing changed. Try again later.
+    #[error("{0}")]
+    Unavailable(String),
     /// Something failed on the server; details are in the server log under this request.
     #[error("internal error; see the server log")]
     Internal,
@@ -67,6 +74,21 @@ impl From<dedup_engine::accounts::AccountError> for ConsoleError {
             E::Invalid(_) | E::NameTaken(_) | E::LastAdmin => ConsoleError::BadRequest(error.to_string()),
             E::NotFound(_) => ConsoleError::NotFound(error.to_string()),
             E::Unexpected(e) => ConsoleError::internal(format!("{e:#}")),
+        }
+    }
+}
+
+impl From<dedup_engine::actions::ActionError> for ConsoleError {
+    /// Refusals keep their message (it is about the record and safe to show); internal errors
+    /// are logged and become the opaque [`ConsoleError::Internal`].
+    fn from(error: dedup_engine::actions::ActionError) -> Self {
+        use dedup_engine::actions::ErrorKind;
+        match error.kind() {
+            ErrorKind::Invalid => ConsoleError::BadRequest(error.to_string()),
+            ErrorKind::NotFound => ConsoleError::NotFound(error.to_string()),
+            ErrorKind::Conflict => ConsoleError::Conflict(error.to_string()),
+            ErrorKind::Unavailable => ConsoleError::Unavailable(error.to_string()),
+            ErrorKind::Internal => ConsoleError::internal(error),
         }
     }
 }

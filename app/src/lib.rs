@@ -6,6 +6,10 @@
 //!
 //! The two features are never enabled together.
 
+// The table views of the operator pages nest deep enough to pass the default limit when the
+// wasm build computes their layout.
+#![recursion_limit = "256"]
+
 pub mod components;
 pub mod csrf;
 pub mod error;
@@ -23,12 +27,14 @@ use crate::components::session::provide_session;
 use crate::components::shell::ConsoleLayout;
 use crate::csrf::CSRF_META;
 use crate::pages::account::AccountPage;
+use crate::pages::audit::AuditPage;
+use crate::pages::cleanup::CleanupPage;
 use crate::pages::dead_letters::DeadLettersPage;
 use crate::pages::login::LoginPage;
-use crate::pages::not_built::NotBuilt;
 use crate::pages::overview::OverviewPage;
 use crate::pages::record::RecordPage;
 use crate::pages::records::RecordsPage;
+use crate::pages::requeue::RequeuePage;
 use crate::pages::retries::RetriesPage;
 use crate::pages::stuck::StuckPage;
 use crate::pages::users::UsersPage;
@@ -75,8 +81,9 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/stuck") view=StuckPage />
                     <Route path=path!("/retries") view=RetriesPage />
                     <Route path=path!("/dead-letters") view=DeadLettersPage />
-                    <Route path=path!("/cleanup") view=|| view! { <NotBuilt title="Cleanup" /> } />
-                    <Route path=path!("/audit") view=|| view! { <NotBuilt title="Audit" /> } />
+                    <Route path=path!("/requeue") view=RequeuePage />
+                    <Route path=path!("/cleanup") view=CleanupPage />
+                    <Route path=path!("/audit") view=AuditPage />
                     <Route path=path!("/login") view=LoginPage />
                     <Route path=path!("/users") view=UsersPage />
                     <Route path=path!("/account") view=AccountPage />

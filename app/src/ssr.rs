@@ -2,15 +2,18 @@
 //! engine types to [`crate::wire`] types.
 
 pub mod accounts;
+pub mod actions;
 pub mod auth;
 pub mod console;
 mod convert;
+pub mod operations;
 
 use std::sync::Arc;
 
 use dedup_engine::consumer::ConsumerStatus;
 use dedup_engine::fastpath::FastPath;
 use dedup_engine::health::{HealthProbes, HealthReport};
+use dedup_engine::source::SourceFactory;
 use dedup_engine::source::rabbitmq::RabbitConnector;
 use leptos::prelude::use_context;
 use sqlx::PgPool;
@@ -29,6 +32,8 @@ pub struct ConsoleState {
     pub fast_path: Arc<FastPath>,
     /// The broker connection (queue depth, publishing).
     pub connector: Arc<RabbitConnector>,
+    /// The consumer's source (RabbitMQ or Kafka): operator actions publish through it.
+    pub source: Arc<dyn SourceFactory>,
     /// The embedded consumer's status; `None` when it is disabled.
     pub consumer: Option<Arc<ConsumerStatus>>,
     /// The consumer group the embedded consumer runs.

@@ -30,6 +30,8 @@ pub struct HealthView {
 }
 
 pub mod account;
+pub mod actions;
 pub mod failures;
+pub mod operations;
 pub mod overview;
 pub mod records;

@@ -7,6 +7,7 @@
 //! fixed in `DESIGN.md`; each module names the rule it implements.
 
 pub mod accounts;
+pub mod actions;
 pub mod audit;
 pub mod console;
 pub mod consumer;

@@ -1,5 +1,5 @@
-//! The engine as a running service: the consumer, the fast path and the aggregate flusher,
-//! started together and stopped together. The server embeds one [`Engine`]; the CLI's
+//! The engine as a running service: the consumer, the fast path, the aggregate flusher and the
+//! bulk-requeue and cleanup schedulers, started together and stopped together. The server embeds one [`Engine`]; the CLI's
 //! `simulate` uses its pieces.
 
 use std::sync::Arc;
@@ -162,6 +162,12 @@ impl Engine {
                 shutdown.clone(),
             )));
         }
+        tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
+            pool.clone(),
+            source.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(pool.clone(), shutdown.clone())));
         let mut consumer_status = None;
         if c.enabled {
             orders::stock_inventory(&pool, &order_settings).await?;

@@ -1,4 +1,6 @@
-//! The command line: `serve` (default), `migrate`, `simulate`, `verify`, `seed`, `user`.
+//! The command line: `serve` (default), `migrate`, `simulate`, `verify`, `seed`, `user`, and the operator
+//! commands (`release`, `mark-succeeded`, `dead-letter`, `requeue`, `requeue-bulk`, `cleanup`; see
+//! [`crate::operator`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use dedup_engine::runtime::ConsumerConfig;
 
 use crate::cli_users::UserCommand;
 use crate::config::Settings;
+use crate::operator::{BulkArgs, CleanupArgs, RecordArgs, RecordCommand, run_bulk, run_cleanup, run_record};
 use crate::startup::{Application, open_database};
 use crate::telemetry;
 
@@ -49,6 +52,20 @@ pub enum Command {
     /// Manage operator accounts: add, set-password, list.
     #[command(subcommand)]
     User(UserCommand),
+    /// Release a stuck record (processing -> failed, lease cleared, claimable). Needs
+    /// --lease-token and --reason; --force for a live lease; --requeue to republish at once.
+    Release(RecordArgs),
+    /// Mark a stuck, failed or dead record succeeded after verifying its effect (--reason).
+    MarkSucceeded(RecordArgs),
+    /// Dead-letter a stuck or failed record by hand (--reason).
+    DeadLetter(RecordArgs),
+    /// Requeue a failed or dead record: republish its stored message, make it claimable.
+    Requeue(RecordArgs),
+    /// Requeue the records a filter matches, rate-limited with a canary: prints the preview;
+    /// --yes starts the job and runs it.
+    RequeueBulk(BulkArgs),
+    /// Dry-run (--dry-run) or run a cleanup schedule now.
+    Cleanup(CleanupArgs),
 }
 
 /// `seed` options.
@@ -179,6 +196,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             pool.close().await;
             result
         }
+        Command::Release(args) => run_record(&settings, RecordCommand::Release, args).await,
+        Command::MarkSucceeded(args) => run_record(&settings, RecordCommand::MarkSucceeded, args).await,
+        Command::DeadLetter(args) => run_record(&settings, RecordCommand::DeadLetter, args).await,
+        Command::Requeue(args) => run_record(&settings, RecordCommand::Requeue, args).await,
+        Command::RequeueBulk(args) => run_bulk(&settings, args).await,
+        Command::Cleanup(args) => run_cleanup(&settings, args).await,
     }
 }
 

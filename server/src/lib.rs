@@ -5,6 +5,7 @@ pub mod auth;
 pub mod cli;
 pub mod cli_users;
 pub mod config;
+pub mod operator;
 pub mod routes;
 pub mod startup;
 pub mod telemetry;

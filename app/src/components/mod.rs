@@ -1,8 +1,12 @@
 //! Widgets shared by several pages.
 
+pub mod bulk_requeue;
 pub mod chart;
+pub mod drill;
 pub mod format;
 pub mod live;
+pub mod record_actions;
 pub mod records_table;
 pub mod session;
 pub mod shell;
+pub mod ticker;

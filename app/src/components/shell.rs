@@ -7,12 +7,13 @@ use crate::components::session::{UserBox, use_session};
 use crate::wire::account::RoleView;
 
 /// The pages in navigation order: (path, label).
-pub const NAV_ITEMS: [(&str, &str); 7] = [
+pub const NAV_ITEMS: [(&str, &str); 8] = [
     ("/", "Overview"),
     ("/records", "Records"),
     ("/stuck", "Stuck"),
     ("/retries", "Retries"),
     ("/dead-letters", "Dead letters"),
+    ("/requeue", "Requeues"),
     ("/cleanup", "Cleanup"),
     ("/audit", "Audit"),
 ];

@@ -4,6 +4,7 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
+use crate::components::bulk_requeue::BulkRequeue;
 use crate::components::format::{count, short_time};
 use crate::error::ConsoleError;
 use crate::wire::failures::DeadLetterGroupView;
@@ -22,7 +23,14 @@ pub fn DeadLettersPage() -> impl IntoView {
     view! {
         <h1>"Dead letters"</h1>
         <p class="muted">
-            "Records whose attempts ran out, and poison messages. Each waits for an operator."
+            "Records whose attempts ran out, and poison messages. Each waits for an operator. "
+            "Requeue a group after fixing its cause: a preview shows the exact count first."
+        </p>
+        <p>
+            <BulkRequeue
+                filter=RecordsQuery { status: Some("dead".to_owned()), ..RecordsQuery::default() }
+                label="all dead letters"
+            />
         </p>
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             {move || Suspend::new(async move {
@@ -49,6 +57,7 @@ fn Groups(groups: Vec<DeadLetterGroupView>) -> impl IntoView {
                     <th>"First seen"</th>
                     <th>"Last seen"</th>
                     <th>"Message types"</th>
+                    <th>"Actions"</th>
                 </tr>
             </thead>
             <tbody>
@@ -61,6 +70,8 @@ fn Groups(groups: Vec<DeadLetterGroupView>) -> impl IntoView {
                             ..RecordsQuery::default()
                         };
                         let label = g.error_class.clone().unwrap_or_else(|| "(no error class)".to_owned());
+                        let requeue_label = format!("dead letters of {label}");
+                        let filter = drill.clone();
                         view! {
                             <tr>
                                 <td>
@@ -70,6 +81,9 @@ fn Groups(groups: Vec<DeadLetterGroupView>) -> impl IntoView {
                                 <td>{short_time(&g.first_seen_at)}</td>
                                 <td>{short_time(&g.last_seen_at)}</td>
                                 <td>{g.message_types.join(", ")}</td>
+                                <td>
+                                    <BulkRequeue filter label=requeue_label />
+                                </td>
                             </tr>
                         }
                     })

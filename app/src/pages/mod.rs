@@ -2,12 +2,14 @@
 //! functions.
 
 pub mod account;
+pub mod audit;
+pub mod cleanup;
 pub mod dead_letters;
 pub mod login;
-pub mod not_built;
 pub mod overview;
 pub mod record;
 pub mod records;
+pub mod requeue;
 pub mod retries;
 pub mod stuck;
 pub mod users;

@@ -5,8 +5,12 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
+use crate::components::drill::DrillButton;
 use crate::components::format::{StatusBadge, duration, millis, opt_time, short_time};
+use crate::components::record_actions::{ActionTarget, RecordActions};
 use crate::error::ConsoleError;
+use crate::pages::audit::AuditTable;
+use crate::wire::operations::AuditEntryView;
 use crate::wire::records::{AttemptView, MarkerView, PayloadView, RecordDetailView};
 
 /// One record with its history and marker.
@@ -15,14 +19,22 @@ pub async fn get_record(id: i64) -> Result<RecordDetailView, ConsoleError> {
     crate::ssr::console::record(&crate::ssr::console_state()?, id).await
 }
 
+/// The audit entries naming a record. Role: viewer.
+#[server(prefix = "/api/fn", endpoint = "get_record_audit", client = crate::csrf::CsrfClient)]
+pub async fn get_record_audit(group: String, message_id: String) -> Result<Vec<AuditEntryView>, ConsoleError> {
+    crate::ssr::operations::record_audit(&crate::ssr::console_state()?, &group, &message_id).await
+}
+
 /// The record detail page.
 #[component]
 pub fn RecordPage() -> impl IntoView {
     let params = use_params_map();
     let id = Memo::new(move |_| params.with(|p| p.get("id")).and_then(|s| s.parse::<i64>().ok()));
+    // Bumped by every completed action, so the page shows the record's new state.
+    let changed = RwSignal::new(0usize);
     let record = Resource::new(
-        move || id.get(),
-        |id| async move {
+        move || (id.get(), changed.get()),
+        |(id, _)| async move {
             match id {
                 Some(id) => get_record(id).await,
                 None => Err(ConsoleError::BadRequest("record ids are whole numbers".to_owned())),
@@ -33,7 +45,7 @@ pub fn RecordPage() -> impl IntoView {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match record.await {
-                    Ok(r) => view! { <Detail r /> }.into_any(),
+                    Ok(r) => view! { <Detail r on_done=move || changed.update(|n| *n += 1) /> }.into_any(),
                     Err(e) => {
                         view! {
                             <h1>"Record"</h1>
@@ -58,12 +70,24 @@ fn fact(term: &'static str, value: Option<String>) -> impl IntoView {
 }
 
 #[component]
-fn Detail(r: RecordDetailView) -> impl IntoView {
+fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl IntoView {
     let s = r.record.clone();
+    let target = ActionTarget {
+        id: s.id,
+        message_id: s.message_id.clone(),
+        status: s.status.clone(),
+        lease_token: r.lease_token.clone(),
+        lease_expired: r.lease_expired,
+    };
+    let succeeded = s.status == "succeeded";
+    let (audit_group, audit_message_id) = (s.consumer_group.clone(), s.message_id.clone());
+    let record_id = s.id;
     view! {
         <h1>
             "Record " {s.id} " " <StatusBadge status=s.status.clone() />
         </h1>
+        <RecordActions target on_done />
+        {succeeded.then(|| view! { <DrillButton record_id /> })}
         <p class="mono" data-testid="record-message-id">
             {s.message_id.clone()}
         </p>
@@ -82,6 +106,7 @@ fn Detail(r: RecordDetailView) -> impl IntoView {
                     {fact("Completed", r.completed_at.as_deref().map(short_time))}
                     {fact("Next attempt", s.next_attempt_at.as_deref().map(short_time))}
                     {fact("Lease owner", r.lease_owner)}
+                    {fact("Lease token", r.lease_token)}
                     {fact(
                         "Lease expires",
                         r.lease_expires_at
@@ -135,6 +160,10 @@ fn Detail(r: RecordDetailView) -> impl IntoView {
         <section class="panel" aria-labelledby="history-title">
             <h2 id="history-title">"Attempt history"</h2>
             <History attempts=r.attempts />
+        </section>
+        <section class="panel" aria-labelledby="audit-title">
+            <h2 id="audit-title">"Audit entries"</h2>
+            <RecordAudit group=audit_group message_id=audit_message_id />
         </section>
     }
 }
@@ -210,4 +239,19 @@ fn History(attempts: Vec<AttemptView>) -> impl IntoView {
         </ol>
     }
     .into_any()
+}
+
+#[component]
+fn RecordAudit(group: String, message_id: String) -> impl IntoView {
+    let entries = Resource::new(move || (group.clone(), message_id.clone()), |(g, m)| get_record_audit(g, m));
+    view! {
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match entries.await {
+                    Ok(entries) => view! { <AuditTable entries /> }.into_any(),
+                    Err(e) => view! { <p class="error">{e.to_string()}</p> }.into_any(),
+                }
+            })}
+        </Transition>
+    }
 }

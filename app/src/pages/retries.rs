@@ -4,10 +4,12 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
+use crate::components::bulk_requeue::BulkRequeue;
 use crate::components::format::{count, opt_time};
 use crate::components::records_table::RecordsTable;
 use crate::error::ConsoleError;
 use crate::wire::failures::RetriesView;
+use crate::wire::records::RecordsQuery;
 
 /// The retries page's data.
 #[server(prefix = "/api/fn", endpoint = "get_retries", client = crate::csrf::CsrfClient)]
@@ -39,7 +41,11 @@ fn Retries(r: RetriesView) -> impl IntoView {
     view! {
         <p data-testid="retries-summary">
             {format!("{} failed records; next retry due {}", count(failed), opt_time(r.next_retry_at.as_deref()))}
-            " · " <A href="/records?status=failed&sort=attempts">"all failed records by attempts"</A>
+            " · " <A href="/records?status=failed&sort=attempts">"all failed records by attempts"</A> " · "
+            <BulkRequeue
+                filter=RecordsQuery { status: Some("failed".to_owned()), ..RecordsQuery::default() }
+                label="all failed records now"
+            />
         </p>
         <div class="columns">
             <section class="panel" aria-labelledby="dist-title">

@@ -6,6 +6,7 @@ use leptos::prelude::*;
 use leptos_router::components::A;
 
 use crate::components::format::{count, duration, opt_time, short_time};
+use crate::components::record_actions::{ActionTarget, RecordActions};
 use crate::error::ConsoleError;
 use crate::wire::failures::{StuckRecordView, StuckView};
 
@@ -18,7 +19,9 @@ pub async fn list_stuck() -> Result<StuckView, ConsoleError> {
 /// The stuck page.
 #[component]
 pub fn StuckPage() -> impl IntoView {
-    let stuck = Resource::new(|| (), |_| list_stuck());
+    // Bumped by every completed action, so the list drops records that were acted on.
+    let changed = RwSignal::new(0usize);
+    let stuck = Resource::new(move || changed.get(), |_| list_stuck());
     view! {
         <h1>"Stuck"</h1>
         <p class="muted">
@@ -29,7 +32,7 @@ pub fn StuckPage() -> impl IntoView {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match stuck.await {
-                    Ok(s) => view! { <StuckTable s /> }.into_any(),
+                    Ok(s) => view! { <StuckTable s on_done=move || changed.update(|n| *n += 1) /> }.into_any(),
                     Err(e) => view! { <p class="error">{e.to_string()}</p> }.into_any(),
                 }
             })}
@@ -38,7 +41,7 @@ pub fn StuckPage() -> impl IntoView {
 }
 
 #[component]
-fn StuckTable(s: StuckView) -> impl IntoView {
+fn StuckTable(s: StuckView, #[prop(into)] on_done: Callback<()>) -> impl IntoView {
     if s.rows.is_empty() {
         return view! { <p class="empty" data-testid="no-stuck">"Nothing is stuck."</p> }.into_any();
     }
@@ -60,16 +63,24 @@ fn StuckTable(s: StuckView) -> impl IntoView {
                     <th class="num">"Attempts"</th>
                     <th class="num">"Re-entries"</th>
                     <th>"Parked"</th>
+                    <th>"Actions"</th>
                 </tr>
             </thead>
-            <tbody>{s.rows.into_iter().map(|r| view! { <StuckRow r /> }).collect_view()}</tbody>
+            <tbody>{s.rows.into_iter().map(|r| view! { <StuckRow r on_done /> }).collect_view()}</tbody>
         </table>
     }
     .into_any()
 }
 
 #[component]
-fn StuckRow(r: StuckRecordView) -> impl IntoView {
+fn StuckRow(r: StuckRecordView, on_done: Callback<()>) -> impl IntoView {
+    let target = ActionTarget {
+        id: r.id,
+        message_id: r.message_id.clone(),
+        status: "processing".to_owned(),
+        lease_token: Some(r.lease_token.clone()),
+        lease_expired: true,
+    };
     view! {
         <tr data-record-id=r.id data-crash-loop=r.crash_loop.to_string()>
             <td class="num">
@@ -95,6 +106,9 @@ fn StuckRow(r: StuckRecordView) -> impl IntoView {
                     })}
             </td>
             <td>{opt_time(r.parked_at.as_deref())}</td>
+            <td>
+                <RecordActions target on_done />
+            </td>
         </tr>
     }
 }

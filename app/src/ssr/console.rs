@@ -105,9 +105,9 @@ pub async fn growth(state: &ConsoleState, range: Option<&str>) -> Result<GrowthV
     })
 }
 
-/// One page of records.
-pub async fn records(state: &ConsoleState, q: &RecordsQuery) -> Result<RecordPageView, ConsoleError> {
-    let text = FilterText {
+/// The text of a records query, for the engine's parsers (records list, bulk requeue filter).
+pub fn filter_text(q: &RecordsQuery) -> FilterText<'_> {
+    FilterText {
         group: q.group.as_deref(),
         status: q.status.as_deref(),
         message_type: q.message_type.as_deref(),
@@ -122,8 +122,12 @@ pub async fn records(state: &ConsoleState, q: &RecordsQuery) -> Result<RecordPag
         after: q.after.as_deref(),
         before: q.before.as_deref(),
         limit: q.limit.as_deref(),
-    };
-    let params = RecordListParams::parse(&text)?;
+    }
+}
+
+/// One page of records.
+pub async fn records(state: &ConsoleState, q: &RecordsQuery) -> Result<RecordPageView, ConsoleError> {
+    let params = RecordListParams::parse(&filter_text(q))?;
     Ok(records::records_list(&state.pool, &params).await?.into())
 }
 

@@ -20,7 +20,7 @@ pub fn time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-fn opt_time(t: Option<DateTime<Utc>>) -> Option<String> {
+pub fn opt_time(t: Option<DateTime<Utc>>) -> Option<String> {
     t.map(time)
 }
 
@@ -154,6 +154,7 @@ pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerSta
         record: d.row.into(),
         reentries: d.reentries,
         lease_owner: d.lease_owner,
+        lease_token: d.lease_token.map(|t| t.to_string()),
         lease_expires_at: opt_time(d.lease_expires_at),
         lease_expired: d.lease_expired,
         completed_at: opt_time(d.completed_at),
@@ -204,6 +205,7 @@ impl From<StuckList> for StuckView {
                     message_type: r.message_type,
                     handler_mode: r.handler_mode,
                     lease_owner: r.lease_owner,
+                    lease_token: r.lease_token.to_string(),
                     lease_expires_at: time(r.lease_expires_at),
                     stuck_secs: r.stuck_secs,
                     attempts: r.attempts,

@@ -20,6 +20,8 @@ pub struct StuckRecordView {
     pub handler_mode: Option<String>,
     /// The worker that held the lease.
     pub lease_owner: Option<String>,
+    /// The lease token an action on this record must present (UUID).
+    pub lease_token: String,
     /// When the lease expired, RFC 3339.
     pub lease_expires_at: String,
     /// Seconds since then.

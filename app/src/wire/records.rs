@@ -270,6 +270,8 @@ pub struct RecordDetailView {
     pub reentries: i32,
     /// Lease holder (processing).
     pub lease_owner: Option<String>,
+    /// Lease token (processing): operator actions present it (UUID).
+    pub lease_token: Option<String>,
     /// Lease expiry, RFC 3339.
     pub lease_expires_at: Option<String>,
     /// Whether the lease has expired (stuck).

@@ -27,6 +27,8 @@ pub struct StuckRecord {
     pub handler_mode: Option<String>,
     /// The worker that held the lease.
     pub lease_owner: Option<String>,
+    /// The lease token an operator action must present.
+    pub lease_token: uuid::Uuid,
     /// When the lease expired.
     pub lease_expires_at: DateTime<Utc>,
     /// Seconds since the lease expired.
@@ -59,7 +61,7 @@ pub struct StuckList {
 /// Errors: [`QueryError::Database`].
 pub async fn stuck_records(pool: &sqlx::PgPool, limit: i64) -> Result<StuckList, QueryError> {
     let rows = sqlx::query_as(
-        "SELECT id, consumer_group, message_id, message_type, handler_mode, lease_owner, lease_expires_at,
+        "SELECT id, consumer_group, message_id, message_type, handler_mode, lease_owner, lease_token, lease_expires_at,
                 extract(epoch FROM now() - lease_expires_at)::bigint AS stuck_secs, updated_at, attempts,
                 max_attempts, reentries, reentries >= $2 AS crash_loop, parked_at
          FROM dedup_records WHERE status = 'processing' AND lease_expires_at < now()

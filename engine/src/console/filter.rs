@@ -49,8 +49,9 @@ pub struct FilterText<'a> {
     pub limit: Option<&'a str>,
 }
 
-/// Which records a list shows. `None` fields do not filter.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Which records a list shows (or a bulk requeue selects). `None` fields do not filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct RecordFilter {
     /// Consumer group.
     pub group: Option<String>,

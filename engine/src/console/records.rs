@@ -71,8 +71,9 @@ pub struct RecordPage {
 const ROW_COLUMNS: &str = "id, consumer_group, message_id, message_type, status, handler_mode, attempts, \
      max_attempts, first_seen_at, updated_at, next_attempt_at, error_class, duplicate_count";
 
-/// Appends the `WHERE` conditions of `filter` (always at least `true`), every value bound.
-fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFilter) {
+/// Appends the `WHERE` conditions of `filter` (always at least `true`), every value bound. Also
+/// selects the records of a bulk requeue ([`crate::actions::bulk`]).
+pub(crate) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFilter) {
     q.push(" WHERE true");
     if let Some(group) = &filter.group {
         q.push(" AND consumer_group = ").push_bind(group.clone());
@@ -183,6 +184,9 @@ pub struct RecordDetail {
     pub reentries: i32,
     /// Lease holder (processing only).
     pub lease_owner: Option<String>,
+    /// Lease fencing token (processing only): operator actions on a processing record must
+    /// present it, so they cannot hit a newer claim.
+    pub lease_token: Option<uuid::Uuid>,
     /// Lease expiry (processing only).
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// Whether the lease has expired by the database clock (the record is stuck).
@@ -227,7 +231,7 @@ pub struct RecordDetail {
 /// Errors: [`QueryError::Database`].
 pub async fn record_detail(pool: &sqlx::PgPool, id: i64) -> Result<Option<RecordDetail>, QueryError> {
     let sql = format!(
-        "SELECT {ROW_COLUMNS}, reentries, lease_owner, lease_expires_at,
+        "SELECT {ROW_COLUMNS}, reentries, lease_owner, lease_token, lease_expires_at,
                 COALESCE(lease_expires_at < now(), false) AS lease_expired, completed_at, last_error,
                 encode(payload_hash, 'hex') AS payload_hash, payload, payload_truncated, headers, content_type,
                 source_broker, source_exchange, source_routing_key, source_queue, last_duplicate_at,

@@ -1,10 +1,12 @@
-//! The read REST API under `/api/v1` and its OpenAPI document at `/api/openapi.json`.
+//! The REST API under `/api/v1` (reads here, operator actions in [`super::api_actions`]) and its
+//! OpenAPI document at `/api/openapi.json`.
 //!
 //! Every endpoint calls the same function as the console page that shows the data
 //! (`dedup_app::ssr::console`), so the API and the UI never disagree. Errors are JSON
-//! `{ "error": code, "message": text }`: 400 `bad_request` for an invalid filter (the message
-//! says which), 404 `not_found`, 500 `internal` (details only in the server log, under the
-//! request id).
+//! `{ "error": code, "message": text }`: 400 `bad_request` for an invalid filter or body (the
+//! message says which), 404 `not_found`, 409 `conflict` (the record's state refuses an action;
+//! nothing changed), 503 `unavailable` (the broker failed an action; nothing changed), 500
+//! `internal` (details only in the server log, under the request id).
 
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -20,15 +22,15 @@ use dedup_app::wire::records::{RecordDetailView, RecordPageView, RecordsQuery};
 use serde::{Deserialize, Serialize};
 use utoipa::OpenApi;
 
-use super::{RouteSpec, events};
+use super::{RouteSpec, api_actions, api_operations, events};
 use crate::auth::access::Access;
 use crate::startup::AppState;
 
 /// The body of every API error.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
-    /// `bad_request`, `unauthorized`, `forbidden`, `not_found`, `too_many_requests`,
-    /// `payload_too_large` or `internal`.
+    /// `bad_request`, `unauthorized`, `forbidden`, `not_found`, `conflict`, `too_many_requests`,
+    /// `payload_too_large`, `unavailable` or `internal`.
     pub error: String,
     /// What went wrong, for a person.
     pub message: String,
@@ -50,18 +52,20 @@ impl IntoResponse for ApiError {
             ConsoleError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ConsoleError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ConsoleError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ConsoleError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ConsoleError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ConsoleError::Internal | ConsoleError::ServerFn(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         (status, Json(ErrorBody { error: code.to_owned(), message: self.0.to_string() })).into_response()
     }
 }
 
-/// A malformed query string or path is a bad request too.
-fn rejected(e: impl std::fmt::Display) -> ApiError {
+/// A malformed query string, path or body is a bad request too.
+pub(super) fn rejected(e: impl std::fmt::Display) -> ApiError {
     ApiError(ConsoleError::BadRequest(e.to_string()))
 }
 
-type ApiResult<T> = Result<Json<T>, ApiError>;
+pub(super) type ApiResult<T> = Result<Json<T>, ApiError>;
 
 /// The growth chart's range.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -146,10 +150,39 @@ pub async fn dead_letters(State(s): State<AppState>) -> ApiResult<Vec<DeadLetter
 #[derive(OpenApi)]
 #[openapi(
     info(
-        title = "dedup-console read API",
-        description = "Dedup records, aggregates and failures, as the console shows them."
+        title = "dedup-console API",
+        description = "Dedup records, aggregates and failures, as the console shows them, and the operator \
+                       actions on them (every action is a guarded compare-and-set and is audited)."
     ),
-    paths(aggregates, growth, groups, message_types, records, record, stuck, retries, dead_letters, events::events),
+    paths(
+        aggregates,
+        growth,
+        groups,
+        message_types,
+        records,
+        record,
+        stuck,
+        retries,
+        dead_letters,
+        events::events,
+        api_actions::release,
+        api_actions::mark_succeeded,
+        api_actions::dead_letter,
+        api_actions::requeue,
+        api_operations::requeue_preview,
+        api_operations::requeue_start,
+        api_operations::requeue_jobs,
+        api_operations::requeue_job,
+        api_operations::requeue_control,
+        api_operations::cleanup,
+        api_operations::schedule_create,
+        api_operations::schedule_update,
+        api_operations::schedule_dry_run,
+        api_operations::schedule_run,
+        api_operations::drill_start,
+        api_operations::drill,
+        api_operations::audit
+    ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -190,7 +223,7 @@ async fn openapi() -> Json<utoipa::openapi::OpenApi> {
 /// signed-in user (session or API token).
 pub fn routes() -> Vec<RouteSpec> {
     use Access::{Public, Viewer};
-    vec![
+    let mut routes = vec![
         RouteSpec::get("/api/openapi.json", Public, get(openapi)),
         RouteSpec::get("/api/v1/aggregates", Viewer, get(aggregates)),
         RouteSpec::get("/api/v1/aggregates/growth", Viewer, get(growth)),
@@ -202,5 +235,8 @@ pub fn routes() -> Vec<RouteSpec> {
         RouteSpec::get("/api/v1/retries", Viewer, get(retries)),
         RouteSpec::get("/api/v1/dead-letters", Viewer, get(dead_letters)),
         RouteSpec::get(dedup_app::components::live::LIVE_EVENTS_PATH, Viewer, get(events::events)),
-    ]
+    ];
+    routes.extend(api_actions::routes());
+    routes.extend(api_operations::routes());
+    routes
 }

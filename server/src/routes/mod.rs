@@ -8,6 +8,8 @@
 //! fails on any page or server function missing from the tables.
 
 pub mod api;
+mod api_actions;
+mod api_operations;
 mod events;
 mod health;
 
@@ -63,6 +65,11 @@ impl RouteSpec {
     pub fn post(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
         RouteSpec { method: Method::POST, path, access, handler }
     }
+
+    /// A `PUT` route.
+    pub fn put(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
+        RouteSpec { method: Method::PUT, path, access, handler }
+    }
 }
 
 /// The axum routes: probes and metrics (public: load balancers and Prometheus do not sign in),
@@ -89,6 +96,7 @@ pub const PAGES: &[(&str, Access)] = &[
     ("/stuck", Access::Viewer),
     ("/retries", Access::Viewer),
     ("/dead-letters", Access::Viewer),
+    ("/requeue", Access::Viewer),
     ("/cleanup", Access::Viewer),
     ("/audit", Access::Viewer),
     ("/account", Access::Viewer),
@@ -112,6 +120,19 @@ pub const SERVER_FNS: &[(&str, Access)] = &[
     ("/api/fn/list_tokens", Access::Viewer),
     ("/api/fn/create_token", Access::Viewer),
     ("/api/fn/revoke_token", Access::Viewer),
+    ("/api/fn/get_record_audit", Access::Viewer),
+    ("/api/fn/get_audit", Access::Viewer),
+    ("/api/fn/get_cleanup", Access::Viewer),
+    ("/api/fn/dry_run_schedule", Access::Viewer),
+    ("/api/fn/get_drill", Access::Viewer),
+    ("/api/fn/list_requeue_jobs", Access::Viewer),
+    ("/api/fn/preview_requeue", Access::Viewer),
+    ("/api/fn/act_on_record", Access::Operator),
+    ("/api/fn/start_requeue", Access::Operator),
+    ("/api/fn/control_requeue_job", Access::Operator),
+    ("/api/fn/start_drill", Access::Operator),
+    ("/api/fn/save_schedule", Access::Admin),
+    ("/api/fn/run_schedule_now", Access::Admin),
     ("/api/fn/list_users", Access::Admin),
     ("/api/fn/add_user", Access::Admin),
     ("/api/fn/set_user_role", Access::Admin),

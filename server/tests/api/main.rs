@@ -1,6 +1,7 @@
 //! Server integration tests: each test spawns the application on a free port with a fresh
 //! database (dropped afterwards) and talks HTTP to it.
 
+mod actions;
 mod auth;
 mod console;
 mod health;

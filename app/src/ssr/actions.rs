@@ -1,0 +1,76 @@
+//! The operator actions as the web layer calls them (server functions and the REST API): parse
+//! the request, open a publisher when the action republishes, one engine call, convert.
+
+use dedup_engine::actions::{self, ActionOutcome, RecordAction};
+use dedup_engine::record::RecordStatus;
+use uuid::Uuid;
+
+use super::ConsoleState;
+use crate::error::ConsoleError;
+use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
+
+fn parse_status(text: Option<&str>) -> Result<Option<RecordStatus>, ConsoleError> {
+    text.map(|s| s.parse::<RecordStatus>().map_err(|e| ConsoleError::BadRequest(format!("expected_status: {e}"))))
+        .transpose()
+}
+
+fn parse_token(text: Option<&str>) -> Result<Option<Uuid>, ConsoleError> {
+    text.map(|s| {
+        Uuid::parse_str(s.trim()).map_err(|_| ConsoleError::BadRequest(format!("lease_token {s:?} is not a UUID")))
+    })
+    .transpose()
+}
+
+/// Runs `kind` on record `id` as `actor`.
+///
+/// Errors: 400 for a malformed request or a missing reason/lease token, 404 for an unknown
+/// record, 409 when the record's state refuses it, 503 when the broker did not take the copy.
+pub async fn act(
+    state: &ConsoleState,
+    actor: &str,
+    id: i64,
+    kind: RecordActionKind,
+    request: &RecordActionRequest,
+) -> Result<ActionResultView, ConsoleError> {
+    if request.requeue && kind != RecordActionKind::Release {
+        return Err(ConsoleError::BadRequest("requeue: true only applies to release".to_owned()));
+    }
+    let params = RecordAction {
+        record_id: id,
+        expected_status: parse_status(request.expected_status.as_deref())?,
+        lease_token: parse_token(request.lease_token.as_deref())?,
+        force: request.force,
+        reason: request.reason.as_deref(),
+    };
+    let pool = &state.pool;
+    let republishes = kind == RecordActionKind::Requeue || request.requeue;
+    let publisher = if republishes {
+        Some(state.source.open_publisher().await.map_err(|e| ConsoleError::Unavailable(e.to_string()))?)
+    } else {
+        None
+    };
+    let outcome = match kind {
+        RecordActionKind::Release => actions::record_release(pool, actor, &params, publisher.as_deref()).await,
+        RecordActionKind::MarkSucceeded => actions::record_mark_succeeded(pool, actor, &params).await,
+        RecordActionKind::DeadLetter => actions::record_dead_letter(pool, actor, &params).await,
+        RecordActionKind::Requeue => match publisher.as_deref() {
+            Some(p) => actions::record_requeue(pool, actor, &params, p).await,
+            None => return Err(ConsoleError::internal("requeue without a publisher")),
+        },
+    }?;
+    Ok(outcome.into())
+}
+
+impl From<ActionOutcome> for ActionResultView {
+    fn from(o: ActionOutcome) -> Self {
+        ActionResultView {
+            record_id: o.record_id,
+            consumer_group: o.consumer_group,
+            message_id: o.message_id,
+            from: o.from.as_str().to_owned(),
+            status: o.status.as_str().to_owned(),
+            republished: o.republished,
+            audit_id: o.audit_id,
+        }
+    }
+}

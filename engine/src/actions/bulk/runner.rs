@@ -1,0 +1,344 @@
+//! The background runner of bulk requeue jobs: one per job (advisory lock), a canary batch
+//! first, then the rest at the job's rate, pausing itself on too many failed publishes.
+//!
+//! Each batch is one transaction: the pending items' records are locked (in the consumers' lock
+//! order), classified again (a record may have succeeded or been claimed since the freeze), the
+//! requeueable ones are published concurrently on one confirm channel, the confirmed ones are
+//! made claimable, and the items and the job's counters are updated. A consumer's claim of a
+//! fresh copy waits for that commit, then finds the record claimable.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use serde_json::json;
+use sqlx::{Connection, FromRow, PgConnection, PgPool};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::super::record::make_claimable;
+use super::super::republish::{StoredMessage, republish};
+use super::{SKIP_REASON_SQL, audit_on_pool};
+use crate::actions::ActionError;
+use crate::audit::AuditOutcome;
+use crate::source::{Publish, SourceFactory};
+
+/// First key of the advisory locks held by job runners (`pg_try_advisory_lock(key, job id)`).
+pub const RUNNER_LOCK_KEY: i32 = 0x5251_4a42; // "RQJB"
+/// How often [`supervise`] looks for running jobs without a runner.
+pub const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
+/// Smallest number of recent publishes the failure ratio is judged on.
+const MIN_WINDOW: usize = 20;
+
+/// The job row fields a runner needs.
+#[derive(Debug, Clone, FromRow)]
+struct JobState {
+    state: String,
+    created_by: String,
+    rate_per_sec: f64,
+    canary_size: i32,
+    failure_threshold: f64,
+    done: i64,
+    failed: i64,
+}
+
+async fn job_state(pool: &PgPool, id: i64) -> Result<Option<JobState>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT state, created_by, rate_per_sec, canary_size, failure_threshold, done, failed
+         FROM requeue_jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// What one batch did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Requeued (published and made claimable).
+    pub done: i64,
+    /// Skipped (record changed since the freeze, or gone).
+    pub skipped: i64,
+    /// Publish failed; record unchanged.
+    pub failed: i64,
+}
+
+impl BatchOutcome {
+    /// Items handled.
+    pub fn items(&self) -> i64 {
+        self.done + self.skipped + self.failed
+    }
+}
+
+#[derive(FromRow)]
+struct Candidate {
+    skip: Option<String>,
+    #[sqlx(flatten)]
+    stored: StoredMessage,
+}
+
+/// Handles the next `limit` pending items of job `id` in one transaction.
+///
+/// Errors: database errors (the transaction rolled back; the items stay pending).
+pub async fn run_batch(
+    pool: &PgPool,
+    publisher: &dyn Publish,
+    id: i64,
+    limit: i64,
+) -> Result<BatchOutcome, ActionError> {
+    let mut tx = pool.begin().await?;
+    let items: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT seq, record_id FROM requeue_job_items WHERE job_id = $1 AND state = 'pending' ORDER BY seq LIMIT $2",
+    )
+    .bind(id)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    if items.is_empty() {
+        return Ok(BatchOutcome::default());
+    }
+    let record_ids: Vec<i64> = items.iter().map(|(_, r)| *r).collect();
+    // Lock order of the consumers' claims (group, message id), so neither waits in a cycle.
+    let rows: Vec<Candidate> = sqlx::query_as(&format!(
+        "SELECT {SKIP_REASON_SQL} AS skip, {} FROM dedup_records WHERE id = ANY($1)
+         ORDER BY consumer_group, message_id FOR UPDATE",
+        StoredMessage::COLUMNS
+    ))
+    .bind(&record_ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut by_id: HashMap<i64, Candidate> = rows.into_iter().map(|c| (c.stored.id, c)).collect();
+    let mut verdicts: Vec<(i32, &'static str, Option<String>)> = Vec::with_capacity(items.len());
+    let mut to_publish: Vec<(i32, StoredMessage)> = Vec::new();
+    for (seq, record_id) in &items {
+        match by_id.remove(record_id) {
+            None => verdicts.push((*seq, "skipped", Some("record gone (cleaned up)".to_owned()))),
+            Some(Candidate { skip: Some(reason), .. }) => verdicts.push((*seq, "skipped", Some(reason))),
+            Some(Candidate { skip: None, stored }) => to_publish.push((*seq, stored)),
+        }
+    }
+    let results = join_all(to_publish.iter().map(|(_, stored)| republish(publisher, stored))).await;
+    let mut claimable = Vec::new();
+    for ((seq, stored), result) in to_publish.iter().zip(results) {
+        match result {
+            Ok(()) => {
+                claimable.push(stored.id);
+                verdicts.push((*seq, "done", None));
+            }
+            Err(e) => verdicts.push((*seq, "failed", Some(e.to_string()))),
+        }
+    }
+    make_claimable(&mut tx, &claimable).await?;
+    let seqs: Vec<i32> = verdicts.iter().map(|v| v.0).collect();
+    let states: Vec<&str> = verdicts.iter().map(|v| v.1).collect();
+    let details: Vec<Option<String>> = verdicts.iter().map(|v| v.2.clone()).collect();
+    sqlx::query(
+        "UPDATE requeue_job_items i SET state = v.state, detail = v.detail
+         FROM unnest($2::int[], $3::text[], $4::text[]) AS v(seq, state, detail)
+         WHERE i.job_id = $1 AND i.seq = v.seq",
+    )
+    .bind(id)
+    .bind(&seqs)
+    .bind(&states)
+    .bind(&details)
+    .execute(&mut *tx)
+    .await?;
+    let count = |s: &str| states.iter().filter(|x| **x == s).count() as i64;
+    let outcome = BatchOutcome { done: count("done"), skipped: count("skipped"), failed: count("failed") };
+    sqlx::query(
+        "UPDATE requeue_jobs SET done = done + $2, skipped = skipped + $3, failed = failed + $4, updated_at = now(),
+                state = CASE WHEN state = 'running' AND NOT EXISTS (
+                    SELECT 1 FROM requeue_job_items WHERE job_id = $1 AND state = 'pending') THEN 'completed' ELSE state END,
+                finished_at = CASE WHEN state = 'running' AND NOT EXISTS (
+                    SELECT 1 FROM requeue_job_items WHERE job_id = $1 AND state = 'pending') THEN now() ELSE finished_at END
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(outcome.done)
+    .bind(outcome.skipped)
+    .bind(outcome.failed)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// Pauses a running job with `why` (audited as `bulk.requeue.auto_pause` by the job's creator).
+async fn auto_pause(pool: &PgPool, id: i64, actor: &str, why: String) -> Result<(), ActionError> {
+    let paused = sqlx::query(
+        "UPDATE requeue_jobs SET state = 'paused', paused_reason = $2, updated_at = now()
+         WHERE id = $1 AND state = 'running'",
+    )
+    .bind(id)
+    .bind(&why)
+    .execute(pool)
+    .await?;
+    if paused.rows_affected() == 1 {
+        tracing::warn!(job_id = id, "bulk requeue paused: {why}");
+        let detail = json!({ "job_id": id, "paused_reason": why });
+        audit_on_pool(pool, actor, "bulk.requeue.auto_pause", AuditOutcome::Ok, None, detail).await;
+    }
+    Ok(())
+}
+
+/// Items per batch at `rate` messages/s: about ten batches a second, 1 to 100 items.
+fn batch_size(rate: f64) -> i64 {
+    ((rate / 10.0).round() as i64).clamp(1, 100)
+}
+
+/// Runs job `id` until it completes, pauses, is cancelled, or `shutdown` fires (then it stays
+/// `running` and a later runner resumes it). Returns at once when another runner holds the job
+/// (advisory lock on a dedicated connection, released when it closes, so a crashed runner
+/// frees the job).
+///
+/// Errors: database errors, a broker that cannot be reached (the job stays running; the
+/// supervisor retries).
+#[tracing::instrument(skip_all, fields(job_id = id), err)]
+pub async fn run_job(
+    pool: &PgPool,
+    source: &dyn SourceFactory,
+    id: i64,
+    shutdown: &CancellationToken,
+) -> Result<(), ActionError> {
+    let mut lock: PgConnection = pool.acquire().await?.detach();
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2::int)")
+        .bind(RUNNER_LOCK_KEY)
+        .bind(i32::try_from(id).unwrap_or(i32::MAX))
+        .fetch_one(&mut lock)
+        .await?;
+    if !locked {
+        return Ok(());
+    }
+    let result = run_locked(pool, source, id, shutdown).await;
+    let _ = lock.close().await;
+    result
+}
+
+async fn run_locked(
+    pool: &PgPool,
+    source: &dyn SourceFactory,
+    id: i64,
+    shutdown: &CancellationToken,
+) -> Result<(), ActionError> {
+    let Some(job) = job_state(pool, id).await? else { return Ok(()) };
+    if job.state != "running" {
+        return Ok(());
+    }
+    let publisher: Arc<dyn Publish> = source.open_publisher().await.map_err(|e| ActionError::Publish(e.to_string()))?;
+    let canary = i64::from(job.canary_size);
+    let mut published = job.done + job.failed;
+    let mut canary_failed = job.failed;
+    let window_len = (canary as usize).max(100);
+    let mut window: VecDeque<bool> = VecDeque::with_capacity(window_len);
+    let size = batch_size(job.rate_per_sec);
+    let mut next = Instant::now();
+    tracing::info!(job_id = id, rate = job.rate_per_sec, canary, "bulk requeue runner started");
+    loop {
+        match job_state(pool, id).await? {
+            Some(state) if state.state == "running" => {}
+            Some(state) if state.state == "completed" => {
+                let detail = json!({ "job_id": id, "done": state.done, "failed": state.failed });
+                audit_on_pool(pool, &job.created_by, "bulk.requeue.complete", AuditOutcome::Ok, None, detail).await;
+                tracing::info!(job_id = id, done = state.done, failed = state.failed, "bulk requeue completed");
+                return Ok(());
+            }
+            _ => return Ok(()),
+        }
+        let in_canary = published < canary;
+        let limit = if in_canary { size.min(canary - published) } else { size };
+        let outcome = match run_batch(pool, publisher.as_ref(), id, limit).await {
+            Ok(o) => o,
+            Err(ActionError::Unexpected(e)) => {
+                tracing::warn!(job_id = id, error = %e, "bulk requeue batch failed; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if outcome.items() == 0 {
+            // Nothing pending: complete it (if still running); the check above ends the loop.
+            sqlx::query(
+                "UPDATE requeue_jobs SET state = 'completed', finished_at = now(), updated_at = now()
+                 WHERE id = $1 AND state = 'running'",
+            )
+            .bind(id)
+            .execute(pool)
+            .await?;
+            continue;
+        }
+        let attempts = outcome.done + outcome.failed;
+        published += attempts;
+        for (n, failed) in [(outcome.done, false), (outcome.failed, true)] {
+            for _ in 0..n {
+                if window.len() == window_len {
+                    window.pop_front();
+                }
+                window.push_back(failed);
+            }
+        }
+        if in_canary {
+            canary_failed += outcome.failed;
+            if published >= canary && canary_failed > 0 {
+                let why = format!("canary failed: {canary_failed} of the first {published} publishes failed");
+                return auto_pause(pool, id, &job.created_by, why).await;
+            }
+        } else if window.len() >= MIN_WINDOW {
+            let ratio = window.iter().filter(|f| **f).count() as f64 / window.len() as f64;
+            if ratio > job.failure_threshold {
+                let why = format!(
+                    "failure ratio {:.0}% of the last {} publishes exceeds the threshold {:.0}%",
+                    ratio * 100.0,
+                    window.len(),
+                    job.failure_threshold * 100.0
+                );
+                return auto_pause(pool, id, &job.created_by, why).await;
+            }
+        }
+        next += Duration::from_secs_f64(attempts as f64 / job.rate_per_sec);
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep_until(next) => {}
+        }
+    }
+}
+
+/// Starts a runner for every running job that has none in this process, every
+/// [`SUPERVISE_EVERY`], until `shutdown` (then waits for its runners to stop). Runners of other
+/// instances keep their jobs: the advisory lock decides.
+pub async fn supervise(pool: PgPool, source: Arc<dyn SourceFactory>, shutdown: CancellationToken) {
+    let mut running: HashMap<i64, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut ticker = tokio::time::interval(SUPERVISE_EVERY);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        running.retain(|_, task| !task.is_finished());
+        let ids: Vec<i64> = match sqlx::query_scalar("SELECT id FROM requeue_jobs WHERE state = 'running' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+        {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(error = %e, "looking for running requeue jobs failed");
+                continue;
+            }
+        };
+        let live: HashSet<i64> = running.keys().copied().collect();
+        for id in ids.into_iter().filter(|id| !live.contains(id)) {
+            let (pool, source, shutdown) = (pool.clone(), source.clone(), shutdown.clone());
+            running.insert(
+                id,
+                tokio::spawn(async move {
+                    if let Err(e) = run_job(&pool, source.as_ref(), id, &shutdown).await {
+                        tracing::warn!(job_id = id, error = %e, "bulk requeue runner stopped; will retry");
+                    }
+                }),
+            );
+        }
+    }
+    for (_, task) in running {
+        let _ = task.await;
+    }
+}

@@ -1,0 +1,450 @@
+//! Cleanup schedules (DESIGN.md, "Operator actions"): delete records of the chosen statuses
+//! (default only `succeeded`) older than a retention (default 30 days), in bounded batches that
+//! never hold locks long enough to stall consumers. Schedules live in the database and are
+//! edited from the console; [`scheduler`] runs them, exactly one instance per tick.
+//!
+//! Age is `completed_at` for `succeeded` records and `updated_at` for `failed` and `dead` ones.
+//! `processing` records are never deleted.
+
+pub mod scheduler;
+
+use std::str::FromStr;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::{FromRow, PgConnection, PgPool};
+
+use super::ActionError;
+use super::bulk::audit_on_pool;
+use crate::audit::AuditOutcome;
+use crate::record::RecordStatus;
+
+/// Default retention, days.
+pub const DEFAULT_RETENTION_DAYS: i32 = 30;
+/// Default records per delete batch.
+pub const DEFAULT_BATCH_SIZE: i32 = 5000;
+/// Retention should be at least this many times the longest duplicate delay observed.
+pub const RETENTION_SAFETY_FACTOR: f64 = 2.0;
+
+/// A validated five-field cron expression (minute hour day-of-month month day-of-week), UTC.
+#[derive(Debug, Clone)]
+pub struct CronSchedule {
+    text: String,
+    cron: croner::Cron,
+}
+
+impl CronSchedule {
+    /// Parses `text`.
+    ///
+    /// Errors: [`ActionError::Invalid`] naming the expression, the parser's complaint and the
+    /// expected shape.
+    pub fn parse(text: &str) -> Result<Self, ActionError> {
+        let text = text.trim();
+        let invalid = |why: String| {
+            ActionError::Invalid(format!(
+                "invalid cron expression {text:?}: {why}; expected five fields (minute hour day-of-month month \
+                 day-of-week), e.g. \"0 3 * * *\" for 03:00 UTC every day"
+            ))
+        };
+        if text.split_whitespace().count() != 5 {
+            return Err(invalid(format!("it has {} fields", text.split_whitespace().count())));
+        }
+        let cron = croner::Cron::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        Ok(Self { text: text.to_owned(), cron })
+    }
+
+    /// The first tick after `after`.
+    ///
+    /// Errors: [`ActionError::Invalid`] when the expression never matches (e.g. 30 February).
+    pub fn next_after(&self, after: DateTime<Utc>) -> Result<DateTime<Utc>, ActionError> {
+        self.cron
+            .find_next_occurrence(&after, false)
+            .map_err(|e| ActionError::Invalid(format!("cron expression {:?} never matches: {e}", self.text)))
+    }
+
+    /// The expression.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+/// What a schedule is made of (create and edit).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleInput {
+    /// A unique name.
+    pub name: String,
+    /// Cron expression, see [`CronSchedule`].
+    pub cron: String,
+    /// Delete records older than this many days (1 to 3650).
+    pub retention_days: i32,
+    /// Records per delete batch (1 to 100 000).
+    pub batch_size: i32,
+    /// Statuses deleted: `succeeded` (default), and `failed` / `dead` only when asked for.
+    pub statuses: Vec<RecordStatus>,
+    /// Only this consumer group; `None`: all.
+    pub consumer_group: Option<String>,
+    /// Whether the scheduler runs it.
+    pub enabled: bool,
+}
+
+impl Default for ScheduleInput {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            cron: "0 3 * * *".to_owned(),
+            retention_days: DEFAULT_RETENTION_DAYS,
+            batch_size: DEFAULT_BATCH_SIZE,
+            statuses: vec![RecordStatus::Succeeded],
+            consumer_group: None,
+            enabled: true,
+        }
+    }
+}
+
+impl ScheduleInput {
+    fn validate(&self) -> Result<CronSchedule, ActionError> {
+        let bad = |m: String| Err(ActionError::Invalid(m));
+        if self.name.trim().is_empty() || self.name.len() > 100 {
+            return bad("a schedule needs a name of 1 to 100 characters".to_owned());
+        }
+        if !(1..=3650).contains(&self.retention_days) {
+            return bad(format!("retention must be 1 to 3650 days, got {}", self.retention_days));
+        }
+        if !(1..=100_000).contains(&self.batch_size) {
+            return bad(format!("batch size must be 1 to 100000 records, got {}", self.batch_size));
+        }
+        if self.statuses.is_empty() {
+            return bad("choose at least one status to delete (normally succeeded)".to_owned());
+        }
+        if self.statuses.contains(&RecordStatus::Processing) {
+            return bad("processing records are never deleted by cleanup".to_owned());
+        }
+        CronSchedule::parse(&self.cron)
+    }
+
+    fn status_names(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = self.statuses.iter().map(|s| s.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
+/// A stored schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, FromRow)]
+pub struct CleanupSchedule {
+    /// Id.
+    pub id: i64,
+    /// Name.
+    pub name: String,
+    /// Cron expression (UTC).
+    pub cron: String,
+    /// Retention in days.
+    pub retention_days: i32,
+    /// Records per batch.
+    pub batch_size: i32,
+    /// Statuses deleted.
+    pub statuses: Vec<String>,
+    /// Only this group; `None`: all.
+    pub consumer_group: Option<String>,
+    /// Run by the scheduler.
+    pub enabled: bool,
+    /// The tick of the last scheduled run.
+    pub last_run_for: Option<DateTime<Utc>>,
+    /// The next tick.
+    pub next_run_at: Option<DateTime<Utc>>,
+    /// Creator.
+    pub created_by: String,
+    /// Last edit.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One run of a schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, FromRow)]
+pub struct CleanupRun {
+    /// Id.
+    pub id: i64,
+    /// Schedule.
+    pub schedule_id: i64,
+    /// `schedule` or `manual`.
+    pub trigger: String,
+    /// The tick of a scheduled run.
+    pub tick_at: Option<DateTime<Utc>>,
+    /// Who ran it (`scheduler` for ticks).
+    pub actor: String,
+    /// Records older than this were deleted.
+    pub cutoff: DateTime<Utc>,
+    /// Start.
+    pub started_at: DateTime<Utc>,
+    /// End; `None` while running.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Records deleted.
+    pub rows_deleted: i64,
+    /// Delete statements run.
+    pub batches: i32,
+    /// Why it stopped early.
+    pub error: Option<String>,
+}
+
+const SCHEDULE_COLUMNS: &str = "id, name, cron, retention_days, batch_size, statuses, consumer_group, enabled, \
+                                last_run_for, next_run_at, created_by, updated_at";
+const RUN_COLUMNS: &str =
+    "id, schedule_id, trigger, tick_at, actor, cutoff, started_at, finished_at, rows_deleted, batches, error";
+
+/// Every schedule, by name.
+pub async fn cleanup_schedules(pool: &PgPool) -> Result<Vec<CleanupSchedule>, ActionError> {
+    Ok(sqlx::query_as(&format!("SELECT {SCHEDULE_COLUMNS} FROM cleanup_schedules ORDER BY name"))
+        .fetch_all(pool)
+        .await?)
+}
+
+/// One schedule.
+///
+/// Errors: [`ActionError::UnknownJob`].
+pub async fn cleanup_schedule(pool: &PgPool, id: i64) -> Result<CleanupSchedule, ActionError> {
+    sqlx::query_as(&format!("SELECT {SCHEDULE_COLUMNS} FROM cleanup_schedules WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(ActionError::UnknownJob { what: "cleanup schedule", id })
+}
+
+/// The latest `limit` runs of a schedule (all schedules when `None`), newest first.
+pub async fn cleanup_runs(pool: &PgPool, schedule: Option<i64>, limit: i64) -> Result<Vec<CleanupRun>, ActionError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {RUN_COLUMNS} FROM cleanup_runs WHERE ($1::bigint IS NULL OR schedule_id = $1) ORDER BY id DESC LIMIT $2"
+    ))
+    .bind(schedule)
+    .bind(limit.clamp(1, 500))
+    .fetch_all(pool)
+    .await?)
+}
+
+fn name_taken(e: &sqlx::Error, name: &str) -> Option<ActionError> {
+    match e {
+        sqlx::Error::Database(db) if db.constraint() == Some("cleanup_schedules_name_key") => {
+            Some(ActionError::Refused(format!("a schedule named {name:?} exists already")))
+        }
+        _ => None,
+    }
+}
+
+/// Creates (`id = None`) or replaces a schedule; its next tick is computed from now. Audited as
+/// `cleanup.schedule.create` / `cleanup.schedule.update`.
+///
+/// Errors: [`ActionError::Invalid`] (cron, retention, batch size, statuses, name),
+/// [`ActionError::Refused`] (name taken), [`ActionError::UnknownJob`] (no such schedule).
+#[tracing::instrument(skip_all, fields(actor), err)]
+pub async fn cleanup_schedule_save(
+    pool: &PgPool,
+    actor: &str,
+    id: Option<i64>,
+    input: &ScheduleInput,
+) -> Result<CleanupSchedule, ActionError> {
+    let verb = if id.is_some() { "cleanup.schedule.update" } else { "cleanup.schedule.create" };
+    let result = async {
+        let cron = input.validate()?;
+        let next = cron.next_after(Utc::now())?;
+        let sql = match id {
+            None => format!(
+                "INSERT INTO cleanup_schedules (name, cron, retention_days, batch_size, statuses, consumer_group,
+                     enabled, next_run_at, created_by)
+                 VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $1) RETURNING {SCHEDULE_COLUMNS}"
+            ),
+            Some(_) => format!(
+                "UPDATE cleanup_schedules SET name = $2, cron = $3, retention_days = $4, batch_size = $5,
+                     statuses = $6, consumer_group = $7, enabled = $8, next_run_at = $9, updated_at = now()
+                 WHERE id = $1 RETURNING {SCHEDULE_COLUMNS}"
+            ),
+        };
+        let query = sqlx::query_as::<_, CleanupSchedule>(&sql);
+        let query = match id {
+            None => query.bind(actor),
+            Some(id) => query.bind(id),
+        };
+        let saved = query
+            .bind(input.name.trim())
+            .bind(cron.as_str())
+            .bind(input.retention_days)
+            .bind(input.batch_size)
+            .bind(input.status_names())
+            .bind(input.consumer_group.as_deref().map(str::trim).filter(|g| !g.is_empty()))
+            .bind(input.enabled)
+            .bind(next)
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| name_taken(&e, &input.name).unwrap_or_else(|| e.into()))?;
+        saved.ok_or(ActionError::UnknownJob { what: "cleanup schedule", id: id.unwrap_or_default() })
+    }
+    .await;
+    let (outcome, detail) = match &result {
+        Ok(s) => (AuditOutcome::Ok, json!({ "schedule_id": s.id, "input": input })),
+        Err(e) => (e.audit_outcome(), json!({ "schedule_id": id, "input": input, "error": e.to_string() })),
+    };
+    audit_on_pool(pool, actor, verb, outcome, None, detail).await;
+    result
+}
+
+/// Records a schedule would delete now (its statuses older than its retention).
+///
+/// Errors: [`ActionError::UnknownJob`], database errors.
+pub async fn cleanup_dry_run(pool: &PgPool, id: i64) -> Result<i64, ActionError> {
+    let schedule = cleanup_schedule(pool, id).await?;
+    let cutoff: DateTime<Utc> = sqlx::query_scalar("SELECT now() - make_interval(days => $1)")
+        .bind(schedule.retention_days)
+        .fetch_one(pool)
+        .await?;
+    let mut total = 0;
+    for status in &schedule.statuses {
+        let (column, _) = age_column(status);
+        let n: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM dedup_records WHERE status = $1 AND {column} < $2
+               AND ($3::text IS NULL OR consumer_group = $3)"
+        ))
+        .bind(status)
+        .bind(cutoff)
+        .bind(&schedule.consumer_group)
+        .fetch_one(pool)
+        .await?;
+        total += n;
+    }
+    Ok(total)
+}
+
+/// The age column of a status (and whether it is `succeeded`).
+fn age_column(status: &str) -> (&'static str, bool) {
+    if status == "succeeded" { ("completed_at", true) } else { ("updated_at", false) }
+}
+
+/// Deletes one batch: at most `limit` records of `status` older than `cutoff`, rows locked by
+/// others skipped (a consumer touching a record is never waited for). Returns the count.
+async fn delete_batch(
+    conn: &mut PgConnection,
+    status: &str,
+    cutoff: DateTime<Utc>,
+    group: Option<&str>,
+    limit: i32,
+) -> Result<i64, sqlx::Error> {
+    let (column, _) = age_column(status);
+    let done = sqlx::query(&format!(
+        // A materialized CTE: as a subquery the planner may rescan the LIMIT per joined row and
+        // delete far more than one batch.
+        "WITH d AS MATERIALIZED (
+             SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2
+               AND ($3::text IS NULL OR consumer_group = $3)
+             ORDER BY {column} LIMIT $4 FOR UPDATE SKIP LOCKED)
+         DELETE FROM dedup_records r USING d WHERE r.id = d.id AND r.status = $1"
+    ))
+    .bind(status)
+    .bind(cutoff)
+    .bind(group)
+    .bind(i64::from(limit))
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() as i64)
+}
+
+/// Runs the deletion of `schedule` into the run row `run_id`: batch after batch until a batch
+/// comes back short, each in its own short transaction. Updates the run row as it goes and
+/// audits the end (`cleanup.run`).
+pub(crate) async fn execute_run(
+    pool: &PgPool,
+    schedule: &CleanupSchedule,
+    run_id: i64,
+    cutoff: DateTime<Utc>,
+    actor: &str,
+) {
+    let started = Instant::now();
+    let mut deleted = 0i64;
+    let mut batches = 0i32;
+    let mut error = None;
+    'statuses: for status in &schedule.statuses {
+        loop {
+            let result = async {
+                let mut conn = pool.acquire().await?;
+                delete_batch(&mut conn, status, cutoff, schedule.consumer_group.as_deref(), schedule.batch_size).await
+            }
+            .await;
+            match result {
+                Ok(n) => {
+                    deleted += n;
+                    batches += 1;
+                    if batches % 20 == 0 {
+                        let _ = sqlx::query("UPDATE cleanup_runs SET rows_deleted = $2, batches = $3 WHERE id = $1")
+                            .bind(run_id)
+                            .bind(deleted)
+                            .bind(batches)
+                            .execute(pool)
+                            .await;
+                    }
+                    if n < i64::from(schedule.batch_size) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(schedule = schedule.id, error = %e, "cleanup batch failed");
+                    error = Some(format!("a delete batch failed: {e}"));
+                    break 'statuses;
+                }
+            }
+        }
+    }
+    let _ = sqlx::query(
+        "UPDATE cleanup_runs SET rows_deleted = $2, batches = $3, error = $4, finished_at = now() WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(deleted)
+    .bind(batches)
+    .bind(&error)
+    .execute(pool)
+    .await;
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(schedule = schedule.id, run_id, deleted, batches, seconds, "cleanup run finished");
+    let outcome = if error.is_some() { AuditOutcome::Failed } else { AuditOutcome::Ok };
+    let detail = json!({
+        "schedule_id": schedule.id, "run_id": run_id, "cutoff": cutoff, "statuses": schedule.statuses,
+        "rows_deleted": deleted, "batches": batches, "seconds": seconds, "error": error,
+    });
+    audit_on_pool(pool, actor, "cleanup.run", outcome, None, detail).await;
+}
+
+/// The retention advice: the longest duplicate arrival delay observed (duplicate-delay
+/// histogram), and the shortest retention that outlasts it by [`RETENTION_SAFETY_FACTOR`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetentionAdvice {
+    /// Longest delay between a record's first delivery and a duplicate, ms; `None` before any.
+    pub longest_delay_ms: Option<i64>,
+    /// The factor applied.
+    pub safety_factor: f64,
+    /// `longest_delay_ms × safety_factor`, in days (fractional); `None` before any duplicate.
+    pub minimum_retention_days: Option<f64>,
+}
+
+impl RetentionAdvice {
+    /// A warning when `retention_days` is shorter than the advice.
+    pub fn warning(&self, retention_days: i32) -> Option<String> {
+        let minimum = self.minimum_retention_days?;
+        (f64::from(retention_days) < minimum).then(|| {
+            format!(
+                "retention {retention_days} days is shorter than {:.1} days ({}× the longest duplicate delay seen, \
+                 {:.1} days): a late duplicate of a deleted record would run its handler again",
+                minimum,
+                self.safety_factor,
+                self.longest_delay_ms.unwrap_or_default() as f64 / 86_400_000.0
+            )
+        })
+    }
+}
+
+/// Reads the advice from the duplicate-delay histogram.
+pub async fn retention_advice(pool: &PgPool) -> Result<RetentionAdvice, ActionError> {
+    let longest: Option<i64> =
+        sqlx::query_scalar("SELECT max(max_delay_ms) FROM duplicate_delays").fetch_one(pool).await?;
+    Ok(RetentionAdvice {
+        longest_delay_ms: longest,
+        safety_factor: RETENTION_SAFETY_FACTOR,
+        minimum_retention_days: longest.map(|ms| ms as f64 * RETENTION_SAFETY_FACTOR / 86_400_000.0),
+    })
+}

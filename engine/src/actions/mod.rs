@@ -1,0 +1,179 @@
+//! Operator actions (DESIGN.md, "Operator actions"): the only writes the console, the REST API
+//! and the CLI make to dedup records. All three call these functions, so they behave the same.
+//!
+//! Every single-record action is a guarded compare-and-set in one transaction: the row is
+//! locked (`SELECT ... FOR UPDATE`), the guards are checked against what the operator was shown
+//! (the expected status, the lease token of a `processing` record, an expired lease unless
+//! forced), one conditional `UPDATE` makes the transition, and the audit entry is written in the
+//! same transaction. A refused action changes nothing but writes a `refused` audit entry; a
+//! failed one (broker or database error) rolls back and writes a `failed` entry.
+//!
+//! Two operators racing on one record: the second waits on the row lock, then sees the first
+//! one's result (another status, no lease token) and is refused.
+//!
+//! Making a record claimable: `failed` with `attempts < max_attempts`. A record that used up its
+//! attempts gets exactly one more (`max_attempts = attempts + 1`) when an operator releases or
+//! requeues it: if that attempt fails too, it goes `dead` again and waits for an operator.
+
+pub mod bulk;
+pub mod cleanup;
+pub mod drill;
+mod record;
+mod republish;
+
+use uuid::Uuid;
+
+pub use record::{
+    ActionOutcome, HAND_DEAD_LETTER_CLASS, RecordAction, record_dead_letter, record_mark_succeeded, record_release,
+    record_requeue,
+};
+pub use republish::{StoredMessage, republish};
+
+use crate::record::RecordStatus;
+
+/// Why an operator action was refused or failed. Refusals (everything but [`ActionError::Publish`]
+/// and [`ActionError::Unexpected`]) changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// No record has this id (it may have been cleaned up).
+    #[error("no record has id {0}")]
+    UnknownRecord(i64),
+    /// The record is not in a status this action applies to, or not in the one the operator saw.
+    #[error("record {id} is {actual}; {action} applies to {allowed} records")]
+    WrongStatus {
+        /// Record id.
+        id: i64,
+        /// The action, e.g. `release`.
+        action: &'static str,
+        /// The record's status now.
+        actual: RecordStatus,
+        /// The statuses the action accepts here, e.g. `processing` or `failed or dead`.
+        allowed: String,
+    },
+    /// The lease token differs from the one the operator was shown: the record was claimed
+    /// again (or released) meanwhile.
+    #[error(
+        "record {id} is held under another lease now (token {actual}, not {shown} as shown); reload the record and decide again"
+    )]
+    StaleLease {
+        /// Record id.
+        id: i64,
+        /// The token the operator saw.
+        shown: Uuid,
+        /// The token now.
+        actual: Uuid,
+    },
+    /// The lease has not expired: its worker may still be running the handler.
+    #[error(
+        "record {id}'s lease is live until {expires_at} (worker {owner}); wait until it expires, or force the action with a reason"
+    )]
+    LiveLease {
+        /// Record id.
+        id: i64,
+        /// Lease expiry, RFC 3339 (database clock).
+        expires_at: String,
+        /// The lease holder.
+        owner: String,
+    },
+    /// The record has no (complete) stored payload to republish.
+    #[error("record {id} has {what}; there is nothing to republish")]
+    MissingPayload {
+        /// Record id.
+        id: i64,
+        /// `no stored payload` or `only a truncated payload`.
+        what: &'static str,
+    },
+    /// A poison message: no handler can ever process it, so republishing would only
+    /// dead-letter it again.
+    #[error("record {0} is a poison message; requeueing cannot help (fix the producer, or leave it dead)")]
+    Poison(i64),
+    /// The record came from another broker than the one this console publishes to.
+    #[error("record {id} came from {record}, but this console publishes to {publisher}")]
+    BrokerMismatch {
+        /// Record id.
+        id: i64,
+        /// The record's `source_broker`.
+        record: String,
+        /// The publisher's broker.
+        publisher: String,
+    },
+    /// No requeue job (or cleanup schedule) has this id.
+    #[error("no {what} has id {id}")]
+    UnknownJob {
+        /// `requeue job` or `cleanup schedule`.
+        what: &'static str,
+        /// The id asked for.
+        id: i64,
+    },
+    /// The job's or selection's state refuses the request; the text says why and what to do.
+    #[error("{0}")]
+    Refused(String),
+    /// The request itself is incomplete or invalid (a missing reason or lease token).
+    #[error("{0}")]
+    Invalid(String),
+    /// The broker did not confirm the republished copy; the transaction rolled back.
+    #[error("the broker did not take the copy, nothing changed: {0}")]
+    Publish(String),
+    /// A database failure; details for the log.
+    #[error(transparent)]
+    Unexpected(#[from] anyhow::Error),
+}
+
+/// The HTTP-like class of an [`ActionError`], for the API and the UI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is invalid (400).
+    Invalid,
+    /// Nothing has this id (404).
+    NotFound,
+    /// The record's state does not allow it (409).
+    Conflict,
+    /// The broker failed (503).
+    Unavailable,
+    /// A bug or a database failure (500).
+    Internal,
+}
+
+impl ActionError {
+    /// Its class.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ActionError::Invalid(_) => ErrorKind::Invalid,
+            ActionError::UnknownRecord(_) | ActionError::UnknownJob { .. } => ErrorKind::NotFound,
+            ActionError::WrongStatus { .. }
+            | ActionError::StaleLease { .. }
+            | ActionError::LiveLease { .. }
+            | ActionError::MissingPayload { .. }
+            | ActionError::Poison(_)
+            | ActionError::BrokerMismatch { .. }
+            | ActionError::Refused(_) => ErrorKind::Conflict,
+            ActionError::Publish(_) => ErrorKind::Unavailable,
+            ActionError::Unexpected(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The audit outcome of an action that ended with this error.
+    pub fn audit_outcome(&self) -> crate::audit::AuditOutcome {
+        match self.kind() {
+            ErrorKind::Unavailable | ErrorKind::Internal => crate::audit::AuditOutcome::Failed,
+            _ => crate::audit::AuditOutcome::Refused,
+        }
+    }
+}
+
+impl From<sqlx::Error> for ActionError {
+    fn from(e: sqlx::Error) -> Self {
+        ActionError::Unexpected(anyhow::Error::new(e).context("operator action: database error"))
+    }
+}
+
+/// Longest reason kept, in characters.
+pub const MAX_REASON_CHARS: usize = 1000;
+
+/// A required reason, trimmed; `Invalid` when missing or blank, cut at [`MAX_REASON_CHARS`].
+pub(crate) fn required_reason(reason: Option<&str>, what: &str) -> Result<String, ActionError> {
+    match reason.map(str::trim).filter(|r| !r.is_empty()) {
+        Some(r) => Ok(r.chars().take(MAX_REASON_CHARS).collect()),
+        None => Err(ActionError::Invalid(format!("a reason is required to {what}"))),
+    }
+}

@@ -1,0 +1,383 @@
+//! Single-record actions: release, mark succeeded, dead-letter, requeue. See the module docs of
+//! [`crate::actions`] for the guard protocol they share.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::json;
+use sqlx::{FromRow, PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::republish::{StoredMessage, republish};
+use super::{ActionError, required_reason};
+use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::record::RecordStatus;
+use crate::source::Publish;
+
+/// What the operator was shown and asks for; the guards of every single-record action.
+#[derive(Debug, Clone, Default)]
+pub struct RecordAction<'a> {
+    /// The record's id.
+    pub record_id: i64,
+    /// The status the operator saw; the action is refused when the record has moved on.
+    /// `None`: any status the action accepts.
+    pub expected_status: Option<RecordStatus>,
+    /// The lease token shown with a `processing` record; required for one (and must still be
+    /// the record's token). Given for a record that is no longer processing, the action is
+    /// refused (the operator saw another state).
+    pub lease_token: Option<Uuid>,
+    /// Act on a `processing` record whose lease has not expired yet (its worker may still be
+    /// running; a reason is required anyway).
+    pub force: bool,
+    /// Why; required by release, mark succeeded and dead-letter, optional for requeue. Cut at
+    /// [`super::MAX_REASON_CHARS`].
+    pub reason: Option<&'a str>,
+}
+
+/// A completed action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionOutcome {
+    /// Record id.
+    pub record_id: i64,
+    /// Its consumer group.
+    pub consumer_group: String,
+    /// Its message id.
+    pub message_id: String,
+    /// The status it had.
+    pub from: RecordStatus,
+    /// The status it has now.
+    pub status: RecordStatus,
+    /// Whether its stored message was published again (and confirmed by the broker).
+    pub republished: bool,
+    /// The audit entry's id.
+    pub audit_id: i64,
+}
+
+/// The locked row, as the guards see it.
+#[derive(Debug, FromRow)]
+struct Locked {
+    consumer_group: String,
+    status: String,
+    lease_owner: Option<String>,
+    lease_token: Option<Uuid>,
+    lease_expires_at: Option<DateTime<Utc>>,
+    lease_expired: bool,
+    #[sqlx(flatten)]
+    stored: StoredMessage,
+}
+
+impl Locked {
+    fn status(&self) -> Result<RecordStatus, ActionError> {
+        self.status.parse().map_err(|e| ActionError::Unexpected(anyhow::Error::new(e)))
+    }
+}
+
+/// Locks the record for the rest of the transaction.
+async fn lock(conn: &mut PgConnection, id: i64) -> Result<Locked, ActionError> {
+    let sql = format!(
+        "SELECT consumer_group, status, lease_owner, lease_token, lease_expires_at,
+                COALESCE(lease_expires_at < now(), false) AS lease_expired, {}
+         FROM dedup_records WHERE id = $1 FOR UPDATE",
+        StoredMessage::COLUMNS
+    );
+    sqlx::query_as(&sql).bind(id).fetch_optional(conn).await?.ok_or(ActionError::UnknownRecord(id))
+}
+
+/// The shared guards: an accepted status, the status the operator saw, and for a `processing`
+/// record the shown lease token and an expired lease (unless forced).
+fn guard(
+    row: &Locked,
+    action: &'static str,
+    allowed: &[RecordStatus],
+    params: &RecordAction<'_>,
+) -> Result<RecordStatus, ActionError> {
+    let id = row.stored.id;
+    let actual = row.status()?;
+    let names = |s: &[RecordStatus]| s.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or ");
+    if !allowed.contains(&actual) {
+        return Err(ActionError::WrongStatus { id, action, actual, allowed: names(allowed) });
+    }
+    // A lease token says the operator saw a processing record: it no longer is.
+    let shown = params.expected_status.or(params.lease_token.map(|_| RecordStatus::Processing));
+    if let Some(expected) = shown.filter(|e| *e != actual) {
+        return Err(ActionError::WrongStatus {
+            id,
+            action,
+            actual,
+            allowed: format!("{} (as shown; the record changed since)", expected.as_str()),
+        });
+    }
+    if actual == RecordStatus::Processing {
+        let shown = params.lease_token.ok_or_else(|| {
+            ActionError::Invalid(format!(
+                "record {id} is processing: give the lease token shown with it, so the action cannot hit a newer claim"
+            ))
+        })?;
+        let current = row.lease_token.unwrap_or_default();
+        if current != shown {
+            return Err(ActionError::StaleLease { id, shown, actual: current });
+        }
+        if !row.lease_expired && !params.force {
+            return Err(ActionError::LiveLease {
+                id,
+                expires_at: row
+                    .lease_expires_at
+                    .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
+                    .unwrap_or_default(),
+                owner: row.lease_owner.clone().unwrap_or_default(),
+            });
+        }
+    }
+    Ok(actual)
+}
+
+/// Closes the open attempt of a `processing` record (the one its lost worker started).
+async fn close_attempt(conn: &mut PgConnection, id: i64, outcome: &str, note: &str) -> Result<(), ActionError> {
+    sqlx::query(
+        "UPDATE record_attempts SET ended_at = now(), outcome = $2, error = $3
+         WHERE record_id = $1 AND ended_at IS NULL",
+    )
+    .bind(id)
+    .bind(outcome)
+    .bind(note)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The transition an action made, before it is audited and committed.
+struct Done {
+    from: RecordStatus,
+    to: RecordStatus,
+    republished: bool,
+}
+
+/// What is known of the record for the audit entry, whatever the outcome.
+#[derive(Default)]
+struct Seen {
+    group: Option<String>,
+    message_id: Option<String>,
+}
+
+/// Audits and commits (on success) or rolls back and audits (on refusal or failure).
+async fn conclude(
+    pool: &PgPool,
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    actor: &str,
+    verb: &str,
+    params: &RecordAction<'_>,
+    seen: Seen,
+    result: Result<Done, ActionError>,
+) -> Result<ActionOutcome, ActionError> {
+    let message_ids: Vec<String> = seen.message_id.iter().cloned().collect();
+    let mut detail = json!({
+        "record_id": params.record_id,
+        "expected_status": params.expected_status,
+        "lease_token": params.lease_token,
+        "force": params.force,
+    });
+    let entry = |outcome, detail| NewAuditEntry {
+        actor,
+        action: verb,
+        outcome,
+        reason: params.reason.map(str::trim).filter(|r| !r.is_empty()),
+        consumer_group: seen.group.as_deref(),
+        message_ids: &message_ids,
+        detail,
+        source: None,
+    };
+    match result {
+        Ok(done) => {
+            detail["from"] = json!(done.from);
+            detail["to"] = json!(done.to);
+            detail["republished"] = json!(done.republished);
+            let audit_id = audit::record(&mut *tx, &entry(AuditOutcome::Ok, detail)).await?;
+            tx.commit().await?;
+            tracing::info!(actor, action = verb, record_id = params.record_id, from = %done.from, to = %done.to,
+                republished = done.republished, "operator action");
+            Ok(ActionOutcome {
+                record_id: params.record_id,
+                consumer_group: seen.group.unwrap_or_default(),
+                message_id: seen.message_id.unwrap_or_default(),
+                from: done.from,
+                status: done.to,
+                republished: done.republished,
+                audit_id,
+            })
+        }
+        Err(error) => {
+            // Nothing the action did may commit; the entry goes in on its own.
+            tx.rollback().await?;
+            detail["error"] = json!(error.to_string());
+            if let Err(e) = audit::record(pool, &entry(error.audit_outcome(), detail)).await {
+                tracing::error!(error = %e, "could not write the audit entry of a refused or failed action");
+            }
+            tracing::warn!(actor, action = verb, record_id = params.record_id, error = %error, "operator action not done");
+            Err(error)
+        }
+    }
+}
+
+/// Releases a stuck record (DESIGN.md, "Operator actions"): `processing` → `failed` with the
+/// lease cleared and the open attempt closed as `released`, so the next delivery or a requeue
+/// can claim it. Guards: the shown lease token, an expired lease unless `force`; a reason is
+/// required. With `requeue_with` the stored message is also published again at once (in the
+/// same transaction: if the broker does not confirm it, nothing changes).
+///
+/// Errors: see [`ActionError`]; every refusal leaves the record as it was.
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err)]
+pub async fn record_release(
+    pool: &PgPool,
+    actor: &str,
+    params: &RecordAction<'_>,
+    requeue_with: Option<&dyn Publish>,
+) -> Result<ActionOutcome, ActionError> {
+    let mut tx = pool.begin().await?;
+    let mut seen = Seen::default();
+    let result = async {
+        let reason = required_reason(params.reason, "release a record")?;
+        let row = lock(&mut tx, params.record_id).await?;
+        seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
+        let from = guard(&row, "release", &[RecordStatus::Processing], params)?;
+        if requeue_with.is_some() {
+            row.stored.check_republishable()?;
+        }
+        sqlx::query(
+            "UPDATE dedup_records SET status = 'failed', lease_owner = NULL, lease_token = NULL,
+                    lease_expires_at = NULL, max_attempts = GREATEST(max_attempts, attempts + 1),
+                    next_attempt_at = CASE WHEN $2 THEN now() END,
+                    parked_at = CASE WHEN $2 THEN NULL ELSE parked_at END, updated_at = now()
+             WHERE id = $1 AND status = 'processing'",
+        )
+        .bind(row.stored.id)
+        .bind(requeue_with.is_some())
+        .execute(&mut *tx)
+        .await?;
+        close_attempt(&mut tx, row.stored.id, "released", &format!("released by {actor}: {reason}")).await?;
+        if let Some(publisher) = requeue_with {
+            republish(publisher, &row.stored).await?;
+        }
+        Ok(Done { from, to: RecordStatus::Failed, republished: requeue_with.is_some() })
+    }
+    .await;
+    conclude(pool, tx, actor, "record.release", params, seen, result).await
+}
+
+/// Marks a record `succeeded` because the operator verified its effect happened: a stuck
+/// `processing` record (lease token guard, expired unless `force`), or a `failed` or `dead`
+/// one. The lease and the stored payload are cleared (as on any success); further deliveries
+/// are skipped as duplicates. A reason is required.
+///
+/// Errors: see [`ActionError`].
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err)]
+pub async fn record_mark_succeeded(
+    pool: &PgPool,
+    actor: &str,
+    params: &RecordAction<'_>,
+) -> Result<ActionOutcome, ActionError> {
+    let mut tx = pool.begin().await?;
+    let mut seen = Seen::default();
+    let result = async {
+        let reason = required_reason(params.reason, "mark a record succeeded")?;
+        let row = lock(&mut tx, params.record_id).await?;
+        seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
+        let allowed = [RecordStatus::Processing, RecordStatus::Failed, RecordStatus::Dead];
+        let from = guard(&row, "mark succeeded", &allowed, params)?;
+        sqlx::query(
+            "UPDATE dedup_records SET status = 'succeeded', lease_owner = NULL, lease_token = NULL,
+                    lease_expires_at = NULL, completed_at = now(), next_attempt_at = NULL, parked_at = NULL,
+                    payload = NULL, headers = NULL, updated_at = now()
+             WHERE id = $1 AND status = $2",
+        )
+        .bind(row.stored.id)
+        .bind(from.as_str())
+        .execute(&mut *tx)
+        .await?;
+        close_attempt(&mut tx, row.stored.id, "succeeded", &format!("marked succeeded by {actor}: {reason}")).await?;
+        Ok(Done { from, to: RecordStatus::Succeeded, republished: false })
+    }
+    .await;
+    conclude(pool, tx, actor, "record.mark_succeeded", params, seen, result).await
+}
+
+/// Error class of records dead-lettered by hand (the dead-letters page groups by it).
+pub const HAND_DEAD_LETTER_CLASS: &str = "OPERATOR: dead-lettered by hand";
+
+/// Dead-letters a record by hand: a stuck `processing` one (lease token guard, expired unless
+/// `force`) or a `failed` one becomes `dead` with its payload kept, `last_error` naming the
+/// operator and the reason, and error class [`HAND_DEAD_LETTER_CLASS`]. A reason is required.
+///
+/// Errors: see [`ActionError`].
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err)]
+pub async fn record_dead_letter(
+    pool: &PgPool,
+    actor: &str,
+    params: &RecordAction<'_>,
+) -> Result<ActionOutcome, ActionError> {
+    let mut tx = pool.begin().await?;
+    let mut seen = Seen::default();
+    let result = async {
+        let reason = required_reason(params.reason, "dead-letter a record")?;
+        let row = lock(&mut tx, params.record_id).await?;
+        seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
+        let from = guard(&row, "dead-letter", &[RecordStatus::Processing, RecordStatus::Failed], params)?;
+        let note = format!("dead-lettered by {actor}: {reason}");
+        sqlx::query(
+            "UPDATE dedup_records SET status = 'dead', lease_owner = NULL, lease_token = NULL,
+                    lease_expires_at = NULL, next_attempt_at = NULL, last_error = $3, error_class = $4,
+                    updated_at = now()
+             WHERE id = $1 AND status = $2",
+        )
+        .bind(row.stored.id)
+        .bind(from.as_str())
+        .bind(&note)
+        .bind(HAND_DEAD_LETTER_CLASS)
+        .execute(&mut *tx)
+        .await?;
+        close_attempt(&mut tx, row.stored.id, "dead", &note).await?;
+        Ok(Done { from, to: RecordStatus::Dead, republished: false })
+    }
+    .await;
+    conclude(pool, tx, actor, "record.dead_letter", params, seen, result).await
+}
+
+/// Requeues a `failed` or `dead` record: publishes its stored payload, headers and the same
+/// message id to its original exchange and routing key (Kafka: topic and key) and makes it
+/// claimable (`failed`, one more attempt if it had used them all, due now), in one transaction
+/// held until the broker confirmed the copy. A `succeeded` record is never requeued; poison
+/// messages and records without a complete payload are refused. The reason is optional.
+///
+/// Errors: see [`ActionError`].
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err)]
+pub async fn record_requeue(
+    pool: &PgPool,
+    actor: &str,
+    params: &RecordAction<'_>,
+    publisher: &dyn Publish,
+) -> Result<ActionOutcome, ActionError> {
+    let mut tx = pool.begin().await?;
+    let mut seen = Seen::default();
+    let result = async {
+        let row = lock(&mut tx, params.record_id).await?;
+        seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
+        let from = guard(&row, "requeue", &[RecordStatus::Failed, RecordStatus::Dead], params)?;
+        row.stored.check_republishable()?;
+        make_claimable(&mut tx, &[row.stored.id]).await?;
+        republish(publisher, &row.stored).await?;
+        Ok(Done { from, to: RecordStatus::Failed, republished: true })
+    }
+    .await;
+    conclude(pool, tx, actor, "record.requeue", params, seen, result).await
+}
+
+/// `failed`/`dead` → `failed`, claimable now (one more attempt when none is left), for rows the
+/// caller has locked and checked. Shared by the single and the bulk requeue.
+pub(crate) async fn make_claimable(conn: &mut PgConnection, ids: &[i64]) -> Result<(), ActionError> {
+    sqlx::query(
+        "UPDATE dedup_records SET status = 'failed', max_attempts = GREATEST(max_attempts, attempts + 1),
+                next_attempt_at = now(), parked_at = NULL, updated_at = now()
+         WHERE id = ANY($1) AND status IN ('failed', 'dead')",
+    )
+    .bind(ids)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

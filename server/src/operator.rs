@@ -1,0 +1,228 @@
+//! The operator commands of the CLI (`release`, `mark-succeeded`, `dead-letter`, `requeue`):
+//! the same engine calls as the console and the REST API, audited as `cli:<$USER>`.
+
+use clap::Args;
+use dedup_engine::actions::{self, ActionOutcome, RecordAction};
+use dedup_engine::record::RecordStatus;
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::startup::open_database;
+
+/// Which single-record action.
+#[derive(Debug, Clone, Copy)]
+pub enum RecordCommand {
+    /// `release`.
+    Release,
+    /// `mark-succeeded`.
+    MarkSucceeded,
+    /// `dead-letter`.
+    DeadLetter,
+    /// `requeue`.
+    Requeue,
+}
+
+/// Options of the single-record commands.
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// The record's id (as the console and `GET /api/v1/records` show it).
+    pub id: i64,
+    /// Why (required by release, mark-succeeded and dead-letter); written to the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// The lease token of a processing record, as shown with it (required for one): the action
+    /// is refused if the record was claimed again meanwhile.
+    #[arg(long)]
+    pub lease_token: Option<Uuid>,
+    /// Refuse unless the record is still in this status (processing, failed, dead).
+    #[arg(long)]
+    pub expect_status: Option<RecordStatus>,
+    /// Act on a processing record whose lease has not expired yet.
+    #[arg(long)]
+    pub force: bool,
+    /// `release` only: also republish the stored message at once.
+    #[arg(long)]
+    pub requeue: bool,
+}
+
+/// The audit actor of CLI actions: `cli:<$USER>` (`cli:unknown` without `USER`).
+pub fn cli_actor() -> String {
+    format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned()))
+}
+
+/// Runs one single-record action and prints the outcome.
+///
+/// Errors: the action's refusal or failure (nothing changed then), an unreachable database or
+/// broker.
+pub async fn run_record(settings: &Settings, command: RecordCommand, args: RecordArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(!args.requeue || matches!(command, RecordCommand::Release), "--requeue only applies to release");
+    let pool = open_database(settings).await?;
+    let actor = cli_actor();
+    let params = RecordAction {
+        record_id: args.id,
+        expected_status: args.expect_status,
+        lease_token: args.lease_token,
+        force: args.force,
+        reason: args.reason.as_deref(),
+    };
+    let republishes = args.requeue || matches!(command, RecordCommand::Requeue);
+    let source = settings.consumer.source_factory(settings.amqp_url.expose());
+    let publisher = if republishes { Some(source.open_publisher().await?) } else { None };
+    let outcome: Result<ActionOutcome, _> = match (command, publisher.as_deref()) {
+        (RecordCommand::Release, p) => actions::record_release(&pool, &actor, &params, p).await,
+        (RecordCommand::MarkSucceeded, _) => actions::record_mark_succeeded(&pool, &actor, &params).await,
+        (RecordCommand::DeadLetter, _) => actions::record_dead_letter(&pool, &actor, &params).await,
+        (RecordCommand::Requeue, Some(p)) => actions::record_requeue(&pool, &actor, &params, p).await,
+        (RecordCommand::Requeue, None) => unreachable!("requeue opens a publisher"),
+    };
+    source.close().await;
+    pool.close().await;
+    let o = outcome?;
+    println!(
+        "record {} ({} / {}): {} -> {}{}; audit entry {}",
+        o.record_id,
+        o.consumer_group,
+        o.message_id,
+        o.from,
+        o.status,
+        if o.republished { ", message published again" } else { "" },
+        o.audit_id
+    );
+    Ok(())
+}
+
+/// `requeue-bulk` options: the records filter (as on the records page) and the job settings.
+#[derive(Debug, Args)]
+pub struct BulkArgs {
+    /// Status: `dead` (default) or `failed` (others only show up as skipped).
+    #[arg(long, default_value = "dead")]
+    pub status: String,
+    /// Consumer group.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Message type, e.g. ORDER.PAY.
+    #[arg(long = "type")]
+    pub message_type: Option<String>,
+    /// Error class (a dead-letter group).
+    #[arg(long)]
+    pub error_class: Option<String>,
+    /// Messages per second.
+    #[arg(long, default_value_t = dedup_engine::actions::bulk::DEFAULT_RATE)]
+    pub rate: f64,
+    /// Canary batch size.
+    #[arg(long, default_value_t = dedup_engine::actions::bulk::DEFAULT_CANARY)]
+    pub canary: i32,
+    /// Failure threshold (share of recent publishes, 0–1).
+    #[arg(long, default_value_t = dedup_engine::actions::bulk::DEFAULT_FAILURE_THRESHOLD)]
+    pub threshold: f64,
+    /// Why (audited).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Start the job (without it only the preview is printed). Confirms the preview's count.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+/// Prints the preview of a bulk requeue; with `--yes` starts the job and runs it here (a
+/// running server's runner takes over instead if it holds the job), printing progress.
+///
+/// Errors: an invalid filter or settings, refusals, database or broker errors.
+pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()> {
+    use dedup_engine::actions::bulk::{RequeueJobParams, requeue_job, requeue_job_start, requeue_preview, runner};
+    use dedup_engine::console::filter::{FilterText, RecordFilter};
+    let filter = RecordFilter::parse(&FilterText {
+        status: Some(&args.status),
+        group: args.group.as_deref(),
+        message_type: args.message_type.as_deref(),
+        error_class: args.error_class.as_deref(),
+        ..FilterText::default()
+    })?;
+    let pool = open_database(settings).await?;
+    let preview = requeue_preview(&pool, &filter).await?;
+    println!("matched now: {}; would be requeued: {}", preview.matched, preview.would_requeue);
+    for (reason, n) in &preview.skipped {
+        println!("  skipped ({reason}): {n}");
+    }
+    if !args.yes {
+        println!("nothing started; add --yes to requeue {} records", preview.would_requeue);
+        return Ok(());
+    }
+    let params = RequeueJobParams {
+        filter: &filter,
+        rate_per_sec: args.rate,
+        canary_size: args.canary,
+        failure_threshold: args.threshold,
+        expected_count: Some(preview.would_requeue),
+        reason: args.reason.as_deref(),
+    };
+    let job = requeue_job_start(&pool, &cli_actor(), &params).await?;
+    println!("job {} started ({} records frozen)", job.id, job.total - job.skipped);
+    let source = settings.consumer.source_factory(settings.amqp_url.expose());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let progress = async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            if let Ok(j) = requeue_job(&pool, job.id).await {
+                println!(
+                    "  {}: {} done, {} skipped, {} failed, {:.0}/s",
+                    j.state,
+                    j.done,
+                    j.skipped,
+                    j.failed,
+                    j.observed_rate()
+                );
+            }
+        }
+    };
+    tokio::select! {
+        r = runner::run_job(&pool, source.as_ref(), job.id, &shutdown) => r?,
+        () = progress => {}
+    }
+    let j = requeue_job(&pool, job.id).await?;
+    println!(
+        "job {}: {} ({} done, {} skipped, {} failed){}",
+        j.id,
+        j.state,
+        j.done,
+        j.skipped,
+        j.failed,
+        j.paused_reason.map(|r| format!("; {r}")).unwrap_or_default()
+    );
+    source.close().await;
+    pool.close().await;
+    Ok(())
+}
+
+/// `cleanup` options.
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// The schedule's id (see `GET /api/v1/cleanup`).
+    pub schedule: i64,
+    /// Only count what would be deleted.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Dry-runs or runs a cleanup schedule now and waits for the run to finish.
+///
+/// Errors: unknown schedule, a run in progress, database errors.
+pub async fn run_cleanup(settings: &Settings, args: CleanupArgs) -> anyhow::Result<()> {
+    use dedup_engine::actions::cleanup::{cleanup_dry_run, cleanup_runs, scheduler};
+    let pool = open_database(settings).await?;
+    if args.dry_run {
+        println!("{} records would be deleted", cleanup_dry_run(&pool, args.schedule).await?);
+        return Ok(());
+    }
+    let run_id = scheduler::cleanup_run_now(&pool, &cli_actor(), args.schedule).await?;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let runs = cleanup_runs(&pool, Some(args.schedule), 20).await?;
+        if let Some(run) = runs.iter().find(|r| r.id == run_id && r.finished_at.is_some()) {
+            println!("run {run_id}: {} records deleted in {} batches", run.rows_deleted, run.batches);
+            anyhow::ensure!(run.error.is_none(), "cleanup stopped early: {}", run.error.clone().unwrap_or_default());
+            break;
+        }
+    }
+    pool.close().await;
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! Operator actions of the REST API (`POST /api/v1/...`, JSON bodies). Each handler calls the
+//! same function as the console's server function (`dedup_app::ssr::actions`), acting as
+//! the signed-in user (or API token owner). Role: every route here needs `operator`.
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::routing::post;
+use axum::{Extension, Json};
+use dedup_app::ssr::actions::act;
+use dedup_app::ssr::auth::RequestAuth;
+use dedup_app::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
+
+use super::RouteSpec;
+use super::api::{ApiResult, ErrorBody, rejected};
+use crate::auth::access::Access;
+use crate::startup::AppState;
+
+async fn run(
+    state: &AppState,
+    auth: &RequestAuth,
+    id: Result<Path<i64>, PathRejection>,
+    body: Result<Json<RecordActionRequest>, JsonRejection>,
+    kind: RecordActionKind,
+) -> ApiResult<ActionResultView> {
+    let Path(id) = id.map_err(rejected)?;
+    let Json(body) = body.map_err(rejected)?;
+    Ok(Json(act(&state.console, &auth.actor(), id, kind, &body).await?))
+}
+
+/// Releases a stuck record: `processing` → `failed`, lease cleared, claimable. Needs the lease
+/// token shown and a reason; a live lease needs `force`. `requeue: true` also republishes the
+/// stored message. Role: operator.
+#[utoipa::path(post, path = "/api/v1/records/{id}/release", tag = "actions",
+    params(("id" = i64, Path, description = "Record id")), request_body = RecordActionRequest,
+    responses((status = 200, body = ActionResultView), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn release(
+    State(s): State<AppState>,
+    Extension(auth): Extension<RequestAuth>,
+    id: Result<Path<i64>, PathRejection>,
+    body: Result<Json<RecordActionRequest>, JsonRejection>,
+) -> ApiResult<ActionResultView> {
+    run(&s, &auth, id, body, RecordActionKind::Release).await
+}
+
+/// Marks a `processing` (stuck), `failed` or `dead` record `succeeded` after the operator
+/// verified its effect; the stored payload is dropped. Needs a reason (and the lease token for
+/// a processing record). Role: operator.
+#[utoipa::path(post, path = "/api/v1/records/{id}/mark-succeeded", tag = "actions",
+    params(("id" = i64, Path, description = "Record id")), request_body = RecordActionRequest,
+    responses((status = 200, body = ActionResultView), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn mark_succeeded(
+    State(s): State<AppState>,
+    Extension(auth): Extension<RequestAuth>,
+    id: Result<Path<i64>, PathRejection>,
+    body: Result<Json<RecordActionRequest>, JsonRejection>,
+) -> ApiResult<ActionResultView> {
+    run(&s, &auth, id, body, RecordActionKind::MarkSucceeded).await
+}
+
+/// Dead-letters a `processing` (stuck) or `failed` record by hand; payload kept. Needs a reason
+/// (and the lease token for a processing record). Role: operator.
+#[utoipa::path(post, path = "/api/v1/records/{id}/dead-letter", tag = "actions",
+    params(("id" = i64, Path, description = "Record id")), request_body = RecordActionRequest,
+    responses((status = 200, body = ActionResultView), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn dead_letter(
+    State(s): State<AppState>,
+    Extension(auth): Extension<RequestAuth>,
+    id: Result<Path<i64>, PathRejection>,
+    body: Result<Json<RecordActionRequest>, JsonRejection>,
+) -> ApiResult<ActionResultView> {
+    run(&s, &auth, id, body, RecordActionKind::DeadLetter).await
+}
+
+/// Requeues a `failed` or `dead` record: republishes its stored payload, headers and message id
+/// to the original exchange and routing key and makes it claimable. Never a `succeeded` one.
+/// Role: operator.
+#[utoipa::path(post, path = "/api/v1/records/{id}/requeue", tag = "actions",
+    params(("id" = i64, Path, description = "Record id")), request_body = RecordActionRequest,
+    responses((status = 200, body = ActionResultView), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn requeue(
+    State(s): State<AppState>,
+    Extension(auth): Extension<RequestAuth>,
+    id: Result<Path<i64>, PathRejection>,
+    body: Result<Json<RecordActionRequest>, JsonRejection>,
+) -> ApiResult<ActionResultView> {
+    run(&s, &auth, id, body, RecordActionKind::Requeue).await
+}
+
+/// The action routes.
+pub fn routes() -> Vec<RouteSpec> {
+    use Access::Operator;
+    vec![
+        RouteSpec::post("/api/v1/records/{id}/release", Operator, post(release)),
+        RouteSpec::post("/api/v1/records/{id}/mark-succeeded", Operator, post(mark_succeeded)),
+        RouteSpec::post("/api/v1/records/{id}/dead-letter", Operator, post(dead_letter)),
+        RouteSpec::post("/api/v1/records/{id}/requeue", Operator, post(requeue)),
+    ]
+}

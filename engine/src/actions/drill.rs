@@ -93,7 +93,7 @@ const EFFECTS_SQL: &str = "SELECT (SELECT count(*) FROM payments WHERE message_i
 /// Errors: [`ActionError::UnknownRecord`] / [`ActionError::Refused`] (no succeeded record of the
 /// type), [`ActionError::WrongStatus`] (not succeeded), [`ActionError::BrokerMismatch`],
 /// [`ActionError::Publish`].
-#[tracing::instrument(skip_all, fields(actor), err)]
+#[tracing::instrument(skip_all, fields(actor), err(level = "warn"))]
 pub async fn drill_start(
     pool: &PgPool,
     fast_path: &FastPath,

@@ -210,7 +210,6 @@ async fn conclude(
             if let Err(e) = audit::record(pool, &entry(error.audit_outcome(), detail)).await {
                 tracing::error!(error = %e, "could not write the audit entry of a refused or failed action");
             }
-            tracing::warn!(actor, action = verb, record_id = params.record_id, error = %error, "operator action not done");
             Err(error)
         }
     }
@@ -223,7 +222,7 @@ async fn conclude(
 /// same transaction: if the broker does not confirm it, nothing changes).
 ///
 /// Errors: see [`ActionError`]; every refusal leaves the record as it was.
-#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err)]
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err(level = "warn"))]
 pub async fn record_release(
     pool: &PgPool,
     actor: &str,
@@ -267,7 +266,7 @@ pub async fn record_release(
 /// are skipped as duplicates. A reason is required.
 ///
 /// Errors: see [`ActionError`].
-#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err)]
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err(level = "warn"))]
 pub async fn record_mark_succeeded(
     pool: &PgPool,
     actor: &str,
@@ -306,7 +305,7 @@ pub const HAND_DEAD_LETTER_CLASS: &str = "OPERATOR: dead-lettered by hand";
 /// operator and the reason, and error class [`HAND_DEAD_LETTER_CLASS`]. A reason is required.
 ///
 /// Errors: see [`ActionError`].
-#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err)]
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err(level = "warn"))]
 pub async fn record_dead_letter(
     pool: &PgPool,
     actor: &str,
@@ -346,7 +345,7 @@ pub async fn record_dead_letter(
 /// messages and records without a complete payload are refused. The reason is optional.
 ///
 /// Errors: see [`ActionError`].
-#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err)]
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err(level = "warn"))]
 pub async fn record_requeue(
     pool: &PgPool,
     actor: &str,

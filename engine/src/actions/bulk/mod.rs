@@ -205,7 +205,7 @@ const AUDITED_IDS: i64 = 10_000;
 /// Errors: [`ActionError::Invalid`] for bad settings; [`ActionError::Refused`] when nothing would
 /// be requeued, the selection is too large, or it no longer has `expected_count` records (then
 /// preview again).
-#[tracing::instrument(skip_all, fields(actor), err)]
+#[tracing::instrument(skip_all, fields(actor), err(level = "warn"))]
 pub async fn requeue_job_start(
     pool: &PgPool,
     actor: &str,
@@ -352,7 +352,7 @@ impl JobControl {
 ///
 /// Errors: [`ActionError::UnknownJob`]; [`ActionError::Refused`] when the job's state does not
 /// allow it (e.g. resuming a completed job).
-#[tracing::instrument(skip_all, fields(actor, job_id = id), err)]
+#[tracing::instrument(skip_all, fields(actor, job_id = id), err(level = "warn"))]
 pub async fn requeue_job_control(
     pool: &PgPool,
     actor: &str,

@@ -194,7 +194,7 @@ fn batch_size(rate: f64) -> i64 {
 ///
 /// Errors: database errors, a broker that cannot be reached (the job stays running; the
 /// supervisor retries).
-#[tracing::instrument(skip_all, fields(job_id = id), err)]
+#[tracing::instrument(skip_all, fields(job_id = id), err(level = "warn"))]
 pub async fn run_job(
     pool: &PgPool,
     source: &dyn SourceFactory,

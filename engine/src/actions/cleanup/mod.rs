@@ -236,7 +236,7 @@ fn name_taken(e: &sqlx::Error, name: &str) -> Option<ActionError> {
 ///
 /// Errors: [`ActionError::Invalid`] (cron, retention, batch size, statuses, name),
 /// [`ActionError::Refused`] (name taken), [`ActionError::UnknownJob`] (no such schedule).
-#[tracing::instrument(skip_all, fields(actor), err)]
+#[tracing::instrument(skip_all, fields(actor), err(level = "warn"))]
 pub async fn cleanup_schedule_save(
     pool: &PgPool,
     actor: &str,

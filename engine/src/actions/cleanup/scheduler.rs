@@ -110,7 +110,7 @@ async fn run_tick(pool: &PgPool, schedule: &CleanupSchedule) -> Result<Option<i6
 ///
 /// Errors: [`ActionError::UnknownJob`]; [`ActionError::Refused`] when a run of the schedule is in
 /// progress (here or on another instance).
-#[tracing::instrument(skip_all, fields(actor, schedule = id), err)]
+#[tracing::instrument(skip_all, fields(actor, schedule = id), err(level = "warn"))]
 pub async fn cleanup_run_now(pool: &PgPool, actor: &str, id: i64) -> Result<i64, ActionError> {
     let started = async {
         let schedule = cleanup_schedule(pool, id).await?;

@@ -78,6 +78,7 @@ impl From<dedup_engine::accounts::AccountError> for ConsoleError {
     }
 }
 
+#[cfg(feature = "ssr")]
 impl From<dedup_engine::actions::ActionError> for ConsoleError {
     /// Refusals keep their message (it is about the record and safe to show); internal errors
     /// are logged and become the opaque [`ConsoleError::Internal`].

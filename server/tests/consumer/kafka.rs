@@ -51,23 +51,18 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     assert!(report.ok, "{report:#?}");
     // Diagnostics for the open bug: which records are left `failed`, and their attempts.
     if report.failed > 0 {
-        let rows: Vec<(String, i32, i32, Option<String>, i32, String, String, String)> = sqlx::query_as(
-            "SELECT message_id, attempts, max_attempts, last_error, duplicate_count, next_attempt_at::text, updated_at::text, first_seen_at::text FROM dedup_records WHERE status = 'failed' ORDER BY updated_at LIMIT 15",
+        let rows: Vec<String> = sqlx::query_scalar(
+            "SELECT row_to_json(x)::text FROM (
+                 SELECT r.message_id, r.attempts, r.last_error, r.duplicate_count, r.next_attempt_at, r.updated_at,
+                        (SELECT json_agg(json_build_object('attempt', a.attempt, 'worker', a.worker, 'outcome', a.outcome))
+                           FROM record_attempts a WHERE a.record_id = r.id) AS attempts_made
+                 FROM dedup_records r WHERE r.status = 'failed' ORDER BY r.updated_at LIMIT 15) x",
         )
         .fetch_all(&world.db.pool)
         .await
         .unwrap();
-        for r in rows {
-            eprintln!("failed record: {r:?}");
-        }
-        let att: Vec<(String, i32, String, Option<String>, Option<String>)> = sqlx::query_as(
-            "SELECT r.message_id, a.attempt, a.worker, a.outcome, a.ended_at::text FROM record_attempts a JOIN dedup_records r ON r.id = a.record_id WHERE r.status = 'failed' ORDER BY r.message_id, a.attempt LIMIT 40",
-        )
-        .fetch_all(&world.db.pool)
-        .await
-        .unwrap();
-        for r in att {
-            eprintln!("its attempt: {r:?}");
+        for row in rows {
+            eprintln!("failed record: {row}");
         }
     }
     assert_eq!((report.missing, report.failed), (0, 0), "{report:#?}");

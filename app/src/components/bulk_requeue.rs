@@ -7,7 +7,9 @@ use leptos::prelude::*;
 use leptos_router::components::A;
 
 use crate::components::format::count;
+use crate::components::session::IfRole;
 use crate::error::ConsoleError;
+use crate::wire::account::RoleView;
 use crate::wire::operations::{RequeueJobView, RequeuePreviewView, RequeueStartRequest};
 use crate::wire::records::RecordsQuery;
 
@@ -31,10 +33,12 @@ pub fn BulkRequeue(filter: RecordsQuery, #[prop(into)] label: String) -> impl In
     let filter = StoredValue::new(filter);
     let label = StoredValue::new(label);
     view! {
-        <button data-testid="bulk-requeue" on:click=move |_| open.set(true)>
-            "Requeue…"
-        </button>
-        {move || open.get().then(|| view! { <BulkDialog filter=filter.get_value() label=label.get_value() open /> })}
+        <IfRole role=RoleView::Operator>
+            <button data-testid="bulk-requeue" on:click=move |_| open.set(true)>
+                "Requeue…"
+            </button>
+            {move || open.get().then(|| view! { <BulkDialog filter=filter.get_value() label=label.get_value() open /> })}
+        </IfRole>
     }
 }
 

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use leptos::prelude::*;
 
+use crate::components::session::IfRole;
 use crate::components::ticker::use_ticker;
 use crate::error::ConsoleError;
+use crate::wire::account::RoleView;
 use crate::wire::operations::{DrillRequest, DrillView};
 
 /// Publishes a drill copy. Role: operator.
@@ -28,8 +30,10 @@ pub async fn get_drill(id: i64) -> Result<DrillView, ConsoleError> {
 pub fn DrillButton(record_id: i64) -> impl IntoView {
     let open = RwSignal::new(false);
     view! {
-        <button data-testid="drill" on:click=move |_| open.set(true)>"Duplicate drill…"</button>
-        {move || open.get().then(|| view! { <DrillDialog record_id open /> })}
+        <IfRole role=RoleView::Operator>
+            <button data-testid="drill" on:click=move |_| open.set(true)>"Duplicate drill…"</button>
+            {move || open.get().then(|| view! { <DrillDialog record_id open /> })}
+        </IfRole>
     }
 }
 

@@ -4,7 +4,9 @@
 
 use leptos::prelude::*;
 
+use crate::components::session::IfRole;
 use crate::error::ConsoleError;
+use crate::wire::account::RoleView;
 use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
 
 /// Runs one action on one record; the same engine call as `POST /api/v1/records/{id}/<action>`.
@@ -44,7 +46,9 @@ pub fn RecordActions(target: ActionTarget, #[prop(into)] on_done: Callback<()>) 
     }
     let open = RwSignal::new(None::<RecordActionKind>);
     let target = StoredValue::new(target);
+    // Hidden from viewers (the server refuses them anyway).
     view! {
+        <IfRole role=RoleView::Operator>
         <span class="actions" data-testid="record-actions">
             {kinds
                 .iter()
@@ -68,6 +72,7 @@ pub fn RecordActions(target: ActionTarget, #[prop(into)] on_done: Callback<()>) 
                     })
             }}
         </span>
+        </IfRole>
     }
     .into_any()
 }

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { startServer, launchBrowser, screenshot, waitForHydration } from './support/harness.mjs';
+import { startServer, launchBrowser, login, screenshot, waitForHydration } from './support/harness.mjs';
 
 let server;
 let browser;
@@ -18,6 +18,8 @@ before(async () => {
     DEDUP_CONSUMER__RABBITMQ__QUEUE: `e2e.actions.${tag}`,
   });
   browser = await launchBrowser();
+  // Actions need the operator role, cleanup schedules the admin role.
+  await login(browser, server, server.users.admin);
 });
 
 after(async () => {

@@ -79,6 +79,35 @@ test('a viewer sees no admin controls and a forged admin request from its sessio
   await page.close();
 });
 
+test('a viewer sees no operator buttons on a record and a forged operator request is refused', async () => {
+  const id = server.sql(`INSERT INTO dedup_records (consumer_group, message_id, message_type, status, handler_mode,
+      attempts, max_attempts, payload_hash, payload, headers, content_type, source_broker, last_error, error_class)
+    VALUES ('order-service', 'ORDER.PAY.VIEWER:1', 'ORDER.PAY', 'dead', 'transactional', 5, 5, '\\x00',
+      convert_to('{}', 'UTF8'), '{}', 'application/json', 'rabbitmq', 'boom', 'E2E') RETURNING id`);
+  const page = watch(await viewer.newPage());
+  await page.goto(`${server.base}/records/${id}`);
+  await waitForHydration(page);
+  await page.getByText('ORDER.PAY.VIEWER:1').first().waitFor();
+  assert.equal(await page.locator('[data-testid="record-actions"]').count(), 0, 'no action buttons');
+  assert.equal(await page.locator('[data-testid="drill"]').count(), 0, 'no drill button');
+  const forged = await page.evaluate(async (recordId) => {
+    const token = document.querySelector('meta[name="csrf-token"]').content;
+    const post = (path, body) =>
+      fetch(path, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-csrf-token': token },
+        body: JSON.stringify(body),
+      }).then((r) => r.status);
+    return {
+      rest: await post(`/api/v1/records/${recordId}/requeue`, { reason: 'forged' }),
+      serverFn: await post('/api/fn/act_on_record', {}),
+    };
+  }, id);
+  assert.deepEqual(forged, { rest: 403, serverFn: 403 });
+  assert.equal(server.sql(`SELECT status FROM dedup_records WHERE id = ${id}`), 'dead');
+  await page.close();
+});
+
 test('an admin adds a user and changes its role on the Users page', async () => {
   await login(admin, server, server.users.admin);
   const page = watch(await admin.newPage());

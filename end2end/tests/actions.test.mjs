@@ -147,7 +147,8 @@ test('the audit page lists every action, filters by outcome, and the record page
     assert.ok(actions.includes(expected), `${expected} in ${actions}`);
   }
   await page.selectOption('select[name="outcome"]', 'refused');
-  await page.click('button[type="submit"]');
+  // The filter form's button (the top bar's sign-out is a submit button too).
+  await page.click('form:has(select[name="outcome"]) button[type="submit"]');
   await page.waitForURL(/outcome=refused/);
   await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="audit-table"] tbody tr')]
     .every((r) => r.dataset.outcome === 'refused'));

@@ -20,6 +20,13 @@ pub async fn list_tokens() -> Result<Vec<TokenView>, ConsoleError> {
 #[server(prefix = "/api/fn", endpoint = "create_token", client = crate::csrf::CsrfClient)]
 pub async fn create_token(name: String) -> Result<NewTokenView, ConsoleError> {
     let (user, auth) = crate::ssr::auth::require(crate::wire::account::RoleView::Viewer)?;
+    // Only a signed-in session (which has a CSRF token) mints tokens: a leaked API token must
+    // not outlive its own revocation by minting another.
+    if auth.csrf_token.is_none() {
+        return Err(ConsoleError::Forbidden(
+            "API tokens are created from a signed-in session, not with a token".to_owned(),
+        ));
+    }
     crate::ssr::accounts::create_token(&crate::ssr::console_state()?, &auth, &user, &name).await
 }
 

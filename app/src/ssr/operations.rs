@@ -47,6 +47,12 @@ pub async fn requeue_start(
     request: &RequeueStartRequest,
 ) -> Result<RequeueJobView, ConsoleError> {
     let filter = record_filter(&request.filter)?;
+    if request.expected_count.is_none() {
+        return Err(ConsoleError::BadRequest(
+            "expected_count is required: give the preview's would_requeue, so a changed selection is refused"
+                .to_owned(),
+        ));
+    }
     let params = RequeueJobParams {
         filter: &filter,
         rate_per_sec: request.rate_per_sec.unwrap_or(bulk::DEFAULT_RATE),
@@ -233,6 +239,12 @@ fn drill_view(d: DrillReport) -> DrillView {
 pub async fn audit_page(state: &ConsoleState, q: &AuditQuery) -> Result<AuditPageView, ConsoleError> {
     let bad = |e: QueryError| ConsoleError::from(e);
     let present = |v: &Option<String>| v.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
+    for (name, value) in [("actor", &q.actor), ("action", &q.action)] {
+        let value = value.as_deref().unwrap_or_default();
+        if value.chars().any(char::is_control) || value.len() > 512 {
+            return Err(ConsoleError::BadRequest(format!("{name}: at most 512 bytes, no control characters")));
+        }
+    }
     let outcome = match present(&q.outcome).as_deref() {
         None => None,
         Some("ok") => Some(AuditOutcome::Ok),

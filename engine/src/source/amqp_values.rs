@@ -3,10 +3,23 @@
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use serde_json::{Map, Number, Value};
 
+/// Deepest nesting of header tables and arrays kept on a record; deeper values are replaced by
+/// the string [`TOO_DEEP`]. A hostile producer can nest thousands of levels within one frame,
+/// and the conversion, JSON serialisation and PostgreSQL's `jsonb` all recurse.
+pub const MAX_HEADER_DEPTH: usize = 32;
+
+/// What stands in for a header value nested deeper than [`MAX_HEADER_DEPTH`].
+pub const TOO_DEEP: &str = "(nested deeper than 32 levels; not kept)";
+
 /// Converts an AMQP header table to a JSON object. Byte arrays and non-UTF-8 long strings
-/// become arrays of numbers; decimals become numbers; timestamps their Unix seconds.
+/// become arrays of numbers; decimals become numbers; timestamps their Unix seconds; values
+/// nested deeper than [`MAX_HEADER_DEPTH`] the string [`TOO_DEEP`].
 pub fn table_to_json(table: &FieldTable) -> Map<String, Value> {
-    table.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_to_json(v))).collect()
+    table_at(table, 1)
+}
+
+fn table_at(table: &FieldTable, depth: usize) -> Map<String, Value> {
+    table.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_to_json(v, depth))).collect()
 }
 
 /// Bytes as a JSON string when they are UTF-8, else as an array of numbers (also used for Kafka
@@ -18,7 +31,11 @@ pub(crate) fn bytes_to_json(bytes: &[u8]) -> Value {
     }
 }
 
-fn value_to_json(value: &AMQPValue) -> Value {
+fn value_to_json(value: &AMQPValue, depth: usize) -> Value {
+    let nested = matches!(value, AMQPValue::FieldArray(_) | AMQPValue::FieldTable(_));
+    if nested && depth >= MAX_HEADER_DEPTH {
+        return Value::String(TOO_DEEP.to_owned());
+    }
     match value {
         AMQPValue::Boolean(b) => Value::Bool(*b),
         AMQPValue::ShortShortInt(n) => Value::from(*n),
@@ -35,9 +52,9 @@ fn value_to_json(value: &AMQPValue) -> Value {
         }
         AMQPValue::ShortString(s) => Value::String(s.as_str().to_owned()),
         AMQPValue::LongString(s) => bytes_to_json(s.as_bytes()),
-        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(value_to_json).collect()),
+        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(|v| value_to_json(v, depth + 1)).collect()),
         AMQPValue::Timestamp(t) => Value::from(*t),
-        AMQPValue::FieldTable(t) => Value::Object(table_to_json(t)),
+        AMQPValue::FieldTable(t) => Value::Object(table_at(t, depth + 1)),
         AMQPValue::ByteArray(b) => Value::Array(b.as_slice().iter().map(|x| Value::from(*x)).collect()),
         AMQPValue::Void => Value::Null,
     }
@@ -96,5 +113,28 @@ mod tests {
         let mut table = FieldTable::default();
         table.insert("bin".into(), AMQPValue::LongString(LongString::from(vec![0xffu8, 0x00])));
         assert_eq!(table_to_json(&table)["bin"], serde_json::json!([255, 0]));
+    }
+
+    #[test]
+    fn headers_nested_past_the_limit_are_cut_at_the_limit() {
+        // 5000 levels, built iteratively (a recursive build would need the depth it tests).
+        let mut value = AMQPValue::LongString(LongString::from("leaf"));
+        for _ in 0..5000 {
+            let mut table = FieldTable::default();
+            table.insert("n".into(), value);
+            value = AMQPValue::FieldTable(table);
+        }
+        let mut table = FieldTable::default();
+        table.insert("h".into(), value);
+        let mut json = &Value::Object(table_to_json(&table));
+        let mut depth = 0;
+        while let Some(inner) = json.get("h").or_else(|| json.get("n")) {
+            json = inner;
+            depth += 1;
+        }
+        assert_eq!(json, &Value::String(TOO_DEEP.to_owned()));
+        assert_eq!(depth, MAX_HEADER_DEPTH, "kept levels");
+        // Dropping the 5000-level table is recursive too: leak it rather than overflow here.
+        std::mem::forget(table);
     }
 }

@@ -207,7 +207,7 @@ impl utoipa::Modify for BearerAuth {
             )
             .build();
         for item in openapi.paths.paths.values_mut() {
-            for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
+            for operation in [&mut item.get, &mut item.post, &mut item.put].into_iter().flatten() {
                 operation.responses.responses.entry("401".to_owned()).or_insert_with(|| RefOr::T(unauthorized.clone()));
             }
         }

@@ -74,7 +74,7 @@ async fn record_actions_answer_json_errors_and_are_audited() {
         audit["entries"].as_array().unwrap().iter().map(|e| e["outcome"].as_str().unwrap()).collect();
     assert_eq!(outcomes, ["refused", "refused", "ok", "refused", "refused", "refused"]);
     let ok_only = get(&app, "/api/v1/audit?outcome=ok").await;
-    assert_eq!(ok_only["entries"][0]["actor"], "console");
+    assert_eq!(ok_only["entries"][0]["actor"], "user:admin");
     let (status, _) = (app.get("/api/v1/audit?outcome=maybe").await.status().as_u16(), ());
     assert_eq!(status, 400);
 }

@@ -138,6 +138,11 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let mut settings = local_settings();
     settings.listen = "127.0.0.1:0".parse().unwrap();
     settings.database_url = db.url.as_str().into();
+    // Its own exchange and queue: other test apps (and a demo server on the machine) publish to
+    // the default ones.
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    settings.consumer.rabbitmq.exchange = format!("api-test.{tag}");
+    settings.consumer.rabbitmq.queue = format!("api-test.{tag}");
     adjust(&mut settings);
     let app = Application::build(settings, false).await.expect("application builds");
     let address = format!("http://127.0.0.1:{}", app.port());

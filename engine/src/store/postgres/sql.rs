@@ -1,0 +1,199 @@
+//! The SQL statements of [`super::PgStore`]: claims, duplicate notes, completions, failures and
+//! poison records. Each is one statement so that a claim or a transition is atomic; the rules
+//! they implement are in DESIGN.md ("Claims and leases").
+
+/// Claim: insert, or take over a claimable record; for leased handlers the same statement
+/// opens the attempt row (a transactional attempt is written when it ends, in its transaction).
+/// `$17` says whether an expired lease may be reclaimed. `prior` reads the status the statement
+/// started from, only to tell a lease takeover apart for metrics.
+macro_rules! claim_sql {
+    ($attempt_cte:literal) => {
+        concat!(
+            r#"
+WITH prior AS (
+    SELECT status FROM dedup_records WHERE consumer_group = $1 AND message_id = $2
+), claimed AS (
+    INSERT INTO dedup_records AS r (
+        consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
+        lease_owner, lease_token, lease_expires_at, payload_hash, payload, headers, content_type,
+        source_broker, source_exchange, source_routing_key, source_queue)
+    VALUES ($1, $2, $3, 'processing', $4, 1, $5,
+            $6, $7, now() + $8 * interval '1 millisecond', $9, $10, $11, $12,
+            $13, $14, $15, $16)
+    ON CONFLICT (consumer_group, message_id) DO UPDATE SET
+        status = 'processing',
+        attempts = r.attempts + 1,
+        reentries = r.reentries + CASE WHEN r.status = 'processing' THEN 1 ELSE 0 END,
+        handler_mode = EXCLUDED.handler_mode,
+        lease_owner = EXCLUDED.lease_owner,
+        lease_token = EXCLUDED.lease_token,
+        lease_expires_at = EXCLUDED.lease_expires_at,
+        next_attempt_at = NULL,
+        parked_at = NULL,
+        updated_at = now()
+    WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
+       OR ($17 AND r.status = 'processing' AND r.lease_expires_at < now())
+    RETURNING r.id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at
+)"#,
+            $attempt_cte,
+            r#"
+SELECT c.id, c.attempts, c.max_attempts, c.created, c.first_seen_at, now() AS claimed_at,
+       COALESCE((SELECT status FROM prior) = 'processing', false) AS took_over
+FROM claimed c
+"#
+        )
+    };
+}
+pub(super) const CLAIM_TX_SQL: &str = claim_sql!("");
+pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
+    r#", attempt AS (
+    INSERT INTO record_attempts (record_id, attempt, worker, started_at)
+    SELECT id, attempts, $6, now() FROM claimed
+)"#
+);
+
+/// The duplicate check after a claim found nothing claimable (set-based: `$2`/`$3` are the
+/// message ids and payload hashes): counts the delivery on the record, flags a payload
+/// conflict, parks a delivery of a stuck record (the claim would have taken it if reclaim were
+/// allowed) and reports the record's state.
+pub(super) const NOTE_DUPLICATES_SQL: &str = r#"
+UPDATE dedup_records r SET
+    duplicate_count = r.duplicate_count + 1,
+    last_duplicate_at = now(),
+    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash THEN 0 ELSE 1 END,
+    parked_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at < now() THEN now() ELSE r.parked_at END
+FROM unnest($2::text[], $3::bytea[]) AS d(message_id, payload_hash)
+WHERE r.consumer_group = $1 AND r.message_id = d.message_id
+RETURNING r.id, r.message_id, r.status, r.lease_expires_at,
+          COALESCE(r.lease_expires_at < now(), false) AS lease_expired,
+          r.payload_hash = d.payload_hash AS same_payload,
+          (extract(epoch FROM now() - r.first_seen_at) * 1000)::bigint AS delay_ms,
+          (r.status = 'processing' AND r.lease_expires_at < now()) AS parked
+"#;
+
+/// Claims of a transactional batch: one INSERT ... ON CONFLICT for all messages, rows in
+/// message-id order. No payload or headers (stored only if the attempt fails).
+pub(super) const CLAIM_MANY_SQL: &str = r#"
+INSERT INTO dedup_records AS r (
+    consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
+    lease_owner, lease_token, lease_expires_at, payload_hash, content_type,
+    source_broker, source_exchange, source_routing_key, source_queue)
+SELECT $1, i.message_id, i.message_type, 'processing', 'transactional', 1, $2,
+       $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.content_type,
+       i.broker, i.exchange, i.routing_key, i.queue
+FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+     AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue)
+ORDER BY i.message_id
+ON CONFLICT (consumer_group, message_id) DO UPDATE SET
+    status = 'processing',
+    attempts = r.attempts + 1,
+    handler_mode = EXCLUDED.handler_mode,
+    lease_owner = EXCLUDED.lease_owner,
+    lease_token = EXCLUDED.lease_token,
+    lease_expires_at = EXCLUDED.lease_expires_at,
+    next_attempt_at = NULL,
+    parked_at = NULL,
+    updated_at = now()
+WHERE r.status = 'failed' AND r.attempts < r.max_attempts
+RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, now() AS claimed_at
+"#;
+
+/// Completions of a transactional batch with their attempt rows; `$3` is the worker, `$4` when
+/// the claims were made.
+pub(super) const COMPLETE_MANY_SQL: &str = r#"
+WITH done AS (
+    UPDATE dedup_records r SET
+        status = 'succeeded', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
+        payload = NULL, headers = NULL
+    FROM unnest($1::bigint[]) AS c(id)
+    WHERE r.id = c.id AND r.status = 'processing' AND r.lease_token = $2
+    RETURNING r.id, r.attempts
+), attempt AS (
+    INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
+    SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done
+)
+SELECT id FROM done
+"#;
+
+/// Completion: `succeeded`, lease and stored payload cleared, attempt closed.
+macro_rules! complete_sql {
+    ($attempt_cte:literal) => {
+        concat!(
+            r#"
+WITH done AS (
+    UPDATE dedup_records SET
+        status = 'succeeded', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
+        payload = NULL, headers = NULL
+    WHERE id = $1 AND status = 'processing' AND lease_token = $2
+    RETURNING id, attempts
+), attempt AS ("#,
+            $attempt_cte,
+            r#")
+SELECT count(*) FROM done
+"#
+        )
+    };
+}
+/// Transactional attempts are written when they end (their claim may be rolled back); `$3` is
+/// the worker, `$4` when the claim was made.
+pub(super) const COMPLETE_TX_SQL: &str = complete_sql!(
+    "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
+     SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done"
+);
+/// Leased attempts were opened by the claim.
+pub(super) const COMPLETE_LEASED_SQL: &str = complete_sql!(
+    "UPDATE record_attempts a SET ended_at = now(), outcome = 'succeeded'
+     FROM done WHERE a.record_id = done.id AND a.attempt = done.attempts AND a.ended_at IS NULL"
+);
+
+/// A failure, fenced by the lease token. `$7`..`$9`: payload, headers, content type (kept by
+/// a transactional failure, whose claim stored none; a leased claim stored them already).
+macro_rules! fail_sql {
+    ($keep_payload:literal, $attempt_cte:literal) => {
+        concat!(
+            r#"
+WITH failed AS (
+    UPDATE dedup_records SET
+        status = $3, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        last_error = $4, error_class = $5,
+        next_attempt_at = CASE WHEN $3 = 'failed' THEN now() + $6 * interval '1 millisecond' END,
+        updated_at = now()"#,
+            $keep_payload,
+            r#"
+    WHERE id = $1 AND status = 'processing' AND lease_token = $2
+    RETURNING id, attempts, lease_owner
+), attempt AS ("#,
+            $attempt_cte,
+            r#")
+SELECT count(*) FROM failed
+"#
+        )
+    };
+}
+/// Transactional: payload kept now, attempt row written now (`$10` worker, `$11` claim time).
+pub(super) const FAIL_TX_SQL: &str = fail_sql!(
+    ", payload = $7, headers = $8, content_type = COALESCE($9, content_type)",
+    "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error)
+     SELECT id, attempts, $10, $11, now(), $3, $4 FROM failed"
+);
+/// Leased: the claim opened the attempt row.
+pub(super) const FAIL_LEASED_SQL: &str = fail_sql!(
+    "",
+    "UPDATE record_attempts a SET ended_at = now(), outcome = $3, error = $4
+     FROM failed WHERE a.record_id = failed.id AND a.attempt = failed.attempts AND a.ended_at IS NULL"
+);
+
+pub(super) const POISON_SQL: &str = r#"
+INSERT INTO dedup_records AS r (
+    consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
+    last_error, error_class, payload_hash, payload, payload_truncated, headers, content_type,
+    source_broker, source_exchange, source_routing_key, source_queue)
+VALUES ($1, $2, $3, 'dead', NULL, 0, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+ON CONFLICT (consumer_group, message_id) DO UPDATE SET
+    duplicate_count = r.duplicate_count + 1,
+    last_duplicate_at = now(),
+    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = EXCLUDED.payload_hash THEN 0 ELSE 1 END
+RETURNING id, (xmax = 0) AS created
+"#;

@@ -2,6 +2,26 @@
 //! poison records. Each is one statement so that a claim or a transition is atomic; the rules
 //! they implement are in DESIGN.md ("Claims and leases").
 
+/// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
+/// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
+/// was still `processing` (an expired lease).
+macro_rules! take_over {
+    () => {
+        r#"
+    ON CONFLICT (consumer_group, message_id) DO UPDATE SET
+        status = 'processing',
+        attempts = r.attempts + 1,
+        reentries = r.reentries + CASE WHEN r.status = 'processing' THEN 1 ELSE 0 END,
+        handler_mode = EXCLUDED.handler_mode,
+        lease_owner = EXCLUDED.lease_owner,
+        lease_token = EXCLUDED.lease_token,
+        lease_expires_at = EXCLUDED.lease_expires_at,
+        next_attempt_at = NULL,
+        parked_at = NULL,
+        updated_at = now()"#
+    };
+}
+
 /// Claim: insert, or take over a claimable record; for leased handlers the same statement
 /// opens the attempt row (a transactional attempt is written when it ends, in its transaction).
 /// `$17` says whether an expired lease may be reclaimed. `prior` reads the status the statement
@@ -20,17 +40,9 @@ WITH prior AS (
     VALUES ($1, $2, $3, 'processing', $4, 1, $5,
             $6, $7, now() + $8 * interval '1 millisecond', $9, $10, $11, $12,
             $13, $14, $15, $16)
-    ON CONFLICT (consumer_group, message_id) DO UPDATE SET
-        status = 'processing',
-        attempts = r.attempts + 1,
-        reentries = r.reentries + CASE WHEN r.status = 'processing' THEN 1 ELSE 0 END,
-        handler_mode = EXCLUDED.handler_mode,
-        lease_owner = EXCLUDED.lease_owner,
-        lease_token = EXCLUDED.lease_token,
-        lease_expires_at = EXCLUDED.lease_expires_at,
-        next_attempt_at = NULL,
-        parked_at = NULL,
-        updated_at = now()
+    "#,
+            take_over!(),
+            r#"
     WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
        OR ($17 AND r.status = 'processing' AND r.lease_expires_at < now())
     RETURNING r.id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at
@@ -73,7 +85,8 @@ RETURNING r.id, r.message_id, r.status, r.lease_expires_at,
 
 /// Claims of a transactional batch: one INSERT ... ON CONFLICT for all messages, rows in
 /// message-id order. No payload or headers (stored only if the attempt fails).
-pub(super) const CLAIM_MANY_SQL: &str = r#"
+pub(super) const CLAIM_MANY_SQL: &str = concat!(
+    r#"
 INSERT INTO dedup_records AS r (
     consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
     lease_owner, lease_token, lease_expires_at, payload_hash, content_type,
@@ -84,19 +97,13 @@ SELECT $1, i.message_id, i.message_type, 'processing', 'transactional', 1, $2,
 FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
      AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue)
 ORDER BY i.message_id
-ON CONFLICT (consumer_group, message_id) DO UPDATE SET
-    status = 'processing',
-    attempts = r.attempts + 1,
-    handler_mode = EXCLUDED.handler_mode,
-    lease_owner = EXCLUDED.lease_owner,
-    lease_token = EXCLUDED.lease_token,
-    lease_expires_at = EXCLUDED.lease_expires_at,
-    next_attempt_at = NULL,
-    parked_at = NULL,
-    updated_at = now()
+"#,
+    take_over!(),
+    r#"
 WHERE r.status = 'failed' AND r.attempts < r.max_attempts
 RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, now() AS claimed_at
-"#;
+"#
+);
 
 /// Completions of a transactional batch with their attempt rows; `$3` is the worker, `$4` when
 /// the claims were made.

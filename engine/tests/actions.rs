@@ -1,6 +1,7 @@
 //! Operator actions against PostgreSQL and RabbitMQ: every guard (unknown record, wrong status,
 //! stale lease token, live lease, missing payload, poison, missing reason), nothing changed on
-//! refusal, an audit entry for every outcome, and two operators racing on one record.
+//! refusal, an audit entry for every outcome, and two operators racing on one record (a stuck one,
+//! and a failed one both requeue).
 
 use dedup_engine::actions::{
     self, ActionError, RecordAction, record_dead_letter, record_mark_succeeded, record_release, record_requeue,
@@ -244,6 +245,44 @@ async fn requeue_republishes_the_stored_message_and_makes_the_record_claimable()
     let err = record_requeue(pool, "user:bob", &p, &publisher).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Failed, .. }), "{err}");
     assert_eq!(broker.depth(&broker.settings.queue).await, 0, "no second copy");
+}
+
+async fn version(pool: &PgPool, id: i64) -> i64 {
+    sqlx::query_scalar(&format!("SELECT {} FROM dedup_records WHERE id = $1", dedup_engine::record::RECORD_VERSION_SQL))
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A `failed` record stays `failed` when requeued, so the status cannot tell a second operator
+/// that the first one was faster: the version does.
+#[tokio::test]
+async fn two_operators_requeueing_one_failed_record_at_once_publish_one_copy() {
+    let db = TestDatabase::create().await;
+    let pool = &db.pool;
+    let (broker, publisher) = broker().await;
+    const ROUNDS: u32 = 5;
+    for round in 0..ROUNDS {
+        let failed = insert(pool, &format!("ORDER.PAY.{round}:1"), "failed", 0, &broker.settings.exchange).await;
+        let shown = RecordAction {
+            expected_status: Some(RecordStatus::Failed),
+            expected_version: Some(version(pool, failed.id).await),
+            ..params(&failed, None)
+        };
+        let (a, b) = tokio::join!(
+            record_requeue(pool, "user:a", &shown, &publisher),
+            record_requeue(pool, "user:b", &shown, &publisher)
+        );
+        assert!(a.is_ok() != b.is_ok(), "exactly one wins: {a:?} / {b:?}");
+        let loser = a.err().or(b.err()).unwrap();
+        assert!(matches!(loser, ActionError::Changed { id, .. } if id == failed.id), "{loser}");
+        assert!(loser.to_string().contains("changed since it was shown"), "{loser}");
+    }
+    assert_eq!(broker.depth(&broker.settings.queue).await, ROUNDS, "one copy per record");
+    let trail = audit_trail(pool).await;
+    assert_eq!(trail.iter().filter(|(_, o)| o == "ok").count(), ROUNDS as usize);
+    assert_eq!(trail.iter().filter(|(_, o)| o == "refused").count(), ROUNDS as usize);
 }
 
 #[tokio::test]

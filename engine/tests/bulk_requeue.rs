@@ -1,7 +1,7 @@
 //! Bulk requeue against PostgreSQL and RabbitMQ: preview and frozen selection, the rate limit
 //! (10 000 dead records, measured rate within ±10 % of the setting), canary, automatic pause on
 //! failures, cancel, one runner per job, resume after a runner died — then every record consumed
-//! exactly once.
+//! exactly once — and overlapping jobs publishing each record once.
 
 mod common;
 
@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use dedup_engine::actions::ActionError;
-use dedup_engine::actions::bulk::runner::run_job;
+use dedup_engine::actions::bulk::runner::{CHANGED_SINCE_FREEZE, run_job};
 use dedup_engine::actions::bulk::{
     JobControl, RequeueJob, RequeueJobParams, requeue_job, requeue_job_control, requeue_job_start, requeue_preview,
 };
+use dedup_engine::actions::{ActionError, RecordAction, record_requeue};
 use dedup_engine::console::filter::RecordFilter;
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
@@ -279,4 +279,43 @@ async fn ten_thousand_dead_records_requeued_at_the_set_rate_resume_after_a_resta
     let (effects, distinct): (i64, i64) =
         sqlx::query_as("SELECT count(*), count(DISTINCT message_id) FROM test_effects").fetch_one(pool).await.unwrap();
     assert_eq!((effects, distinct), (RECORDS, RECORDS), "every record's effect applied exactly once");
+}
+
+/// Two jobs frozen over the same records and a requeue by hand racing them: each record is
+/// published once, by whoever locks it first; the others skip it because its version changed
+/// since their freeze.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_jobs_and_a_requeue_by_hand_publish_each_record_once() {
+    const RECORDS: i64 = 50;
+    let h = Harness::new().await;
+    let pool = h.pool();
+    let broker = broker();
+    dead_records(pool, 1, RECORDS, &broker.settings.exchange).await;
+    let filter = dead_filter();
+    let a = requeue_job_start(pool, "user:ann", &params(&filter, 500.0, 0, 0.5)).await.unwrap();
+    let b = requeue_job_start(pool, "user:bob", &params(&filter, 500.0, 0, 0.5)).await.unwrap();
+    assert_eq!((a.total, b.total), (RECORDS, RECORDS), "both froze every record");
+
+    let one: i64 = sqlx::query_scalar("SELECT id FROM dedup_records WHERE message_id = 'ORDER.PAY.1:1'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let publisher = broker.connector().publisher().await.unwrap();
+    let by_hand = RecordAction { record_id: one, ..RecordAction::default() };
+    record_requeue(pool, "user:cy", &by_hand, &publisher).await.unwrap();
+
+    let source = broker.connector();
+    let (ja, jb) = tokio::join!(run(pool, source.as_ref(), a.id), run(pool, source.as_ref(), b.id));
+    assert_eq!((ja.state.as_str(), jb.state.as_str()), ("completed", "completed"));
+    assert_eq!((ja.failed, jb.failed), (0, 0));
+    assert_eq!(ja.done + jb.done, RECORDS - 1, "each record requeued once: {ja:?} / {jb:?}");
+    assert_eq!(ja.skipped + jb.skipped, RECORDS + 1);
+    let changed: i64 = sqlx::query_scalar("SELECT count(*) FROM requeue_job_items WHERE detail = $1")
+        .bind(CHANGED_SINCE_FREEZE)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(changed, RECORDS + 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(i64::from(broker.depth(&broker.settings.queue).await), RECORDS, "one copy per record");
 }

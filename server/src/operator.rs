@@ -37,6 +37,10 @@ pub struct RecordArgs {
     /// Refuse unless the record is still in this status (processing, failed, dead).
     #[arg(long)]
     pub expect_status: Option<RecordStatus>,
+    /// Refuse unless the record still has this version (the `version` the console and
+    /// `GET /api/v1/records/{id}` show; it changes with every update of the record).
+    #[arg(long)]
+    pub expect_version: Option<i64>,
     /// Act on a processing record whose lease has not expired yet.
     #[arg(long)]
     pub force: bool,
@@ -62,6 +66,7 @@ pub async fn run_record(settings: &Settings, command: RecordCommand, args: Recor
         record_id: args.id,
         expected_status: args.expect_status,
         lease_token: args.lease_token,
+        expected_version: args.expect_version,
         force: args.force,
         reason: args.reason.as_deref(),
     };

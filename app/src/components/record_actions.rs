@@ -34,6 +34,9 @@ pub struct ActionTarget {
     pub lease_token: Option<String>,
     /// Whether the lease had expired when shown.
     pub lease_expired: bool,
+    /// Version shown; sent as `expected_version` (the stuck list has none: the lease token
+    /// guards its processing records).
+    pub version: Option<i64>,
 }
 
 /// Action buttons for `target`; `on_done` runs when the dialog of a successful action is
@@ -97,6 +100,7 @@ fn ConfirmAction(
             request: RecordActionRequest {
                 expected_status: Some(t.status.clone()),
                 lease_token: t.lease_token.clone(),
+                expected_version: t.version,
                 force: force.get_untracked(),
                 reason: Some(reason.get_untracked()).filter(|r| !r.trim().is_empty()),
                 requeue: requeue.get_untracked(),

@@ -78,6 +78,7 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
         status: s.status.clone(),
         lease_token: r.lease_token.clone(),
         lease_expired: r.lease_expired,
+        version: Some(r.version),
     };
     let succeeded = s.status == "succeeded";
     let (audit_group, audit_message_id) = (s.consumer_group.clone(), s.message_id.clone());

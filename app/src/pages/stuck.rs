@@ -80,6 +80,7 @@ fn StuckRow(r: StuckRecordView, on_done: Callback<()>) -> impl IntoView {
         status: "processing".to_owned(),
         lease_token: Some(r.lease_token.clone()),
         lease_expired: true,
+        version: None,
     };
     view! {
         <tr data-record-id=r.id data-crash-loop=r.crash_loop.to_string()>

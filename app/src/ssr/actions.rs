@@ -39,6 +39,7 @@ pub async fn act(
         record_id: id,
         expected_status: parse_status(request.expected_status.as_deref())?,
         lease_token: parse_token(request.lease_token.as_deref())?,
+        expected_version: request.expected_version,
         force: request.force,
         reason: request.reason.as_deref(),
     };

@@ -157,6 +157,7 @@ pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerSta
         lease_token: d.lease_token.map(|t| t.to_string()),
         lease_expires_at: opt_time(d.lease_expires_at),
         lease_expired: d.lease_expired,
+        version: d.version,
         completed_at: opt_time(d.completed_at),
         last_error: d.last_error,
         payload_hash: d.payload_hash,

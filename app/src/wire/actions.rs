@@ -77,6 +77,11 @@ pub struct RecordActionRequest {
     /// The lease token shown with a `processing` record (UUID); required for one.
     #[serde(default)]
     pub lease_token: Option<String>,
+    /// The record's `version` as shown (record detail); refused with 409 when the record changed
+    /// since. Without it, two identical requeues of a `failed` record sent at the same moment
+    /// may both publish a copy (its status does not change).
+    #[serde(default)]
+    pub expected_version: Option<i64>,
     /// Act although the lease has not expired (its worker may still be running).
     #[serde(default)]
     pub force: bool,

@@ -9,7 +9,9 @@
 //! failed one (broker or database error) rolls back and writes a `failed` entry.
 //!
 //! Two operators racing on one record: the second waits on the row lock, then sees the first
-//! one's result (another status, no lease token) and is refused.
+//! one's result (another status, no lease token, another version) and is refused. The version
+//! ([`crate::record::RECORD_VERSION_SQL`]) matters where the status does not move: two requeues of a `failed`
+//! record leave it `failed`, so only the version tells the second one that it came too late.
 //!
 //! Making a record claimable: `failed` with `attempts < max_attempts`. A record that used up its
 //! attempts gets exactly one more (`max_attempts = attempts + 1`) when an operator releases or
@@ -62,6 +64,19 @@ pub enum ActionError {
         shown: Uuid,
         /// The token now.
         actual: Uuid,
+    },
+    /// The record changed since the operator saw it (another version): someone acted on it, or
+    /// the consumer retried it, meanwhile.
+    #[error(
+        "record {id} changed since it was shown (version {actual}, not {shown}); reload the record and decide again"
+    )]
+    Changed {
+        /// Record id.
+        id: i64,
+        /// The version the operator saw.
+        shown: i64,
+        /// The version now.
+        actual: i64,
     },
     /// The lease has not expired: its worker may still be running the handler.
     #[error(
@@ -142,6 +157,7 @@ impl ActionError {
             ActionError::UnknownRecord(_) | ActionError::UnknownJob { .. } => ErrorKind::NotFound,
             ActionError::WrongStatus { .. }
             | ActionError::StaleLease { .. }
+            | ActionError::Changed { .. }
             | ActionError::LiveLease { .. }
             | ActionError::MissingPayload { .. }
             | ActionError::Poison(_)

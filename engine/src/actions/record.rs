@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::republish::{StoredMessage, republish};
 use super::{ActionError, required_reason};
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
-use crate::record::RecordStatus;
+use crate::record::{RECORD_VERSION_SQL, RecordStatus};
 use crate::source::Publish;
 
 /// What the operator was shown and asks for; the guards of every single-record action.
@@ -24,6 +24,10 @@ pub struct RecordAction<'a> {
     /// the record's token). Given for a record that is no longer processing, the action is
     /// refused (the operator saw another state).
     pub lease_token: Option<Uuid>,
+    /// The record's version as shown ([`crate::record::RECORD_VERSION_SQL`]): the action is refused when the row
+    /// changed since, whatever its status. This is what stops two identical requeues of a
+    /// `failed` record (its status stays `failed`) from both republishing. `None`: not checked.
+    pub expected_version: Option<i64>,
     /// Act on a `processing` record whose lease has not expired yet (its worker may still be
     /// running; a reason is required anyway).
     pub force: bool,
@@ -60,6 +64,7 @@ struct Locked {
     lease_token: Option<Uuid>,
     lease_expires_at: Option<DateTime<Utc>>,
     lease_expired: bool,
+    version: i64,
     #[sqlx(flatten)]
     stored: StoredMessage,
 }
@@ -74,14 +79,14 @@ impl Locked {
 async fn lock(conn: &mut PgConnection, id: i64) -> Result<Locked, ActionError> {
     let sql = format!(
         "SELECT consumer_group, status, lease_owner, lease_token, lease_expires_at,
-                COALESCE(lease_expires_at < now(), false) AS lease_expired, {}
+                COALESCE(lease_expires_at < now(), false) AS lease_expired, {RECORD_VERSION_SQL} AS version, {}
          FROM dedup_records WHERE id = $1 FOR UPDATE",
         StoredMessage::COLUMNS
     );
     sqlx::query_as(&sql).bind(id).fetch_optional(conn).await?.ok_or(ActionError::UnknownRecord(id))
 }
 
-/// The shared guards: an accepted status, the status the operator saw, and for a `processing`
+/// The shared guards: an accepted status, the version and status the operator saw, and for a `processing`
 /// record the shown lease token and an expired lease (unless forced).
 fn guard(
     row: &Locked,
@@ -94,6 +99,9 @@ fn guard(
     let names = |s: &[RecordStatus]| s.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or ");
     if !allowed.contains(&actual) {
         return Err(ActionError::WrongStatus { id, action, actual, allowed: names(allowed) });
+    }
+    if let Some(shown) = params.expected_version.filter(|v| *v != row.version) {
+        return Err(ActionError::Changed { id, shown, actual: row.version });
     }
     // A lease token says the operator saw a processing record: it no longer is.
     let shown = params.expected_status.or(params.lease_token.map(|_| RecordStatus::Processing));
@@ -172,6 +180,7 @@ async fn conclude(
         "record_id": params.record_id,
         "expected_status": params.expected_status,
         "lease_token": params.lease_token,
+        "expected_version": params.expected_version,
         "force": params.force,
     });
     let entry = |outcome, detail| NewAuditEntry {

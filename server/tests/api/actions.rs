@@ -60,6 +60,7 @@ async fn record_actions_answer_json_errors_and_are_audited() {
     let (status, body) = post(&app, &format!("/api/v1/records/{id}/release"), stale).await;
     assert_eq!((status, body["error"].as_str()), (409, Some("conflict")), "{body}");
 
+    let shown = get(&app, &format!("/api/v1/records/{id}")).await["version"].as_i64().expect("a version");
     let ok = json!({"lease_token": token, "reason": "worker died", "expected_status": "processing", "requeue": true});
     let (status, body) = post(&app, &format!("/api/v1/records/{id}/release"), ok.clone()).await;
     assert_eq!(status, 200, "{body}");
@@ -68,11 +69,19 @@ async fn record_actions_answer_json_errors_and_are_audited() {
     assert_eq!(status, 409, "the same release again is refused");
     let (status, body) = post(&app, &format!("/api/v1/records/{id}/mark-succeeded"), json!({})).await;
     assert_eq!(status, 400, "{body}");
+    // A requeue of the record as it was shown before the release: it changed since.
+    let (status, body) = post(&app, &format!("/api/v1/records/{id}/requeue"), json!({"expected_version": shown})).await;
+    assert_eq!((status, body["error"].as_str()), (409, Some("conflict")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("changed since it was shown"), "{body}");
+    let now = get(&app, &format!("/api/v1/records/{id}")).await["version"].as_i64().unwrap();
+    assert_ne!(now, shown, "the release changed the version");
+    let (status, body) = post(&app, &format!("/api/v1/records/{id}/requeue"), json!({"expected_version": now})).await;
+    assert_eq!(status, 200, "{body}");
 
     let audit = get(&app, "/api/v1/audit?action=record.").await;
     let outcomes: Vec<&str> =
         audit["entries"].as_array().unwrap().iter().map(|e| e["outcome"].as_str().unwrap()).collect();
-    assert_eq!(outcomes, ["refused", "refused", "ok", "refused", "refused", "refused"]);
+    assert_eq!(outcomes, ["ok", "refused", "refused", "refused", "ok", "refused", "refused", "refused"]);
     let ok_only = get(&app, "/api/v1/audit?outcome=ok").await;
     assert_eq!(ok_only["entries"][0]["actor"], "user:admin");
     let (status, _) = (app.get("/api/v1/audit?outcome=maybe").await.status().as_u16(), ());

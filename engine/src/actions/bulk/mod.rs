@@ -7,7 +7,8 @@
 //! 2. [`requeue_job_start`]: the operator confirmed the count; the selection is **frozen** as one
 //!    `requeue_job_items` row per matched record (records arriving later are not included), and
 //!    refused when it no longer has the confirmed count.
-//! 3. [`runner::run_job`] works through the pending items: a canary batch first (all must
+//! 3. [`runner::run_job`] works through the pending items, skipping those whose record changed
+//!    since the freeze (another version: requeued by another job or by hand, retried, released): a canary batch first (all must
 //!    publish, else the job pauses), then the rest at `rate_per_sec`, pausing itself when the
 //!    share of failed publishes among the recent items passes the threshold. One runner per job
 //!    (PostgreSQL advisory lock); [`runner::supervise`] starts runners for running jobs, so a job
@@ -25,6 +26,7 @@ use super::ActionError;
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
 use crate::console::filter::RecordFilter;
 use crate::console::records::push_filter;
+use crate::record::RECORD_VERSION_SQL;
 
 /// Most records one job may take (and one preview counts).
 pub const MAX_JOB_RECORDS: i64 = 1_000_000;
@@ -228,12 +230,12 @@ pub async fn requeue_job_start(
         .fetch_one(&mut *tx)
         .await?;
         let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new(
-            "INSERT INTO requeue_job_items (job_id, seq, record_id, state, detail)
+            "INSERT INTO requeue_job_items (job_id, seq, record_id, state, detail, record_version)
              SELECT ",
         );
         q.push_bind(id).push(format!(
-            ", row_number() OVER (ORDER BY id), id, CASE WHEN skip IS NULL THEN 'pending' ELSE 'skipped' END, skip
-             FROM (SELECT id, {SKIP_REASON_SQL} AS skip FROM dedup_records"
+            ", row_number() OVER (ORDER BY id), id, CASE WHEN skip IS NULL THEN 'pending' ELSE 'skipped' END, skip, version
+             FROM (SELECT id, {SKIP_REASON_SQL} AS skip, {RECORD_VERSION_SQL} AS version FROM dedup_records"
         ));
         push_filter(&mut q, params.filter);
         q.push(" ORDER BY id LIMIT ").push_bind(MAX_JOB_RECORDS + 1).push(") s");

@@ -22,6 +22,7 @@ use super::super::republish::{StoredMessage, republish};
 use super::{SKIP_REASON_SQL, audit_on_pool};
 use crate::actions::ActionError;
 use crate::audit::AuditOutcome;
+use crate::record::RECORD_VERSION_SQL;
 use crate::source::{Publish, SourceFactory};
 
 /// First key of the advisory locks held by job runners (`pg_try_advisory_lock(key, job id)`).
@@ -71,9 +72,14 @@ impl BatchOutcome {
     }
 }
 
+/// Skip reason of an item whose record has another version than at the freeze.
+pub const CHANGED_SINCE_FREEZE: &str =
+    "changed since the selection was frozen (requeued, retried or released meanwhile)";
+
 #[derive(FromRow)]
 struct Candidate {
     skip: Option<String>,
+    version: i64,
     #[sqlx(flatten)]
     stored: StoredMessage,
 }
@@ -88,8 +94,9 @@ pub async fn run_batch(
     limit: i64,
 ) -> Result<BatchOutcome, ActionError> {
     let mut tx = pool.begin().await?;
-    let items: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT seq, record_id FROM requeue_job_items WHERE job_id = $1 AND state = 'pending' ORDER BY seq LIMIT $2",
+    let items: Vec<(i32, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT seq, record_id, record_version FROM requeue_job_items
+         WHERE job_id = $1 AND state = 'pending' ORDER BY seq LIMIT $2",
     )
     .bind(id)
     .bind(limit)
@@ -98,10 +105,10 @@ pub async fn run_batch(
     if items.is_empty() {
         return Ok(BatchOutcome::default());
     }
-    let record_ids: Vec<i64> = items.iter().map(|(_, r)| *r).collect();
+    let record_ids: Vec<i64> = items.iter().map(|(_, r, _)| *r).collect();
     // Lock order of the consumers' claims (group, message id), so neither waits in a cycle.
     let rows: Vec<Candidate> = sqlx::query_as(&format!(
-        "SELECT {SKIP_REASON_SQL} AS skip, {} FROM dedup_records WHERE id = ANY($1)
+        "SELECT {SKIP_REASON_SQL} AS skip, {RECORD_VERSION_SQL} AS version, {} FROM dedup_records WHERE id = ANY($1)
          ORDER BY consumer_group, message_id FOR UPDATE",
         StoredMessage::COLUMNS
     ))
@@ -111,11 +118,14 @@ pub async fn run_batch(
     let mut by_id: HashMap<i64, Candidate> = rows.into_iter().map(|c| (c.stored.id, c)).collect();
     let mut verdicts: Vec<(i32, &'static str, Option<String>)> = Vec::with_capacity(items.len());
     let mut to_publish: Vec<(i32, StoredMessage)> = Vec::new();
-    for (seq, record_id) in &items {
+    for (seq, record_id, frozen_version) in &items {
         match by_id.remove(record_id) {
             None => verdicts.push((*seq, "skipped", Some("record gone (cleaned up)".to_owned()))),
             Some(Candidate { skip: Some(reason), .. }) => verdicts.push((*seq, "skipped", Some(reason))),
-            Some(Candidate { skip: None, stored }) => to_publish.push((*seq, stored)),
+            Some(Candidate { version, .. }) if frozen_version.is_some_and(|v| v != version) => {
+                verdicts.push((*seq, "skipped", Some(CHANGED_SINCE_FREEZE.to_owned())))
+            }
+            Some(Candidate { skip: None, stored, .. }) => to_publish.push((*seq, stored)),
         }
     }
     let results = join_all(to_publish.iter().map(|(_, stored)| republish(publisher, stored))).await;

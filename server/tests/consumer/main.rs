@@ -1,9 +1,10 @@
 //! The embedded consumer as operators run it: `dedup-console serve` processes against real
 //! PostgreSQL, Redis and RabbitMQ — two processes on one queue, processes killed with SIGKILL
 //! mid-handler, Redis stopped mid-run — and Kafka: a consumer group with a member killed and
-//! restarted.
+//! restarted; a bulk requeue of 10 000 dead letters after a restart, then `verify`.
 
 mod crashes;
 mod exactly_once;
 mod kafka;
+mod requeue;
 mod support;

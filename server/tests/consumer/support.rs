@@ -1,5 +1,5 @@
-//! Running `dedup-console serve` as a child process with a test's own database, queues (or
-//! Kafka topic and group) and Redis prefix.
+//! Running `dedup-console serve` (and other commands) as a child process with a test's own
+//! database, queues (or Kafka topic and group) and Redis prefix.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -7,6 +7,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dedup_engine::accounts::passwords::hash_password;
+use dedup_engine::accounts::tokens::token_create;
+use dedup_engine::accounts::users::user_add;
+use dedup_engine::accounts::{Role, UserName};
 use dedup_engine::message::IdPolicy;
 use dedup_engine::orders::OrderSettings;
 use dedup_engine::orders::simulate::{SimulateParams, SimulationReport, simulate};
@@ -75,17 +79,14 @@ impl World {
     pub async fn serve(&self, name: &str, extra: &[(&str, &str)]) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = std::env::temp_dir().join(format!("{}-{name}.log", self.db.name));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedup-console"));
-        cmd.arg("serve")
-            .envs(&self.env)
-            .env("REDIS_URL", &self.redis_url)
-            .env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
+        let mut cmd = self.command(&["serve"]);
+        cmd.env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true);
         let child = cmd.spawn().expect("dedup-console starts");
-        let server = Server { child, log };
+        let server = Server { child, log, address: format!("http://127.0.0.1:{port}") };
         if self.kafka.is_some() {
             let started = Instant::now();
             while !server.log_text().contains("Kafka consumer subscribed") {
@@ -113,6 +114,22 @@ impl World {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         server
+    }
+
+    /// `dedup-console <args>` with the world's environment (database, queues, Redis).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedup-console"));
+        cmd.args(args).envs(&self.env).env("REDIS_URL", &self.redis_url);
+        cmd
+    }
+
+    /// Adds the user `operator` (role operator) to the world's database and returns a new API
+    /// token of theirs, for `Authorization: Bearer` calls to the REST API of its servers.
+    pub async fn operator_token(&self) -> String {
+        let name = UserName::parse("operator").unwrap();
+        let hash = hash_password("operator password").unwrap();
+        let user = user_add(&self.db.pool, &name, Role::Operator, &hash).await.expect("operator added");
+        token_create(&self.db.pool, user.id, "tests").await.expect("token created").1
     }
 
     /// Publishes a simulation run through the world's exchange (or Kafka topic).
@@ -176,6 +193,8 @@ impl World {
 pub struct Server {
     child: Child,
     log: PathBuf,
+    /// `http://127.0.0.1:<port>`: its console and REST API.
+    address: String,
 }
 
 impl Server {
@@ -195,6 +214,11 @@ impl Server {
     /// The process id (part of its workers' names, `<host>:<pid>:<n>`).
     pub fn pid(&self) -> u32 {
         self.child.id().expect("running")
+    }
+
+    /// `path` (`/api/v1/...`) on this server.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
     }
 
     /// The server's log so far.

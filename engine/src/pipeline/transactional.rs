@@ -46,13 +46,16 @@ impl Pipeline {
         }
         // One lock order for every batch — the handler's lock key (a hot business row), then
         // the message id (its dedup record): concurrent batches touching the same rows wait for
-        // each other instead of deadlocking.
+        // each other instead of deadlocking. Messages without a lock key go last: they tend to
+        // act on what keyed ones create (an order's payment after the order, whose creation
+        // reserves stock), and in this order they find it in the same transaction instead of
+        // failing once and waiting for a retry.
         items.sort_by_cached_key(|r| {
             let key = match &r.handler {
                 Handler::Transactional(h) => h.lock_key(&Self::input(r, 0)),
                 Handler::Leased { .. } => None,
             };
-            (key, r.identified.id.clone())
+            (key.is_none(), key, r.identified.id.clone())
         });
         let mut poison = Some(poison);
         let mut outcomes = Vec::new();

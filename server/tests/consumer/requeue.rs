@@ -35,8 +35,8 @@ async fn ten_thousand_dead_sms_requeued_at_the_set_rate_after_a_restart_then_ver
     let started = Instant::now();
     let world = World::new().await;
     // The gateway rejects every send: a NOTIFY goes dead after 3 attempts (back-off 500 ms, 1 s).
-    // Nearly every PAY runs before its CREATE commits and needs a second attempt; with only 2, a
-    // PAY went dead about once in 10 000.
+    // A PAY that arrives before its CREATE (the simulation reorders) needs a second attempt;
+    // with only 2, a PAY went dead about once in 10 000.
     let outage =
         world.serve("outage", &[("DEDUP_ORDERS__SMS_FAILURE_RATE", "1"), ("DEDUP_CONSUMER__MAX_ATTEMPTS", "3")]).await;
     let run = world.simulate(ORDERS as u64, 0.0, 0.2, 0.0).await;

@@ -1,0 +1,113 @@
+//! Publishing to RabbitMQ: a confirm-mode channel (copies for retries, dead letters and
+//! requeues are published persistently and confirmed by the broker) and the AMQP properties of a
+//! copy.
+
+use async_trait::async_trait;
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
+use lapin::{BasicProperties, Channel, Connection};
+
+use super::{broker, disconnected};
+use crate::message::Broker;
+use crate::source::amqp_values::json_to_table;
+use crate::source::{Outbound, Publish, PublishFailed, SourceError};
+
+/// A confirm-mode publishing channel.
+#[derive(Clone)]
+pub struct Publisher {
+    channel: Channel,
+}
+
+/// Why a publish failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The channel or connection failed.
+    #[error("publish failed: {0}")]
+    Channel(#[from] lapin::Error),
+    /// The broker refused the message (negative confirm, e.g. a full queue that rejects).
+    #[error("the broker refused the message (nack)")]
+    Nacked,
+    /// No queue is bound for the routing key (the message came back, mandatory).
+    #[error("unroutable: no queue bound for exchange {exchange:?} and routing key {routing_key:?}")]
+    Unroutable {
+        /// The exchange.
+        exchange: String,
+        /// The routing key.
+        routing_key: String,
+    },
+}
+
+impl Publisher {
+    /// Opens a channel on `conn` and turns on publisher confirms.
+    pub async fn open(conn: &Connection) -> Result<Self, SourceError> {
+        let channel = conn.create_channel().await.map_err(disconnected)?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(broker)?;
+        Ok(Self { channel })
+    }
+
+    /// Publishes persistently and waits for the broker's confirm. `mandatory`: an unroutable
+    /// message is an error.
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), PublishError> {
+        let confirm = self
+            .channel
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() },
+                payload,
+                properties.with_delivery_mode(2),
+            )
+            .await?
+            .await?;
+        match confirm {
+            Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+            Confirmation::Ack(Some(_)) => {
+                Err(PublishError::Unroutable { exchange: exchange.to_owned(), routing_key: routing_key.to_owned() })
+            }
+            Confirmation::Nack(_) => Err(PublishError::Nacked),
+        }
+    }
+
+    /// Whether the channel is usable.
+    pub fn is_open(&self) -> bool {
+        self.channel.status().connected()
+    }
+}
+
+#[async_trait]
+impl Publish for Publisher {
+    fn broker(&self) -> Broker {
+        Broker::RabbitMq
+    }
+
+    /// To `destination` (the exchange) with `routing_key`; the message id in the AMQP property.
+    async fn publish(&self, message: Outbound<'_>) -> Result<(), PublishFailed> {
+        let props = properties_for(message.message_id, message.headers, message.content_type);
+        Publisher::publish(self, message.destination, message.routing_key, message.payload, props)
+            .await
+            .map_err(|e| PublishFailed(e.to_string()))
+    }
+}
+
+/// Properties for publishing a message with a business message id (simulator, requeue).
+pub fn properties_for(
+    message_id: Option<&str>,
+    headers: &serde_json::Map<String, serde_json::Value>,
+    content_type: Option<&str>,
+) -> BasicProperties {
+    let mut props = BasicProperties::default().with_headers(json_to_table(headers));
+    if let Some(id) = message_id {
+        props = props.with_message_id(ShortString::from(id));
+    }
+    if let Some(ct) = content_type {
+        props = props.with_content_type(ShortString::from(ct));
+    }
+    props
+}

@@ -41,10 +41,42 @@ impl FromServerFnError for ConsoleError {
     fn from_server_fn_error(value: ServerFnErrorErr) -> Self {
         ConsoleError::ServerFn(value)
     }
+
+    /// The JSON of the error, as the default does; on the server it also sets the response's
+    /// status to [`ConsoleError::http_status`] (through leptos_axum's `ResponseOptions`, which
+    /// it applies to server-function responses), so a refused action answers 409, not 500.
+    /// The client decodes any 4xx/5xx body as the error.
+    fn ser(&self) -> leptos::server_fn::Bytes {
+        #[cfg(feature = "ssr")]
+        if let Some(options) = leptos::prelude::use_context::<leptos_axum::ResponseOptions>() {
+            options.set_status(self.http_status().0);
+        }
+        use leptos::server_fn::Encodes;
+        <JsonEncoding as Encodes<Self>>::encode(self).unwrap_or_else(|e| {
+            let fallback = ConsoleError::ServerFn(ServerFnErrorErr::Serialization(e.to_string()));
+            <JsonEncoding as Encodes<Self>>::encode(&fallback).unwrap_or_default()
+        })
+    }
 }
 
 #[cfg(feature = "ssr")]
 impl ConsoleError {
+    /// The HTTP status and the REST API's error code (`bad_request`, `not_found`,
+    /// `unauthorized`, `forbidden`, `conflict`, `unavailable`, `internal`) of this error; the
+    /// REST API and the server functions answer with the same status.
+    pub fn http_status(&self) -> (leptos::server_fn::http_export::StatusCode, &'static str) {
+        use leptos::server_fn::http_export::StatusCode;
+        match self {
+            ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ConsoleError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ConsoleError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ConsoleError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ConsoleError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ConsoleError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ConsoleError::Internal | ConsoleError::ServerFn(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+
     /// Logs `error` on the server and returns the opaque [`ConsoleError::Internal`].
     pub fn internal(error: impl std::fmt::Display) -> Self {
         tracing::error!(error = %error, "server function failed");

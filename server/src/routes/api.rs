@@ -11,7 +11,6 @@
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use dedup_app::error::ConsoleError;
@@ -47,15 +46,7 @@ impl From<ConsoleError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code) = match &self.0 {
-            ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            ConsoleError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
-            ConsoleError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
-            ConsoleError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
-            ConsoleError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-            ConsoleError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            ConsoleError::Internal | ConsoleError::ServerFn(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-        };
+        let (status, code) = self.0.http_status();
         (status, Json(ErrorBody { error: code.to_owned(), message: self.0.to_string() })).into_response()
     }
 }

@@ -134,7 +134,7 @@ async fn state_changing_requests_need_this_origin_and_the_session_token() {
     assert_eq!(response.send().await.unwrap().status(), 200);
     // ... but a token cannot mint another token (it would outlive its own revocation).
     let response = bearer.post(app.url("/api/fn/create_token")).form(&[("name", "ci")]).send().await.unwrap();
-    assert_eq!(response.status(), 500, "server functions answer errors as 500 with the error as JSON");
+    assert_eq!(response.status(), 403, "server functions answer an error with its status and the error as JSON");
     let body: Value = response.json().await.unwrap();
     assert!(body["Forbidden"].as_str().unwrap().contains("signed-in session"), "{body}");
 }

@@ -113,13 +113,6 @@ pub enum LeaseExpiryPolicy {
     Reclaim,
 }
 
-/// A record's version: PostgreSQL's row version (`xmin`, the id of the transaction that wrote
-/// the row's current version), which every update of the row changes. An operator is shown it
-/// with the record and gives it back as [`crate::actions::RecordAction::expected_version`]; the bulk requeue
-/// stores it with each frozen item. Optimistic concurrency on `xmin` needs no column that every
-/// writer must remember to bump.
-pub const RECORD_VERSION_SQL: &str = "xmin::text::bigint";
-
 /// Longest message id accepted, in bytes. Longer ids make the message poison.
 pub const MAX_MESSAGE_ID_BYTES: usize = 512;
 

@@ -248,11 +248,7 @@ async fn requeue_republishes_the_stored_message_and_makes_the_record_claimable()
 }
 
 async fn version(pool: &PgPool, id: i64) -> i64 {
-    sqlx::query_scalar(&format!("SELECT {} FROM dedup_records WHERE id = $1", dedup_engine::record::RECORD_VERSION_SQL))
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar("SELECT version FROM dedup_records WHERE id = $1").bind(id).fetch_one(pool).await.unwrap()
 }
 
 /// A `failed` record stays `failed` when requeued, so the status cannot tell a second operator

@@ -17,7 +17,7 @@ use dedup_engine::actions::{ActionError, RecordAction, record_requeue};
 use dedup_engine::console::filter::RecordFilter;
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
-use dedup_engine::pipeline::PipelineSettings;
+use dedup_engine::pipeline::{AckReason, Disposition, PipelineSettings};
 use dedup_engine::record::RecordStatus;
 use dedup_engine::retry::Backoff;
 use dedup_engine::source::SourceFactory;
@@ -318,4 +318,35 @@ async fn overlapping_jobs_and_a_requeue_by_hand_publish_each_record_once() {
     assert_eq!(changed, RECORDS + 1);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(i64::from(broker.depth(&broker.settings.queue).await), RECORDS, "one copy per record");
+}
+
+/// Redeliveries of dead records after the freeze are duplicates the consumer only counts
+/// (`duplicate_count`): the records' state, and so their version, is unchanged, and the job
+/// requeues every one of them (a crashed runner whose copies arrived before its commit rolled
+/// back is this case).
+#[tokio::test]
+async fn duplicates_counted_after_the_freeze_do_not_make_the_runner_skip() {
+    const RECORDS: i64 = 20;
+    let h = Harness::new().await;
+    let pool = h.pool();
+    let broker = broker();
+    dead_records(pool, 1, RECORDS, &broker.settings.exchange).await;
+    let job = requeue_job_start(pool, "user:ann", &params(&dead_filter(), 500.0, 0, 0.5)).await.unwrap();
+
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(RecordEffect)));
+    let pipeline = h.pipeline(handlers, 5);
+    let copies: Vec<_> =
+        (1..=RECORDS).map(|i| message(&format!("ORDER.PAY.{i}:1"), serde_json::json!({ "n": i }))).collect();
+    let dispositions = pipeline.process("w", &copies).await;
+    assert!(
+        dispositions.iter().all(|d| matches!(d, Disposition::Ack(AckReason::DuplicateDatabase))),
+        "{dispositions:?}"
+    );
+    let counted: i64 =
+        sqlx::query_scalar("SELECT sum(duplicate_count)::bigint FROM dedup_records").fetch_one(pool).await.unwrap();
+    assert_eq!(counted, RECORDS);
+
+    let job = run(pool, broker.connector().as_ref(), job.id).await;
+    assert_eq!((job.state.as_str(), job.done, job.skipped, job.failed), ("completed", RECORDS, 0, 0));
 }

@@ -38,7 +38,7 @@ pub struct RecordArgs {
     #[arg(long)]
     pub expect_status: Option<RecordStatus>,
     /// Refuse unless the record still has this version (the `version` the console and
-    /// `GET /api/v1/records/{id}` show; it changes with every update of the record).
+    /// `GET /api/v1/records/{id}` show; every state transition of the record raises it).
     #[arg(long)]
     pub expect_version: Option<i64>,
     /// Act on a processing record whose lease has not expired yet.

@@ -39,7 +39,12 @@ pub async fn act(
         record_id: id,
         expected_status: parse_status(request.expected_status.as_deref())?,
         lease_token: parse_token(request.lease_token.as_deref())?,
-        expected_version: request.expected_version,
+        expected_version: match request.expected_version {
+            Some(v) if v < 0 => {
+                return Err(ConsoleError::BadRequest(format!("expected_version must be 0 or more, got {v}")));
+            }
+            v => v,
+        },
         force: request.force,
         reason: request.reason.as_deref(),
     };

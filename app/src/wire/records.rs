@@ -276,8 +276,9 @@ pub struct RecordDetailView {
     pub lease_expires_at: Option<String>,
     /// Whether the lease has expired (stuck).
     pub lease_expired: bool,
-    /// The record's version (PostgreSQL's row version, changes with every update): give it back
-    /// as `expected_version` in an action, which is then refused (409) if the record changed.
+    /// The record's version (0 and up, raised by every state transition: claim, completion,
+    /// failure, operator action; not by duplicates): give it back as `expected_version` in an
+    /// action, which is then refused (409) if the record changed since.
     pub version: i64,
     /// When it succeeded, RFC 3339.
     pub completed_at: Option<String>,

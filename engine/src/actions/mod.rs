@@ -10,7 +10,7 @@
 //!
 //! Two operators racing on one record: the second waits on the row lock, then sees the first
 //! one's result (another status, no lease token, another version) and is refused. The version
-//! ([`crate::record::RECORD_VERSION_SQL`]) matters where the status does not move: two requeues of a `failed`
+//! (`dedup_records.version`, raised by every state transition) matters where the status does not move: two requeues of a `failed`
 //! record leave it `failed`, so only the version tells the second one that it came too late.
 //!
 //! Making a record claimable: `failed` with `attempts < max_attempts`. A record that used up its

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::republish::{StoredMessage, republish};
 use super::{ActionError, required_reason};
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
-use crate::record::{RECORD_VERSION_SQL, RecordStatus};
+use crate::record::RecordStatus;
 use crate::source::Publish;
 
 /// What the operator was shown and asks for; the guards of every single-record action.
@@ -24,9 +24,11 @@ pub struct RecordAction<'a> {
     /// the record's token). Given for a record that is no longer processing, the action is
     /// refused (the operator saw another state).
     pub lease_token: Option<Uuid>,
-    /// The record's version as shown ([`crate::record::RECORD_VERSION_SQL`]): the action is refused when the row
-    /// changed since, whatever its status. This is what stops two identical requeues of a
-    /// `failed` record (its status stays `failed`) from both republishing. `None`: not checked.
+    /// The record's version as shown (`dedup_records.version`, raised by every state
+    /// transition, not by duplicate notes or lease heartbeats): the action is refused when the
+    /// record changed since, whatever its status. This is what stops two identical requeues of
+    /// a `failed` record (its status stays `failed`) from both republishing. `None`: not
+    /// checked.
     pub expected_version: Option<i64>,
     /// Act on a `processing` record whose lease has not expired yet (its worker may still be
     /// running; a reason is required anyway).
@@ -79,15 +81,15 @@ impl Locked {
 async fn lock(conn: &mut PgConnection, id: i64) -> Result<Locked, ActionError> {
     let sql = format!(
         "SELECT consumer_group, status, lease_owner, lease_token, lease_expires_at,
-                COALESCE(lease_expires_at < now(), false) AS lease_expired, {RECORD_VERSION_SQL} AS version, {}
+                COALESCE(lease_expires_at < now(), false) AS lease_expired, version, {}
          FROM dedup_records WHERE id = $1 FOR UPDATE",
         StoredMessage::COLUMNS
     );
     sqlx::query_as(&sql).bind(id).fetch_optional(conn).await?.ok_or(ActionError::UnknownRecord(id))
 }
 
-/// The shared guards: an accepted status, the version and status the operator saw, and for a `processing`
-/// record the shown lease token and an expired lease (unless forced).
+/// The shared guards: an accepted status, the version and status the operator saw, and for a
+/// `processing` record the shown lease token and an expired lease (unless forced).
 fn guard(
     row: &Locked,
     action: &'static str,
@@ -249,7 +251,7 @@ pub async fn record_release(
             row.stored.check_republishable()?;
         }
         sqlx::query(
-            "UPDATE dedup_records SET status = 'failed', lease_owner = NULL, lease_token = NULL,
+            "UPDATE dedup_records SET status = 'failed', version = version + 1, lease_owner = NULL, lease_token = NULL,
                     lease_expires_at = NULL, max_attempts = GREATEST(max_attempts, attempts + 1),
                     next_attempt_at = CASE WHEN $2 THEN now() END,
                     parked_at = CASE WHEN $2 THEN NULL ELSE parked_at END, updated_at = now()
@@ -290,7 +292,7 @@ pub async fn record_mark_succeeded(
         let allowed = [RecordStatus::Processing, RecordStatus::Failed, RecordStatus::Dead];
         let from = guard(&row, "mark succeeded", &allowed, params)?;
         sqlx::query(
-            "UPDATE dedup_records SET status = 'succeeded', lease_owner = NULL, lease_token = NULL,
+            "UPDATE dedup_records SET status = 'succeeded', version = version + 1, lease_owner = NULL, lease_token = NULL,
                     lease_expires_at = NULL, completed_at = now(), next_attempt_at = NULL, parked_at = NULL,
                     payload = NULL, headers = NULL, updated_at = now()
              WHERE id = $1 AND status = $2",
@@ -329,7 +331,7 @@ pub async fn record_dead_letter(
         let from = guard(&row, "dead-letter", &[RecordStatus::Processing, RecordStatus::Failed], params)?;
         let note = format!("dead-lettered by {actor}: {reason}");
         sqlx::query(
-            "UPDATE dedup_records SET status = 'dead', lease_owner = NULL, lease_token = NULL,
+            "UPDATE dedup_records SET status = 'dead', version = version + 1, lease_owner = NULL, lease_token = NULL,
                     lease_expires_at = NULL, next_attempt_at = NULL, last_error = $3, error_class = $4,
                     updated_at = now()
              WHERE id = $1 AND status = $2",
@@ -380,7 +382,8 @@ pub async fn record_requeue(
 /// caller has locked and checked. Shared by the single and the bulk requeue.
 pub(crate) async fn make_claimable(conn: &mut PgConnection, ids: &[i64]) -> Result<(), ActionError> {
     sqlx::query(
-        "UPDATE dedup_records SET status = 'failed', max_attempts = GREATEST(max_attempts, attempts + 1),
+        "UPDATE dedup_records SET status = 'failed', version = version + 1,
+                max_attempts = GREATEST(max_attempts, attempts + 1),
                 next_attempt_at = now(), parked_at = NULL, updated_at = now()
          WHERE id = ANY($1) AND status IN ('failed', 'dead')",
     )

@@ -10,7 +10,7 @@ use super::filter::{
     Cursor, CursorKey, PageAt, RecordFilter, RecordListParams, SortKey, SortOrder, prefix_upper_bound,
 };
 use crate::fastpath::FastPath;
-use crate::record::{RECORD_VERSION_SQL, RecordStatus};
+use crate::record::RecordStatus;
 
 /// One row of a records list.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -191,7 +191,8 @@ pub struct RecordDetail {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// Whether the lease has expired by the database clock (the record is stuck).
     pub lease_expired: bool,
-    /// The row's version ([`crate::record::RECORD_VERSION_SQL`]); operator actions give it back
+    /// The record's version (raised by every state transition, not by duplicates or lease
+    /// heartbeats); operator actions give it back
     /// so they are refused when the record changed since it was shown.
     pub version: i64,
     /// When the record became succeeded.
@@ -235,7 +236,7 @@ pub struct RecordDetail {
 pub async fn record_detail(pool: &sqlx::PgPool, id: i64) -> Result<Option<RecordDetail>, QueryError> {
     let sql = format!(
         "SELECT {ROW_COLUMNS}, reentries, lease_owner, lease_token, lease_expires_at,
-                COALESCE(lease_expires_at < now(), false) AS lease_expired, {RECORD_VERSION_SQL} AS version,
+                COALESCE(lease_expires_at < now(), false) AS lease_expired, version,
                 completed_at, last_error, encode(payload_hash, 'hex') AS payload_hash, payload, payload_truncated, headers, content_type,
                 source_broker, source_exchange, source_routing_key, source_queue, last_duplicate_at,
                 (extract(epoch FROM last_duplicate_at - first_seen_at) * 1000)::bigint AS last_duplicate_delay_ms,

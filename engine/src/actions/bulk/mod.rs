@@ -26,7 +26,6 @@ use super::ActionError;
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
 use crate::console::filter::RecordFilter;
 use crate::console::records::push_filter;
-use crate::record::RECORD_VERSION_SQL;
 
 /// Most records one job may take (and one preview counts).
 pub const MAX_JOB_RECORDS: i64 = 1_000_000;
@@ -235,7 +234,7 @@ pub async fn requeue_job_start(
         );
         q.push_bind(id).push(format!(
             ", row_number() OVER (ORDER BY id), id, CASE WHEN skip IS NULL THEN 'pending' ELSE 'skipped' END, skip, version
-             FROM (SELECT id, {SKIP_REASON_SQL} AS skip, {RECORD_VERSION_SQL} AS version FROM dedup_records"
+             FROM (SELECT id, {SKIP_REASON_SQL} AS skip, version FROM dedup_records"
         ));
         push_filter(&mut q, params.filter);
         q.push(" ORDER BY id LIMIT ").push_bind(MAX_JOB_RECORDS + 1).push(") s");

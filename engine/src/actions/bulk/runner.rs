@@ -22,7 +22,6 @@ use super::super::republish::{StoredMessage, republish};
 use super::{SKIP_REASON_SQL, audit_on_pool};
 use crate::actions::ActionError;
 use crate::audit::AuditOutcome;
-use crate::record::RECORD_VERSION_SQL;
 use crate::source::{Publish, SourceFactory};
 
 /// First key of the advisory locks held by job runners (`pg_try_advisory_lock(key, job id)`).
@@ -108,7 +107,7 @@ pub async fn run_batch(
     let record_ids: Vec<i64> = items.iter().map(|(_, r, _)| *r).collect();
     // Lock order of the consumers' claims (group, message id), so neither waits in a cycle.
     let rows: Vec<Candidate> = sqlx::query_as(&format!(
-        "SELECT {SKIP_REASON_SQL} AS skip, {RECORD_VERSION_SQL} AS version, {} FROM dedup_records WHERE id = ANY($1)
+        "SELECT {SKIP_REASON_SQL} AS skip, version, {} FROM dedup_records WHERE id = ANY($1)
          ORDER BY consumer_group, message_id FOR UPDATE",
         StoredMessage::COLUMNS
     ))

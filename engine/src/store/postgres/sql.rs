@@ -1,6 +1,7 @@
 //! The SQL statements of [`super::PgStore`]: claims, duplicate notes, completions, failures and
 //! poison records. Each is one statement so that a claim or a transition is atomic; the rules
-//! they implement are in DESIGN.md ("Claims and leases").
+//! they implement are in DESIGN.md ("Claims and leases"). Every transition raises the record's
+//! `version` by one (operator actions compare it); duplicate notes and heartbeats do not.
 
 /// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
 /// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
@@ -10,6 +11,7 @@ macro_rules! take_over {
         r#"
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET
         status = 'processing',
+        version = r.version + 1,
         attempts = r.attempts + 1,
         reentries = r.reentries + CASE WHEN r.status = 'processing' THEN 1 ELSE 0 END,
         handler_mode = EXCLUDED.handler_mode,
@@ -110,7 +112,7 @@ RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS create
 pub(super) const COMPLETE_MANY_SQL: &str = r#"
 WITH done AS (
     UPDATE dedup_records r SET
-        status = 'succeeded', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        status = 'succeeded', version = r.version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
         payload = NULL, headers = NULL
     FROM unnest($1::bigint[]) AS c(id)
@@ -130,7 +132,7 @@ macro_rules! complete_sql {
             r#"
 WITH done AS (
     UPDATE dedup_records SET
-        status = 'succeeded', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        status = 'succeeded', version = version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
         payload = NULL, headers = NULL
     WHERE id = $1 AND status = 'processing' AND lease_token = $2
@@ -163,7 +165,7 @@ macro_rules! fail_sql {
             r#"
 WITH failed AS (
     UPDATE dedup_records SET
-        status = $3, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        status = $3, version = version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         last_error = $4, error_class = $5,
         next_attempt_at = CASE WHEN $3 = 'failed' THEN now() + $6 * interval '1 millisecond' END,
         updated_at = now()"#,

@@ -191,71 +191,91 @@ impl Stats {
 }
 
 async fn write<S: DedupStore>(pool: &PgPool, store: &S, p: &Pending) -> Result<(), StoreError> {
-    if !p.minutes.is_empty() {
-        let mut minute = Vec::new();
-        let mut group = Vec::new();
-        let mut columns: Vec<Vec<i64>> = vec![Vec::new(); ALL_EVENTS.len()];
-        for ((m, g), c) in &p.minutes {
-            minute.push(*m);
-            group.push(g.as_str());
-            for (column, value) in columns.iter_mut().zip(c) {
-                column.push(*value);
-            }
-        }
-        let mut q = sqlx::query(
-            "INSERT INTO stats_minute AS s (minute, consumer_group, deliveries, created, claimed, succeeded, failed,
-                 dead, poison, parked, duplicates_redis, duplicates_db, redis_hits, redis_misses, redis_fallbacks,
-                 lease_takeovers, retries)
-             SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
-                 $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[],
-                 $14::int8[], $15::int8[], $16::int8[], $17::int8[])
-             ON CONFLICT (minute, consumer_group) DO UPDATE SET
-                 deliveries = s.deliveries + EXCLUDED.deliveries, created = s.created + EXCLUDED.created,
-                 claimed = s.claimed + EXCLUDED.claimed, succeeded = s.succeeded + EXCLUDED.succeeded,
-                 failed = s.failed + EXCLUDED.failed, dead = s.dead + EXCLUDED.dead,
-                 poison = s.poison + EXCLUDED.poison, parked = s.parked + EXCLUDED.parked,
-                 duplicates_redis = s.duplicates_redis + EXCLUDED.duplicates_redis,
-                 duplicates_db = s.duplicates_db + EXCLUDED.duplicates_db,
-                 redis_hits = s.redis_hits + EXCLUDED.redis_hits, redis_misses = s.redis_misses + EXCLUDED.redis_misses,
-                 redis_fallbacks = s.redis_fallbacks + EXCLUDED.redis_fallbacks,
-                 lease_takeovers = s.lease_takeovers + EXCLUDED.lease_takeovers,
-                 retries = s.retries + EXCLUDED.retries",
-        )
-        .bind(minute)
-        .bind(group);
-        for column in columns {
-            q = q.bind(column);
-        }
-        q.execute(pool).await?;
-    }
-    if !p.delays.is_empty() {
-        let (mut day, mut group, mut le, mut count, mut max) = (vec![], vec![], vec![], vec![], vec![]);
-        for ((d, g, l), (n, m)) in &p.delays {
-            day.push(*d);
-            group.push(g.as_str());
-            le.push(*l);
-            count.push(*n);
-            max.push(*m);
-        }
-        sqlx::query(
-            "INSERT INTO duplicate_delays AS d (day, consumer_group, le_ms, count, max_delay_ms)
-             SELECT * FROM unnest($1::date[], $2::text[], $3::int8[], $4::int8[], $5::int8[])
-             ON CONFLICT (day, consumer_group, le_ms) DO UPDATE SET
-                 count = d.count + EXCLUDED.count, max_delay_ms = GREATEST(d.max_delay_ms, EXCLUDED.max_delay_ms)",
-        )
-        .bind(day)
-        .bind(group)
-        .bind(le)
-        .bind(count)
-        .bind(max)
-        .execute(pool)
-        .await?;
-    }
+    write_minutes(pool, &p.minutes).await?;
+    write_delays(pool, &p.delays).await?;
     if !p.fast_path_duplicates.is_empty() {
         let entries: Vec<(String, String, i32, DateTime<Utc>)> =
             p.fast_path_duplicates.iter().map(|((g, id), (n, at))| (g.clone(), id.clone(), *n, *at)).collect();
         store.add_fast_path_duplicates(&entries).await?;
     }
+    Ok(())
+}
+
+/// Adds per-(minute, consumer group) counters to `stats_minute` (one statement).
+pub(crate) async fn write_minutes<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    minutes: &HashMap<(DateTime<Utc>, String), Counters>,
+) -> Result<(), sqlx::Error> {
+    if minutes.is_empty() {
+        return Ok(());
+    }
+    let mut minute = Vec::new();
+    let mut group = Vec::new();
+    let mut columns: Vec<Vec<i64>> = vec![Vec::new(); ALL_EVENTS.len()];
+    for ((m, g), c) in minutes {
+        minute.push(*m);
+        group.push(g.as_str());
+        for (column, value) in columns.iter_mut().zip(c) {
+            column.push(*value);
+        }
+    }
+    let mut q = sqlx::query(
+        "INSERT INTO stats_minute AS s (minute, consumer_group, deliveries, created, claimed, succeeded, failed,
+             dead, poison, parked, duplicates_redis, duplicates_db, redis_hits, redis_misses, redis_fallbacks,
+             lease_takeovers, retries)
+         SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+             $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[],
+             $14::int8[], $15::int8[], $16::int8[], $17::int8[])
+         ON CONFLICT (minute, consumer_group) DO UPDATE SET
+             deliveries = s.deliveries + EXCLUDED.deliveries, created = s.created + EXCLUDED.created,
+             claimed = s.claimed + EXCLUDED.claimed, succeeded = s.succeeded + EXCLUDED.succeeded,
+             failed = s.failed + EXCLUDED.failed, dead = s.dead + EXCLUDED.dead,
+             poison = s.poison + EXCLUDED.poison, parked = s.parked + EXCLUDED.parked,
+             duplicates_redis = s.duplicates_redis + EXCLUDED.duplicates_redis,
+             duplicates_db = s.duplicates_db + EXCLUDED.duplicates_db,
+             redis_hits = s.redis_hits + EXCLUDED.redis_hits, redis_misses = s.redis_misses + EXCLUDED.redis_misses,
+             redis_fallbacks = s.redis_fallbacks + EXCLUDED.redis_fallbacks,
+             lease_takeovers = s.lease_takeovers + EXCLUDED.lease_takeovers,
+             retries = s.retries + EXCLUDED.retries",
+    )
+    .bind(minute)
+    .bind(group);
+    for column in columns {
+        q = q.bind(column);
+    }
+    q.execute(db).await?;
+    Ok(())
+}
+
+/// Adds (day, consumer group, bucket) → (count, max delay ms) to `duplicate_delays` (one statement).
+pub(crate) async fn write_delays<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    delays: &HashMap<(NaiveDate, String, i64), (i64, i64)>,
+) -> Result<(), sqlx::Error> {
+    if delays.is_empty() {
+        return Ok(());
+    }
+    let (mut day, mut group, mut le, mut count, mut max) = (vec![], vec![], vec![], vec![], vec![]);
+    for ((d, g, l), (n, m)) in delays {
+        day.push(*d);
+        group.push(g.as_str());
+        le.push(*l);
+        count.push(*n);
+        max.push(*m);
+    }
+    sqlx::query(
+        "INSERT INTO duplicate_delays AS d (day, consumer_group, le_ms, count, max_delay_ms)
+         SELECT * FROM unnest($1::date[], $2::text[], $3::int8[], $4::int8[], $5::int8[])
+         ON CONFLICT (day, consumer_group, le_ms) DO UPDATE SET
+             count = d.count + EXCLUDED.count, max_delay_ms = GREATEST(d.max_delay_ms, EXCLUDED.max_delay_ms)",
+    )
+    .bind(day)
+    .bind(group)
+    .bind(le)
+    .bind(count)
+    .bind(max)
+    .execute(db)
+    .await?;
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! The synthetic rows, as `COPY` text: about 1 % failed, dead or stuck, three consumer groups,
-//! five message types, realistic errors, duplicates with delays from 100 ms to weeks.
+//! five message types, realistic errors, duplicates with delays from 100 ms to weeks; the
+//! attempt history of every record not succeeded; their aggregates ([`Totals`]).
 
 use std::fmt::Write as _;
 
@@ -8,20 +9,40 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sha2::{Digest, Sha256};
 
-/// The columns `copy_text` writes, in order.
-pub const COPY_SQL: &str = "COPY dedup_records (consumer_group, message_id, message_type, status, handler_mode, \
+use super::totals::{Outcome, Totals};
+
+/// The columns of [`Chunk::records`], in order. The ids are the run's reserved ones: COPY
+/// writes given values into an identity column.
+pub const COPY_SQL: &str = "COPY dedup_records (id, consumer_group, message_id, message_type, status, handler_mode, \
     attempts, max_attempts, reentries, lease_owner, lease_token, lease_expires_at, first_seen_at, updated_at, \
     completed_at, next_attempt_at, last_error, error_class, payload_hash, payload, headers, content_type, \
     source_broker, source_exchange, source_routing_key, source_queue, duplicate_count, last_duplicate_at) FROM STDIN";
 
-/// Where the sequence numbers of a run fall in time.
+/// The columns of [`Chunk::attempts`], in order.
+pub const ATTEMPTS_COPY_SQL: &str =
+    "COPY record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error) FROM STDIN";
+
+/// The rows of a run of consecutive ids, as COPY text.
+#[derive(Debug)]
+pub struct Chunk {
+    /// Records in it.
+    pub count: u64,
+    /// The `dedup_records` rows ([`COPY_SQL`]).
+    pub records: String,
+    /// The `record_attempts` rows of its records not succeeded ([`ATTEMPTS_COPY_SQL`]).
+    pub attempts: String,
+}
+
+/// Where the ids of a run fall in time. A record's id is also the sequence number in its
+/// message id, so message ids never repeat.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The run's first sequence number.
+    /// The run's first id.
     pub first: i64,
     /// The window's start.
     pub start: DateTime<Utc>,
-    /// The window's end.
+    /// The window's end, in whole microseconds (as stored, so the aggregates counted from the
+    /// generated times match the stored ones).
     pub now: DateTime<Utc>,
     /// Microseconds of window per record.
     pub micros_per_record: f64,
@@ -104,17 +125,18 @@ impl Row<'_> {
 }
 
 impl Plan {
-    /// The COPY text of sequence numbers `lo..=hi`.
-    pub fn copy_text(&self, lo: i64, hi: i64) -> String {
+    /// The rows of ids `lo..=hi`, counted into `totals`.
+    pub fn chunk(&self, lo: i64, hi: i64, totals: &mut Totals) -> Chunk {
         let mut rng = SmallRng::seed_from_u64(lo as u64 ^ 0x5eed_5eed);
-        let mut out = String::with_capacity(((hi - lo + 1) as usize) * 330);
+        let count = (hi - lo + 1) as u64;
+        let mut chunk = Chunk { count, records: String::with_capacity(count as usize * 340), attempts: String::new() };
         for g in lo..=hi {
-            self.row(&mut out, g, &mut rng);
+            totals.add(&self.row(&mut chunk, g, &mut rng));
         }
-        out
+        chunk
     }
 
-    fn row(&self, out: &mut String, g: i64, rng: &mut SmallRng) {
+    fn row(&self, chunk: &mut Chunk, g: i64, rng: &mut SmallRng) -> Outcome {
         let [r_status, r_group, r_type, r_attempt, r_dup, r_error, r_time]: [f64; 7] = rng.random();
         let seen =
             self.start + TimeDelta::microseconds((((g - self.first) as f64 + r_time) * self.micros_per_record) as i64);
@@ -217,10 +239,13 @@ impl Plan {
             Some("transactional")
         };
         let succeeded = status == "succeeded";
-        let owner = format!("seed-{}:{}:worker-{}", g % 3, 1000 + g % 7, g % 4);
-        let token = uuid::Uuid::from_u128(rng.random()).to_string();
+        let lease = processing.then(|| {
+            let owner = format!("seed-{}:{}:worker-{}", g % 3, 1000 + g % 7, g % 4);
+            (owner, uuid::Uuid::from_u128(rng.random()).to_string())
+        });
         let headers = (!succeeded).then(|| format!(r#"{{"x-seeded": true, "x-message-id": "{message_id}"}}"#));
-        Row(out)
+        Row(&mut chunk.records)
+            .int(g)
             .raw(group)
             .raw(&message_id)
             .raw(message_type)
@@ -229,8 +254,8 @@ impl Plan {
             .int(attempts.into())
             .int(5)
             .int(if processing { (r_dup * 4.0) as i64 } else { 0 })
-            .text(processing.then_some(owner.as_str()))
-            .text(processing.then_some(token.as_str()))
+            .text(lease.as_ref().map(|(owner, _)| owner.as_str()))
+            .text(lease.as_ref().map(|(_, token)| token.as_str()))
             .time(processing.then(|| seen + TimeDelta::seconds(30)))
             .time(Some(seen))
             .time(Some(seen + TimeDelta::seconds(2 * i64::from(attempts))))
@@ -249,6 +274,37 @@ impl Plan {
             .int(dups.into())
             .time(dup_at)
             .end();
+        if !succeeded {
+            attempt_rows(&mut chunk.attempts, g, seen, status, attempts, last_error.as_deref());
+        }
+        Outcome { group, seen, status, attempts, duplicates: dups, last_duplicate_at: dup_at }
+    }
+}
+
+/// The attempt history of record `id`, two seconds apart, each failed in 150 ms but the last:
+/// `dead` for a dead record, still running (no end, no outcome) for a stuck one, whose earlier
+/// attempts lost their leases.
+fn attempt_rows(out: &mut String, id: i64, seen: DateTime<Utc>, status: &str, attempts: i32, error: Option<&str>) {
+    let processing = status == "processing";
+    let worker = format!("seed-host:{}:worker-{}", 1000 + id % 7, id % 4);
+    for n in 1..=attempts {
+        let started = seen + TimeDelta::seconds(2 * i64::from(n - 1));
+        let running = processing && n == attempts;
+        let outcome = match status {
+            _ if running => None,
+            "processing" => Some("lease_lost"),
+            "dead" if n == attempts => Some("dead"),
+            _ => Some("failed"),
+        };
+        Row(out)
+            .int(id)
+            .int(n.into())
+            .raw(&worker)
+            .time(Some(started))
+            .time((!running).then(|| started + TimeDelta::milliseconds(150)))
+            .text(outcome)
+            .text(if processing { None } else { error })
+            .end();
     }
 }
 
@@ -260,12 +316,17 @@ mod tests {
     fn rows_have_every_column_and_escape_their_text() {
         let now = Utc::now();
         let plan = Plan { first: 1, start: now - TimeDelta::days(1), now, micros_per_record: 1000.0 };
-        let text = plan.copy_text(1, 2000);
-        let columns = COPY_SQL.split('(').nth(1).unwrap().split(')').next().unwrap().split(',').count();
-        for line in text.lines() {
-            assert_eq!(line.split('\t').count(), columns, "{line}");
+        let mut totals = Totals::default();
+        let chunk = plan.chunk(1, 2000, &mut totals);
+        let columns = |sql: &str| sql.split('(').nth(1).unwrap().split(')').next().unwrap().split(',').count();
+        for (text, sql) in [(&chunk.records, COPY_SQL), (&chunk.attempts, ATTEMPTS_COPY_SQL)] {
+            for line in text.lines() {
+                assert_eq!(line.split('\t').count(), columns(sql), "{line}");
+            }
         }
-        assert_eq!(text.lines().count(), 2000);
-        assert!(text.contains("\\\\x"), "bytea in hex");
+        assert_eq!((chunk.count, chunk.records.lines().count()), (2000, 2000));
+        assert!(chunk.records.starts_with("1\t"), "the ids are given");
+        assert!(chunk.records.contains("\\\\x"), "bytea in hex");
+        assert!(!chunk.attempts.is_empty(), "records not succeeded have attempts");
     }
 }

@@ -133,13 +133,29 @@ impl Application {
 
     /// Serves until `shutdown` resolves, then stops the engine (the consumer finishes and acks
     /// its in-flight batches), lets in-flight requests finish and closes the database pool.
+    /// Stopping the engine is bounded by [`ENGINE_STOP_TIMEOUT`] and closing the pool by
+    /// [`POOL_CLOSE_TIMEOUT`] (sqlx waits for every checked-out connection): past them the
+    /// process exits anyway, with a warning — what was not acked is redelivered, the database
+    /// decides.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let service = self.router.into_make_service_with_connect_info::<std::net::SocketAddr>();
         axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await?;
         self.session_cleanup.abort();
-        self.engine.stop().await;
-        self.pool.close().await;
+        if tokio::time::timeout(ENGINE_STOP_TIMEOUT, self.engine.stop()).await.is_err() {
+            tracing::warn!(timeout_s = ENGINE_STOP_TIMEOUT.as_secs(), "the engine did not stop in time; exiting anyway");
+        }
+        if tokio::time::timeout(POOL_CLOSE_TIMEOUT, self.pool.close()).await.is_err() {
+            tracing::warn!(
+                timeout_s = POOL_CLOSE_TIMEOUT.as_secs(),
+                "database connections still checked out at shutdown; exiting anyway"
+            );
+        }
         tracing::info!("stopped");
         Ok(())
     }
 }
+
+/// Longest wait for the engine to stop at shutdown (in-flight batches finish and are acked).
+pub const ENGINE_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Longest wait for the database pool to close at shutdown.
+pub const POOL_CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -156,6 +156,74 @@ async fn records_finishing_out_of_order_commit_only_up_to_the_slow_one_and_a_reb
     task_b.await.unwrap();
 }
 
+/// Fails its first attempt slowly: once started, waits for `rebalance` and `after` more, then
+/// fails (retryable); later attempts record their effect.
+struct FailsFirstAfterRebalance {
+    started: AtomicBool,
+    rebalance: tokio::sync::Notify,
+    after: Duration,
+}
+
+#[async_trait]
+impl TransactionalHandler for FailsFirstAfterRebalance {
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+        if input.attempt > 1 {
+            return RecordEffect.handle(input, tx).await;
+        }
+        self.started.store(true, Ordering::SeqCst);
+        self.rebalance.notified().await;
+        tokio::time::sleep(self.after).await;
+        Err(HandlerError::retryable("DOWNSTREAM_DOWN", "downstream 503 during the rebalance"))
+    }
+}
+
+#[tokio::test]
+async fn a_record_failing_while_its_partition_is_revoked_goes_to_the_retry_topic_and_is_retried() {
+    let h = Harness::new().await;
+    let mut kafka = TestKafka::new(1, Backoff { initial_ms: 300, max_ms: 600 });
+    // The failure comes well inside the grace: the revocation waits for it, then commits.
+    kafka.settings.revoke_grace_ms = 20_000;
+    let flaky = Arc::new(FailsFirstAfterRebalance {
+        started: AtomicBool::new(false),
+        rebalance: tokio::sync::Notify::new(),
+        // More than a heartbeat interval (2 s): the first member is revoking by then.
+        after: Duration::from_secs(5),
+    });
+    let handlers = || {
+        let mut handlers = HandlerRegistry::new();
+        handlers.register("TEST.FLAKY", Handler::Transactional(flaky.clone()));
+        handlers
+    };
+    let id = "TEST.FLAKY.1:1";
+    let a = kafka.connector();
+    produce(&a, kafka.topic(), &[("k", id, body(id))]).await;
+    let pipeline = || PipelineSettings { backoff: kafka.backoff.clone(), ..settings(5, Duration::from_secs(30)) };
+    let (token_a, task_a) = start(&h, a, handlers(), pipeline(), workers(1, 1));
+    eventually(Duration::from_secs(30), "the first attempt started", || async { flaky.started.load(Ordering::SeqCst) })
+        .await;
+
+    // A second member joins: the first revokes the partition while the attempt is running.
+    let (token_b, task_b) = start(&h, kafka.connector(), handlers(), pipeline(), workers(1, 1));
+    flaky.rebalance.notify_one();
+    eventually(Duration::from_secs(60), "the record retried from its retry copy and succeeded", || async {
+        h.record(id).await.is_some_and(|(status, ..)| status == "succeeded")
+    })
+    .await;
+    assert_eq!(h.record(id).await.unwrap().1, 2, "attempts");
+    assert_eq!(h.effects(id).await, 1);
+    let retry_topic = kafka.settings.retry_topic(kafka.topic(), &kafka.group, Duration::from_millis(300));
+    let copies = kafka.read(&retry_topic, 1, Duration::from_secs(10)).await;
+    assert_eq!(copies.len(), 1, "the retry copy was published");
+    eventually(Duration::from_secs(20), "the source topic committed past the record", || async {
+        kafka.committed(kafka.topic()).await == [Some(1)]
+    })
+    .await;
+    token_a.cancel();
+    token_b.cancel();
+    task_a.await.unwrap();
+    task_b.await.unwrap();
+}
+
 #[tokio::test]
 async fn poison_and_failing_records_end_dead_in_the_dead_letter_topic_while_the_partition_moves_on() {
     let h = Harness::new().await;

@@ -5,7 +5,8 @@
 //! (briefly) without stalling the workers, which keep running on the async runtime:
 //!
 //! - **revoke**: stop dispatching and taking records of the revoked partitions; wait up to
-//!   `revoke_grace_ms` for the ones workers hold to settle; commit (synchronously) each
+//!   `revoke_grace_ms` for the ones workers hold to settle (as usual: retry and dead-letter
+//!   copies are published before a record counts as settled); commit (synchronously) each
 //!   partition's lowest unfinished offset; abandon the rest (queued, held, or still running):
 //!   the next owner fetches them again from that commit and the dedup table skips what did
 //!   finish. Records still running finish against the database as usual, but their settlement

@@ -174,9 +174,12 @@ impl Offsets {
         }
     }
 
-    /// Whether records of `tp` fetched under `epoch` still count.
+    /// Whether records of `tp` fetched under `epoch` still count: their partition is assigned
+    /// under that epoch, being revoked included. Settling such a record with
+    /// [`Offsets::finish`] moves the commit past it — the revocation's commit too — so whatever
+    /// must exist before that (a retry copy) must be published first.
     pub fn is_current(&self, tp: &TopicPartition, epoch: u64) -> bool {
-        self.partitions.get(tp).is_some_and(|s| s.epoch == epoch && !s.closing)
+        self.partitions.get(tp).is_some_and(|s| s.epoch == epoch)
     }
 
     /// The committable offsets that moved since the last call (all of them after
@@ -274,6 +277,21 @@ mod tests {
         assert_eq!(offsets.dispatch(&tp(), 4, Stage::Queued), Some(epoch + 1));
         assert!(!offsets.take(&tp(), 4, epoch), "a stale copy in the queue is dropped");
         assert!(offsets.take(&tp(), 4, epoch + 1));
+    }
+
+    #[test]
+    fn records_settled_while_their_partition_is_revoked_still_move_its_commit() {
+        let mut offsets = Offsets::default();
+        let epoch = seven_taken(&mut offsets);
+        offsets.close(&[tp()]);
+        assert!(offsets.is_current(&tp(), epoch), "settling still counts: a retry copy must be sent first");
+        for o in 1..=7 {
+            offsets.finish(&tp(), o, epoch);
+        }
+        assert_eq!(offsets.taken(&[tp()]), 0);
+        assert_eq!(offsets.positions(&[tp()]), vec![(tp(), 8)], "the revocation commits past them");
+        assert_eq!(offsets.remove(&[tp()]), 0);
+        assert!(!offsets.is_current(&tp(), epoch), "once revoked, nothing of that epoch counts");
     }
 
     #[test]

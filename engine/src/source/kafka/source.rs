@@ -3,8 +3,10 @@
 //! Settling a batch is per record: a retry copy goes to the retry topic of its delay, a
 //! dead-letter copy to `<topic>.DLT` (both keyed like the original and awaited), and then the
 //! record is finished — which lets its partition's committable offset move past it once every
-//! record before it is finished too. A record to judge again goes back to the queue, unfinished,
-//! so no commit passes it meanwhile.
+//! record before it is finished too. This holds while the partition is being revoked (the
+//! revocation waits for the records workers hold, then commits): only a record settled after
+//! the revocation is over sends no copy, since the commit stopped before it. A record to judge
+//! again goes back to the queue, unfinished, so no commit passes it meanwhile.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,9 +94,12 @@ impl KafkaSource {
             Disposition::Retry { delay } => {
                 let meta = &self.held[index];
                 if !self.shared.offsets().is_current(&meta.tp, meta.epoch) {
-                    // Revoked meanwhile: its offset was not committed, the next owner has it.
+                    // Revoked meanwhile, unfinished: the revocation committed no further than
+                    // this record, so the next owner fetches the original again.
                     return false;
                 }
+                // Also while its partition is being revoked: finishing the record lets the
+                // revocation's commit pass it, so the copy must be acknowledged first.
                 match self.publish_retry(index, *delay).await {
                     Ok(()) => false,
                     Err(e) => {

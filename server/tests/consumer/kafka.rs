@@ -24,8 +24,6 @@ async fn until_succeeded(world: &World, n: i64) {
 }
 
 #[tokio::test]
-#[ignore = "open bug (issue 7): some first-attempt retry copies are never consumed in this two-process run, \
-            their records stay `failed`; run with --ignored"]
 async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_restarted_happen_exactly_once() {
     let world = World::with_kafka(4).await;
     let a = world.serve("a", &[]).await;
@@ -49,7 +47,7 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     let connector = world.kafka.as_ref().unwrap().connector();
     check_kafka_lag(&mut report, &connector, Duration::from_secs(60)).await.unwrap();
     assert!(report.ok, "{report:#?}");
-    // Diagnostics for the open bug: which records are left `failed`, and their attempts.
+    // Diagnostics when records are left `failed`: which ones, and their attempts.
     if report.failed > 0 {
         let rows: Vec<String> = sqlx::query_scalar(
             "SELECT row_to_json(x)::text FROM (
@@ -67,9 +65,22 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     }
     assert_eq!((report.missing, report.failed), (0, 0), "{report:#?}");
     assert_eq!((report.orders_created, report.orders_paid), (10_000, 10_000), "{report:#?}");
-    // A NOTIFY whose worker was killed mid-send stays stuck for an operator (hold), never sent twice.
-    assert!(report.processing <= 10, "{report:#?}");
-    assert_eq!(report.sms_sent + report.processing, 10_000, "{report:#?}");
+    // A NOTIFY whose worker was killed mid-send stays stuck for an operator (hold), never sent
+    // twice (`double_sms`, in `ok`); the kill may have come before or after the gateway took
+    // the SMS. How many are stuck depends on what the killed process's workers held at that
+    // instant (up to its concurrency × batch size), so what is checked is that only those are
+    // left, and that every other order's SMS went out.
+    let (not_from_the_kill, stuck_unsent): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE NOT (message_type = 'ORDER.NOTIFY' AND lease_owner LIKE '%:' || $1 || ':%')),
+                count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM notifications n WHERE n.message_id = r.message_id))
+         FROM dedup_records r WHERE status = 'processing'",
+    )
+    .bind(pid_a.to_string())
+    .fetch_one(&world.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(not_from_the_kill, 0, "records stuck other than the killed process's SMS sends: {report:#?}");
+    assert_eq!(report.sms_sent + stuck_unsent, 10_000, "{report:#?}");
     assert_eq!(report.poison_dead, i64::try_from(run.poison).unwrap());
 
     let claims: Vec<i64> = sqlx::query_scalar(

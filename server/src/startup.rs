@@ -142,7 +142,10 @@ impl Application {
         axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await?;
         self.session_cleanup.abort();
         if tokio::time::timeout(ENGINE_STOP_TIMEOUT, self.engine.stop()).await.is_err() {
-            tracing::warn!(timeout_s = ENGINE_STOP_TIMEOUT.as_secs(), "the engine did not stop in time; exiting anyway");
+            tracing::warn!(
+                timeout_s = ENGINE_STOP_TIMEOUT.as_secs(),
+                "the engine did not stop in time; exiting anyway"
+            );
         }
         if tokio::time::timeout(POOL_CLOSE_TIMEOUT, self.pool.close()).await.is_err() {
             tracing::warn!(

@@ -334,6 +334,19 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
     let p = &db.pool;
     let report = seed_records(p, &SeedParams { records: 20_000, days: 2, batch: 3_000 }, |_, _| {}).await.unwrap();
     assert_eq!(report.records, 20_000);
+    // Into the empty table the UNIQUE key and the secondary indexes were dropped for the load
+    // and built after it.
+    dedup_engine::db::verify_schema(p).await.expect("the dedup key is back after the seed");
+    let indexes: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_indexes WHERE tablename = 'dedup_records'")
+        .fetch_one(p)
+        .await
+        .unwrap();
+    let fresh = TestDatabase::create().await;
+    let expected: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_indexes WHERE tablename = 'dedup_records'")
+        .fetch_one(&fresh.pool)
+        .await
+        .unwrap();
+    assert_eq!(indexes, expected, "every index of the migrations is there after the seed");
     insert(p, Rec { id: "ORDER.PAY.manual:1", status: "dead", error_class: Some("X: y"), ..Rec::default() }).await;
 
     let counted: BTreeMap<(String, String), i64> = sqlx::query_as::<_, (String, String, i64)>(
@@ -378,6 +391,17 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
     let hourly: i64 = sqlx::query_scalar("SELECT sum(created)::bigint FROM stats_hour").fetch_one(p).await.unwrap();
     assert_eq!(hourly, 20_005, "and the engine's later flushes");
     sqlx::query("UPDATE stats_minute SET created = created - 5 WHERE consumer_group = 'g1'").execute(p).await.unwrap();
+    let mismatched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM
+             (SELECT date_bin('1 hour', minute, 'epoch') AS hour, consumer_group, sum(created) AS created
+              FROM stats_minute GROUP BY 1, 2 HAVING sum(created) <> 0) m
+             FULL JOIN (SELECT * FROM stats_hour WHERE created <> 0) h USING (hour, consumer_group)
+         WHERE m.created IS DISTINCT FROM h.created",
+    )
+    .fetch_one(p)
+    .await
+    .unwrap();
+    assert_eq!(mismatched, 0, "every hour and group of stats_hour sums its minutes");
     let week = traffic(p, 7 * 86_400).await.unwrap();
     assert_eq!(week.created, 20_000);
     assert!(week.duplicate_rate() > 0.0 && week.duplicate_rate() < 1.0);

@@ -7,7 +7,8 @@
 //! streams the rows with `COPY ... FROM STDIN` while a blocking thread generates the next ones
 //! ([`rows`]) and counts their per-minute and duplicate-delay aggregates ([`totals`]); the
 //! statement-level counting trigger keeps `record_counts` exact as it does for every insert.
-//! Into an empty table the secondary indexes are built after the load ([`indexes`]). A failed
+//! Into an empty table the secondary indexes and the UNIQUE key are built after the load
+//! ([`indexes`]). A failed
 //! run leaves nothing behind. Succeeded records keep no payload (as in production), so their
 //! `payload_hash` is random.
 
@@ -101,20 +102,35 @@ pub async fn seed_records(
     let now = chrono::Utc::now().trunc_subsecs(6);
     let plan = Plan { first, start: now - window, now, micros_per_record: window.as_micros() as f64 / records as f64 };
     let mut tx = pool.begin().await?;
+    let mut phase = Phases(Instant::now());
     let deferred = Deferred::drop_if_empty(&mut tx).await?;
     let totals = load(&mut tx, &plan, params, progress).await?;
+    phase.done("rows copied");
     deferred.rebuild(&mut tx).await?;
+    phase.done("indexes built");
     totals.write(&mut tx).await?;
     // The window's samples are rebuilt from the seeded counts; a sample taken before the seed
     // (a server that started on the empty table) would read as the table shrinking.
     sqlx::query("DELETE FROM table_samples WHERE sampled_at >= $1").bind(plan.start).execute(&mut *tx).await?;
     sqlx::query(SAMPLES_SQL).bind(plan.start).execute(&mut *tx).await?;
     tx.commit().await?;
+    phase.done("aggregates written");
     // Fresh statistics, and a visibility map for the index-only scans of the overview.
     sqlx::query("VACUUM ANALYZE stats_minute").execute(pool).await?;
     sqlx::query("ANALYZE dedup_records").execute(pool).await?;
+    phase.done("analyzed");
     let seconds = started.elapsed().as_secs_f64();
     Ok(SeedReport { records: params.records, seconds, rate: params.records as f64 / seconds.max(1e-9) })
+}
+
+/// Logs how long each phase of a seed run took (`RUST_LOG=info`).
+struct Phases(Instant);
+
+impl Phases {
+    fn done(&mut self, phase: &str) {
+        tracing::info!(phase, ms = self.0.elapsed().as_millis() as u64, "seed phase done");
+        self.0 = Instant::now();
+    }
 }
 
 /// Reserves `n` ids in a short transaction of its own; returns the first.
@@ -152,9 +168,9 @@ async fn load(
     });
     let mut done = 0;
     while let Some(chunk) = chunks.recv().await {
-        copy(conn, rows::COPY_SQL, chunk.records).await?;
-        if !chunk.attempts.is_empty() {
-            copy(conn, rows::ATTEMPTS_COPY_SQL, chunk.attempts).await?;
+        copy(conn, rows::COPY_SQL, chunk.records.finish()).await?;
+        if chunk.attempts.rows() > 0 {
+            copy(conn, rows::ATTEMPTS_COPY_SQL, chunk.attempts.finish()).await?;
         }
         done += chunk.count;
         progress(done, params.records);
@@ -162,9 +178,9 @@ async fn load(
     generator.await.map_err(|e| QueryError::BadFilter(format!("generating rows failed: {e}")))
 }
 
-/// One `COPY ... FROM STDIN` of `text`.
-async fn copy(conn: &mut PgConnection, sql: &str, text: String) -> Result<u64, sqlx::Error> {
+/// One `COPY ... FROM STDIN` of `data`.
+async fn copy(conn: &mut PgConnection, sql: &str, data: Vec<u8>) -> Result<u64, sqlx::Error> {
     let mut copy = conn.copy_in_raw(sql).await?;
-    copy.send(text.into_bytes()).await?;
+    copy.send(data).await?;
     copy.finish().await
 }

@@ -39,8 +39,8 @@ type PoisonItem<'a> = (usize, &'a InboundMessage, Poison);
 /// How the messages of one transaction are kept apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Isolation {
-    /// No savepoint per handler or poison record: the first failure abandons the attempt (it is
-    /// rolled back and run again with [`Isolation::Savepoints`]).
+    /// No savepoints at all (claim, handlers, poison records): the first failure abandons the
+    /// attempt (it is rolled back and run again with [`Isolation::Savepoints`]).
     Optimistic,
     /// A savepoint around the claim, each handler and each poison record: a failing message is
     /// rolled back to its savepoint and recorded as failed alone.

@@ -86,7 +86,9 @@ impl Pipeline {
         Ok(outcomes)
     }
 
-    /// The batch's claims in a savepoint, retried after a deadlock or serialization failure.
+    /// The batch's claims. With savepoints, in a savepoint, retried after a deadlock or
+    /// serialization failure. Optimistic, without one: a failed claim aborts the attempt, which
+    /// is rolled back as a whole anyway, so the savepoint's two round trips would buy nothing.
     async fn claim_batch(
         &self,
         tx: &mut PgConnection,
@@ -94,6 +96,9 @@ impl Pipeline {
         batch: &ClaimBatch<'_>,
     ) -> Result<Vec<ClaimOutcome>, Abort> {
         const FAILED: &str = "claiming the batch failed";
+        if isolation == Isolation::Optimistic {
+            return self.store.claim_many(tx, batch).await.map_err(|e| isolation.abort(FAILED, &e));
+        }
         for try_no in 1..=TRANSIENT_RETRIES {
             let mut savepoint = tx.begin().await.map_err(|e| isolation.abort(FAILED, &e))?;
             match self.store.claim_many(&mut savepoint, batch).await {

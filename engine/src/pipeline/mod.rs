@@ -213,8 +213,8 @@ impl Pipeline {
         rest
     }
 
-    /// What to do with a delivery whose record exists and could not be claimed. What it
-    /// counts goes to `tally`, applied by the caller once the judgement is final (the
+    /// What to do with a delivery whose record exists and could not be claimed. What it counts
+    /// and logs goes to `tally`, applied by the caller once the judgement is final (the
     /// transaction committed).
     fn judge_existing(&self, message_id: &str, existing: &ExistingRecord, tally: &mut Tally) -> Disposition {
         if !existing.same_payload {
@@ -222,12 +222,7 @@ impl Pipeline {
         }
         match existing.status {
             RecordStatus::Processing if existing.parked => {
-                tally.count(Event::Parked);
-                tracing::info!(
-                    message_id,
-                    record = existing.id,
-                    "redelivery of a stuck record parked (on_lease_expiry = hold)"
-                );
+                tally.parked(message_id, existing.id);
                 Disposition::Ack(AckReason::Parked)
             }
             RecordStatus::Processing => {

@@ -85,6 +85,9 @@ impl Isolation {
 }
 
 impl Pipeline {
+    /// Runs a batch's transactional messages and poison messages: sorted into one lock order,
+    /// split into transactions of at most [`MAX_PER_TRANSACTION`] messages (the poison ones go
+    /// with the first); one outcome per delivery.
     pub(super) async fn run_transaction(
         &self,
         worker: &str,

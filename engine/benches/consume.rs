@@ -5,8 +5,8 @@
 //!    loop, and the engine's Kafka source acknowledging everything (its offset bookkeeping,
 //!    queue and workers, without the pipeline);
 //! 2. idempotent: the full pipeline — Redis lookup, PostgreSQL claim in the business
-//!    transaction (one transaction per batch, a savepoint per message), Redis marker, ack or
-//!    offset commit;
+//!    transaction (one transaction per batch, no savepoints while no handler fails), Redis
+//!    marker, ack or offset commit;
 //! 3. duplicates caught by Redis (the same messages again);
 //! 4. duplicates caught by the database (again, Redis unreachable).
 //!

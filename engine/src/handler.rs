@@ -125,6 +125,11 @@ impl From<sqlx::Error> for HandlerError {
 
 /// A handler whose effects live in the dedup store's database: it runs inside the transaction
 /// that claimed the record, and the record is marked `succeeded` in the same transaction.
+///
+/// It may run more than once for one attempt: after a deadlock or serialization failure, and
+/// when its batch's transaction is rolled back because another message of it failed (the batch
+/// then runs again with a savepoint per message). Only the run that commits counts, so its
+/// effects must live in `tx` alone.
 #[async_trait]
 pub trait TransactionalHandler: Send + Sync + 'static {
     /// Applies the message's business changes on `tx`. Returning an error rolls them back.

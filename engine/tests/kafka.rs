@@ -157,7 +157,8 @@ async fn records_finishing_out_of_order_commit_only_up_to_the_slow_one_and_a_reb
 }
 
 /// Fails its first attempt slowly: once started, waits for `rebalance` and `after` more, then
-/// fails (retryable); later attempts record their effect.
+/// fails (retryable); later attempts record their effect. The first attempt runs twice (its
+/// batch is run again with savepoints after the failure); the second run fails at once.
 struct FailsFirstAfterRebalance {
     started: AtomicBool,
     rebalance: tokio::sync::Notify,
@@ -170,9 +171,10 @@ impl TransactionalHandler for FailsFirstAfterRebalance {
         if input.attempt > 1 {
             return RecordEffect.handle(input, tx).await;
         }
-        self.started.store(true, Ordering::SeqCst);
-        self.rebalance.notified().await;
-        tokio::time::sleep(self.after).await;
+        if !self.started.swap(true, Ordering::SeqCst) {
+            self.rebalance.notified().await;
+            tokio::time::sleep(self.after).await;
+        }
         Err(HandlerError::retryable("DOWNSTREAM_DOWN", "downstream 503 during the rebalance"))
     }
 }

@@ -195,6 +195,92 @@ async fn a_failing_handler_is_retried_with_growing_delays_then_dead() {
 }
 
 #[tokio::test]
+async fn a_failing_handler_fails_alone_and_its_batch_is_counted_once() {
+    use dedup_engine::handler::{HandlerError, HandlerInput, TransactionalHandler};
+    use sqlx::PgConnection;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Fails (retryable) for one message id and records its effect for the others; counts its runs
+    /// by message id.
+    struct FailsFor {
+        message_id: &'static str,
+        runs: Mutex<HashMap<String, usize>>,
+    }
+
+    #[async_trait::async_trait]
+    impl TransactionalHandler for FailsFor {
+        async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+            *self.runs.lock().unwrap().entry(input.message_id.as_str().to_owned()).or_default() += 1;
+            if input.message_id.as_str() == self.message_id {
+                return Err(HandlerError::retryable("DOWNSTREAM_DOWN", "downstream 503"));
+            }
+            RecordEffect.handle(input, tx).await
+        }
+    }
+
+    // Redis down: the database judges the duplicate below.
+    let h = Harness::with_redis("redis://127.0.0.1:1").await;
+    let handler = Arc::new(FailsFor { message_id: "ORDER.PAY.3:2", runs: Default::default() });
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(handler.clone()));
+    let pipeline = h.pipeline(handlers, 5);
+    let pay = |n: u32| message(&format!("ORDER.PAY.{n}:2"), json!({"orderNo": n.to_string()}));
+    assert_eq!(pipeline.process("w", &[pay(1)]).await, [Disposition::Ack(AckReason::Processed)]);
+
+    // One batch: a duplicate of 1, new messages 2 to 6 of which 3 fails, and a poison message.
+    let mut batch = vec![pay(1)];
+    batch.extend((2..=6).map(pay));
+    batch.push(raw_message(None, br#"{"orderNo":"7"}"#.to_vec()));
+    let outcomes = pipeline.process("w", &batch).await;
+    assert_eq!(outcomes[0], Disposition::Ack(AckReason::DuplicateDatabase));
+    assert_eq!(outcomes[1], Disposition::Ack(AckReason::Processed));
+    assert_eq!(outcomes[2], Disposition::Retry { delay: Duration::from_secs(1) });
+    assert_eq!(&outcomes[3..6], [const { Disposition::Ack(AckReason::Processed) }; 3]);
+    assert!(matches!(&outcomes[6], Disposition::DeadLetter { reason } if reason.contains("no message id")));
+
+    // The optimistic attempt ran 2 and 3 (in message-id order) and was rolled back at 3's
+    // error; the savepoint attempt ran 2 to 6 and committed everything but 3.
+    let runs = handler.runs.lock().unwrap().clone();
+    let runs: Vec<usize> = (1..=6).map(|n| runs.get(&format!("ORDER.PAY.{n}:2")).copied().unwrap_or(0)).collect();
+    assert_eq!(runs, [1, 2, 2, 1, 1, 1], "handler runs of 1 to 6");
+    for n in [1, 2, 4, 5, 6] {
+        let id = format!("ORDER.PAY.{n}:2");
+        assert_eq!(h.effects(&id).await, 1, "{id} applied once");
+        let (status, attempts, duplicates, _) = h.record(&id).await.unwrap();
+        assert_eq!((status.as_str(), attempts, duplicates), ("succeeded", 1, i32::from(n == 1)), "{id}");
+    }
+    assert_eq!(h.effects("ORDER.PAY.3:2").await, 0);
+    let (status, attempts, _, _) = h.record("ORDER.PAY.3:2").await.unwrap();
+    assert_eq!((status.as_str(), attempts), ("failed", 1));
+    let history: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT a.attempt, a.outcome FROM record_attempts a JOIN dedup_records r ON r.id = a.record_id
+         WHERE r.message_id = 'ORDER.PAY.3:2' ORDER BY a.attempt",
+    )
+    .fetch_all(h.pool())
+    .await
+    .unwrap();
+    assert_eq!(history, [(1, "failed".into())]);
+
+    // Counted once each, in both batches together: nothing from the rolled-back attempt.
+    h.stats.flush(h.pool(), &dedup_engine::store::postgres::PgStore::new(h.pool().clone())).await.unwrap();
+    let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT sum(deliveries)::bigint, sum(claimed)::bigint, sum(created)::bigint, sum(succeeded)::bigint,
+                sum(failed)::bigint, sum(retries)::bigint, sum(duplicates_db)::bigint, sum(poison)::bigint,
+                sum(dead)::bigint
+         FROM stats_minute",
+    )
+    .fetch_one(h.pool())
+    .await
+    .unwrap();
+    // deliveries, claimed, created, succeeded, failed, retries, duplicates_db, poison, dead
+    assert_eq!(counts, (8, 6, 6, 5, 1, 1, 1, 1, 1));
+    let delays: i64 =
+        sqlx::query_scalar("SELECT sum(count)::bigint FROM duplicate_delays").fetch_one(h.pool()).await.unwrap();
+    assert_eq!(delays, 1, "one duplicate delay");
+}
+
+#[tokio::test]
 async fn poison_messages_are_dead_lettered_once_and_never_retried() {
     let h = Harness::new().await;
     let pipeline = h.pipeline(recording(), 5);

@@ -46,8 +46,8 @@ impl TransactionalHandler for CreateOrder {
         .execute(&mut *tx)
         .await;
         if let Err(e) = inserted {
-            // The handler runs in its own savepoint, so a unique violation here aborts only
-            // this message's changes.
+            // A unique violation aborts the batch's transaction; it runs again with a savepoint
+            // per message, where it aborts only this message's changes.
             if e.as_database_error().is_some_and(|d| d.constraint() == Some("orders_pkey")) {
                 return Err(HandlerError::permanent("ORDER_EXISTS", format!("order {order_no} exists already")));
             }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use futures::future::join_all;
 
+use super::tally::Tally;
 use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
 use crate::handler::Handler;
 use crate::record::HandlerMode;
@@ -48,7 +49,11 @@ impl Pipeline {
         let claim = match self.store.claim(&mut conn, &request).await {
             Ok(ClaimOutcome::Claimed(claim)) => claim,
             Ok(ClaimOutcome::Existing(existing)) => {
-                return (self.judge_existing(item.identified.id.as_str(), &existing), None);
+                // Nothing to roll back here: the judgement is final, count it at once.
+                let mut tally = Tally::default();
+                let disposition = self.judge_existing(item.identified.id.as_str(), &existing, &mut tally);
+                tally.apply(&self.stats, group);
+                return (disposition, None);
             }
             Err(e) => {
                 tracing::warn!(error = %e, message_id = %item.identified.id, "claim failed; redelivering");

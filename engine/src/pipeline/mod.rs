@@ -3,12 +3,14 @@
 //!
 //! For each delivery: find its id (else it is poison), find its handler, ask the Redis fast
 //! path (a hit is a duplicate: skip), then claim its record in PostgreSQL and run the handler —
-//! transactional handlers all in one transaction with a savepoint per message (one commit per
-//! batch), leased handlers each on their own. After the commit, Redis markers are written for
-//! what succeeded. The result is one [`Disposition`] per delivery; the source turns it into
-//! acks, retry copies, dead-letter copies or offset commits. The pipeline itself never acks.
+//! transactional handlers all in one transaction (one commit per batch; without savepoints, and
+//! again with a savepoint per message if one of them fails), leased handlers each on their own.
+//! After the commit, Redis markers are written for what succeeded. The result is one
+//! [`Disposition`] per delivery; the source turns it into acks, retry copies, dead-letter copies
+//! or offset commits. The pipeline itself never acks.
 
 mod leased;
+mod tally;
 mod transactional;
 
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use crate::retry::Backoff;
 use crate::stats::{Event, Stats};
 use crate::store::ExistingRecord;
 use crate::store::postgres::PgStore;
+use tally::Tally;
 
 /// What the source must do with a delivery once the pipeline is done with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,27 +213,22 @@ impl Pipeline {
         rest
     }
 
-    /// What to do with a delivery whose record exists and could not be claimed.
-    fn judge_existing(&self, message_id: &str, existing: &ExistingRecord) -> Disposition {
-        let group = self.settings.group.as_str();
+    /// What to do with a delivery whose record exists and could not be claimed. What it counts
+    /// and logs goes to `tally`, applied by the caller once the judgement is final (the
+    /// transaction committed).
+    fn judge_existing(&self, message_id: &str, existing: &ExistingRecord, tally: &mut Tally) -> Disposition {
         if !existing.same_payload {
-            metrics::counter!("dedup_payload_conflicts_total", "group" => group.to_owned()).increment(1);
-            tracing::warn!(message_id, record = existing.id, "payload conflict: same message id, different payload");
+            tally.payload_conflict(message_id, existing.id);
         }
         match existing.status {
             RecordStatus::Processing if existing.parked => {
-                self.stats.count(group, Event::Parked, 1);
-                tracing::info!(
-                    message_id,
-                    record = existing.id,
-                    "redelivery of a stuck record parked (on_lease_expiry = hold)"
-                );
+                tally.parked(message_id, existing.id);
                 Disposition::Ack(AckReason::Parked)
             }
             RecordStatus::Processing => {
                 // The holder may still fail or die: keep a copy with the broker and judge it
                 // again when the lease has run out.
-                self.stats.count(group, Event::Retry, 1);
+                tally.count(Event::Retry);
                 let until_expiry = existing
                     .lease_expires_at
                     .map(|at| (at - Utc::now()).to_std().unwrap_or_default())
@@ -238,8 +236,8 @@ impl Pipeline {
                 Disposition::Retry { delay: until_expiry.max(Duration::from_secs(1)) }
             }
             RecordStatus::Succeeded | RecordStatus::Dead | RecordStatus::Failed => {
-                self.stats.count(group, Event::DuplicateDb, 1);
-                self.stats.duplicate_delay(group, existing.delay_ms);
+                tally.count(Event::DuplicateDb);
+                tally.duplicate_delay(existing.delay_ms);
                 Disposition::Ack(AckReason::DuplicateDatabase)
             }
         }

@@ -1,45 +1,98 @@
 //! Transactional handlers and poison messages of a batch: one database transaction (per up to
 //! [`MAX_PER_TRANSACTION`] messages), claims and completions each one set-based statement, one
-//! savepoint per handler, one commit. Nothing is acknowledged before the commit; if the commit
-//! fails, every delivery of the transaction is redelivered and judged again.
+//! commit. Nothing is acknowledged before the commit; if the commit fails, every delivery of the
+//! transaction is redelivered and judged again.
+//!
+//! A transaction is first attempted **optimistically**: the handlers run one after the other
+//! without savepoints, which halves the round trips to PostgreSQL. The first failure — a
+//! handler's error or a failed statement — abandons that attempt: it is rolled back, and the
+//! same messages run again in a new transaction with a savepoint around each handler
+//! ([`Isolation::Savepoints`], see `round.rs`), where a failing message fails alone and the
+//! others commit. A transactional handler may therefore run twice for one attempt (its effects
+//! live only in the rolled-back transaction); stats are counted only for the attempt that
+//! commits ([`Tally`]).
 
-use std::collections::HashSet;
-use std::time::Instant;
+mod round;
 
-use sqlx::{Acquire, Executor, PgConnection};
+use sqlx::{Acquire, PgConnection};
 
+use super::tally::Tally;
 use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
 use crate::handler::Handler;
 use crate::message::{InboundMessage, Poison};
-use crate::record::HandlerMode;
 use crate::stats::Event;
-use crate::store::{
-    ClaimBatch, ClaimItem, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease, PoisonRecord,
-};
+use crate::store::{DedupStore, PoisonRecord};
 
-/// How often a handler (or a batch's claim) is retried inside the transaction after a deadlock
-/// or serialization failure before the deliveries are given back to the broker.
-const TRANSIENT_RETRIES: usize = 3;
-
-/// Most messages in one transaction. Every handler runs in a savepoint, and a savepoint that
-/// writes takes a subtransaction id; past 64 of them in one transaction PostgreSQL's
-/// per-backend subtransaction cache overflows and every concurrent snapshot has to consult
-/// `pg_subtrans`, which slows the whole server. Larger batches are split into transactions of
-/// this size.
+/// Most messages in one transaction. With savepoints, every handler runs in one, and a
+/// savepoint that writes takes a subtransaction id; past 64 of them in one transaction
+/// PostgreSQL's per-backend subtransaction cache overflows and every concurrent snapshot has
+/// to consult `pg_subtrans`, which slows the whole server. Larger batches are split into
+/// transactions of this size. An optimistic attempt takes no subtransactions, but it runs the
+/// same messages as the savepoint attempt that may follow it.
 pub const MAX_PER_TRANSACTION: usize = 50;
 
 type Outcome = (usize, Disposition, Option<DueMarker>);
 
-/// The transaction can no longer be used (a statement outside a handler's savepoint failed);
-/// every delivery in it is redelivered.
-struct Broken;
+/// A poison message of the batch: its index, the delivery, and why it is poison.
+type PoisonItem<'a> = (usize, &'a InboundMessage, Poison);
+
+/// How the messages of one transaction are kept apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isolation {
+    /// No savepoints at all (claim, handlers, poison records): the first failure abandons the
+    /// attempt (it is rolled back and run again with [`Isolation::Savepoints`]).
+    Optimistic,
+    /// A savepoint around the claim, each handler and each poison record: a failing message is
+    /// rolled back to its savepoint and recorded as failed alone.
+    Savepoints,
+}
+
+/// The attempt cannot go on. Optimistic: it is rolled back and run again with savepoints.
+/// With savepoints: the transaction is unusable (a statement outside a handler's savepoint
+/// failed) and every delivery in it is redelivered.
+struct Abort;
+
+/// One attempt at a transaction: how it keeps its messages apart, and what it has counted so
+/// far (applied only if it commits).
+struct Attempt {
+    isolation: Isolation,
+    tally: Tally,
+}
+
+/// How one attempt at a transaction ended.
+enum AttemptEnd {
+    /// Committed, with one outcome per delivery.
+    Committed(Vec<Outcome>),
+    /// An optimistic attempt failed and was rolled back cleanly: run it again with savepoints.
+    RolledBack,
+    /// The transaction is lost (no connection, failed commit or rollback, or it failed with
+    /// savepoints): every delivery is redelivered.
+    Lost,
+}
+
+impl Isolation {
+    /// Logs why an attempt is aborted — a warning when the batch will be redelivered, a debug
+    /// line when it will only run again with savepoints — and returns the [`Abort`].
+    fn abort(self, what: &str, error: &dyn std::fmt::Display) -> Abort {
+        match self {
+            Isolation::Optimistic => {
+                tracing::debug!(error = %error, "{what}; running the batch again with savepoints");
+            }
+            Isolation::Savepoints => tracing::warn!(error = %error, "{what}; redelivering the batch"),
+        }
+        Abort
+    }
+}
 
 impl Pipeline {
+    /// Runs a batch's transactional messages and poison messages: sorted into one lock order,
+    /// split into transactions of at most [`MAX_PER_TRANSACTION`] messages (the poison ones go
+    /// with the first); one outcome per delivery.
     pub(super) async fn run_transaction(
         &self,
         worker: &str,
         mut items: Vec<Routed<'_>>,
-        poison: Vec<(usize, &InboundMessage, Poison)>,
+        poison: Vec<PoisonItem<'_>>,
     ) -> Vec<Outcome> {
         if items.is_empty() && poison.is_empty() {
             return Vec::new();
@@ -68,74 +121,106 @@ impl Pipeline {
             chunks.push(Vec::new());
         }
         for chunk in chunks {
-            outcomes.extend(self.transaction(worker, chunk, poison.take().unwrap_or_default()).await);
+            outcomes.extend(self.transaction(worker, &chunk, &poison.take().unwrap_or_default()).await);
         }
         outcomes
     }
 
-    /// One transaction over `items` (and the poison messages).
-    async fn transaction(
-        &self,
-        worker: &str,
-        items: Vec<Routed<'_>>,
-        poison: Vec<(usize, &InboundMessage, Poison)>,
-    ) -> Vec<Outcome> {
-        let indices: Vec<usize> = items.iter().map(|r| r.index).chain(poison.iter().map(|p| p.0)).collect();
-        let redeliver_all = || indices.iter().map(|&i| (i, Disposition::Redeliver, None)).collect::<Vec<_>>();
-        let mut tx = match self.store.pool().begin().await {
-            Ok(tx) => tx,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot begin a transaction; redelivering the batch");
-                return redeliver_all();
-            }
-        };
-        let mut outcomes = Vec::with_capacity(indices.len());
-        for (index, message, p) in &poison {
-            outcomes.push((*index, self.store_poison(&mut tx, message, p).await, None));
-        }
+    /// One transaction over `items` (and the poison messages): optimistic first, with
+    /// savepoints if that attempt fails.
+    async fn transaction(&self, worker: &str, items: &[Routed<'_>], poison: &[PoisonItem<'_>]) -> Vec<Outcome> {
         // A message id twice in one batch: the second copy is judged after the first settled.
         let mut rounds: Vec<Vec<&Routed<'_>>> = Vec::new();
-        for item in &items {
+        for item in items {
             let round = rounds.iter().position(|r| r.iter().all(|o| o.identified.id != item.identified.id));
             match round {
                 Some(r) => rounds[r].push(item),
                 None => rounds.push(vec![item]),
             }
         }
-        for round in rounds {
-            match self.round(&mut tx, worker, &round).await {
-                Ok(done) => outcomes.extend(done),
-                Err(Broken) => return redeliver_all(),
+        for isolation in [Isolation::Optimistic, Isolation::Savepoints] {
+            match self.attempt(isolation, worker, &rounds, poison).await {
+                AttemptEnd::Committed(outcomes) => return outcomes,
+                AttemptEnd::RolledBack => continue,
+                AttemptEnd::Lost => break,
             }
         }
-        match tx.commit().await {
-            Ok(()) => {
-                self.count_outcomes(&outcomes);
-                outcomes
-            }
+        items
+            .iter()
+            .map(|r| r.index)
+            .chain(poison.iter().map(|p| p.0))
+            .map(|i| (i, Disposition::Redeliver, None))
+            .collect()
+    }
+
+    /// One attempt at the transaction: begin, poison records, the rounds, commit. Its stats are
+    /// counted only if it commits.
+    async fn attempt(
+        &self,
+        isolation: Isolation,
+        worker: &str,
+        rounds: &[Vec<&Routed<'_>>],
+        poison: &[PoisonItem<'_>],
+    ) -> AttemptEnd {
+        let mut tx = match self.store.pool().begin().await {
+            Ok(tx) => tx,
             Err(e) => {
-                tracing::warn!(error = %e, "batch commit failed; redelivering the batch");
-                redeliver_all()
+                tracing::warn!(error = %e, "cannot begin a transaction; redelivering the batch");
+                return AttemptEnd::Lost;
             }
+        };
+        let mut attempt = Attempt { isolation, tally: Tally::default() };
+        match (self.run_attempt(&mut tx, &mut attempt, worker, rounds, poison).await, isolation) {
+            (Ok(outcomes), _) => match tx.commit().await {
+                Ok(()) => {
+                    attempt.tally.apply(&self.stats, self.settings.group.as_str());
+                    AttemptEnd::Committed(outcomes)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "batch commit failed; redelivering the batch");
+                    AttemptEnd::Lost
+                }
+            },
+            // A lost connection fails the rollback too: redelivered, as with savepoints.
+            (Err(Abort), Isolation::Optimistic) => match tx.rollback().await {
+                Ok(()) => AttemptEnd::RolledBack,
+                Err(e) => {
+                    tracing::warn!(error = %e, "rolling back an optimistic batch failed; redelivering the batch");
+                    AttemptEnd::Lost
+                }
+            },
+            (Err(Abort), Isolation::Savepoints) => AttemptEnd::Lost,
         }
     }
 
-    /// Counts the outcomes of a committed transaction (claims and failures are counted as they
-    /// happen, so a batch whose commit fails has counted its claims once more).
-    fn count_outcomes(&self, outcomes: &[Outcome]) {
-        let group = self.settings.group.as_str();
-        for (_, disposition, _) in outcomes {
-            match disposition {
-                Disposition::Ack(AckReason::Processed) => self.stats.count(group, Event::Succeeded, 1),
-                Disposition::Retry { .. } => self.stats.count(group, Event::Retry, 1),
-                Disposition::DeadLetter { .. } => self.stats.count(group, Event::Dead, 1),
-                _ => {}
-            }
+    /// The statements of one attempt: the poison records, then the rounds.
+    async fn run_attempt(
+        &self,
+        tx: &mut PgConnection,
+        attempt: &mut Attempt,
+        worker: &str,
+        rounds: &[Vec<&Routed<'_>>],
+        poison: &[PoisonItem<'_>],
+    ) -> Result<Vec<Outcome>, Abort> {
+        let mut outcomes = Vec::with_capacity(poison.len() + rounds.iter().map(Vec::len).sum::<usize>());
+        for (index, message, p) in poison {
+            outcomes.push((*index, self.store_poison(tx, attempt, message, p).await?, None));
         }
+        for round in rounds {
+            outcomes.extend(self.round(tx, attempt, worker, round).await?);
+        }
+        Ok(outcomes)
     }
 
-    async fn store_poison(&self, tx: &mut PgConnection, message: &InboundMessage, p: &Poison) -> Disposition {
-        let group = self.settings.group.as_str();
+    /// Records a poison message as `dead` (or counts a copy of one already recorded). With
+    /// savepoints a failure here redelivers only this message.
+    async fn store_poison(
+        &self,
+        tx: &mut PgConnection,
+        attempt: &mut Attempt,
+        message: &InboundMessage,
+        p: &Poison,
+    ) -> Result<Disposition, Abort> {
         let reason = p.reason.to_string();
         let record = PoisonRecord {
             group: &self.settings.group,
@@ -148,168 +233,36 @@ impl Pipeline {
             keep_payload_bytes: self.settings.keep_poison_payload_bytes,
             max_attempts: self.settings.max_attempts,
         };
-        let Ok(mut savepoint) = tx.begin().await else { return Disposition::Redeliver };
-        match self.store.record_poison(&mut savepoint, &record).await {
-            Ok((_, created)) => {
-                if savepoint.commit().await.is_err() {
-                    return Disposition::Redeliver;
-                }
-                if created {
-                    self.stats.count(group, Event::Poison, 1);
-                    tracing::warn!(message_id = %p.record_id, reason = %reason, "poison message dead-lettered");
-                    Disposition::DeadLetter { reason }
-                } else {
-                    // The same poison again: its record and dead-letter copy exist already.
-                    self.stats.count(group, Event::DuplicateDb, 1);
-                    Disposition::Ack(AckReason::DuplicateDatabase)
-                }
+        let created = match attempt.isolation {
+            Isolation::Optimistic => {
+                let stored = self.store.record_poison(tx, &record).await;
+                stored.map_err(|e| attempt.isolation.abort("storing a poison record failed", &e))?.1
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "storing a poison record failed");
-                let _ = savepoint.rollback().await;
-                Disposition::Redeliver
-            }
-        }
-    }
-
-    /// Claims `items` (distinct ids) in one statement, runs each claimed message's handler in a
-    /// savepoint, completes the successes in one statement.
-    async fn round(&self, tx: &mut PgConnection, worker: &str, items: &[&Routed<'_>]) -> Result<Vec<Outcome>, Broken> {
-        let group = self.settings.group.as_str();
-        let lease = Lease::new(worker, self.settings.lease);
-        let batch = ClaimBatch {
-            group: &self.settings.group,
-            max_attempts: self.settings.max_attempts,
-            lease: &lease,
-            items: items
-                .iter()
-                .map(|r| ClaimItem {
-                    message_id: &r.identified.id,
-                    message_type: &r.identified.message_type,
-                    payload_hash: &r.payload_hash,
-                    message: r.message,
-                })
-                .collect(),
-        };
-        let claims = self.claim_batch(tx, &batch).await?;
-        let mut savepoint_open = false;
-        let mut outcomes = Vec::with_capacity(items.len());
-        let mut succeeded: Vec<(&Routed<'_>, ClaimedRecord)> = Vec::new();
-        for (item, claim) in items.iter().zip(claims) {
-            match claim {
-                ClaimOutcome::Existing(existing) => {
-                    outcomes.push((item.index, self.judge_existing(item.identified.id.as_str(), &existing), None));
-                }
-                ClaimOutcome::Claimed(claim) => {
-                    self.stats.count(group, Event::Claimed, 1);
-                    if claim.created {
-                        self.stats.count(group, Event::Created, 1);
-                    }
-                    match self.run_handler(tx, &mut savepoint_open, item, &claim, &lease).await? {
-                        None => succeeded.push((item, claim)),
-                        Some(failed) => outcomes.push((item.index, failed, None)),
+            Isolation::Savepoints => {
+                let Ok(mut savepoint) = tx.begin().await else { return Ok(Disposition::Redeliver) };
+                match self.store.record_poison(&mut savepoint, &record).await {
+                    Ok((_, created)) => match savepoint.commit().await {
+                        Ok(()) => created,
+                        Err(_) => return Ok(Disposition::Redeliver),
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "storing a poison record failed");
+                        let _ = savepoint.rollback().await;
+                        return Ok(Disposition::Redeliver);
                     }
                 }
-            }
-        }
-        let claims: Vec<&ClaimedRecord> = succeeded.iter().map(|(_, c)| c).collect();
-        let completed: HashSet<i64> = match self.store.complete_many(tx, &claims, &lease).await {
-            Ok(ids) => ids.into_iter().collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "completing the batch failed; redelivering it");
-                return Err(Broken);
             }
         };
-        for (item, claim) in succeeded {
-            let disposition = if completed.contains(&claim.id) {
-                outcomes.push((
-                    item.index,
-                    Disposition::Ack(AckReason::Processed),
-                    Some(self.marker(item, claim.first_seen_at)),
-                ));
-                continue;
-            } else {
-                Disposition::Redeliver
-            };
-            outcomes.push((item.index, disposition, None));
+        let tally = &mut attempt.tally;
+        if created {
+            tally.count(Event::Poison);
+            tally.count(Event::Dead);
+            tally.poison_dead_lettered(p.record_id.as_str(), &reason);
+            Ok(Disposition::DeadLetter { reason })
+        } else {
+            // The same poison again: its record and dead-letter copy exist already.
+            tally.count(Event::DuplicateDb);
+            Ok(Disposition::Ack(AckReason::DuplicateDatabase))
         }
-        Ok(outcomes)
-    }
-
-    /// The batch's claims in a savepoint, retried after a deadlock or serialization failure.
-    async fn claim_batch(&self, tx: &mut PgConnection, batch: &ClaimBatch<'_>) -> Result<Vec<ClaimOutcome>, Broken> {
-        for try_no in 1..=TRANSIENT_RETRIES {
-            let mut savepoint = tx.begin().await.map_err(|_| Broken)?;
-            match self.store.claim_many(&mut savepoint, batch).await {
-                Ok(claims) => {
-                    savepoint.commit().await.map_err(|_| Broken)?;
-                    return Ok(claims);
-                }
-                Err(e) => {
-                    let _ = savepoint.rollback().await;
-                    if !(e.is_transient() && try_no < TRANSIENT_RETRIES) {
-                        tracing::warn!(error = %e, "claiming the batch failed; redelivering it");
-                        return Err(Broken);
-                    }
-                }
-            }
-        }
-        Err(Broken)
-    }
-
-    /// Runs one claimed message's handler in a savepoint. `None`: it succeeded (completion is
-    /// due); `Some(disposition)`: it failed, and the failure is recorded.
-    ///
-    /// The savepoint is managed by hand to save a round trip per message: a successful
-    /// handler's savepoint stays open and is released together with the next one's creation
-    /// (`RELEASE SAVEPOINT h; SAVEPOINT h`, one simple query); the commit releases the last.
-    async fn run_handler(
-        &self,
-        tx: &mut PgConnection,
-        savepoint_open: &mut bool,
-        item: &Routed<'_>,
-        claim: &ClaimedRecord,
-        lease: &Lease,
-    ) -> Result<Option<Disposition>, Broken> {
-        let Handler::Transactional(handler) = &item.handler else { unreachable!("partitioned by mode") };
-        for try_no in 1..=TRANSIENT_RETRIES {
-            let open =
-                if *savepoint_open { "RELEASE SAVEPOINT handler; SAVEPOINT handler" } else { "SAVEPOINT handler" };
-            tx.execute(open).await.map_err(|_| Broken)?;
-            *savepoint_open = true;
-            let started = Instant::now();
-            let result = handler.handle(&Self::input(item, claim.attempt), tx).await;
-            metrics::histogram!("dedup_handler_duration_seconds", "type" => item.identified.message_type.clone())
-                .record(started.elapsed().as_secs_f64());
-            let Err(error) = result else { return Ok(None) };
-            tx.execute("ROLLBACK TO SAVEPOINT handler").await.map_err(|_| Broken)?;
-            if error.transient && try_no < TRANSIENT_RETRIES {
-                continue;
-            }
-            self.stats.count(self.settings.group.as_str(), Event::Failed, 1);
-            let delay = self.settings.backoff.delay_after(claim.attempt);
-            let text = error.to_string();
-            let failure = FailureReport {
-                claim,
-                mode: HandlerMode::Transactional,
-                message: item.message,
-                lease,
-                error: &text,
-                error_class: &error.error_class(),
-                permanent: error.permanent,
-                retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
-            };
-            let outcome = self.store.fail_claimed(tx, &failure).await.map_err(|e| {
-                tracing::warn!(error = %e, "recording a failure failed; redelivering the batch");
-                Broken
-            })?;
-            tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text, "handler failed");
-            return Ok(Some(match outcome {
-                FailureOutcome::Dead => Disposition::DeadLetter { reason: text },
-                FailureOutcome::Failed => Disposition::Retry { delay },
-                FailureOutcome::Superseded => Disposition::Redeliver,
-            }));
-        }
-        Err(Broken)
     }
 }

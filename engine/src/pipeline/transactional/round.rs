@@ -1,0 +1,195 @@
+//! One round of a transaction: the claims of messages with distinct ids in one statement, their
+//! handlers one after the other, the completions of the successes in one statement. The same
+//! code serves both [`Isolation`]s; they differ only in where savepoints are taken and in what
+//! a failure does.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use sqlx::{Acquire, Executor, PgConnection};
+
+use super::{Abort, Attempt, Isolation, Outcome};
+use crate::handler::Handler;
+use crate::pipeline::{AckReason, Disposition, Pipeline, Routed};
+use crate::record::HandlerMode;
+use crate::stats::Event;
+use crate::store::{
+    ClaimBatch, ClaimItem, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
+};
+
+/// How often a handler (or a batch's claim) is retried inside the transaction after a deadlock
+/// or serialization failure before the deliveries are given back to the broker (with
+/// savepoints; an optimistic attempt falls back to savepoints at the first failure instead).
+const TRANSIENT_RETRIES: usize = 3;
+
+impl Pipeline {
+    /// Claims `items` (distinct ids) in one statement, runs each claimed message's handler,
+    /// completes the successes in one statement.
+    pub(super) async fn round(
+        &self,
+        tx: &mut PgConnection,
+        attempt: &mut Attempt,
+        worker: &str,
+        items: &[&Routed<'_>],
+    ) -> Result<Vec<Outcome>, Abort> {
+        let lease = Lease::new(worker, self.settings.lease);
+        let batch = ClaimBatch {
+            group: &self.settings.group,
+            max_attempts: self.settings.max_attempts,
+            lease: &lease,
+            items: items
+                .iter()
+                .map(|r| ClaimItem {
+                    message_id: &r.identified.id,
+                    message_type: &r.identified.message_type,
+                    payload_hash: &r.payload_hash,
+                    message: r.message,
+                })
+                .collect(),
+        };
+        let claims = self.claim_batch(tx, attempt.isolation, &batch).await?;
+        let mut savepoint_open = false;
+        let mut outcomes = Vec::with_capacity(items.len());
+        let mut succeeded: Vec<(&Routed<'_>, ClaimedRecord)> = Vec::new();
+        for (item, claim) in items.iter().zip(claims) {
+            match claim {
+                ClaimOutcome::Existing(existing) => {
+                    let disposition = self.judge_existing(item.identified.id.as_str(), &existing, &mut attempt.tally);
+                    outcomes.push((item.index, disposition, None));
+                }
+                ClaimOutcome::Claimed(claim) => {
+                    attempt.tally.count(Event::Claimed);
+                    if claim.created {
+                        attempt.tally.count(Event::Created);
+                    }
+                    match self.run_handler(tx, attempt, &mut savepoint_open, item, &claim, &lease).await? {
+                        None => succeeded.push((item, claim)),
+                        Some(failed) => outcomes.push((item.index, failed, None)),
+                    }
+                }
+            }
+        }
+        let claims: Vec<&ClaimedRecord> = succeeded.iter().map(|(_, c)| c).collect();
+        let completed: HashSet<i64> = match self.store.complete_many(tx, &claims, &lease).await {
+            Ok(ids) => ids.into_iter().collect(),
+            Err(e) => return Err(attempt.isolation.abort("completing the batch failed", &e)),
+        };
+        for (item, claim) in succeeded {
+            if completed.contains(&claim.id) {
+                attempt.tally.count(Event::Succeeded);
+                let marker = self.marker(item, claim.first_seen_at);
+                outcomes.push((item.index, Disposition::Ack(AckReason::Processed), Some(marker)));
+            } else {
+                outcomes.push((item.index, Disposition::Redeliver, None));
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// The batch's claims. With savepoints, in a savepoint, retried after a deadlock or
+    /// serialization failure. Optimistic, without one: a failed claim aborts the attempt, which
+    /// is rolled back as a whole anyway, so the savepoint's two round trips would buy nothing.
+    async fn claim_batch(
+        &self,
+        tx: &mut PgConnection,
+        isolation: Isolation,
+        batch: &ClaimBatch<'_>,
+    ) -> Result<Vec<ClaimOutcome>, Abort> {
+        const FAILED: &str = "claiming the batch failed";
+        if isolation == Isolation::Optimistic {
+            return self.store.claim_many(tx, batch).await.map_err(|e| isolation.abort(FAILED, &e));
+        }
+        for try_no in 1..=TRANSIENT_RETRIES {
+            let mut savepoint = tx.begin().await.map_err(|e| isolation.abort(FAILED, &e))?;
+            match self.store.claim_many(&mut savepoint, batch).await {
+                Ok(claims) => {
+                    savepoint.commit().await.map_err(|e| isolation.abort(FAILED, &e))?;
+                    return Ok(claims);
+                }
+                Err(e) => {
+                    let _ = savepoint.rollback().await;
+                    if !(e.is_transient() && try_no < TRANSIENT_RETRIES) {
+                        return Err(isolation.abort(FAILED, &e));
+                    }
+                }
+            }
+        }
+        Err(Abort) // not reached: the last try returns
+    }
+
+    /// Runs one claimed message's handler. `None`: it succeeded (completion is due);
+    /// `Some(disposition)`: it failed, and the failure is recorded. Optimistic, a handler's
+    /// error aborts the attempt (nothing is recorded: the savepoint attempt that follows runs
+    /// the handler again and records its failure).
+    ///
+    /// With savepoints, the savepoint is managed by hand to save a round trip per message: a
+    /// successful handler's savepoint stays open and is released together with the next one's
+    /// creation (`RELEASE SAVEPOINT h; SAVEPOINT h`, one simple query); the commit releases the
+    /// last.
+    async fn run_handler(
+        &self,
+        tx: &mut PgConnection,
+        attempt: &mut Attempt,
+        savepoint_open: &mut bool,
+        item: &Routed<'_>,
+        claim: &ClaimedRecord,
+        lease: &Lease,
+    ) -> Result<Option<Disposition>, Abort> {
+        let Handler::Transactional(handler) = &item.handler else { unreachable!("partitioned by mode") };
+        let isolation = attempt.isolation;
+        for try_no in 1..=TRANSIENT_RETRIES {
+            if isolation == Isolation::Savepoints {
+                let open =
+                    if *savepoint_open { "RELEASE SAVEPOINT handler; SAVEPOINT handler" } else { "SAVEPOINT handler" };
+                tx.execute(open).await.map_err(|e| isolation.abort("opening a savepoint failed", &e))?;
+                *savepoint_open = true;
+            }
+            let started = Instant::now();
+            let result = handler.handle(&Self::input(item, claim.attempt), tx).await;
+            metrics::histogram!("dedup_handler_duration_seconds", "type" => item.identified.message_type.clone())
+                .record(started.elapsed().as_secs_f64());
+            let Err(error) = result else { return Ok(None) };
+            if isolation == Isolation::Optimistic {
+                tracing::debug!(message_id = %item.identified.id, error = %error, "handler failed; running the batch again with savepoints");
+                return Err(Abort);
+            }
+            tx.execute("ROLLBACK TO SAVEPOINT handler")
+                .await
+                .map_err(|e| isolation.abort("rolling back to a savepoint failed", &e))?;
+            if error.transient && try_no < TRANSIENT_RETRIES {
+                continue;
+            }
+            attempt.tally.count(Event::Failed);
+            let delay = self.settings.backoff.delay_after(claim.attempt);
+            let text = error.to_string();
+            let failure = FailureReport {
+                claim,
+                mode: HandlerMode::Transactional,
+                message: item.message,
+                lease,
+                error: &text,
+                error_class: &error.error_class(),
+                permanent: error.permanent,
+                retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+            };
+            let outcome = self
+                .store
+                .fail_claimed(tx, &failure)
+                .await
+                .map_err(|e| isolation.abort("recording a failure failed", &e))?;
+            tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text, "handler failed");
+            return Ok(Some(match outcome {
+                FailureOutcome::Dead => {
+                    attempt.tally.count(Event::Dead);
+                    Disposition::DeadLetter { reason: text }
+                }
+                FailureOutcome::Failed => {
+                    attempt.tally.count(Event::Retry);
+                    Disposition::Retry { delay }
+                }
+                FailureOutcome::Superseded => Disposition::Redeliver,
+            }));
+        }
+        Err(Abort) // not reached: the last try returns
+    }
+}

@@ -201,10 +201,11 @@ async fn write<S: DedupStore>(pool: &PgPool, store: &S, p: &Pending) -> Result<(
     Ok(())
 }
 
-/// Adds per-(minute, consumer group) counters to `stats_minute` (one statement), in key order:
-/// concurrent writers then lock rows in one order, and a big write (the seed's 243 000 rows per
-/// million records) fills the indexes in order, 2.3× faster than in hash order (1.3 s against
-/// 3.0 s measured).
+/// Adds per-(minute, consumer group) counters to `stats_minute` (one statement), ordered by
+/// (group, minute). Concurrent writers then cannot deadlock: each takes its minute rows in that
+/// order, then (the per-row `stats_hour` rollup triggers fire at the end of the statement) its
+/// hour rows in (group, hour) order. A big write also fills the indexes nearly in order: 1.3 s
+/// instead of 3.0 s in hash order for the seed's 243 000 rows per million records.
 pub(crate) async fn write_minutes<'e>(
     db: impl sqlx::PgExecutor<'e>,
     minutes: &HashMap<(DateTime<Utc>, String), Counters>,
@@ -213,7 +214,7 @@ pub(crate) async fn write_minutes<'e>(
         return Ok(());
     }
     let mut sorted: Vec<_> = minutes.iter().collect();
-    sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    sorted.sort_unstable_by(|((m1, g1), _), ((m2, g2), _)| (g1, m1).cmp(&(g2, m2)));
     let mut minute = Vec::with_capacity(sorted.len());
     let mut group = Vec::with_capacity(sorted.len());
     let mut columns: Vec<Vec<i64>> = vec![Vec::with_capacity(sorted.len()); ALL_EVENTS.len()];
@@ -253,7 +254,7 @@ pub(crate) async fn write_minutes<'e>(
 }
 
 /// Adds (day, consumer group, bucket) → (count, max delay ms) to `duplicate_delays` (one
-/// statement), in key order as [`write_minutes`].
+/// statement), in key order (one lock order for concurrent writers).
 pub(crate) async fn write_delays<'e>(
     db: impl sqlx::PgExecutor<'e>,
     delays: &HashMap<(NaiveDate, String, i64), (i64, i64)>,

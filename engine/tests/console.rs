@@ -10,7 +10,7 @@ use dedup_engine::console::overview::{
     GrowthRange, consumer_groups, growth, live_snapshot, message_types, status_counts, stuck_count, traffic,
 };
 use dedup_engine::console::records::{MarkerState, record_detail, record_marker, records_list};
-use dedup_engine::console::seed::{SeedParams, seed_records};
+use dedup_engine::console::seed::{MAX_BATCH, MAX_DAYS, MAX_RECORDS, SeedParams, seed_records};
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::record::RecordStatus;
 use dedup_engine::testing::TestDatabase;
@@ -433,4 +433,27 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
 
     let attempts_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM record_attempts").fetch_one(p).await.unwrap();
     assert!(attempts_rows > 0, "non-succeeded seeded records carry their attempt history");
+}
+
+/// Absurd sizes are refused before any id is reserved: the sequence does not move.
+#[tokio::test]
+async fn seed_refuses_absurd_sizes_before_reserving_ids() {
+    let db = TestDatabase::create().await;
+    let ok = SeedParams { records: 10, days: 1, batch: 10 };
+    for params in [
+        SeedParams { records: MAX_RECORDS + 1, ..ok },
+        SeedParams { days: MAX_DAYS + 1, ..ok },
+        SeedParams { batch: MAX_BATCH + 1, ..ok },
+        SeedParams { records: 0, ..ok },
+    ] {
+        let result = seed_records(&db.pool, &params, |_, _| {}).await;
+        assert!(matches!(result, Err(QueryError::BadFilter(_))), "{params:?}: {result:?}");
+    }
+    let called: bool =
+        sqlx::query_scalar("SELECT is_called FROM dedup_records_id_seq").fetch_one(&db.pool).await.unwrap();
+    assert!(!called, "no id was reserved");
+    seed_records(&db.pool, &ok, |_, _| {}).await.unwrap();
+    let hourly: i64 =
+        sqlx::query_scalar("SELECT sum(created)::bigint FROM stats_hour").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(hourly, 10, "the seed writes its hours itself");
 }

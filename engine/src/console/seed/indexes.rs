@@ -7,7 +7,7 @@
 //! engine's start-up check never finds the key missing). The primary key stays: the attempts'
 //! foreign key depends on it.
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 /// The secondary (not constraint-backing) indexes of `dedup_records`: name and definition.
 const SECONDARY_SQL: &str = r#"
@@ -43,8 +43,11 @@ impl Deferred {
     /// When `dedup_records` is empty: locks it (ACCESS EXCLUSIVE, until the transaction ends)
     /// and drops its secondary indexes and UNIQUE constraints. Otherwise does nothing: rebuilding the indexes of a
     /// filled table costs more than maintaining them.
-    pub async fn drop_if_empty(conn: &mut PgConnection) -> Result<Self, sqlx::Error> {
-        if !sqlx::query_scalar::<_, bool>(IS_EMPTY_SQL).fetch_one(&mut *conn).await? {
+    ///
+    /// The first look is taken on `pool`, outside the transaction: taken in it, its ACCESS
+    /// SHARE lock would be upgraded by the LOCK, and two seeds starting together deadlocked.
+    pub async fn drop_if_empty(pool: &PgPool, conn: &mut PgConnection) -> Result<Self, sqlx::Error> {
+        if !sqlx::query_scalar::<_, bool>(IS_EMPTY_SQL).fetch_one(pool).await? {
             return Ok(Self::default());
         }
         sqlx::query("LOCK TABLE dedup_records IN ACCESS EXCLUSIVE MODE").execute(&mut *conn).await?;

@@ -43,6 +43,14 @@ impl Default for SeedParams {
     }
 }
 
+/// Most records one run seeds: the ids are reserved before the load, so an absurd count would
+/// use up the table's id sequence even when the run is interrupted.
+pub const MAX_RECORDS: u64 = 1_000_000_000;
+/// Longest window, days (100 years).
+pub const MAX_DAYS: u32 = 36_500;
+/// Largest batch, records.
+pub const MAX_BATCH: u64 = 1_000_000;
+
 /// What a seed run did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SeedReport {
@@ -95,6 +103,11 @@ pub async fn seed_records(
     if params.records == 0 || params.days == 0 || params.batch == 0 {
         return Err(QueryError::BadFilter("records, days and batch must be positive".to_owned()));
     }
+    if params.records > MAX_RECORDS || params.days > MAX_DAYS || params.batch > MAX_BATCH {
+        return Err(QueryError::BadFilter(format!(
+            "at most {MAX_RECORDS} records, {MAX_DAYS} days and batches of {MAX_BATCH}"
+        )));
+    }
     let started = Instant::now();
     let records = i64::try_from(params.records).map_err(|_| QueryError::BadFilter("too many records".to_owned()))?;
     let first = reserve_ids(pool, records).await?;
@@ -103,7 +116,7 @@ pub async fn seed_records(
     let plan = Plan { first, start: now - window, now, micros_per_record: window.as_micros() as f64 / records as f64 };
     let mut tx = pool.begin().await?;
     let mut phase = Phases(Instant::now());
-    let deferred = Deferred::drop_if_empty(&mut tx).await?;
+    let deferred = Deferred::drop_if_empty(pool, &mut tx).await?;
     let totals = load(&mut tx, &plan, params, progress).await?;
     phase.done("rows copied");
     deferred.rebuild(&mut tx).await?;

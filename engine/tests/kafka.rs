@@ -21,6 +21,7 @@ use dedup_engine::source::{DEAD_LETTER_REASON_HEADER, Outbound, SourceFactory};
 use dedup_engine::testing::kafka::TestKafka;
 use serde_json::json;
 use sqlx::PgConnection;
+use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
 
 /// Starts a consumer on `connector`; returns its shutdown token and task.
@@ -58,6 +59,14 @@ async fn produce(connector: &KafkaConnector, topic: &str, records: &[(&str, &str
         };
         publisher.publish(message).await.expect("record published");
     }
+}
+
+/// Publishes one record per id, keyed `k<n>` so that they spread over the partitions.
+async fn produce_spread(connector: &KafkaConnector, topic: &str, ids: &[String]) {
+    let keys: Vec<String> = (0..ids.len()).map(|n| format!("k{n}")).collect();
+    let records: Vec<(&str, &str, Vec<u8>)> =
+        keys.iter().zip(ids).map(|(key, id)| (key.as_str(), id.as_str(), body(id))).collect();
+    produce(connector, topic, &records).await;
 }
 
 fn body(id: &str) -> Vec<u8> {
@@ -358,6 +367,96 @@ async fn back_pressure_bounds_the_records_fetched_ahead_of_the_workers() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!((11..=20).contains(&most), "up to max_in_flight records fetched and unsettled, never more: {most}");
+    token.cancel();
+    task.await.unwrap();
+}
+
+/// Environment of [`a_plain_group_member_for_a_child_process`]: `<brokers> <group> <topic>`.
+const CHILD_MEMBER_ENV: &str = "DC_TEST_KAFKA_CHILD_MEMBER";
+
+/// Not a test of its own: the group member that
+/// [`a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor`] runs in a child
+/// process of this test binary (and kills). Joins the group, commits nothing, and prints
+/// `assigned <n>` each time its assignment changes, until killed.
+#[test]
+#[ignore = "run as a child process by a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor"]
+fn a_plain_group_member_for_a_child_process() {
+    use rdkafka::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use std::io::Write as _;
+    let Ok(spec) = std::env::var(CHILD_MEMBER_ENV) else { return };
+    let [brokers, group, topic]: [&str; 3] = spec.split(' ').collect::<Vec<_>>().try_into().expect("three words");
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("session.timeout.ms", "6000")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribed");
+    let mut last = usize::MAX;
+    loop {
+        let _ = consumer.poll(Duration::from_millis(100));
+        let assigned = consumer.assignment().map_or(0, |a| a.count());
+        if assigned != last {
+            println!("assigned {assigned}");
+            std::io::stdout().flush().unwrap();
+            last = assigned;
+        }
+    }
+}
+
+/// The child's next `assigned <n>` line, waited for up to 60 s.
+async fn next_assignment(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    what: &str,
+) -> usize {
+    let next = async {
+        loop {
+            let line = lines.next_line().await.unwrap().expect("the child runs");
+            if let Some(n) = line.strip_prefix("assigned ") {
+                return n.parse::<usize>().unwrap();
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), next).await.expect(what)
+}
+
+#[tokio::test]
+async fn a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor() {
+    let h = Harness::new().await;
+    let kafka = TestKafka::new(4, Backoff { initial_ms: 200, max_ms: 400 });
+    let connector = kafka.connector();
+    // Creates the topic; each partition gets records before the kill (keys spread them).
+    let before: Vec<String> = (0..40).map(|n| format!("TEST.KILL.{n}:1")).collect();
+    produce_spread(&connector, kafka.topic(), &before).await;
+
+    // The child joins first (it leads the group), then the survivor: two partitions each.
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_plain_group_member_for_a_child_process", "--ignored", "--nocapture"])
+        .env(CHILD_MEMBER_ENV, format!("{} {} {}", kafka.settings.brokers, kafka.group, kafka.topic()))
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("child started");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(next_assignment(&mut lines, "the child took every partition").await, 4);
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("TEST.KILL", Handler::Transactional(Arc::new(RecordEffect)));
+    let (token, task) = start(&h, connector.clone(), handlers, settings(5, Duration::from_secs(30)), workers(2, 10));
+    while next_assignment(&mut lines, "the child gave partitions to the survivor").await == 4 {}
+
+    // Killed: no LeaveGroup. Once its session expires, the survivor owns all four partitions.
+    child.kill().await.unwrap();
+    let after: Vec<String> = (0..40).map(|n| format!("TEST.KILL.after.{n}:1")).collect();
+    produce_spread(&connector, kafka.topic(), &after).await;
+    eventually(Duration::from_secs(90), "every record, of every partition, processed", || async {
+        scalar(&h, "SELECT count(*) FROM test_effects WHERE message_id LIKE 'TEST.KILL.%'").await == 80
+    })
+    .await;
+    for id in before.iter().chain(&after) {
+        assert_eq!(h.effects(id).await, 1, "{id} applied once");
+    }
     token.cancel();
     task.await.unwrap();
 }

@@ -24,9 +24,6 @@ async fn until_succeeded(world: &World, n: i64) {
 }
 
 #[tokio::test]
-#[ignore = "open (issue 7): the retry-copy loss at revocation is fixed, but in the CI run of 2026-11-30 the \
-            group stalled after the kill and restart (22 180 ids unconsumed, lag 27 735 when verify's wait \
-            ran out, 29 failed); run with --ignored"]
 async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_restarted_happen_exactly_once() {
     let world = World::with_kafka(4).await;
     let a = world.serve("a", &[]).await;

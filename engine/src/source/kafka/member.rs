@@ -11,7 +11,14 @@
 //!   the next owner fetches them again from that commit and the dedup table skips what did
 //!   finish. Records still running finish against the database as usual, but their settlement
 //!   moves no offset and sends no retry copy (the next owner has the original).
-//! - **assign**: track the partitions under a new epoch.
+//! - **assign**: track the partitions under a new epoch. An assignment in the very group
+//!   generation its revocation came from is stale: the broker did not form a new generation, so
+//!   the other partitions may be assigned to a member that is gone. The test broker does that
+//!   (tansu 0.6: when a heartbeat finds the leader's session expired, the group keeps the dead
+//!   leader's generation and its partitions, including retry topics, are fetched by no one), and
+//!   a real Kafka broker never does (every rebalance of the eager protocol bumps the generation).
+//!   The member then leaves the group and joins again as a new member, which forms a new
+//!   generation without the dead one.
 //!
 //! Between polls the thread commits (asynchronously) every offset that moved, hands retry
 //! copies to the queue when they are due, and applies back-pressure: at `max_in_flight`
@@ -19,10 +26,11 @@
 //! sake) until half of them have settled.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
@@ -98,17 +106,14 @@ impl Member {
             max_in_flight: plan.max_in_flight.max(1),
             revoke_grace: plan.revoke_grace,
         });
-        let consumer: BaseConsumer<MemberContext> = config
-            .create_with_context(MemberContext { shared: shared.clone() })
-            .map_err(|e| SourceError::Broker(format!("cannot create the Kafka consumer: {e}")))?;
-        let topics: Vec<&str> = plan.topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics).map_err(|e| SourceError::Broker(format!("cannot subscribe to {topics:?}: {e}")))?;
+        let joining = Joining { config: config.clone(), topics: plan.topics };
+        let consumer = joining.create(&shared)?;
+        joining.subscribe(&consumer)?;
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("kafka-consumer".to_owned())
-            .spawn(move || run(consumer, &thread_shared))
+            .spawn(move || run(consumer, &joining, &thread_shared))
             .map_err(|e| SourceError::Broker(format!("cannot start the Kafka consumer thread: {e}")))?;
-        tracing::info!(topics = ?plan.topics, "Kafka consumer subscribed");
         Ok(Self { shared, thread: Mutex::new(Some(thread)) })
     }
 
@@ -130,9 +135,48 @@ impl Member {
     }
 }
 
+/// How the member joins the group: again after a stale assignment (see the module docs).
+struct Joining {
+    config: ClientConfig,
+    topics: Vec<String>,
+}
+
+impl Joining {
+    /// Creates a consumer, outside the group until [`Joining::subscribe`].
+    ///
+    /// Errors: [`SourceError::Broker`] for an invalid configuration.
+    fn create(&self, shared: &Arc<Shared>) -> Result<BaseConsumer<MemberContext>, SourceError> {
+        let context = MemberContext {
+            shared: shared.clone(),
+            revoked_in: AtomicI32::new(NO_GENERATION),
+            stale: AtomicBool::new(false),
+        };
+        self.config
+            .create_with_context(context)
+            .map_err(|e| SourceError::Broker(format!("cannot create the Kafka consumer: {e}")))
+    }
+
+    /// Subscribes `consumer` to the topics: it joins the group.
+    ///
+    /// Errors: [`SourceError::Broker`] for a subscription librdkafka refuses.
+    fn subscribe(&self, consumer: &BaseConsumer<MemberContext>) -> Result<(), SourceError> {
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics).map_err(|e| SourceError::Broker(format!("cannot subscribe to {topics:?}: {e}")))?;
+        tracing::info!(topics = ?self.topics, "Kafka consumer subscribed");
+        Ok(())
+    }
+}
+
+/// librdkafka's generation id outside a generation.
+const NO_GENERATION: i32 = -1;
+
 /// The rebalance callbacks (run by `poll`, on the member's thread).
 struct MemberContext {
     shared: Arc<Shared>,
+    /// The group generation the last revocation happened in ([`NO_GENERATION`] once assigned).
+    revoked_in: AtomicI32,
+    /// The last assignment came in the generation of its revocation: leave and join again.
+    stale: AtomicBool,
 }
 
 impl ClientContext for MemberContext {}
@@ -140,15 +184,23 @@ impl ClientContext for MemberContext {}
 impl ConsumerContext for MemberContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
-            Rebalance::Revoke(tpl) => self.revoke(consumer, &partitions(tpl)),
+            Rebalance::Revoke(tpl) => {
+                self.revoked_in.store(group_generation(consumer), Ordering::Relaxed);
+                self.revoke(consumer, &partitions(tpl));
+            }
             Rebalance::Assign(_) => {}
             Rebalance::Error(e) => tracing::warn!(error = %e, "Kafka rebalance error"),
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             let assigned = partitions(tpl);
+            let generation = group_generation(consumer);
+            if generation != NO_GENERATION && self.revoked_in.swap(NO_GENERATION, Ordering::Relaxed) == generation {
+                tracing::warn!(generation, "Kafka assignment in the generation of its revocation; joining again");
+                self.stale.store(true, Ordering::Relaxed);
+            }
             let mut offsets = self.shared.offsets();
             for tp in &assigned {
                 offsets.assign(tp.clone());
@@ -194,6 +246,43 @@ impl MemberContext {
     }
 }
 
+/// The consumer's group generation id, or [`NO_GENERATION`] outside one.
+///
+/// rust-rdkafka keeps the group metadata opaque and librdkafka has no getter for its
+/// generation, so it is read from the metadata's serialized form, whose layout librdkafka
+/// versions by its magic (`rd_kafka_consumer_group_metadata_write`, rdkafka_cgrp.c):
+/// `"CGMDv2:"` (7 bytes) then the generation id as a native-endian `int32`. Another magic
+/// reads as [`NO_GENERATION`], which never marks an assignment stale.
+fn group_generation(consumer: &BaseConsumer<MemberContext>) -> i32 {
+    const MAGIC: &[u8] = b"CGMDv2:";
+    let rk = consumer.client().native_ptr();
+    // SAFETY: `rk` is the live client `consumer` owns. librdkafka hands out a metadata copy
+    // (NULL outside a group) and a buffer of `size` bytes on success; both are freed here with
+    // their own destructors and nothing of them outlives this block.
+    unsafe {
+        let metadata = rdsys::rd_kafka_consumer_group_metadata(rk);
+        if metadata.is_null() {
+            return NO_GENERATION;
+        }
+        let mut buffer: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mut size = 0usize;
+        let error = rdsys::rd_kafka_consumer_group_metadata_write(metadata, &mut buffer, &mut size);
+        rdsys::rd_kafka_consumer_group_metadata_destroy(metadata);
+        if !error.is_null() {
+            rdsys::rd_kafka_error_destroy(error);
+            return NO_GENERATION;
+        }
+        let bytes = std::slice::from_raw_parts(buffer.cast::<u8>(), size);
+        let generation = bytes
+            .strip_prefix(MAGIC)
+            .and_then(|rest| rest.get(..4))
+            .and_then(|id| id.try_into().ok())
+            .map_or(NO_GENERATION, i32::from_ne_bytes);
+        rdsys::rd_kafka_mem_free(rk, buffer);
+        generation
+    }
+}
+
 fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
     tpl.elements().iter().map(|e| TopicPartition { topic: e.topic().to_owned(), partition: e.partition() }).collect()
 }
@@ -228,7 +317,7 @@ fn now_ms() -> i64 {
 }
 
 /// The thread's loop (see the module docs).
-fn run(consumer: BaseConsumer<MemberContext>, shared: &Shared) {
+fn run(consumer: BaseConsumer<MemberContext>, joining: &Joining, shared: &Arc<Shared>) {
     // The workers learn that the member is gone however the thread ends.
     let _stopped = shared.stopped.clone().drop_guard();
     let mut poller = Poller {
@@ -241,6 +330,9 @@ fn run(consumer: BaseConsumer<MemberContext>, shared: &Shared) {
     };
     let mut last_commit = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
+        if poller.consumer.context().stale.load(Ordering::Relaxed) && !poller.join_again(joining, shared) {
+            return;
+        }
         poller.release_due(shared);
         poller.apply_pauses(shared);
         if last_commit.elapsed() >= COMMIT_INTERVAL {
@@ -378,6 +470,29 @@ impl Poller {
             tracing::warn!(error = %e, "cannot resume Kafka partitions");
         }
         self.paused = wanted;
+    }
+
+    /// Leaves the group (committing what is done; the revoke callback runs) and joins it again
+    /// as a new member. Returns false when no new consumer can be made (the thread then ends and
+    /// the workers reconnect).
+    fn join_again(&mut self, joining: &Joining, shared: &Arc<Shared>) -> bool {
+        self.commit(shared, CommitMode::Sync);
+        let consumer = match joining.create(shared) {
+            Ok(consumer) => consumer,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot join the Kafka group again");
+                return false;
+            }
+        };
+        // The old consumer leaves the group before the new one joins it.
+        drop(std::mem::replace(&mut self.consumer, consumer));
+        self.paused.clear();
+        self.generation = None;
+        if let Err(e) = joining.subscribe(&self.consumer) {
+            tracing::error!(error = %e, "cannot join the Kafka group again");
+            return false;
+        }
+        true
     }
 
     /// Commits every offset that moved.

@@ -11,14 +11,10 @@
 //!   the next owner fetches them again from that commit and the dedup table skips what did
 //!   finish. Records still running finish against the database as usual, but their settlement
 //!   moves no offset and sends no retry copy (the next owner has the original).
-//! - **assign**: track the partitions under a new epoch. An assignment in the very group
-//!   generation its revocation came from is stale: the broker did not form a new generation, so
-//!   the other partitions may be assigned to a member that is gone. The test broker does that
-//!   (tansu 0.6: when a heartbeat finds the leader's session expired, the group keeps the dead
-//!   leader's generation and its partitions, including retry topics, are fetched by no one), and
-//!   a real Kafka broker never does (every rebalance of the eager protocol bumps the generation).
-//!   The member then leaves the group and joins again as a new member, which forms a new
-//!   generation without the dead one.
+//! - **assign**: track the partitions under a new epoch.
+//!
+//! When the broker leaves the membership stale (see [`super::membership`]), the thread leaves
+//! the group, committing what is done, and joins again as a new member.
 //!
 //! Between polls the thread commits (asynchronously) every offset that moved, hands retry
 //! copies to the queue when they are due, and applies back-pressure: at `max_in_flight`
@@ -26,11 +22,10 @@
 //! sake) until half of them have settled.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
@@ -38,6 +33,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::Delivered;
+use super::membership::StaleWatch;
 use super::offsets::{Offsets, Stage, TopicPartition};
 use crate::source::SourceError;
 
@@ -146,11 +142,7 @@ impl Joining {
     ///
     /// Errors: [`SourceError::Broker`] for an invalid configuration.
     fn create(&self, shared: &Arc<Shared>) -> Result<BaseConsumer<MemberContext>, SourceError> {
-        let context = MemberContext {
-            shared: shared.clone(),
-            revoked_in: AtomicI32::new(NO_GENERATION),
-            stale: AtomicBool::new(false),
-        };
+        let context = MemberContext { shared: shared.clone(), watch: StaleWatch::default() };
         self.config
             .create_with_context(context)
             .map_err(|e| SourceError::Broker(format!("cannot create the Kafka consumer: {e}")))
@@ -167,16 +159,10 @@ impl Joining {
     }
 }
 
-/// librdkafka's generation id outside a generation.
-const NO_GENERATION: i32 = -1;
-
 /// The rebalance callbacks (run by `poll`, on the member's thread).
 struct MemberContext {
     shared: Arc<Shared>,
-    /// The group generation the last revocation happened in ([`NO_GENERATION`] once assigned).
-    revoked_in: AtomicI32,
-    /// The last assignment came in the generation of its revocation: leave and join again.
-    stale: AtomicBool,
+    watch: StaleWatch,
 }
 
 impl ClientContext for MemberContext {}
@@ -185,7 +171,7 @@ impl ConsumerContext for MemberContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {
-                self.revoked_in.store(group_generation(consumer), Ordering::Relaxed);
+                self.watch.revoked(consumer);
                 self.revoke(consumer, &partitions(tpl));
             }
             Rebalance::Assign(_) => {}
@@ -196,11 +182,7 @@ impl ConsumerContext for MemberContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             let assigned = partitions(tpl);
-            let generation = group_generation(consumer);
-            if generation != NO_GENERATION && self.revoked_in.swap(NO_GENERATION, Ordering::Relaxed) == generation {
-                tracing::warn!(generation, "Kafka assignment in the generation of its revocation; joining again");
-                self.stale.store(true, Ordering::Relaxed);
-            }
+            self.watch.assigned(consumer);
             let mut offsets = self.shared.offsets();
             for tp in &assigned {
                 offsets.assign(tp.clone());
@@ -243,43 +225,6 @@ impl MemberContext {
             lost,
             "Kafka partitions revoked"
         );
-    }
-}
-
-/// The consumer's group generation id, or [`NO_GENERATION`] outside one.
-///
-/// rust-rdkafka keeps the group metadata opaque and librdkafka has no getter for its
-/// generation, so it is read from the metadata's serialized form, whose layout librdkafka
-/// versions by its magic (`rd_kafka_consumer_group_metadata_write`, rdkafka_cgrp.c):
-/// `"CGMDv2:"` (7 bytes) then the generation id as a native-endian `int32`. Another magic
-/// reads as [`NO_GENERATION`], which never marks an assignment stale.
-fn group_generation(consumer: &BaseConsumer<MemberContext>) -> i32 {
-    const MAGIC: &[u8] = b"CGMDv2:";
-    let rk = consumer.client().native_ptr();
-    // SAFETY: `rk` is the live client `consumer` owns. librdkafka hands out a metadata copy
-    // (NULL outside a group) and a buffer of `size` bytes on success; both are freed here with
-    // their own destructors and nothing of them outlives this block.
-    unsafe {
-        let metadata = rdsys::rd_kafka_consumer_group_metadata(rk);
-        if metadata.is_null() {
-            return NO_GENERATION;
-        }
-        let mut buffer: *mut std::ffi::c_void = std::ptr::null_mut();
-        let mut size = 0usize;
-        let error = rdsys::rd_kafka_consumer_group_metadata_write(metadata, &mut buffer, &mut size);
-        rdsys::rd_kafka_consumer_group_metadata_destroy(metadata);
-        if !error.is_null() {
-            rdsys::rd_kafka_error_destroy(error);
-            return NO_GENERATION;
-        }
-        let bytes = std::slice::from_raw_parts(buffer.cast::<u8>(), size);
-        let generation = bytes
-            .strip_prefix(MAGIC)
-            .and_then(|rest| rest.get(..4))
-            .and_then(|id| id.try_into().ok())
-            .map_or(NO_GENERATION, i32::from_ne_bytes);
-        rdsys::rd_kafka_mem_free(rk, buffer);
-        generation
     }
 }
 
@@ -330,7 +275,7 @@ fn run(consumer: BaseConsumer<MemberContext>, joining: &Joining, shared: &Arc<Sh
     };
     let mut last_commit = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
-        if poller.consumer.context().stale.load(Ordering::Relaxed) && !poller.join_again(joining, shared) {
+        if poller.consumer.context().watch.is_stale() && !poller.join_again(joining, shared) {
             return;
         }
         poller.release_due(shared);

@@ -28,6 +28,7 @@
 mod admin;
 mod delivery;
 mod member;
+mod membership;
 mod offsets;
 mod publish;
 mod source;

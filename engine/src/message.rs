@@ -42,6 +42,11 @@ pub struct SourceRef {
     /// Kafka: the record's offset in its partition (not stored on records). `None` for RabbitMQ.
     #[serde(default)]
     pub offset: Option<i64>,
+    /// Kafka: the record key is not UTF-8. `routing_key` then shows it with U+FFFD in place of
+    /// the bytes that are not, for people only: such a key is never taken as a message id (two
+    /// different keys could read the same).
+    #[serde(skip)]
+    pub key_not_text: bool,
 }
 
 /// One delivered message, as the engine sees it whatever the broker.
@@ -261,12 +266,19 @@ impl IdPolicy {
             Some(match message.headers.get(header)? {
                 Value::String(s) => MessageId::parse(s.clone()),
                 Value::Number(n) => MessageId::parse(n.to_string()),
+                // Bytes that are not UTF-8 (see `bytes_to_json`).
+                Value::Array(_) => Err(IdError::NotText { what: "message id header" }),
                 _ => MessageId::parse(String::new()),
             })
         });
         from_header.or_else(|| {
-            let key = message.source.routing_key.as_deref().filter(|k| !k.is_empty());
-            (self.key && message.broker == Broker::Kafka).then_some(key).flatten().map(MessageId::parse)
+            if !self.key || message.broker != Broker::Kafka {
+                return None;
+            }
+            if message.source.key_not_text {
+                return Some(Err(IdError::NotText { what: "record key" }));
+            }
+            message.source.routing_key.as_deref().filter(|k| !k.is_empty()).map(MessageId::parse)
         })
     }
 
@@ -359,8 +371,12 @@ mod tests {
         let mut policy = IdPolicy::default();
         let mut m = message(br#"{"orderNo":"7"}"#);
         m.broker = Broker::Kafka;
-        m.source =
-            SourceRef { exchange: Some("orders".into()), routing_key: None, queue: Some("2".into()), offset: Some(41) };
+        m.source = SourceRef {
+            exchange: Some("orders".into()),
+            queue: Some("2".into()),
+            offset: Some(41),
+            ..SourceRef::default()
+        };
         assert!(matches!(policy.identify(&m).unwrap_err().reason, PoisonReason::NoMessageId { .. }));
         policy.offset_fallback = true;
         assert_eq!(policy.identify(&m).unwrap().id.as_str(), "orders-2-41");
@@ -373,6 +389,26 @@ mod tests {
         m.headers.clear();
         policy.key = false;
         assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.7:2", "key ignored when turned off");
+    }
+
+    #[test]
+    fn a_kafka_key_or_id_header_that_is_not_utf8_is_an_invalid_id_never_a_lossy_one() {
+        let policy = IdPolicy::default();
+        let mut m = message(br#"{"orderNo":"7"}"#);
+        m.broker = Broker::Kafka;
+        // Keys b"A\xff" and b"A\xfe" both read "A\u{fffd}": as ids they would collide.
+        m.source.routing_key = Some("ORDER.CREATE.A\u{fffd}:1".into());
+        m.source.key_not_text = true;
+        let p = policy.identify(&m).unwrap_err();
+        assert_eq!(p.reason, PoisonReason::InvalidMessageId(IdError::NotText { what: "record key" }));
+        assert_eq!(p.reason.to_string(), "invalid message id: record key is not UTF-8 text");
+        assert!(p.record_id.as_str().starts_with("POISON.INVALID_MESSAGE_ID."), "{}", p.record_id);
+
+        m.headers.insert("x-message-id".into(), serde_json::json!([255, 254, 0]));
+        let p = policy.identify(&m).unwrap_err();
+        assert_eq!(p.reason, PoisonReason::InvalidMessageId(IdError::NotText { what: "message id header" }));
+        m.headers.insert("x-message-id".into(), Value::String("ORDER.CREATE.7:1".into()));
+        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.CREATE.7:1", "a text header still wins");
     }
 
     #[test]

@@ -148,6 +148,12 @@ pub enum IdError {
         /// `message id` or `consumer group`.
         what: &'static str,
     },
+    /// Bytes that are not UTF-8 where an id was looked for (a Kafka key or header).
+    #[error("{what} is not UTF-8 text")]
+    NotText {
+        /// Where the id was looked for: `record key`, `message id header`.
+        what: &'static str,
+    },
 }
 
 fn validate(what: &'static str, value: &str, max: usize) -> Result<(), IdError> {

@@ -115,6 +115,7 @@ pub fn raw_message(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
             routing_key: Some("test.key".to_owned()),
             queue: Some("test.queue".to_owned()),
             offset: None,
+            key_not_text: false,
         },
         redelivered: false,
     }

@@ -2,7 +2,10 @@
 //!
 //! A retry or dead-letter copy keeps the record's key, payload and headers and adds where the
 //! original came from (`x-dedup-source-topic`, `-partition`, `-offset`), so a copy is stored,
-//! identified (`offset_fallback` ids included) and requeued as its original.
+//! identified (`offset_fallback` ids included) and requeued as its original. Those headers count
+//! only on records of the retry topics: on any other record they are a producer's, and trusting
+//! them would let it redirect retry and dead-letter copies and requeues, or take another
+//! record's offset id.
 
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
@@ -63,18 +66,13 @@ fn header_text<'a>(headers: &'a RawHeaders, name: &str) -> Option<&'a str> {
 
 impl Delivered {
     /// Converts a fetched record. `retry_topic`: it was fetched from one of the retry topics, so
-    /// its due header counts.
+    /// its due and origin headers count.
     pub fn from_record(record: &BorrowedMessage<'_>, retry_topic: bool) -> Self {
         let headers: RawHeaders = record
             .headers()
             .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
             .unwrap_or_default();
-        let origin_topic = header_text(&headers, SOURCE_TOPIC_HEADER).unwrap_or(record.topic()).to_owned();
-        let origin_partition = header_text(&headers, SOURCE_PARTITION_HEADER)
-            .and_then(|p| p.parse::<i32>().ok())
-            .unwrap_or(record.partition());
-        let origin_offset =
-            header_text(&headers, SOURCE_OFFSET_HEADER).and_then(|o| o.parse().ok()).unwrap_or(record.offset());
+        let at = (record.topic(), record.partition(), record.offset());
         let due_ms = retry_topic.then(|| header_text(&headers, RETRY_DUE_HEADER)?.parse().ok()).flatten();
         let key = record.key().map(<[u8]>::to_vec);
         let message = InboundMessage {
@@ -83,16 +81,27 @@ impl Delivered {
             property_message_id: None,
             content_type: header_text(&headers, CONTENT_TYPE_HEADER).map(str::to_owned),
             broker: Broker::Kafka,
-            source: SourceRef {
-                exchange: Some(origin_topic),
-                routing_key: key.as_deref().map(|k| String::from_utf8_lossy(k).into_owned()),
-                queue: Some(origin_partition.to_string()),
-                offset: Some(origin_offset),
-            },
+            source: origin(&headers, retry_topic, at, key.as_deref()),
             redelivered: retry_topic,
         };
         let tp = TopicPartition { topic: record.topic().to_owned(), partition: record.partition() };
         Self { message, meta: RecordMeta { tp, offset: record.offset(), epoch: 0, key, headers, due_ms } }
+    }
+}
+
+/// Where the record's original came from: the record itself, or for a copy in a retry topic
+/// (`retry_topic`), the place its origin headers name. `at`: topic, partition, offset.
+fn origin(headers: &RawHeaders, retry_topic: bool, at: (&str, i32, i64), key: Option<&[u8]>) -> SourceRef {
+    let (topic, partition, offset) = at;
+    let copied = |name| if retry_topic { header_text(headers, name) } else { None };
+    SourceRef {
+        exchange: Some(copied(SOURCE_TOPIC_HEADER).unwrap_or(topic).to_owned()),
+        routing_key: key.map(|k| String::from_utf8_lossy(k).into_owned()),
+        queue: Some(
+            copied(SOURCE_PARTITION_HEADER).and_then(|p| p.parse::<i32>().ok()).unwrap_or(partition).to_string(),
+        ),
+        offset: Some(copied(SOURCE_OFFSET_HEADER).and_then(|o| o.parse().ok()).unwrap_or(offset)),
+        key_not_text: key.is_some_and(|k| std::str::from_utf8(k).is_err()),
     }
 }
 
@@ -161,5 +170,28 @@ mod tests {
         }
         assert_eq!(header_value(&serde_json::json!(7)), Some(b"7".to_vec()));
         assert_eq!(header_value(&serde_json::json!([1, 300])), Some(b"[1,300]".to_vec()));
+    }
+
+    #[test]
+    fn origin_headers_count_only_on_retry_copies_and_a_binary_key_is_marked() {
+        let headers: RawHeaders = vec![
+            (SOURCE_TOPIC_HEADER.into(), Some(b"orders".to_vec())),
+            (SOURCE_PARTITION_HEADER.into(), Some(b"2".to_vec())),
+            (SOURCE_OFFSET_HEADER.into(), Some(b"41".to_vec())),
+        ];
+        let copy = origin(&headers, true, ("orders.g.retry.1000", 0, 7), Some(b"k"));
+        assert_eq!(
+            (copy.exchange.as_deref(), copy.queue.as_deref(), copy.offset),
+            (Some("orders"), Some("2"), Some(41))
+        );
+        assert!(!copy.key_not_text);
+        // The same headers on a record of a source topic are a producer's: ignored.
+        let spoofed = origin(&headers, false, ("payments", 3, 9), Some(b"\xffk"));
+        assert_eq!(
+            (spoofed.exchange.as_deref(), spoofed.queue.as_deref(), spoofed.offset),
+            (Some("payments"), Some("3"), Some(9))
+        );
+        assert!(spoofed.key_not_text);
+        assert_eq!(spoofed.routing_key.as_deref(), Some("\u{fffd}k"));
     }
 }

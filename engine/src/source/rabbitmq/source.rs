@@ -81,6 +81,7 @@ impl RabbitSource {
                 .or_else(|| Some(delivery.routing_key.as_str().to_owned())),
             queue: Some(self.settings.queue.clone()),
             offset: None,
+            key_not_text: false,
         };
         self.batch.push(InboundMessage {
             payload: delivery.data,

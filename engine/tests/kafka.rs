@@ -374,12 +374,11 @@ async fn back_pressure_bounds_the_records_fetched_ahead_of_the_workers() {
 /// Environment of [`a_plain_group_member_for_a_child_process`]: `<brokers> <group> <topic>`.
 const CHILD_MEMBER_ENV: &str = "DC_TEST_KAFKA_CHILD_MEMBER";
 
-/// Not a test of its own: the group member that
-/// [`a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor`] runs in a child
-/// process of this test binary (and kills). Joins the group, commits nothing, and prints
+/// Not a test of its own: the group member that [`a_member_is_killed`] runs in a child process
+/// of this test binary (and kills). Joins the group, commits nothing, and prints
 /// `assigned <n>` each time its assignment changes, until killed.
 #[test]
-#[ignore = "run as a child process by a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor"]
+#[ignore = "run as a child process by the tests that kill a group member"]
 fn a_plain_group_member_for_a_child_process() {
     use rdkafka::ClientConfig;
     use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -422,8 +421,22 @@ async fn next_assignment(
     tokio::time::timeout(Duration::from_secs(60), next).await.expect(what)
 }
 
-#[tokio::test]
-async fn a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor() {
+/// When the child member, leader of the group, is SIGKILLed.
+#[derive(Clone, Copy)]
+enum Kill {
+    /// Once the partitions are shared: the test broker keeps the dead leader's generation.
+    Settled,
+    /// As soon as it gives its partitions up to share them (before the new generation's
+    /// assignment): the test broker settles with nothing assigned to anyone.
+    Rebalancing,
+}
+
+/// A plain member in a child process leads the group and holds the 4 partitions; the engine's
+/// member joins, and the child is killed (no LeaveGroup) at `kill`. Every record of every
+/// partition, before and after the kill, must then be applied exactly once: the survivor ends
+/// up owning them all, however the test broker left the group (engine/src/source/kafka/
+/// membership.rs).
+async fn a_member_is_killed(kill: Kill) {
     let h = Harness::new().await;
     let kafka = TestKafka::new(4, Backoff { initial_ms: 200, max_ms: 400 });
     let connector = kafka.connector();
@@ -431,9 +444,6 @@ async fn a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor() {
     let before: Vec<String> = (0..40).map(|n| format!("TEST.KILL.{n}:1")).collect();
     produce_spread(&connector, kafka.topic(), &before).await;
 
-    // The child joins first (it leads the group), then the survivor, and the partitions are
-    // shared. Killed then, the child leaves the group its generation (the test broker's, see
-    // engine/src/source/kafka/membership.rs), and the survivor has to join again.
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "a_plain_group_member_for_a_child_process", "--ignored", "--nocapture"])
         .env(CHILD_MEMBER_ENV, format!("{} {} {}", kafka.settings.brokers, kafka.group, kafka.topic()))
@@ -446,11 +456,13 @@ async fn a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor() {
     let mut handlers = HandlerRegistry::new();
     handlers.register("TEST.KILL", Handler::Transactional(Arc::new(RecordEffect)));
     let (token, task) = start(&h, connector.clone(), handlers, settings(5, Duration::from_secs(30)), workers(2, 10));
-    // Settled: the child holds some partitions, not all (between, it holds none: revoking).
-    while !(1..4).contains(&next_assignment(&mut lines, "the child gave partitions to the survivor").await) {}
-
-    // Killed: no LeaveGroup. Once its session expires, the survivor owns all four partitions.
+    let kill_at = |n: usize| match kill {
+        Kill::Settled => (1..4).contains(&n),
+        Kill::Rebalancing => n == 0,
+    };
+    while !kill_at(next_assignment(&mut lines, "the child's assignment changed").await) {}
     child.kill().await.unwrap();
+
     let after: Vec<String> = (0..40).map(|n| format!("TEST.KILL.after.{n}:1")).collect();
     produce_spread(&connector, kafka.topic(), &after).await;
     eventually(Duration::from_secs(90), "every record, of every partition, processed", || async {
@@ -462,4 +474,14 @@ async fn a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor() {
     }
     token.cancel();
     task.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_member_killed_with_sigkill_leaves_its_partitions_to_the_survivor() {
+    a_member_is_killed(Kill::Settled).await;
+}
+
+#[tokio::test]
+async fn a_leader_killed_in_the_middle_of_a_rebalance_leaves_no_partition_unowned() {
+    a_member_is_killed(Kill::Rebalancing).await;
 }

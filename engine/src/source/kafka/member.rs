@@ -57,6 +57,9 @@ pub(super) struct Shared {
     retry_topics: HashSet<String>,
     max_in_flight: usize,
     revoke_grace: Duration,
+    /// The subscribed topics but the retry topics.
+    source_topics: Vec<String>,
+    idle_check: Duration,
 }
 
 impl Shared {
@@ -76,6 +79,9 @@ pub(super) struct MemberPlan {
     pub max_in_flight: usize,
     /// How long a revocation waits for records held by workers.
     pub revoke_grace: Duration,
+    /// How often a member without partitions checks that the group makes progress (see
+    /// [`super::membership`]): the session timeout.
+    pub idle_check: Duration,
 }
 
 /// A running group member.
@@ -91,6 +97,7 @@ impl Member {
     /// Errors: [`SourceError::Broker`] for an invalid configuration or subscription.
     pub fn start(config: &ClientConfig, plan: MemberPlan, connected: Arc<AtomicBool>) -> Result<Self, SourceError> {
         let (queue_tx, queue_rx) = mpsc::unbounded_channel();
+        let source_topics = plan.topics.iter().filter(|t| !plan.retry_topics.contains(*t)).cloned().collect();
         let shared = Arc::new(Shared {
             offsets: Mutex::new(Offsets::default()),
             queue_tx,
@@ -101,6 +108,8 @@ impl Member {
             retry_topics: plan.retry_topics,
             max_in_flight: plan.max_in_flight.max(1),
             revoke_grace: plan.revoke_grace,
+            source_topics,
+            idle_check: plan.idle_check,
         });
         let joining = Joining { config: config.clone(), topics: plan.topics };
         let consumer = joining.create(&shared)?;
@@ -182,7 +191,7 @@ impl ConsumerContext for MemberContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             let assigned = partitions(tpl);
-            self.watch.assigned(consumer);
+            self.watch.assigned(consumer, assigned.len(), self.shared.idle_check);
             let mut offsets = self.shared.offsets();
             for tp in &assigned {
                 offsets.assign(tp.clone());
@@ -275,7 +284,9 @@ fn run(consumer: BaseConsumer<MemberContext>, joining: &Joining, shared: &Arc<Sh
     };
     let mut last_commit = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
-        if poller.consumer.context().watch.is_stale() && !poller.join_again(joining, shared) {
+        let watch = &poller.consumer.context().watch;
+        watch.check_progress(&poller.consumer, &shared.source_topics, shared.idle_check);
+        if watch.is_stale() && !poller.join_again(joining, shared) {
             return;
         }
         poller.release_due(shared);

@@ -1,23 +1,37 @@
 //! Noticing a group membership that the broker left stale, so that the member leaves the group
 //! and joins it again as a new member (which makes the broker form a new generation).
 //!
-//! A real Kafka broker never needs this: every rebalance of the eager protocol bumps the
-//! generation. The local test broker (tansu 0.6) does, when a member dies without leaving
-//! (SIGKILL) and its session expires: the survivor's heartbeat is told to rebalance, but the
-//! group keeps its generation with the dead member as leader, and the survivor is handed back
-//! its own partitions; the dead member's partitions (retry topics included) are fetched by no
-//! one. So an assignment in the generation of the revocation before it is stale.
+//! A real Kafka broker does not need this; the local test broker (tansu 0.6) does, when a member
+//! dies without leaving (SIGKILL) and its session expires:
 //!
-//! Not covered: when the dead member was the leader of a generation still forming (killed
-//! between its JoinGroup and its SyncGroup), tansu takes a survivor's empty SyncGroup for the
-//! leader's and the group settles with no partition assigned and no generation change, which no
-//! member can tell from its side; it recovers when a member joins or leaves.
+//! - **the same generation again**: the survivor's heartbeat is told to rebalance, but the group
+//!   keeps its generation with the dead member as leader, and the survivor is handed back its own
+//!   partitions; the dead member's partitions (retry topics included) are fetched by no one. A
+//!   real broker bumps the generation on every rebalance of the eager protocol, so an assignment
+//!   in the generation of the revocation before it is stale.
+//! - **nothing assigned to anyone**: when the dead member led a generation still forming (a new
+//!   member joined before the dead one's session expired), tansu takes a survivor's empty
+//!   SyncGroup for the leader's, and the group settles with no partition assigned; heartbeats
+//!   succeed from then on. No member can see that from its own assignment, and tansu's
+//!   DescribeGroups tells no assignments, so a member whose assignment stays empty watches the
+//!   group's progress instead: when, over a whole `check_every`, records wait in the source
+//!   topics and not one commit moved, the group is stuck, and the member rejoins. On a real
+//!   broker that only happens when every owner is stuck, where a rebalance is what helps.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
+use rdkafka::TopicPartitionList;
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+
+/// Longest wait for each metadata, offset or watermark request of the progress check.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Per partition of the source topics: the group's committed offset (the low watermark when
+/// none) and the high watermark.
+type Progress = Vec<(i64, i64)>;
 
 /// The consumer's group generation id (-1 between generations), or `None` outside a group.
 ///
@@ -56,11 +70,15 @@ fn parse_generation(bytes: &[u8]) -> Option<i32> {
     Some(i32::from_ne_bytes(id.try_into().ok()?))
 }
 
-/// The state of the check: kept by the rebalance callbacks, read by the member's thread.
+/// The state of both checks: kept by the rebalance callbacks, read by the member's thread.
 #[derive(Debug, Default)]
 pub(super) struct StaleWatch {
     /// The generation of the last revocation, until the assignment after it.
     revoked_in: Mutex<Option<i32>>,
+    /// When the progress check is due next (`None`: the assignment is not empty).
+    idle_check_at: Mutex<Option<Instant>>,
+    /// The group's progress at the last check while the assignment was empty.
+    last_progress: Mutex<Option<Progress>>,
     stale: AtomicBool,
 }
 
@@ -68,10 +86,15 @@ impl StaleWatch {
     /// A revocation is starting.
     pub fn revoked<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
         *lock(&self.revoked_in) = generation(consumer);
+        *lock(&self.idle_check_at) = None;
+        *lock(&self.last_progress) = None;
     }
 
-    /// An assignment arrived: stale when in the generation of the revocation before it.
-    pub fn assigned<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
+    /// `partitions` were assigned: stale when in the generation of the revocation before it.
+    /// An empty assignment starts the progress checks, the first after `check_every`.
+    pub fn assigned<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, partitions: usize, check_every: Duration) {
+        *lock(&self.idle_check_at) = (partitions == 0).then(|| Instant::now() + check_every);
+        *lock(&self.last_progress) = None;
         let current = generation(consumer).filter(|g| *g >= 0);
         if let Some(current) = current
             && lock(&self.revoked_in).take() == Some(current)
@@ -85,6 +108,74 @@ impl StaleWatch {
     pub fn is_stale(&self) -> bool {
         self.stale.load(Ordering::Relaxed)
     }
+
+    /// While the assignment is empty, every `check_every`: reads the group's progress on
+    /// `topics` (blocking, a few requests of up to 5 s each) and marks the membership stale when
+    /// records wait and no committed offset moved since the last check.
+    pub fn check_progress<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        topics: &[String],
+        check_every: Duration,
+    ) {
+        {
+            let mut at = lock(&self.idle_check_at);
+            match *at {
+                Some(due) if Instant::now() >= due => *at = Some(Instant::now() + check_every),
+                _ => return,
+            }
+        }
+        let now = match progress(consumer, topics) {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the Kafka group's progress");
+                return;
+            }
+        };
+        let mut last = lock(&self.last_progress);
+        if last.as_ref().is_some_and(|before| stalled(before, &now)) {
+            tracing::warn!(
+                "Kafka group commits nothing while records wait, and this member has no partitions; joining again"
+            );
+            self.stale.store(true, Ordering::Relaxed);
+        }
+        *last = Some(now);
+    }
+}
+
+/// Records wait (`committed < high` somewhere) and no committed offset moved between the two
+/// readings.
+fn stalled(before: &Progress, now: &Progress) -> bool {
+    before.len() == now.len()
+        && before.iter().zip(now).all(|(b, n)| b.0 == n.0)
+        && now.iter().any(|(committed, high)| committed < high)
+}
+
+/// The group's [`Progress`] on every partition of `topics`.
+///
+/// Errors: the broker's, for metadata, committed offsets or watermarks.
+fn progress<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topics: &[String],
+) -> rdkafka::error::KafkaResult<Progress> {
+    let mut tpl = TopicPartitionList::new();
+    for topic in topics {
+        let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+        for t in metadata.topics() {
+            for p in t.partitions() {
+                tpl.add_partition(t.name(), p.id());
+            }
+        }
+    }
+    let committed = consumer.committed_offsets(tpl, REQUEST_TIMEOUT)?;
+    committed
+        .elements()
+        .iter()
+        .map(|e| {
+            let (low, high) = consumer.fetch_watermarks(e.topic(), e.partition(), REQUEST_TIMEOUT)?;
+            Ok((e.offset().to_raw().filter(|o| *o >= 0).unwrap_or(low), high))
+        })
+        .collect()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -104,6 +195,15 @@ mod tests {
         }
         bytes.push(1); // no group instance id
         bytes
+    }
+
+    #[test]
+    fn a_group_is_stalled_when_records_wait_and_no_commit_moved() {
+        let before = vec![(10, 50), (7, 7)];
+        assert!(stalled(&before, &vec![(10, 60), (7, 7)]), "records wait, nothing committed");
+        assert!(!stalled(&before, &vec![(11, 60), (7, 7)]), "a commit moved");
+        assert!(!stalled(&vec![(50, 50)], &vec![(50, 50)]), "nothing waits");
+        assert!(!stalled(&before, &vec![(10, 50)]), "partitions changed");
     }
 
     #[test]

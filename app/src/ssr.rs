@@ -14,7 +14,6 @@ use dedup_engine::consumer::ConsumerStatus;
 use dedup_engine::fastpath::FastPath;
 use dedup_engine::health::{HealthProbes, HealthReport};
 use dedup_engine::source::SourceFactory;
-use dedup_engine::source::rabbitmq::RabbitConnector;
 use leptos::prelude::use_context;
 use sqlx::PgPool;
 
@@ -30,9 +29,8 @@ pub struct ConsoleState {
     pub pool: PgPool,
     /// The Redis fast path (marker state on record pages).
     pub fast_path: Arc<FastPath>,
-    /// The broker connection (queue depth, publishing).
-    pub connector: Arc<RabbitConnector>,
-    /// The consumer's source (RabbitMQ or Kafka): operator actions publish through it.
+    /// The consumer's source (RabbitMQ or Kafka): its connection state and depth (queue depth or
+    /// the group's lag) on the overview; operator actions publish through it.
     pub source: Arc<dyn SourceFactory>,
     /// The embedded consumer's status; `None` when it is disabled.
     pub consumer: Option<Arc<ConsumerStatus>>,

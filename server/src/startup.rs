@@ -107,7 +107,6 @@ impl Application {
             probes,
             pool: pool.clone(),
             fast_path: engine.fast_path.clone(),
-            connector: engine.connector.clone(),
             source: engine.source.clone(),
             consumer: engine.consumer_status().cloned(),
             group: settings.consumer.group.clone(),

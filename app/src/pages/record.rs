@@ -11,7 +11,7 @@ use crate::components::record_actions::{ActionTarget, RecordActions};
 use crate::error::ConsoleError;
 use crate::pages::audit::AuditTable;
 use crate::wire::operations::AuditEntryView;
-use crate::wire::records::{AttemptView, MarkerView, PayloadView, RecordDetailView};
+use crate::wire::records::{AttemptView, MarkerView, PayloadView, RecordDetailView, SourceView};
 
 /// One record with its history and marker.
 #[server(prefix = "/api/fn", endpoint = "get_record", client = crate::csrf::CsrfClient)]
@@ -132,10 +132,7 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
                 <Marker m=r.marker />
                 <h3>"Source"</h3>
                 <dl class="facts" data-testid="record-source">
-                    {fact("Broker", Some(r.source.broker))}
-                    {fact("Exchange", r.source.exchange)}
-                    {fact("Routing key", r.source.routing_key)}
-                    {fact("Queue", r.source.queue)}
+                    {source_facts(r.source)}
                     {fact("Content type", r.content_type)}
                 </dl>
             </section>
@@ -172,10 +169,10 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
 #[component]
 fn Marker(m: MarkerView) -> impl IntoView {
     let text = match (m.state.as_str(), m.ttl_secs) {
-        ("present", Some(ttl)) => format!("present, expires in {}", duration(ttl)),
-        ("present", None) => "present, no expiry".to_owned(),
-        ("absent", _) => "absent: a duplicate would be judged by the database".to_owned(),
-        _ => format!("unknown: {}", m.error.unwrap_or_default()),
+        ("present", Some(ttl)) => format!("expires in {}", duration(ttl)),
+        ("present", None) => "no expiry".to_owned(),
+        ("absent", _) => "a duplicate would be judged by the database".to_owned(),
+        _ => m.error.unwrap_or_default(),
     };
     let class = if m.state == "present" { "badge badge-up" } else { "badge badge-processing" };
     let state = m.state.clone();
@@ -254,5 +251,18 @@ fn RecordAudit(group: String, message_id: String) -> impl IntoView {
                 }
             })}
         </Transition>
+    }
+}
+
+/// Where the record came from, in its broker's terms: exchange, routing key and queue
+/// (RabbitMQ), or topic, key and partition (Kafka).
+fn source_facts(source: SourceView) -> impl IntoView {
+    let [place, key, queue] =
+        if source.broker == "kafka" { ["Topic", "Key", "Partition"] } else { ["Exchange", "Routing key", "Queue"] };
+    view! {
+        {fact("Broker", Some(source.broker))}
+        {fact(place, source.exchange)}
+        {fact(key, source.routing_key)}
+        {fact(queue, source.queue)}
     }
 }

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::{failures, overview, records};
-use dedup_engine::source::SourceFactory;
 
 use super::ConsoleState;
 use super::convert::{record_detail_view, totals};
@@ -31,12 +30,13 @@ pub async fn live(state: &ConsoleState) -> Result<LiveView, ConsoleError> {
 
 /// The embedded consumer's state; the queue depth asked of the broker with a short timeout.
 pub async fn consumer(state: &ConsoleState) -> ConsumerView {
-    let queue_depth = tokio::time::timeout(QUEUE_DEPTH_TIMEOUT, state.connector.depth()).await.ok().flatten();
+    let queue_depth = tokio::time::timeout(QUEUE_DEPTH_TIMEOUT, state.source.depth()).await.ok().flatten();
     let status = state.consumer.as_deref();
     ConsumerView {
         enabled: status.is_some(),
         group: state.group.clone(),
-        connected: state.connector.connected(),
+        broker: state.source.broker().as_str().to_owned(),
+        connected: state.source.connected(),
         running_workers: status.map_or(0, |s| s.running_workers() as u64),
         in_flight: status.map_or(0, |s| s.in_flight() as u64),
         queue_depth,

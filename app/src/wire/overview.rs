@@ -78,13 +78,16 @@ pub struct ConsumerView {
     pub enabled: bool,
     /// Consumer group.
     pub group: String,
+    /// The broker consumed from: `rabbitmq` or `kafka`.
+    pub broker: String,
     /// Whether the broker connection is up.
     pub connected: bool,
     /// Workers holding an open source.
     pub running_workers: u64,
     /// Deliveries taken and not yet settled.
     pub in_flight: u64,
-    /// Messages ready in the work queue; `None` when the broker did not say.
+    /// Messages ready in the work queue (RabbitMQ) or the group's lag over its topics (Kafka);
+    /// `None` when the broker did not say.
     pub queue_depth: Option<u64>,
     /// The last connection or settlement error, with its time.
     pub last_error: Option<String>,

@@ -62,6 +62,9 @@ pub trait SourceFactory: Send + Sync + 'static {
     /// Messages waiting in the source (queue depth or consumer lag), if known.
     async fn depth(&self) -> Option<u64>;
 
+    /// The broker this source reads from.
+    fn broker(&self) -> crate::message::Broker;
+
     /// Whether the broker connection is up.
     fn connected(&self) -> bool;
 

@@ -85,6 +85,7 @@ async fn aggregates_groups_and_failure_endpoints_answer_from_the_same_queries() 
     let day = agg["last_day"]["created"].as_i64().unwrap();
     assert!(day > 300 && day < 1200, "about a third of 3 days of records: {day}");
     assert_eq!(agg["consumer"]["enabled"], true);
+    assert_eq!(agg["consumer"]["broker"], "rabbitmq");
 
     let (_, groups) = json(&app, "/api/v1/groups").await;
     let sum: i64 = groups.as_array().unwrap().iter().map(|g| g["counts"]["total"].as_i64().unwrap()).sum();

@@ -94,6 +94,24 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
         claims.iter().all(|n| *n > 0),
         "the killed, the surviving and the restarted process all consumed: {claims:?}"
     );
+    // The overview's consumer panel speaks of Kafka: connected, the group's lag as its depth.
+    let token = world.operator_token().await;
+    let aggregates: serde_json::Value = reqwest::Client::new()
+        .get(b.url("/api/v1/aggregates"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let consumer = &aggregates["consumer"];
+    assert_eq!(
+        (consumer["broker"].as_str(), consumer["connected"].as_bool()),
+        (Some("kafka"), Some(true)),
+        "{consumer}"
+    );
+    assert_eq!(consumer["queue_depth"], 0, "verify saw the lag reach 0: {consumer}");
     b.stop().await;
     a2.stop().await;
 }

@@ -114,7 +114,8 @@ pub fn TrafficPanel(last_hour: TrafficView, last_day: TrafficView) -> impl IntoV
     }
 }
 
-/// The embedded consumer: connection, workers, in-flight deliveries, queue depth.
+/// The embedded consumer: broker and connection, workers, in-flight deliveries, queue depth
+/// (RabbitMQ) or lag (Kafka).
 #[component]
 pub fn ConsumerPanel(consumer: ConsumerView) -> impl IntoView {
     let state = match (consumer.enabled, consumer.connected) {
@@ -123,6 +124,7 @@ pub fn ConsumerPanel(consumer: ConsumerView) -> impl IntoView {
         (true, false) => "disconnected",
     };
     let badge = if state == "connected" { "badge badge-up" } else { "badge badge-down" };
+    let (broker, depth) = if consumer.broker == "kafka" { ("Kafka", "Lag") } else { ("RabbitMQ", "Queue depth") };
     view! {
         <section class="panel" aria-labelledby="consumer-title">
             <h2 id="consumer-title">"Consumer"</h2>
@@ -131,6 +133,7 @@ pub fn ConsumerPanel(consumer: ConsumerView) -> impl IntoView {
                 <dd class="mono">{consumer.group}</dd>
                 <dt>"Broker"</dt>
                 <dd>
+                    {broker} " "
                     <span class=badge data-testid="consumer-state">
                         {state}
                     </span>
@@ -139,7 +142,7 @@ pub fn ConsumerPanel(consumer: ConsumerView) -> impl IntoView {
                 <dd>{consumer.running_workers}</dd>
                 <dt>"In flight"</dt>
                 <dd>{consumer.in_flight}</dd>
-                <dt>"Queue depth"</dt>
+                <dt>{depth}</dt>
                 <dd>{consumer.queue_depth.map_or("unknown".to_owned(), |d| count(d as i64))}</dd>
                 <dt>"Last error"</dt>
                 <dd class="small">{consumer.last_error.unwrap_or_else(|| "none".to_owned())}</dd>

@@ -229,6 +229,10 @@ impl SourceFactory for RabbitConnector {
         Ok(Box::new(result?))
     }
 
+    fn broker(&self) -> crate::message::Broker {
+        crate::message::Broker::RabbitMq
+    }
+
     async fn depth(&self) -> Option<u64> {
         let conn = { self.connection.lock().await.clone()? };
         let channel = conn.create_channel().await.ok()?;

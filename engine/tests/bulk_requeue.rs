@@ -151,7 +151,9 @@ async fn a_failing_canary_pauses_the_job_and_resume_runs_the_rest() {
     let job = run(pool, broker.connector().as_ref(), job.id).await;
     assert_eq!(job.state, "paused");
     assert_eq!((job.done, job.failed), (8, 2), "stopped after the canary batch");
-    assert!(job.paused_reason.as_deref().unwrap().starts_with("canary failed: 2 of the first 10"), "{job:?}");
+    let reason = job.paused_reason.as_deref().unwrap();
+    assert!(reason.starts_with("canary failed: 2 of the first 10"), "{job:?}");
+    assert!(reason.contains("; last failure: ") && reason.contains("unroutable"), "says why publishes fail: {reason}");
 
     requeue_job_control(pool, "user:ann", job.id, JobControl::Resume, Some("known bad ones")).await.unwrap();
     let job = run(pool, broker.connector().as_ref(), job.id).await;

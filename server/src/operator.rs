@@ -191,10 +191,17 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         j.done,
         j.skipped,
         j.failed,
-        j.paused_reason.map(|r| format!("; {r}")).unwrap_or_default()
+        j.paused_reason.as_deref().map(|r| format!("; {r}")).unwrap_or_default()
     );
     source.close().await;
     pool.close().await;
+    // A job that stopped short (paused by its canary or failure ratio) is a failed command.
+    anyhow::ensure!(
+        j.state == "completed",
+        "job {} is {}: see its reason above (resume it on the Requeues page)",
+        j.id,
+        j.state
+    );
     Ok(())
 }
 

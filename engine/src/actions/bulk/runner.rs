@@ -54,7 +54,7 @@ async fn job_state(pool: &PgPool, id: i64) -> Result<Option<JobState>, sqlx::Err
 }
 
 /// What one batch did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BatchOutcome {
     /// Requeued (published and made claimable).
     pub done: i64,
@@ -62,6 +62,8 @@ pub struct BatchOutcome {
     pub skipped: i64,
     /// Publish failed; record unchanged.
     pub failed: i64,
+    /// Why the batch's last failed publish failed (also in its item's `detail`).
+    pub last_failure: Option<String>,
 }
 
 impl BatchOutcome {
@@ -154,7 +156,9 @@ pub async fn run_batch(
     .execute(&mut *tx)
     .await?;
     let count = |s: &str| states.iter().filter(|x| **x == s).count() as i64;
-    let outcome = BatchOutcome { done: count("done"), skipped: count("skipped"), failed: count("failed") };
+    let last_failure = verdicts.iter().rev().find(|v| v.1 == "failed").and_then(|v| v.2.clone());
+    let outcome =
+        BatchOutcome { done: count("done"), skipped: count("skipped"), failed: count("failed"), last_failure };
     sqlx::query(
         "UPDATE requeue_jobs SET done = done + $2, skipped = skipped + $3, failed = failed + $4, updated_at = now(),
                 state = CASE WHEN state = 'running' AND NOT EXISTS (
@@ -240,6 +244,7 @@ async fn run_locked(
     let mut canary_failed = job.failed;
     let window_len = (canary as usize).max(100);
     let mut window: VecDeque<bool> = VecDeque::with_capacity(window_len);
+    let mut last_failure: Option<String> = None;
     let size = batch_size(job.rate_per_sec);
     let mut next = Instant::now();
     tracing::info!(job_id = id, rate = job.rate_per_sec, canary, "bulk requeue runner started");
@@ -286,20 +291,26 @@ async fn run_locked(
                 window.push_back(failed);
             }
         }
+        if outcome.last_failure.is_some() {
+            last_failure = outcome.last_failure;
+        }
+        // The reason shown wherever the job is (CLI, API, Requeues page) says why publishes fail.
+        let last = || last_failure.as_deref().map(|e| format!("; last failure: {e}")).unwrap_or_default();
         if in_canary {
             canary_failed += outcome.failed;
             if published >= canary && canary_failed > 0 {
-                let why = format!("canary failed: {canary_failed} of the first {published} publishes failed");
+                let why = format!("canary failed: {canary_failed} of the first {published} publishes failed{}", last());
                 return auto_pause(pool, id, &job.created_by, why).await;
             }
         } else if window.len() >= MIN_WINDOW {
             let ratio = window.iter().filter(|f| **f).count() as f64 / window.len() as f64;
             if ratio > job.failure_threshold {
                 let why = format!(
-                    "failure ratio {:.0}% of the last {} publishes exceeds the threshold {:.0}%",
+                    "failure ratio {:.0}% of the last {} publishes exceeds the threshold {:.0}%{}",
                     ratio * 100.0,
                     window.len(),
-                    job.failure_threshold * 100.0
+                    job.failure_threshold * 100.0,
+                    last()
                 );
                 return auto_pause(pool, id, &job.created_by, why).await;
             }

@@ -14,9 +14,11 @@
 //!   SyncGroup for the leader's, and the group settles with no partition assigned; heartbeats
 //!   succeed from then on. No member can see that from its own assignment, and tansu's
 //!   DescribeGroups tells no assignments, so a member whose assignment stays empty watches the
-//!   group's progress instead: when, over a whole `check_every`, records wait in the source
-//!   topics and not one commit moved, the group is stuck, and the member rejoins. On a real
-//!   broker that only happens when every owner is stuck, where a rebalance is what helps.
+//!   group's progress instead, every `check_every`: when records that waited in the source
+//!   topics at one reading still wait [`STALL_CHECKS`] readings later and not one commit moved
+//!   meanwhile, the group is stuck, and the member rejoins. Records that just arrived, or an
+//!   owner busy with a slow record while others commit, do not count. On a real broker it
+//!   takes every owner being stuck that long, where a rebalance is what helps.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +27,11 @@ use std::time::{Duration, Instant};
 use rdkafka::TopicPartitionList;
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+
+/// How many `check_every`s without a commit, while the same records wait, make a stall: long
+/// enough for a slow record (an SMS gateway taking seconds), short enough to recover well
+/// within a minute of the session timeout.
+const STALL_CHECKS: u32 = 3;
 
 /// Longest wait for each metadata, offset or watermark request of the progress check.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -77,8 +84,9 @@ pub(super) struct StaleWatch {
     revoked_in: Mutex<Option<i32>>,
     /// When the progress check is due next (`None`: the assignment is not empty).
     idle_check_at: Mutex<Option<Instant>>,
-    /// The group's progress at the last check while the assignment was empty.
-    last_progress: Mutex<Option<Progress>>,
+    /// The reading the stall is measured from, and how many checks after it have found nothing
+    /// committed (while the assignment is empty).
+    since: Mutex<Option<(Progress, u32)>>,
     stale: AtomicBool,
 }
 
@@ -87,14 +95,14 @@ impl StaleWatch {
     pub fn revoked<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
         *lock(&self.revoked_in) = generation(consumer);
         *lock(&self.idle_check_at) = None;
-        *lock(&self.last_progress) = None;
+        *lock(&self.since) = None;
     }
 
     /// `partitions` were assigned: stale when in the generation of the revocation before it.
     /// An empty assignment starts the progress checks, the first after `check_every`.
     pub fn assigned<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, partitions: usize, check_every: Duration) {
         *lock(&self.idle_check_at) = (partitions == 0).then(|| Instant::now() + check_every);
-        *lock(&self.last_progress) = None;
+        *lock(&self.since) = None;
         let current = generation(consumer).filter(|g| *g >= 0);
         if let Some(current) = current
             && lock(&self.revoked_in).take() == Some(current)
@@ -111,7 +119,8 @@ impl StaleWatch {
 
     /// While the assignment is empty, every `check_every`: reads the group's progress on
     /// `topics` (blocking, a few requests of up to 5 s each) and marks the membership stale when
-    /// records wait and no committed offset moved since the last check.
+    /// records waited at a reading [`STALL_CHECKS`] checks ago and no committed offset moved
+    /// since.
     pub fn check_progress<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
@@ -132,23 +141,28 @@ impl StaleWatch {
                 return;
             }
         };
-        let mut last = lock(&self.last_progress);
-        if last.as_ref().is_some_and(|before| stalled(before, &now)) {
-            tracing::warn!(
-                "Kafka group commits nothing while records wait, and this member has no partitions; joining again"
-            );
-            self.stale.store(true, Ordering::Relaxed);
+        let mut since = lock(&self.since);
+        match since.as_mut() {
+            Some((before, checks)) if unmoved(before, &now) => {
+                *checks += 1;
+                if *checks >= STALL_CHECKS {
+                    tracing::warn!(
+                        "Kafka group commits nothing while records wait, and this member has no partitions; joining again"
+                    );
+                    self.stale.store(true, Ordering::Relaxed);
+                }
+            }
+            _ => *since = Some((now, 0)),
         }
-        *last = Some(now);
     }
 }
 
-/// Records wait (`committed < high` somewhere) and no committed offset moved between the two
-/// readings.
-fn stalled(before: &Progress, now: &Progress) -> bool {
+/// Records waited at the reading `before` (`committed < high` somewhere) and no committed
+/// offset has moved since.
+fn unmoved(before: &Progress, now: &Progress) -> bool {
     before.len() == now.len()
         && before.iter().zip(now).all(|(b, n)| b.0 == n.0)
-        && now.iter().any(|(committed, high)| committed < high)
+        && before.iter().any(|(committed, high)| committed < high)
 }
 
 /// The group's [`Progress`] on every partition of `topics`.
@@ -198,12 +212,12 @@ mod tests {
     }
 
     #[test]
-    fn a_group_is_stalled_when_records_wait_and_no_commit_moved() {
+    fn progress_is_unmoved_when_records_waited_before_and_no_commit_moved() {
         let before = vec![(10, 50), (7, 7)];
-        assert!(stalled(&before, &vec![(10, 60), (7, 7)]), "records wait, nothing committed");
-        assert!(!stalled(&before, &vec![(11, 60), (7, 7)]), "a commit moved");
-        assert!(!stalled(&vec![(50, 50)], &vec![(50, 50)]), "nothing waits");
-        assert!(!stalled(&before, &vec![(10, 50)]), "partitions changed");
+        assert!(unmoved(&before, &vec![(10, 60), (7, 7)]), "records waited, nothing committed");
+        assert!(!unmoved(&before, &vec![(11, 60), (7, 7)]), "a commit moved");
+        assert!(!unmoved(&vec![(50, 50)], &vec![(50, 60)]), "records arrived only after the first reading");
+        assert!(!unmoved(&before, &vec![(10, 50)]), "partitions changed");
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::{HeaderName, Method, StatusCode};
+use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use dedup_app::ssr::auth::RequestAuth;
 use dedup_app::{App, shell};
@@ -185,6 +186,7 @@ pub fn router(state: AppState, sessions: PostgresStore) -> Router {
         max_body_bytes: state.settings.max_body_bytes,
     };
 
+    let console_for_errors = console.clone();
     let mut router = Router::new();
     for spec in route_specs() {
         router = router.route(spec.path, spec.handler);
@@ -201,7 +203,7 @@ pub fn router(state: AppState, sessions: PostgresStore) -> Router {
         )
         .route_layer(axum::middleware::from_fn_with_state(auth_state, authorize))
         .nest_service("/pkg", ServeDir::new(pkg_dir))
-        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .fallback(fallback(console_for_errors))
         .layer(
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(request_id.clone(), MakeRequestUuid))
@@ -232,6 +234,45 @@ pub fn router(state: AppState, sessions: PostgresStore) -> Router {
         router = router.layer(layer);
     }
     router.with_state(state)
+}
+
+/// What no route takes: a path with a trailing slash is redirected (308) to the one without, so
+/// `/records/` is the Records page; anything else is a static file from the site root or the
+/// app's 404 page, rendered with the contexts pages rely on (the console state, the CSP nonce).
+fn fallback(
+    console: dedup_app::ssr::ConsoleState,
+) -> impl Fn(
+    axum::http::Uri,
+    axum::extract::State<AppState>,
+    axum::extract::Request,
+) -> std::pin::Pin<Box<dyn Future<Output = axum::response::Response> + Send>>
++ Clone
++ Send
++ 'static {
+    let files = leptos_axum::file_and_error_handler_with_context::<AppState, _>(
+        move || {
+            provide_context(console.clone());
+            provide_request_context();
+        },
+        shell,
+    );
+    move |uri, state, request| {
+        if let Some(to) = without_trailing_slash(&uri) {
+            return Box::pin(std::future::ready(axum::response::Redirect::permanent(&to).into_response()));
+        }
+        files(uri, state, request)
+    }
+}
+
+/// `uri`'s path and query without the trailing slash(es) of its path; `None` for `/` and for
+/// paths without one.
+fn without_trailing_slash(uri: &axum::http::Uri) -> Option<String> {
+    let path = uri.path();
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.len() == path.len() || trimmed.is_empty() {
+        return None;
+    }
+    Some(uri.query().map_or_else(|| trimmed.to_owned(), |q| format!("{trimmed}?{q}")))
 }
 
 /// Gives pages and server functions the request's [`RequestAuth`] (from the authorisation

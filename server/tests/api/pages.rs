@@ -19,6 +19,13 @@ async fn unknown_pages_are_404_and_responses_are_compressed_on_request() {
     let app = spawn_app().await;
     let missing = app.get("/no-such-page").await;
     assert_eq!(missing.status(), 404);
+    let html = missing.text().await.unwrap();
+    assert!(!html.contains("internal error"), "the 404 page renders with the console's context: {html}");
+
+    // A trailing slash is the page without it (the 404 page rendered /records/ with an error).
+    let slash = app.get("/records/?status=dead").await;
+    assert_eq!(slash.status(), 308);
+    assert_eq!(slash.headers()["location"], "/records?status=dead");
 
     let compressed =
         app.client.get(format!("{}/", app.address)).header("accept-encoding", "gzip").send().await.unwrap();

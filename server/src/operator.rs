@@ -2,7 +2,7 @@
 //! the same engine calls as the console and the REST API, audited as `cli:<$USER>`.
 
 use clap::Args;
-use dedup_engine::actions::{self, ActionOutcome, RecordAction};
+use dedup_engine::actions::{self, ActionError, ActionOutcome, RecordAction};
 use dedup_engine::record::RecordStatus;
 use uuid::Uuid;
 
@@ -180,7 +180,20 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         }
     };
     tokio::select! {
-        r = runner::run_job(&pool, source.as_ref(), job.id, &shutdown) => r?,
+        r = runner::run_job(&pool, source.as_ref(), job.id, &shutdown) => {
+            if let Err(e) = r {
+                let why = match e {
+                    ActionError::Publish(broker) => broker,
+                    other => other.to_string(),
+                };
+                source.close().await;
+                anyhow::bail!(
+                    "job {} stopped: {why}; it stays running, so a console server (`serve`) resumes it; \
+                     pause or cancel it on the Requeues page",
+                    job.id
+                );
+            }
+        }
         () = progress => {}
     }
     let j = requeue_job(&pool, job.id).await?;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -118,9 +118,25 @@ pub(super) async fn ensure_topics(settings: &KafkaSettings, wanted: &[TopicSpec]
 }
 
 /// Records of `topics` the group of `consumer` has not committed yet: over their partitions,
-/// the high watermark minus the committed offset (the low watermark where nothing is
-/// committed). Blocking: call it off the async runtime.
+/// the high watermark minus the committed offset (see [`positions`]). Blocking: call it off
+/// the async runtime.
 pub(super) fn lag(consumer: &BaseConsumer, topics: &[String], timeout: Duration) -> KafkaResult<u64> {
+    let lag =
+        positions(consumer, topics, timeout)?.iter().map(|(from, high)| u64::try_from(high - from).unwrap_or(0)).sum();
+    // Serve (and drop) the client's queued events: nothing else polls this consumer.
+    let _ = consumer.poll(Duration::ZERO);
+    Ok(lag)
+}
+
+/// Per partition of `topics`, in metadata order: the committed offset of the group of
+/// `consumer` (the low watermark where nothing is committed) and the high watermark. Blocking:
+/// a metadata request, an offset fetch and a watermark request per partition, each bounded by
+/// `timeout`.
+pub(super) fn positions<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topics: &[String],
+    timeout: Duration,
+) -> KafkaResult<Vec<(i64, i64)>> {
     let metadata = consumer.fetch_metadata(None, timeout)?;
     let mut partitions = TopicPartitionList::new();
     for topic in metadata.topics().iter().filter(|t| topics.iter().any(|name| name == t.name())) {
@@ -129,18 +145,18 @@ pub(super) fn lag(consumer: &BaseConsumer, topics: &[String], timeout: Duration)
         }
     }
     let committed = consumer.committed_offsets(partitions, timeout)?;
-    let mut lag = 0u64;
-    for element in committed.elements() {
-        let (low, high) = consumer.fetch_watermarks(element.topic(), element.partition(), timeout)?;
-        let from = match element.offset() {
-            Offset::Offset(offset) => offset,
-            _ => low,
-        };
-        lag += u64::try_from(high - from).unwrap_or(0);
-    }
-    // Serve (and drop) the client's queued events: nothing else polls this consumer.
-    let _ = consumer.poll(Duration::ZERO);
-    Ok(lag)
+    committed
+        .elements()
+        .iter()
+        .map(|element| {
+            let (low, high) = consumer.fetch_watermarks(element.topic(), element.partition(), timeout)?;
+            let from = match element.offset() {
+                Offset::Offset(offset) => offset,
+                _ => low,
+            };
+            Ok((from, high))
+        })
+        .collect()
 }
 
 /// The readiness probe of a Kafka cluster: a metadata round trip on a long-lived client.

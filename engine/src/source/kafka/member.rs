@@ -79,6 +79,8 @@ pub(super) struct MemberPlan {
     pub max_in_flight: usize,
     /// How long a revocation waits for records held by workers.
     pub revoke_grace: Duration,
+    /// The source topics among them (whose progress a member without partitions watches).
+    pub source_topics: Vec<String>,
     /// How often a member without partitions checks that the group makes progress (see
     /// [`super::membership`]): the session timeout.
     pub idle_check: Duration,
@@ -97,7 +99,6 @@ impl Member {
     /// Errors: [`SourceError::Broker`] for an invalid configuration or subscription.
     pub fn start(config: &ClientConfig, plan: MemberPlan, connected: Arc<AtomicBool>) -> Result<Self, SourceError> {
         let (queue_tx, queue_rx) = mpsc::unbounded_channel();
-        let source_topics = plan.topics.iter().filter(|t| !plan.retry_topics.contains(*t)).cloned().collect();
         let shared = Arc::new(Shared {
             offsets: Mutex::new(Offsets::default()),
             queue_tx,
@@ -108,7 +109,7 @@ impl Member {
             retry_topics: plan.retry_topics,
             max_in_flight: plan.max_in_flight.max(1),
             revoke_grace: plan.revoke_grace,
-            source_topics,
+            source_topics: plan.source_topics,
             idle_check: plan.idle_check,
         });
         let joining = Joining { config: config.clone(), topics: plan.topics };

@@ -21,12 +21,12 @@
 //!   takes every owner being stuck that long, where a rebalance is what helps.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::TopicPartitionList;
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+
+use super::admin;
 
 /// How many `check_every`s without a commit, while the same records wait, make a stall: long
 /// enough for a slow record (an SMS gateway taking seconds), short enough to recover well
@@ -36,8 +36,8 @@ const STALL_CHECKS: u32 = 3;
 /// Longest wait for each metadata, offset or watermark request of the progress check.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Per partition of the source topics: the group's committed offset (the low watermark when
-/// none) and the high watermark.
+/// Per partition of the source topics: the group's committed offset and the high watermark
+/// ([`admin::positions`]).
 type Progress = Vec<(i64, i64)>;
 
 /// The consumer's group generation id (-1 between generations), or `None` outside a group.
@@ -77,44 +77,48 @@ fn parse_generation(bytes: &[u8]) -> Option<i32> {
     Some(i32::from_ne_bytes(id.try_into().ok()?))
 }
 
-/// The state of both checks: kept by the rebalance callbacks, read by the member's thread.
+/// The state of both checks: kept by the rebalance callbacks, read by the member's thread
+/// (callbacks run inside its `poll`, so the lock is never contended).
 #[derive(Debug, Default)]
-pub(super) struct StaleWatch {
+pub(super) struct StaleWatch(Mutex<WatchState>);
+
+#[derive(Debug, Default)]
+struct WatchState {
     /// The generation of the last revocation, until the assignment after it.
-    revoked_in: Mutex<Option<i32>>,
+    revoked_in: Option<i32>,
     /// When the progress check is due next (`None`: the assignment is not empty).
-    idle_check_at: Mutex<Option<Instant>>,
+    idle_check_at: Option<Instant>,
     /// The reading the stall is measured from, and how many checks after it have found nothing
-    /// committed (while the assignment is empty).
-    since: Mutex<Option<(Progress, u32)>>,
-    stale: AtomicBool,
+    /// committed.
+    since: Option<(Progress, u32)>,
+    /// The member must leave and join again.
+    stale: bool,
 }
 
 impl StaleWatch {
     /// A revocation is starting.
     pub fn revoked<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
-        *lock(&self.revoked_in) = generation(consumer);
-        *lock(&self.idle_check_at) = None;
-        *lock(&self.since) = None;
+        let revoked_in = generation(consumer);
+        let mut state = lock(&self.0);
+        *state = WatchState { revoked_in, stale: state.stale, ..WatchState::default() };
     }
 
     /// `partitions` were assigned: stale when in the generation of the revocation before it.
     /// An empty assignment starts the progress checks, the first after `check_every`.
     pub fn assigned<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, partitions: usize, check_every: Duration) {
-        *lock(&self.idle_check_at) = (partitions == 0).then(|| Instant::now() + check_every);
-        *lock(&self.since) = None;
         let current = generation(consumer).filter(|g| *g >= 0);
-        if let Some(current) = current
-            && lock(&self.revoked_in).take() == Some(current)
-        {
+        let mut state = lock(&self.0);
+        state.idle_check_at = (partitions == 0).then(|| Instant::now() + check_every);
+        state.since = None;
+        if current.is_some() && state.revoked_in.take() == current {
             tracing::warn!(generation = current, "Kafka assignment in the generation of its revocation; joining again");
-            self.stale.store(true, Ordering::Relaxed);
+            state.stale = true;
         }
     }
 
     /// Whether the member must leave and join again.
     pub fn is_stale(&self) -> bool {
-        self.stale.load(Ordering::Relaxed)
+        lock(&self.0).stale
     }
 
     /// While the assignment is empty, every `check_every`: reads the group's progress on
@@ -127,32 +131,29 @@ impl StaleWatch {
         topics: &[String],
         check_every: Duration,
     ) {
-        {
-            let mut at = lock(&self.idle_check_at);
-            match *at {
-                Some(due) if Instant::now() >= due => *at = Some(Instant::now() + check_every),
-                _ => return,
-            }
+        match lock(&self.0).idle_check_at.as_mut() {
+            Some(due) if Instant::now() >= *due => *due = Instant::now() + check_every,
+            _ => return,
         }
-        let now = match progress(consumer, topics) {
+        let now = match admin::positions(consumer, topics, REQUEST_TIMEOUT) {
             Ok(now) => now,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the Kafka group's progress");
                 return;
             }
         };
-        let mut since = lock(&self.since);
-        match since.as_mut() {
+        let mut state = lock(&self.0);
+        match state.since.as_mut() {
             Some((before, checks)) if unmoved(before, &now) => {
                 *checks += 1;
                 if *checks >= STALL_CHECKS {
                     tracing::warn!(
                         "Kafka group commits nothing while records wait, and this member has no partitions; joining again"
                     );
-                    self.stale.store(true, Ordering::Relaxed);
+                    state.stale = true;
                 }
             }
-            _ => *since = Some((now, 0)),
+            _ => state.since = Some((now, 0)),
         }
     }
 }
@@ -163,33 +164,6 @@ fn unmoved(before: &Progress, now: &Progress) -> bool {
     before.len() == now.len()
         && before.iter().zip(now).all(|(b, n)| b.0 == n.0)
         && before.iter().any(|(committed, high)| committed < high)
-}
-
-/// The group's [`Progress`] on every partition of `topics`.
-///
-/// Errors: the broker's, for metadata, committed offsets or watermarks.
-fn progress<C: ConsumerContext>(
-    consumer: &BaseConsumer<C>,
-    topics: &[String],
-) -> rdkafka::error::KafkaResult<Progress> {
-    let mut tpl = TopicPartitionList::new();
-    for topic in topics {
-        let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
-        for t in metadata.topics() {
-            for p in t.partitions() {
-                tpl.add_partition(t.name(), p.id());
-            }
-        }
-    }
-    let committed = consumer.committed_offsets(tpl, REQUEST_TIMEOUT)?;
-    committed
-        .elements()
-        .iter()
-        .map(|e| {
-            let (low, high) = consumer.fetch_watermarks(e.topic(), e.partition(), REQUEST_TIMEOUT)?;
-            Ok((e.offset().to_raw().filter(|o| *o >= 0).unwrap_or(low), high))
-        })
-        .collect()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -291,6 +291,7 @@ impl KafkaConnector {
             retry_topics: self.retry_topics().into_iter().collect::<HashSet<_>>(),
             max_in_flight: self.settings.max_in_flight,
             revoke_grace: Duration::from_millis(self.settings.revoke_grace_ms),
+            source_topics: self.settings.topics.clone(),
             idle_check: Duration::from_millis(self.settings.session_timeout_ms),
         };
         let started = Arc::new(Member::start(&self.consumer_config(), plan, self.connected.clone())?);
@@ -313,11 +314,11 @@ impl SourceFactory for KafkaConnector {
         )))
     }
 
-    /// The group's lag ([`KafkaConnector::lag`]).
     fn broker(&self) -> crate::message::Broker {
         crate::message::Broker::Kafka
     }
 
+    /// The group's lag ([`KafkaConnector::lag`]).
     async fn depth(&self) -> Option<u64> {
         self.lag().await.ok()
     }

@@ -186,7 +186,6 @@ pub fn router(state: AppState, sessions: PostgresStore) -> Router {
         max_body_bytes: state.settings.max_body_bytes,
     };
 
-    let console_for_errors = console.clone();
     let mut router = Router::new();
     for spec in route_specs() {
         router = router.route(spec.path, spec.handler);
@@ -195,15 +194,12 @@ pub fn router(state: AppState, sessions: PostgresStore) -> Router {
         .leptos_routes_with_context(
             &state,
             routes,
-            move || {
-                provide_context(console.clone());
-                provide_request_context();
-            },
+            page_context(console.clone()),
             move || shell(leptos_options.clone()),
         )
         .route_layer(axum::middleware::from_fn_with_state(auth_state, authorize))
         .nest_service("/pkg", ServeDir::new(pkg_dir))
-        .fallback(fallback(console_for_errors))
+        .fallback(fallback(console))
         .layer(
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(request_id.clone(), MakeRequestUuid))
@@ -249,13 +245,7 @@ fn fallback(
 + Clone
 + Send
 + 'static {
-    let files = leptos_axum::file_and_error_handler_with_context::<AppState, _>(
-        move || {
-            provide_context(console.clone());
-            provide_request_context();
-        },
-        shell,
-    );
+    let files = leptos_axum::file_and_error_handler_with_context::<AppState, _>(page_context(console), shell);
     move |uri, state, request| {
         if let Some(to) = without_trailing_slash(&uri) {
             return Box::pin(std::future::ready(axum::response::Redirect::permanent(&to).into_response()));
@@ -264,15 +254,24 @@ fn fallback(
     }
 }
 
-/// `uri`'s path and query without the trailing slash(es) of its path; `None` for `/` and for
-/// paths without one.
+/// `uri`'s path and query without the trailing slash(es) of its path; `None` for `/`, for
+/// paths without one, and for paths starting `//` (as a Location, `//host` leaves the site).
 fn without_trailing_slash(uri: &axum::http::Uri) -> Option<String> {
     let path = uri.path();
     let trimmed = path.trim_end_matches('/');
-    if trimmed.len() == path.len() || trimmed.is_empty() {
+    if trimmed.len() == path.len() || trimmed.is_empty() || trimmed.starts_with("//") {
         return None;
     }
     Some(uri.query().map_or_else(|| trimmed.to_owned(), |q| format!("{trimmed}?{q}")))
+}
+
+/// The contexts every page render needs, for the app's routes and the 404 page alike: the
+/// console state and [`provide_request_context`].
+fn page_context(console: dedup_app::ssr::ConsoleState) -> impl Fn() + Clone + Send + 'static {
+    move || {
+        provide_context(console.clone());
+        provide_request_context();
+    }
 }
 
 /// Gives pages and server functions the request's [`RequestAuth`] (from the authorisation

@@ -26,6 +26,9 @@ async fn unknown_pages_are_404_and_responses_are_compressed_on_request() {
     let slash = app.get("/records/?status=dead").await;
     assert_eq!(slash.status(), 308);
     assert_eq!(slash.headers()["location"], "/records?status=dead");
+    // Never a redirect off the site: `//host` would be another host to a browser.
+    let off_site = app.get("//evil.example/").await;
+    assert_eq!(off_site.status(), 404, "{:?}", off_site.headers().get("location"));
 
     let compressed =
         app.client.get(format!("{}/", app.address)).header("accept-encoding", "gzip").send().await.unwrap();

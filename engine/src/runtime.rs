@@ -209,8 +209,8 @@ impl Engine {
     }
 }
 
-/// Flushes the in-memory aggregates every `period` and samples the table size every minute,
-/// until shutdown (then flushes once more).
+/// Flushes the in-memory aggregates and folds the record counts' delta rows every `period`,
+/// samples the table size every minute, until shutdown (then flushes once more).
 async fn run_stats_flusher(
     pool: PgPool,
     store: PgStore,
@@ -227,6 +227,9 @@ async fn run_stats_flusher(
         };
         if let Err(e) = stats.flush(&pool, &store).await {
             tracing::warn!(error = %e, "flushing aggregates failed; will retry");
+        }
+        if let Err(e) = stats::fold_record_counts(&pool).await {
+            tracing::warn!(error = %e, "folding the record counts failed; will retry");
         }
         if last_sample.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
             if let Err(e) = stats::sample_table(&pool).await {

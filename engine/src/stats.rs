@@ -288,6 +288,26 @@ pub(crate) async fn write_delays<'e>(
     Ok(())
 }
 
+/// First key of the advisory lock held while folding `record_counts`
+/// (`pg_try_advisory_xact_lock(key, 0)`): one fold at a time across servers.
+pub const FOLD_LOCK_KEY: i32 = 0x5243_4e54; // "RCNT"
+
+/// Folds the delta rows the counting triggers append to `record_counts` into one row per
+/// (consumer group, status) (`record_counts_fold()`, migration `..._record_counts_append_only`),
+/// unless another server is folding right now. Returns the rows folded (0 when skipped).
+/// Readers sum the rows, so they see the same counts before and after.
+pub async fn fold_record_counts(pool: &PgPool) -> Result<i64, StoreError> {
+    let mut tx = pool.begin().await?;
+    let locked: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, 0)").bind(FOLD_LOCK_KEY).fetch_one(&mut *tx).await?;
+    if !locked {
+        return Ok(0);
+    }
+    let folded: i64 = sqlx::query_scalar("SELECT record_counts_fold()").fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(folded)
+}
+
 /// Samples total records (sum of the trigger-kept counts) and the dedup table's size on disk
 /// into `table_samples`.
 pub async fn sample_table(pool: &PgPool) -> Result<(), StoreError> {

@@ -194,3 +194,46 @@ async fn record_counts_follow_every_transition_exactly() {
         .unwrap();
     assert_eq!(total, 0, "deletes are counted by the statement trigger");
 }
+
+/// Counting only appends rows: two transactions that count the same group's statuses in
+/// opposite orders neither wait for each other nor deadlock, even on backends that shared a
+/// counter shard under the old in-place counters (pid % 64); a fold keeps the sums.
+#[tokio::test]
+async fn counting_never_makes_concurrent_transactions_wait() {
+    use sqlx::{Connection, PgConnection};
+    let h = Harness::new().await;
+    let options = h.pool().connect_options();
+    // Two connections whose backends would have written the same shard.
+    let mut by_shard: std::collections::HashMap<i32, PgConnection> = std::collections::HashMap::new();
+    let (mut a, mut b) = loop {
+        let mut conn = PgConnection::connect_with(&options).await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut conn).await.unwrap();
+        match by_shard.remove(&(pid % 64)) {
+            Some(other) => break (other, conn),
+            None => by_shard.insert(pid % 64, conn),
+        };
+    };
+    let apply = "SELECT record_counts_apply(ARRAY['g'], ARRAY[$1], ARRAY[1::bigint])";
+    for conn in [&mut a, &mut b] {
+        sqlx::raw_sql("BEGIN; SET LOCAL lock_timeout = '2s'").execute(&mut *conn).await.unwrap();
+    }
+    sqlx::query(apply).bind("processing").execute(&mut a).await.unwrap();
+    sqlx::query(apply).bind("failed").execute(&mut b).await.unwrap();
+    sqlx::query(apply).bind("failed").execute(&mut a).await.expect("a does not wait for b's counts");
+    sqlx::query(apply).bind("processing").execute(&mut b).await.expect("b does not wait for a's counts");
+    for conn in [&mut a, &mut b] {
+        sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
+    }
+    let counts = "SELECT status, sum(n)::bigint FROM record_counts WHERE consumer_group = 'g' GROUP BY 1 ORDER BY 1";
+    let before: Vec<(String, i64)> = sqlx::query_as(counts).fetch_all(h.pool()).await.unwrap();
+    assert_eq!(before, [("failed".into(), 2), ("processing".into(), 2)]);
+    let folded = dedup_engine::stats::fold_record_counts(h.pool()).await.unwrap();
+    assert_eq!(folded, 4, "four delta rows folded");
+    let after: Vec<(String, i64)> = sqlx::query_as(counts).fetch_all(h.pool()).await.unwrap();
+    assert_eq!(after, before, "a fold keeps the sums");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM record_counts WHERE consumer_group = 'g'")
+        .fetch_one(h.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "one row per (group, status) after the fold");
+}

@@ -17,7 +17,7 @@ pub struct StatusCount {
     /// Status.
     #[sqlx(try_from = "String")]
     pub status: RecordStatus,
-    /// Exact count (sum of the counter's shards).
+    /// Exact count (sum of the counter's delta rows).
     pub count: i64,
 }
 

@@ -17,7 +17,7 @@ use dedup_engine::db::{self, PoolSettings};
 use dedup_engine::message::{Broker, InboundMessage, SourceRef};
 use dedup_engine::record::{ConsumerGroup, MessageId};
 use dedup_engine::store::postgres::PgStore;
-use dedup_engine::store::{ClaimBatch, ClaimItem, ClaimOutcome, DedupStore, Lease};
+use dedup_engine::store::{ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, DedupStore, Lease};
 use sqlx::PgPool;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -62,7 +62,10 @@ async fn claimer(pool: PgPool, tag: &'static str, stop: Arc<AtomicBool>) -> Vec<
         let started = Instant::now();
         let mut tx = pool.begin().await.unwrap();
         let outcomes = store
-            .claim_many(&mut tx, &ClaimBatch { group: &group, max_attempts: 5, lease: &lease, items })
+            .claim_many(
+                &mut tx,
+                &ClaimBatch { group: &group, max_attempts: 5, lease: &lease, claim_as: ClaimAs::Processing, items },
+            )
             .await
             .unwrap();
         let claims: Vec<_> =

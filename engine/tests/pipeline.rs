@@ -280,6 +280,66 @@ async fn a_failing_handler_fails_alone_and_its_batch_is_counted_once() {
     assert_eq!(delays, 1, "one duplicate delay");
 }
 
+/// A transactional retry that succeeds is claimed straight into `succeeded` (optimistic
+/// attempt, no completion statement): it must end exactly as a claim plus completion would.
+#[tokio::test]
+async fn a_retried_transactional_message_succeeds_with_its_whole_history() {
+    use dedup_engine::handler::{HandlerError, HandlerInput, TransactionalHandler};
+    use sqlx::PgConnection;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Fails its first two runs (the first delivery's optimistic and savepoint attempts), then
+    /// records the effect.
+    struct FailsOneDelivery(AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl TransactionalHandler for FailsOneDelivery {
+        async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+            if self.0.fetch_add(1, Ordering::SeqCst) < 2 {
+                return Err(HandlerError::retryable("DOWNSTREAM_DOWN", "downstream 503"));
+            }
+            RecordEffect.handle(input, tx).await
+        }
+    }
+
+    let h = Harness::new().await;
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(FailsOneDelivery(AtomicUsize::new(0)))));
+    let pipeline = h.pipeline(handlers, 5);
+    let pay = message("ORDER.PAY.21:2", json!({"orderNo": "21"}));
+    assert_eq!(
+        pipeline.process("w", std::slice::from_ref(&pay)).await,
+        [Disposition::Retry { delay: Duration::from_secs(1) }]
+    );
+    let version_after_failure: i64 =
+        sqlx::query_scalar("SELECT version FROM dedup_records").fetch_one(h.pool()).await.unwrap();
+    assert_eq!(pipeline.process("w", std::slice::from_ref(&pay)).await, [Disposition::Ack(AckReason::Processed)]);
+    assert_eq!(h.effects("ORDER.PAY.21:2").await, 1);
+    let row: (String, i32, bool, bool, bool, bool, i64) = sqlx::query_as(
+        "SELECT status, attempts, lease_owner IS NULL AND lease_token IS NULL AND lease_expires_at IS NULL,
+                completed_at IS NOT NULL, payload IS NULL AND headers IS NULL, next_attempt_at IS NULL, version
+         FROM dedup_records",
+    )
+    .fetch_one(h.pool())
+    .await
+    .unwrap();
+    assert_eq!(row, ("succeeded".into(), 2, true, true, true, true, version_after_failure + 1));
+    let history: Vec<(i32, String, bool)> =
+        sqlx::query_as("SELECT attempt, outcome, ended_at >= started_at FROM record_attempts ORDER BY attempt")
+            .fetch_all(h.pool())
+            .await
+            .unwrap();
+    assert_eq!(history, [(1, "failed".into(), true), (2, "succeeded".into(), true)]);
+    let counts: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, sum(n)::bigint FROM record_counts GROUP BY 1 HAVING sum(n) <> 0 ORDER BY 1")
+            .fetch_all(h.pool())
+            .await
+            .unwrap();
+    assert_eq!(counts, [("succeeded".into(), 1)]);
+    // A third delivery is a duplicate.
+    assert_eq!(pipeline.process("w", &[pay]).await, [Disposition::Ack(AckReason::DuplicateRedis)]);
+}
+
 #[tokio::test]
 async fn poison_messages_are_dead_lettered_once_and_never_retried() {
     let h = Harness::new().await;

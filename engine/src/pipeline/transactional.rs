@@ -1,10 +1,12 @@
 //! Transactional handlers and poison messages of a batch: one database transaction (per up to
-//! [`MAX_PER_TRANSACTION`] messages), claims and completions each one set-based statement, one
-//! commit. Nothing is acknowledged before the commit; if the commit fails, every delivery of the
+//! [`MAX_PER_OPTIMISTIC_TRANSACTION`] messages), claims and completions each one set-based
+//! statement, one commit. Nothing is acknowledged before the commit; if the commit fails, every delivery of the
 //! transaction is redelivered and judged again.
 //!
 //! A transaction is first attempted **optimistically**: the handlers run one after the other
-//! without savepoints, which halves the round trips to PostgreSQL. The first failure — a
+//! without savepoints, which halves the round trips to PostgreSQL, and the claim writes the
+//! records as `succeeded` right away (no completion statement: the attempt commits only if
+//! every handler succeeded, see [`crate::store::ClaimAs::Succeeded`]). The first failure — a
 //! handler's error or a failed statement — abandons that attempt: it is rolled back, and the
 //! same messages run again in a new transaction with a savepoint around each handler
 //! ([`Isolation::Savepoints`], see `round.rs`), where a failing message fails alone and the
@@ -23,13 +25,16 @@ use crate::message::{InboundMessage, Poison};
 use crate::stats::Event;
 use crate::store::{DedupStore, PoisonRecord};
 
-/// Most messages in one transaction. With savepoints, every handler runs in one, and a
+/// Most messages in one transaction with savepoints. Every handler runs in a savepoint, and a
 /// savepoint that writes takes a subtransaction id; past 64 of them in one transaction
 /// PostgreSQL's per-backend subtransaction cache overflows and every concurrent snapshot has
-/// to consult `pg_subtrans`, which slows the whole server. Larger batches are split into
-/// transactions of this size. An optimistic attempt takes no subtransactions, but it runs the
-/// same messages as the savepoint attempt that may follow it.
+/// to consult `pg_subtrans`, which slows the whole server. A failed optimistic attempt is run
+/// again with savepoints in transactions of at most this size.
 pub const MAX_PER_TRANSACTION: usize = 50;
+
+/// Most messages in one optimistic transaction (it takes no subtransactions). One commit, and
+/// its WAL flush, for a whole batch; a larger batch is split into transactions of this size.
+pub const MAX_PER_OPTIMISTIC_TRANSACTION: usize = 500;
 
 type Outcome = (usize, Disposition, Option<DueMarker>);
 
@@ -86,8 +91,8 @@ impl Isolation {
 
 impl Pipeline {
     /// Runs a batch's transactional messages and poison messages: sorted into one lock order,
-    /// split into transactions of at most [`MAX_PER_TRANSACTION`] messages (the poison ones go
-    /// with the first); one outcome per delivery.
+    /// split into transactions of at most [`MAX_PER_OPTIMISTIC_TRANSACTION`] messages (the
+    /// poison ones go with the first); one outcome per delivery.
     pub(super) async fn run_transaction(
         &self,
         worker: &str,
@@ -115,7 +120,7 @@ impl Pipeline {
         let mut chunks: Vec<Vec<Routed<'_>>> = Vec::new();
         let mut rest = items.into_iter().peekable();
         while rest.peek().is_some() {
-            chunks.push(rest.by_ref().take(MAX_PER_TRANSACTION).collect());
+            chunks.push(rest.by_ref().take(MAX_PER_OPTIMISTIC_TRANSACTION).collect());
         }
         if chunks.is_empty() {
             chunks.push(Vec::new());
@@ -126,10 +131,32 @@ impl Pipeline {
         outcomes
     }
 
-    /// One transaction over `items` (and the poison messages): optimistic first, with
-    /// savepoints if that attempt fails.
+    /// One optimistic transaction over `items` (and the poison messages); if that attempt
+    /// fails, the same messages again with savepoints, in transactions of at most
+    /// [`MAX_PER_TRANSACTION`] messages.
     async fn transaction(&self, worker: &str, items: &[Routed<'_>], poison: &[PoisonItem<'_>]) -> Vec<Outcome> {
-        // A message id twice in one batch: the second copy is judged after the first settled.
+        match self.attempt(Isolation::Optimistic, worker, &Self::rounds(items), poison).await {
+            AttemptEnd::Committed(outcomes) => return outcomes,
+            AttemptEnd::Lost => return Self::redeliver(items, poison),
+            AttemptEnd::RolledBack => {}
+        }
+        let mut poison = Some(poison);
+        let mut outcomes = Vec::with_capacity(items.len() + poison.map_or(0, <[_]>::len));
+        let chunks: Vec<&[Routed<'_>]> =
+            if items.is_empty() { vec![items] } else { items.chunks(MAX_PER_TRANSACTION).collect() };
+        for chunk in chunks {
+            let poison = poison.take().unwrap_or_default();
+            match self.attempt(Isolation::Savepoints, worker, &Self::rounds(chunk), poison).await {
+                AttemptEnd::Committed(done) => outcomes.extend(done),
+                AttemptEnd::RolledBack | AttemptEnd::Lost => outcomes.extend(Self::redeliver(chunk, poison)),
+            }
+        }
+        outcomes
+    }
+
+    /// `items` in rounds of distinct message ids: a message id twice in one transaction is
+    /// judged the second time after the first settled.
+    fn rounds<'r, 'a>(items: &'r [Routed<'a>]) -> Vec<Vec<&'r Routed<'a>>> {
         let mut rounds: Vec<Vec<&Routed<'_>>> = Vec::new();
         for item in items {
             let round = rounds.iter().position(|r| r.iter().all(|o| o.identified.id != item.identified.id));
@@ -138,13 +165,11 @@ impl Pipeline {
                 None => rounds.push(vec![item]),
             }
         }
-        for isolation in [Isolation::Optimistic, Isolation::Savepoints] {
-            match self.attempt(isolation, worker, &rounds, poison).await {
-                AttemptEnd::Committed(outcomes) => return outcomes,
-                AttemptEnd::RolledBack => continue,
-                AttemptEnd::Lost => break,
-            }
-        }
+        rounds
+    }
+
+    /// Every delivery of a lost transaction goes back to the broker.
+    fn redeliver(items: &[Routed<'_>], poison: &[PoisonItem<'_>]) -> Vec<Outcome> {
         items
             .iter()
             .map(|r| r.index)

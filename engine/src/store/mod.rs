@@ -94,8 +94,27 @@ pub struct ClaimBatch<'a> {
     pub max_attempts: i32,
     /// The lease written on every claimed record (one token for the batch).
     pub lease: &'a Lease,
+    /// What the claimed records become.
+    pub claim_as: ClaimAs,
     /// The messages, distinct ids.
     pub items: Vec<ClaimItem<'a>>,
+}
+
+/// What a batch claim writes on the records it claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimAs {
+    /// `processing` under the batch's lease; the same transaction completes or fails each one
+    /// later ([`DedupStore::complete_many`], [`DedupStore::fail_claimed`]).
+    Processing,
+    /// `succeeded` at once, lease-less, with a `succeeded` attempt row: one statement instead of
+    /// a claim and a completion. Only for a transaction that is rolled back as a whole when any
+    /// of its handlers or statements fails (the pipeline's optimistic attempt). A transactional
+    /// claim is invisible to others until commit (DESIGN.md, "Two handler modes": concurrent
+    /// duplicates block on the unique key), and such a transaction commits only if every handler
+    /// succeeded, so no one can see the record in a state it would not have had with a
+    /// completion. The row lock held until commit is the claim's lease; the lease columns stay
+    /// empty because the record is never `processing` outside the transaction.
+    Succeeded,
 }
 
 /// What a claim needs to know.
@@ -262,8 +281,9 @@ pub trait DedupStore: Send + Sync + 'static {
     /// "Claim", set-based): the same rules as [`DedupStore::claim`], rows locked in message-id
     /// order (one order for every batch, so concurrent batches wait instead of deadlocking).
     /// The message ids must be distinct. No payload is stored: the claim commits only together
-    /// with its outcome, and a failure stores it ([`DedupStore::fail_claimed`]). Returns one
-    /// outcome per item, in the items' order.
+    /// with its outcome, and a failure stores it ([`DedupStore::fail_claimed`]). Claimed records
+    /// become what [`ClaimBatch::claim_as`] says. Returns one outcome per item, in the items'
+    /// order.
     async fn claim_many(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,

@@ -15,8 +15,8 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 
 use super::{
-    ClaimBatch, ClaimItem, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord, FailureOutcome,
-    FailureReport, Lease, PoisonRecord, StoreError,
+    ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord,
+    FailureOutcome, FailureReport, Lease, PoisonRecord, StoreError,
 };
 use crate::record::{HandlerMode, RecordStatus};
 
@@ -149,7 +149,11 @@ impl DedupStore for PgStore {
             let items: Vec<_> = pending.iter().map(|&i| &batch.items[i]).collect();
             let column =
                 |f: &dyn Fn(&ClaimItem<'_>) -> Option<String>| items.iter().map(|it| f(it)).collect::<Vec<_>>();
-            let rows = sqlx::query(CLAIM_MANY_SQL)
+            let sql = match batch.claim_as {
+                ClaimAs::Processing => CLAIM_MANY_SQL,
+                ClaimAs::Succeeded => CLAIM_MANY_SUCCEEDED_SQL,
+            };
+            let rows = sqlx::query(sql)
                 .bind(batch.group.as_str())
                 .bind(batch.max_attempts)
                 .bind(&batch.lease.owner)

@@ -1,7 +1,9 @@
 //! One round of a transaction: the claims of messages with distinct ids in one statement, their
 //! handlers one after the other, the completions of the successes in one statement. The same
-//! code serves both [`Isolation`]s; they differ only in where savepoints are taken and in what
-//! a failure does.
+//! code serves both [`Isolation`]s; they differ in where savepoints are taken, in what a failure
+//! does, and in the completion: an optimistic attempt is rolled back as a whole at its first
+//! failure, so it claims its records straight into `succeeded` ([`ClaimAs::Succeeded`]) and
+//! needs no completion statement.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -14,7 +16,7 @@ use crate::pipeline::{AckReason, Disposition, Pipeline, Routed};
 use crate::record::HandlerMode;
 use crate::stats::Event;
 use crate::store::{
-    ClaimBatch, ClaimItem, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
+    ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
 };
 
 /// How often a handler (or a batch's claim) is retried inside the transaction after a deadlock
@@ -37,6 +39,10 @@ impl Pipeline {
             group: &self.settings.group,
             max_attempts: self.settings.max_attempts,
             lease: &lease,
+            claim_as: match attempt.isolation {
+                Isolation::Optimistic => ClaimAs::Succeeded,
+                Isolation::Savepoints => ClaimAs::Processing,
+            },
             items: items
                 .iter()
                 .map(|r| ClaimItem {
@@ -69,10 +75,15 @@ impl Pipeline {
                 }
             }
         }
-        let claims: Vec<&ClaimedRecord> = succeeded.iter().map(|(_, c)| c).collect();
-        let completed: HashSet<i64> = match self.store.complete_many(tx, &claims, &lease).await {
-            Ok(ids) => ids.into_iter().collect(),
-            Err(e) => return Err(attempt.isolation.abort("completing the batch failed", &e)),
+        let completed: HashSet<i64> = match batch.claim_as {
+            ClaimAs::Succeeded => succeeded.iter().map(|(_, c)| c.id).collect(),
+            ClaimAs::Processing => {
+                let claims: Vec<&ClaimedRecord> = succeeded.iter().map(|(_, c)| c).collect();
+                match self.store.complete_many(tx, &claims, &lease).await {
+                    Ok(ids) => ids.into_iter().collect(),
+                    Err(e) => return Err(attempt.isolation.abort("completing the batch failed", &e)),
+                }
+            }
         };
         for (item, claim) in succeeded {
             if completed.contains(&claim.id) {

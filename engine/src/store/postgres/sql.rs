@@ -85,8 +85,21 @@ RETURNING r.id, r.message_id, r.status, r.lease_expires_at,
           (r.status = 'processing' AND r.lease_expires_at < now()) AS parked
 "#;
 
-/// Claims of a transactional batch: one INSERT ... ON CONFLICT for all messages, rows in
-/// message-id order. No payload or headers (stored only if the attempt fails).
+/// The rows of a transactional batch claim, in message-id order (one lock order for every
+/// batch); `$1` group, `$2` max attempts, `$6`..`$13` the items' columns.
+macro_rules! claim_many_rows {
+    () => {
+        r#"
+FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+     AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue)
+ORDER BY i.message_id
+"#
+    };
+}
+
+/// Claims of a transactional batch ([`crate::store::ClaimAs::Processing`]): one INSERT ... ON
+/// CONFLICT for all messages under the lease `$3`..`$5`. No payload or headers (stored only if
+/// the attempt fails).
 pub(super) const CLAIM_MANY_SQL: &str = concat!(
     r#"
 INSERT INTO dedup_records AS r (
@@ -95,15 +108,47 @@ INSERT INTO dedup_records AS r (
     source_broker, source_exchange, source_routing_key, source_queue)
 SELECT $1, i.message_id, i.message_type, 'processing', 'transactional', 1, $2,
        $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.content_type,
-       i.broker, i.exchange, i.routing_key, i.queue
-FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
-     AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue)
-ORDER BY i.message_id
-"#,
+       i.broker, i.exchange, i.routing_key, i.queue"#,
+    claim_many_rows!(),
     take_over!(),
     r#"
 WHERE r.status = 'failed' AND r.attempts < r.max_attempts
 RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, now() AS claimed_at
+"#
+);
+
+/// Claims of a transactional batch straight into `succeeded`
+/// ([`crate::store::ClaimAs::Succeeded`]): the claimable rows of [`CLAIM_MANY_SQL`] with what
+/// [`COMPLETE_MANY_SQL`] would write on them, and their attempt rows (`$3` the worker). `$4`
+/// and `$5` (the lease) are bound but unused: the record is never `processing` outside the
+/// transaction.
+pub(super) const CLAIM_MANY_SUCCEEDED_SQL: &str = concat!(
+    r#"
+WITH claimed AS (
+    INSERT INTO dedup_records AS r (
+        consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
+        completed_at, payload_hash, content_type,
+        source_broker, source_exchange, source_routing_key, source_queue)
+    SELECT $1, i.message_id, i.message_type, 'succeeded', 'transactional', 1, $2,
+           now(), i.payload_hash, i.content_type,
+           i.broker, i.exchange, i.routing_key, i.queue"#,
+    claim_many_rows!(),
+    r#"
+    ON CONFLICT (consumer_group, message_id) DO UPDATE SET
+        status = 'succeeded',
+        version = r.version + 1,
+        attempts = r.attempts + 1,
+        handler_mode = 'transactional',
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL,
+        completed_at = now(), updated_at = now()
+    WHERE r.status = 'failed' AND r.attempts < r.max_attempts
+    RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, now() AS claimed_at
+), attempt AS (
+    INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
+    SELECT id, attempts, $3, now(), now(), 'succeeded' FROM claimed
+)
+SELECT * FROM claimed
 "#
 );
 

@@ -19,15 +19,20 @@ LANGUAGE sql AS $$
     SELECT g, s, d FROM unnest(p_groups, p_statuses, p_deltas) AS t(g, s, d) WHERE d <> 0
 $$;
 
--- Sums the delta rows into one row per (group, status) in one statement, atomically for
--- readers; returns how many rows it folded. Rows inserted after the statement's snapshot stay
--- for the next fold. Two folds at once stay exact (the second skips the rows the first
--- deleted), but the caller runs one at a time (an advisory lock) so they do not wait on each
--- other.
+-- Sums the delta rows of every (group, status) that has more than one row (or a zero sum) into
+-- one row, in one statement, atomically for readers; returns how many rows it folded. A table
+-- already folded is only read, not rewritten (the flusher calls this every second). Rows
+-- inserted after the statement's snapshot stay for the next fold. Two folds at once stay exact
+-- (the second skips the rows the first deleted), but the caller runs one at a time (an
+-- advisory lock) so they do not wait on each other.
 CREATE FUNCTION record_counts_fold() RETURNS bigint
 LANGUAGE sql AS $$
-    WITH folded AS (
-        DELETE FROM record_counts RETURNING consumer_group, status, n
+    WITH unfolded AS (
+        SELECT consumer_group, status FROM record_counts GROUP BY 1, 2 HAVING count(*) > 1 OR sum(n) = 0
+    ), folded AS (
+        DELETE FROM record_counts c USING unfolded u
+        WHERE c.consumer_group = u.consumer_group AND c.status = u.status
+        RETURNING c.consumer_group, c.status, c.n
     ), summed AS (
         INSERT INTO record_counts (consumer_group, status, n)
         SELECT consumer_group, status, sum(n)::bigint FROM folded GROUP BY 1, 2 HAVING sum(n) <> 0

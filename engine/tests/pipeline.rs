@@ -340,6 +340,59 @@ async fn a_retried_transactional_message_succeeds_with_its_whole_history() {
     assert_eq!(pipeline.process("w", &[pay]).await, [Disposition::Ack(AckReason::DuplicateRedis)]);
 }
 
+/// A batch larger than a savepoint transaction (50) commits in one optimistic transaction;
+/// when one of its handlers fails, the retry with savepoints splits it into transactions of
+/// 50 and only the failing message fails.
+#[tokio::test]
+async fn a_large_batch_commits_once_and_a_failure_in_it_fails_alone() {
+    use dedup_engine::handler::{HandlerError, HandlerInput, TransactionalHandler};
+    use sqlx::PgConnection;
+
+    /// Fails (retryable) for order 77, records the effect for the others.
+    struct FailsFor77;
+
+    #[async_trait::async_trait]
+    impl TransactionalHandler for FailsFor77 {
+        async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+            if input.message_id.as_str().starts_with("ORDER.PAY.77:") {
+                return Err(HandlerError::retryable("DOWNSTREAM_DOWN", "downstream 503"));
+            }
+            RecordEffect.handle(input, tx).await
+        }
+    }
+
+    let h = Harness::new().await;
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(FailsFor77)));
+    let pipeline = h.pipeline(handlers, 5);
+    let batch = |first: u32| -> Vec<_> {
+        (first..first + 120).map(|n| message(&format!("ORDER.PAY.{n}:2"), json!({"orderNo": n.to_string()}))).collect()
+    };
+    let outcomes = pipeline.process("w", &batch(1000)).await;
+    assert!(outcomes.iter().all(|o| *o == Disposition::Ack(AckReason::Processed)), "{outcomes:?}");
+    let transactions: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM dedup_records").fetch_one(h.pool()).await.unwrap();
+    assert_eq!(transactions, 1, "120 records committed by one transaction");
+
+    let outcomes = pipeline.process("w", &batch(1)).await;
+    for (n, outcome) in (1..=120).zip(&outcomes) {
+        let expected = if n == 77 {
+            Disposition::Retry { delay: Duration::from_secs(1) }
+        } else {
+            Disposition::Ack(AckReason::Processed)
+        };
+        assert_eq!(*outcome, expected, "order {n}");
+    }
+    let counts: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, sum(n)::bigint FROM record_counts GROUP BY 1 HAVING sum(n) <> 0 ORDER BY 1")
+            .fetch_all(h.pool())
+            .await
+            .unwrap();
+    assert_eq!(counts, [("failed".into(), 1), ("succeeded".into(), 239)]);
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM test_effects").fetch_one(h.pool()).await.unwrap();
+    assert_eq!(effects, 239, "every other message applied once");
+}
+
 #[tokio::test]
 async fn poison_messages_are_dead_lettered_once_and_never_retried() {
     let h = Harness::new().await;

@@ -236,4 +236,6 @@ async fn counting_never_makes_concurrent_transactions_wait() {
         .await
         .unwrap();
     assert_eq!(rows, 2, "one row per (group, status) after the fold");
+    let again = dedup_engine::stats::fold_record_counts(h.pool()).await.unwrap();
+    assert_eq!(again, 0, "a folded table is not rewritten");
 }

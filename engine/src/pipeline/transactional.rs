@@ -1,7 +1,7 @@
 //! Transactional handlers and poison messages of a batch: one database transaction (per up to
 //! [`MAX_PER_OPTIMISTIC_TRANSACTION`] messages), claims and completions each one set-based
-//! statement, one commit. Nothing is acknowledged before the commit; if the commit fails, every delivery of the
-//! transaction is redelivered and judged again.
+//! statement, one commit. Nothing is acknowledged before the commit; if the commit fails, every
+//! delivery of the transaction is redelivered and judged again.
 //!
 //! A transaction is first attempted **optimistically**: the handlers run one after the other
 //! without savepoints, which halves the round trips to PostgreSQL, and the claim writes the

@@ -34,6 +34,13 @@ use super::{Publish, Source, SourceError, SourceFactory};
 use crate::retry::Backoff;
 use crate::service::{Service, Unreachable};
 
+/// How long a shutdown waits for the broker to confirm a consumer cancel, a channel's close or
+/// the connection's close. lapin's futures wait for the broker's reply; a reply that never came
+/// is the likely cause of a `serve` that did not stop within 30 s of SIGTERM in a CI run (its
+/// last log line: lapin's "invalid channel state: Closing"). The broker drops a connection's
+/// channels with it anyway.
+pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Header on retry and dead-letter copies naming the exchange the message was first published
 /// to (a copy travels through other queues, but a requeue must go back to the original).
 pub const SOURCE_EXCHANGE_HEADER: &str = "x-dedup-source-exchange";
@@ -254,7 +261,7 @@ impl SourceFactory for RabbitConnector {
 
     async fn close(&self) {
         if let Some(conn) = self.connection.lock().await.take() {
-            let _ = conn.close(200, "shutting down".into()).await;
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.close(200, "shutting down".into())).await;
         }
         self.connected.store(false, Ordering::Relaxed);
     }

@@ -11,7 +11,8 @@ use lapin::{BasicProperties, Channel, Connection};
 
 use super::publish::{PublishError, Publisher};
 use super::{
-    DEAD_LETTER_REASON_HEADER, RabbitSettings, SOURCE_EXCHANGE_HEADER, SOURCE_ROUTING_KEY_HEADER, broker, disconnected,
+    CLOSE_TIMEOUT, DEAD_LETTER_REASON_HEADER, RabbitSettings, SOURCE_EXCHANGE_HEADER, SOURCE_ROUTING_KEY_HEADER,
+    broker, disconnected,
 };
 use crate::message::{Broker, InboundMessage, SourceRef};
 use crate::pipeline::Disposition;
@@ -191,7 +192,8 @@ impl Source for RabbitSource {
 
     async fn stop(&mut self) {
         self.stopped = true;
-        let _ = self.channel.basic_cancel(self.consumer_tag.as_str().into(), BasicCancelOptions::default()).await;
-        let _ = self.channel.close(200, "worker stopped".into()).await;
+        let cancel = self.channel.basic_cancel(self.consumer_tag.as_str().into(), BasicCancelOptions::default());
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, cancel).await;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.channel.close(200, "worker stopped".into())).await;
     }
 }

@@ -11,7 +11,10 @@
 //!    message (`BENCH.EVENT`, the phase the duplicates below repeat);
 //! 3. duplicates caught by Redis (the same messages again);
 //! 4. duplicates caught by the database (again, Redis unreachable);
-//! 5. RabbitMQ: raw again; the faster raw phase is the reference (100 %).
+//! 5. the pipeline alone: in-memory deliveries of new messages through it (handler without
+//!    effect), no broker — what PostgreSQL and Redis allow on this machine, so the ceiling of
+//!    any broker's idempotent phase here;
+//! 6. RabbitMQ: raw again; the faster raw phase is the reference (100 %).
 //!
 //! Run: `cargo bench -p dedup-engine --bench consume [-- [kafka] [MESSAGES [WORKERS [BATCH]]]]`
 //! (defaults RabbitMQ, 20000, 4, 100; Kafka topics have 4 partitions, `max_in_flight` is the
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, TransactionalHandler};
-use dedup_engine::message::IdPolicy;
+use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::record::ConsumerGroup;
 use dedup_engine::retry::Backoff;
@@ -146,10 +149,11 @@ async fn consume(
     expect: Option<AckReason>,
 ) -> Phase {
     let done = Arc::new(AtomicUsize::new(0));
-    let first = Arc::new(OnceLock::new());
+    let (first, last) = (Arc::new(OnceLock::new()), Arc::new(OnceLock::new()));
     let tasks: Vec<_> = (0..workers)
         .map(|n| {
-            let (factory, pipeline, done, first) = (factory.clone(), pipeline.clone(), done.clone(), first.clone());
+            let (factory, pipeline, done) = (factory.clone(), pipeline.clone(), done.clone());
+            let (first, last) = (first.clone(), last.clone());
             tokio::spawn(async move {
                 let mut source = factory.open(n).await.unwrap();
                 let mut in_pipeline = Duration::ZERO;
@@ -175,23 +179,72 @@ async fn consume(
                         None => vec![Disposition::Ack(AckReason::Processed); deliveries.len()],
                     };
                     source.settle(&dispositions).await.unwrap();
-                    done.fetch_add(dispositions.len(), Ordering::SeqCst);
+                    if done.fetch_add(dispositions.len(), Ordering::SeqCst) + dispositions.len() >= total {
+                        last.get_or_init(Instant::now);
+                    }
                 }
                 source.stop().await;
-                (in_pipeline, Instant::now())
+                in_pipeline
             })
         })
         .collect();
-    let (mut pipeline_time, mut last) = (Duration::ZERO, None);
+    let mut pipeline_time = Duration::ZERO;
     for t in tasks {
-        let (in_pipeline, finished) = t.await.unwrap();
-        pipeline_time += in_pipeline;
-        last = last.max(Some(finished));
+        pipeline_time += t.await.unwrap();
     }
-    let elapsed = last.unwrap() - *first.get().unwrap();
+    // The last settlement, not the workers' exit: idle workers notice the end only after their
+    // 500 ms wait for a next batch, and stopping a source is not consumption.
+    let elapsed = *last.get().unwrap() - *first.get().unwrap();
     factory.close().await;
     eprintln!("{name}: {total} in {elapsed:.1?}");
     Phase { name, messages: total, elapsed, pipeline: pipeline_time }
+}
+
+/// The pipeline without a broker: `workers` tasks put in-memory deliveries of `ids` through
+/// it, `batch` at a time; its ceiling on this machine for the same database and Redis.
+async fn without_broker(name: &'static str, pipeline: Pipeline, ids: &[String], workers: usize, batch: usize) -> Phase {
+    let batches: Vec<Vec<InboundMessage>> = ids
+        .chunks(batch)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|id| InboundMessage {
+                    payload: br#"{"orderNo":"1","amountCents":100}"#.to_vec(),
+                    headers: serde_json::Map::new(),
+                    property_message_id: Some(id.clone()),
+                    content_type: Some("application/json".to_owned()),
+                    broker: Broker::RabbitMq,
+                    source: SourceRef::default(),
+                    redelivered: false,
+                })
+                .collect()
+        })
+        .collect();
+    let queue = Arc::new(std::sync::Mutex::new(batches));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|n| {
+            let (pipeline, queue) = (pipeline.clone(), queue.clone());
+            tokio::spawn(async move {
+                let mut in_pipeline = Duration::ZERO;
+                loop {
+                    let Some(deliveries) = queue.lock().unwrap().pop() else { break };
+                    let t = Instant::now();
+                    let d = pipeline.process(&format!("bench-{n}"), &deliveries).await;
+                    in_pipeline += t.elapsed();
+                    assert!(d.iter().all(|x| *x == Disposition::Ack(AckReason::Processed)), "{name}: {d:?}");
+                }
+                in_pipeline
+            })
+        })
+        .collect();
+    let mut pipeline_time = Duration::ZERO;
+    for t in tasks {
+        pipeline_time += t.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    eprintln!("{name}: {} in {elapsed:.1?}", ids.len());
+    Phase { name, messages: ids.len(), elapsed, pipeline: pipeline_time }
 }
 
 /// A plain rdkafka loop on the bench's group: poll, and commit the position every `batch`
@@ -284,6 +337,7 @@ fn main() {
         let raw_ids: Vec<String> = (0..total).map(|i| format!("RAW.EVENT.{i}:1")).collect();
         let no_effect_ids: Vec<String> = (0..total).map(|i| format!("BENCH.NOEFFECT.{i}:1")).collect();
         let ids: Vec<String> = (0..total).map(|i| format!("BENCH.EVENT.{i}:1")).collect();
+        let in_memory_ids: Vec<String> = (0..total).map(|i| format!("BENCH.NOEFFECT.M{i}:1")).collect();
         let mut phases = Vec::new();
 
         if let Bench::Kafka(kafka) = &bench {
@@ -305,6 +359,10 @@ fn main() {
             phases.push(consume(name, bench.factory(), pipeline, total, workers, batch, Some(expect)).await);
         }
         let idempotent = phases.len() - 3;
+        // What PostgreSQL and Redis allow on this machine with no broker at all: the ceiling of
+        // any broker's idempotent phase here.
+        let name = "pipeline alone, no broker, without effect";
+        phases.push(without_broker(name, pipeline(&db, redis.clone()), &in_memory_ids, workers, batch).await);
         // The raw phase again, warm: the first one also pays for the run's first connections,
         // and its rate varies most. The faster of the two is the reference (100 %).
         if !kafka {

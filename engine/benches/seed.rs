@@ -5,11 +5,17 @@
 //! rate and, through the log, the time of each phase (rows copied, indexes built, aggregates
 //! written, analyzed).
 //!
+//! Then PostgreSQL's own floor on this machine: the seeded rows, read back as binary COPY data,
+//! COPYed into a table with the same columns and no index, constraint or trigger. No seed of
+//! rows like these can beat that rate, even before it builds a single index.
+//!
 //! `cargo bench -p dedup-engine --bench seed`. Not a test: BENCHMARKS.md records its output.
 
 use dedup_engine::console::seed::{SeedParams, seed_records};
 use dedup_engine::db::{self, PoolSettings};
+use futures::StreamExt;
 use sqlx::PgPool;
+use std::time::Instant;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -28,6 +34,29 @@ async fn reset(url: &str, create: bool) {
     pool.close().await;
 }
 
+/// Seconds PostgreSQL takes to COPY the rows of `dedup_records` (binary, as the seed sends
+/// them) into a bare table of the same columns, in one transaction that is rolled back.
+async fn bare_copy(pool: &PgPool) -> f64 {
+    let mut conn = pool.acquire().await.unwrap();
+    let mut data = Vec::new();
+    let mut out = conn.copy_out_raw("COPY dedup_records TO STDOUT (FORMAT binary)").await.unwrap();
+    while let Some(chunk) = out.next().await {
+        data.extend_from_slice(&chunk.unwrap());
+    }
+    drop(out);
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("CREATE TABLE bare_records (LIKE dedup_records)").execute(&mut *tx).await.unwrap();
+    let started = Instant::now();
+    let mut copy = tx.copy_in_raw("COPY bare_records FROM STDIN (FORMAT binary)").await.unwrap();
+    for chunk in data.chunks(1 << 20) {
+        copy.send(chunk).await.unwrap();
+    }
+    copy.finish().await.unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    tx.rollback().await.unwrap();
+    seconds
+}
+
 #[tokio::main]
 async fn main() {
     tracing_subscriber::fmt().with_env_filter("dedup_engine::console::seed=info").init();
@@ -41,6 +70,13 @@ async fn main() {
         db::migrate(&pool).await.unwrap();
         let report = seed_records(&pool, &SeedParams { records, days: 60, batch: 50_000 }, |_, _| {}).await.unwrap();
         println!("run {run}: {records} records in {:.1} s = {:.0} records/s", report.seconds, report.rate);
+        if run == runs {
+            let seconds = bare_copy(&pool).await;
+            println!(
+                "floor: the same rows COPYed into a table without index, constraint or trigger in {seconds:.1} s = {:.0} rows/s",
+                records as f64 / seconds
+            );
+        }
         pool.close().await;
     }
     if std::env::var("BENCH_KEEP").as_deref() != Ok("1") {

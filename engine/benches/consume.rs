@@ -148,11 +148,12 @@ async fn consume(
     batch: usize,
     expect: Option<AckReason>,
 ) -> Phase {
-    let done = Arc::new(AtomicUsize::new(0));
+    let (done, fallbacks) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (first, last) = (Arc::new(OnceLock::new()), Arc::new(OnceLock::new()));
     let tasks: Vec<_> = (0..workers)
         .map(|n| {
-            let (factory, pipeline, done) = (factory.clone(), pipeline.clone(), done.clone());
+            let (factory, pipeline, done, fallbacks) =
+                (factory.clone(), pipeline.clone(), done.clone(), fallbacks.clone());
             let (first, last) = (first.clone(), last.clone());
             tokio::spawn(async move {
                 let mut source = factory.open(n).await.unwrap();
@@ -172,7 +173,17 @@ async fn consume(
                             let d = p.process(&format!("bench-{n}"), deliveries).await;
                             in_pipeline += t.elapsed();
                             if let Some(reason) = expect {
-                                assert!(d.iter().all(|x| *x == Disposition::Ack(reason)), "{name}: {d:?}");
+                                // A marker whose write timed out (Redis is a hint) leaves its
+                                // duplicate to the database: allowed, and counted.
+                                let caught_later = |x: &Disposition| {
+                                    reason == AckReason::DuplicateRedis
+                                        && *x == Disposition::Ack(AckReason::DuplicateDatabase)
+                                };
+                                assert!(
+                                    d.iter().all(|x| *x == Disposition::Ack(reason) || caught_later(x)),
+                                    "{name}: {d:?}"
+                                );
+                                fallbacks.fetch_add(d.iter().filter(|x| caught_later(x)).count(), Ordering::SeqCst);
                             }
                             d
                         }
@@ -196,7 +207,10 @@ async fn consume(
     // 500 ms wait for a next batch, and stopping a source is not consumption.
     let elapsed = *last.get().unwrap() - *first.get().unwrap();
     factory.close().await;
-    eprintln!("{name}: {total} in {elapsed:.1?}");
+    match fallbacks.load(Ordering::SeqCst) {
+        0 => eprintln!("{name}: {total} in {elapsed:.1?}"),
+        n => eprintln!("{name}: {total} in {elapsed:.1?} ({n} duplicates without their Redis marker)"),
+    }
     Phase { name, messages: total, elapsed, pipeline: pipeline_time }
 }
 

@@ -1,13 +1,17 @@
-//! Test support: a fresh PostgreSQL database per test, migrated, dropped afterwards.
+//! Test support: a fresh PostgreSQL database per test, migrated, dropped afterwards; with the
+//! `rabbitmq` and `kafka` features, a test's own queues ([`TestBroker`]) and topics.
 //!
 //! Enabled by the `testing` feature (the engine's and the server's tests turn it on). The server
 //! to use is `DEDUP_TEST_DATABASE_URL` (any database on it; default
 //! `postgres://postgres@127.0.0.1:5432/postgres`).
 
+#[cfg(feature = "kafka")]
 pub mod kafka;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::db::Schema;
 
 /// Base URL of the PostgreSQL server tests create their databases on.
 pub fn admin_url() -> String {
@@ -15,20 +19,38 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
-/// A database created for one test: migrated, with a pool. Dropped (connections terminated)
-/// when this value is dropped, whether the test passed or panicked.
+/// A database created for one test: migrated (the engine's tables in [`Schema::default`]),
+/// with a pool. Dropped (connections terminated) when this value is dropped, whether the test
+/// passed or panicked.
 pub struct TestDatabase {
     /// The database name, `dct_<32 hex digits>`.
     pub name: String,
     /// URL of this database.
     pub url: String,
-    /// A pool on it.
+    /// A pool on it whose `search_path` is `public, <engine schema>`: tests' own tables go in
+    /// `public`, and their SQL reads the engine's tables without naming the schema. It serves
+    /// as the host pool and as the engine's pool alike. (The engine never relies on it: its
+    /// claim path names its schema, which `engine/tests/coexistence.rs` checks on a pool that
+    /// cannot see the engine's tables.)
     pub pool: PgPool,
+    /// The engine's schema.
+    pub schema: Schema,
 }
 
 impl TestDatabase {
     /// Creates and migrates a fresh database. Panics when PostgreSQL is unreachable: tests need it.
     pub async fn create() -> Self {
+        Self::create_unmigrated().await.migrated().await
+    }
+
+    /// Applies the engine's migrations ([`crate::db::migrate`]).
+    pub async fn migrated(self) -> Self {
+        crate::db::migrate(&self.pool, &self.schema).await.expect("migrate test database");
+        self
+    }
+
+    /// Creates a fresh database and its pool, without applying any migration.
+    pub async fn create_unmigrated() -> Self {
         let name = format!("dct_{}", uuid::Uuid::new_v4().simple());
         let admin: PgConnectOptions = admin_url().parse().expect("DEDUP_TEST_DATABASE_URL parses");
         let mut conn = PgConnection::connect_with(&admin)
@@ -36,15 +58,15 @@ impl TestDatabase {
             .unwrap_or_else(|e| panic!("PostgreSQL for tests unreachable at {}: {e}", admin_url()));
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("create test database");
         conn.close().await.ok();
-        let options = admin.database(&name);
+        let schema = Schema::default();
+        let options = admin.database(&name).options([("search_path", format!("public,{schema}"))]);
         let url = database_url(&admin_url(), &name);
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(20)
             .connect_with(options)
             .await
             .expect("connect to test database");
-        crate::db::migrate(&pool).await.expect("migrate test database");
-        Self { name, url, pool }
+        Self { name, url, pool, schema }
     }
 }
 
@@ -85,6 +107,7 @@ pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+#[cfg(feature = "rabbitmq")]
 /// A test's own exchange, work queue, retry and dead-letter queues (names `t-<uuid>.*`) and
 /// connection name; all deleted when dropped.
 pub struct TestBroker {
@@ -96,6 +119,7 @@ pub struct TestBroker {
     extra_queues: Vec<String>,
 }
 
+#[cfg(feature = "rabbitmq")]
 impl TestBroker {
     /// Fresh names on the broker at `url`.
     pub fn new(url: &str, backoff: crate::retry::Backoff) -> Self {
@@ -114,6 +138,19 @@ impl TestBroker {
     /// Deletes `queue` too when dropped.
     pub fn also_delete(&mut self, queue: &str) {
         self.extra_queues.push(queue.to_owned());
+    }
+
+    /// A work queue of another consumer group on the same exchange, `<queue>.<suffix>`, deleted
+    /// when dropped together with its retry and dead-letter queues.
+    pub fn another_queue(&mut self, suffix: &str) -> String {
+        let queue = format!("{}.{suffix}", self.settings.queue);
+        let settings = crate::source::rabbitmq::RabbitSettings { queue: queue.clone(), ..self.settings.clone() };
+        for delay in self.backoff.levels() {
+            self.also_delete(&settings.retry_queue(delay));
+        }
+        self.also_delete(&settings.dead_letter_queue());
+        self.also_delete(&queue);
+        queue
     }
 
     /// A connector on these names.
@@ -145,6 +182,7 @@ impl TestBroker {
     }
 }
 
+#[cfg(feature = "rabbitmq")]
 impl Drop for TestBroker {
     fn drop(&mut self) {
         let mut queues: Vec<String> = self.backoff.levels().into_iter().map(|d| self.settings.retry_queue(d)).collect();

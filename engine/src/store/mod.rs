@@ -223,7 +223,8 @@ pub enum FailureOutcome {
     Superseded,
 }
 
-/// A poison message to store as a dead record.
+/// A message that never reaches a handler, to store as a dead record: poison, or a message
+/// whose type has no handler.
 #[derive(Debug, Clone, Copy)]
 pub struct PoisonRecord<'a> {
     /// Scope.
@@ -234,7 +235,8 @@ pub struct PoisonRecord<'a> {
     pub message_type: &'a str,
     /// The reason, stored as `last_error`.
     pub reason: &'a str,
-    /// The reason's kind, stored as `error_class`.
+    /// The reason's grouping key ([`crate::message::PoisonReason::error_class`]), stored as
+    /// `error_class`.
     pub reason_kind: &'a str,
     /// The delivery.
     pub message: &'a InboundMessage,
@@ -245,6 +247,9 @@ pub struct PoisonRecord<'a> {
     pub keep_payload_bytes: usize,
     /// Recorded as `max_attempts`.
     pub max_attempts: i32,
+    /// True for poison (never processable, never requeued); false for a message whose type
+    /// has no handler (a requeue processes it once the handler exists).
+    pub poison: bool,
 }
 
 /// A dedup store. Methods take a connection so callers compose them with business changes in

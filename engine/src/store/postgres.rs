@@ -6,9 +6,11 @@
 //! the `WHERE` is false, so a concurrent duplicate waits for the holder's transaction and then
 //! judges the committed state.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use std::collections::HashMap;
 
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
@@ -18,21 +20,28 @@ use super::{
     ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord,
     FailureOutcome, FailureReport, Lease, PoisonRecord, StoreError,
 };
+use crate::db::Schema;
 use crate::record::{HandlerMode, RecordStatus};
 
 mod sql;
-use sql::*;
+use sql::Statements;
 
 /// The PostgreSQL implementation of [`DedupStore`]. Cheap to clone.
+///
+/// Its statements name the engine's tables with the schema, so they run on any connection of
+/// the database whatever its `search_path` — a team's transaction above all (see
+/// [`crate::db`]).
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    sql: Arc<Statements>,
 }
 
 impl PgStore {
-    /// A store on `pool` (migrated with [`crate::db::migrate`]).
-    pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+    /// A store on `pool` (the host pool: transactional batches begin there), with its tables in
+    /// `schema` (migrated with [`crate::db::migrate`]).
+    pub fn new(pool: PgPool, schema: &Schema) -> Self {
+        Self { pool, sql: Arc::new(Statements::new(schema)) }
     }
 }
 
@@ -72,15 +81,17 @@ fn existing_from_row(row: &PgRow) -> Result<ExistingRecord, sqlx::Error> {
 }
 
 impl PgStore {
-    /// Counts a duplicate delivery on each existing record ([`NOTE_DUPLICATES_SQL`]); returns
+    /// Counts a duplicate delivery on each existing record; returns
     /// what it saw, by message id. Ids without a record (deleted meanwhile) are missing.
     async fn note_duplicates(
+        &self,
         conn: &mut PgConnection,
         group: &str,
         ids: &[&str],
         hashes: &[&[u8]],
     ) -> Result<HashMap<String, ExistingRecord>, sqlx::Error> {
-        let rows = sqlx::query(NOTE_DUPLICATES_SQL).bind(group).bind(ids).bind(hashes).fetch_all(&mut *conn).await?;
+        let rows =
+            sqlx::query(&self.sql.note_duplicates).bind(group).bind(ids).bind(hashes).fetch_all(&mut *conn).await?;
         rows.iter().map(|row| Ok((row.try_get("message_id")?, existing_from_row(row)?))).collect()
     }
 }
@@ -95,8 +106,8 @@ impl DedupStore for PgStore {
 
     async fn claim(&self, conn: &mut PgConnection, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let sql = match req.mode {
-            HandlerMode::Transactional => CLAIM_TX_SQL,
-            HandlerMode::Leased => CLAIM_LEASED_SQL,
+            HandlerMode::Transactional => &self.sql.claim_tx,
+            HandlerMode::Leased => &self.sql.claim_leased,
         };
         let m = req.message;
         let row = sqlx::query(sql)
@@ -117,6 +128,7 @@ impl DedupStore for PgStore {
             .bind(m.source.routing_key.as_deref())
             .bind(m.source.queue.as_deref())
             .bind(req.reclaim_expired)
+            .bind(m.type_property.as_deref())
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(row) = row {
@@ -124,7 +136,7 @@ impl DedupStore for PgStore {
             return Ok(ClaimOutcome::Claimed(claimed_from_row(&row, req.lease, took_over)?));
         }
         let mut seen =
-            Self::note_duplicates(conn, req.group.as_str(), &[req.message_id.as_str()], &[req.payload_hash]).await?;
+            self.note_duplicates(conn, req.group.as_str(), &[req.message_id.as_str()], &[req.payload_hash]).await?;
         match seen.remove(req.message_id.as_str()) {
             Some(existing) => Ok(ClaimOutcome::Existing(existing)),
             // Deleted between the two statements (cleanup of an old succeeded record): the
@@ -150,8 +162,8 @@ impl DedupStore for PgStore {
             let column =
                 |f: &dyn Fn(&ClaimItem<'_>) -> Option<String>| items.iter().map(|it| f(it)).collect::<Vec<_>>();
             let sql = match batch.claim_as {
-                ClaimAs::Processing => CLAIM_MANY_SQL,
-                ClaimAs::Succeeded => CLAIM_MANY_SUCCEEDED_SQL,
+                ClaimAs::Processing => &self.sql.claim_many,
+                ClaimAs::Succeeded => &self.sql.claim_many_succeeded,
             };
             let rows = sqlx::query(sql)
                 .bind(batch.group.as_str())
@@ -188,7 +200,7 @@ impl DedupStore for PgStore {
             let mut seen = if rest.is_empty() {
                 HashMap::new()
             } else {
-                Self::note_duplicates(conn, batch.group.as_str(), &ids, &hashes).await?
+                self.note_duplicates(conn, batch.group.as_str(), &ids, &hashes).await?
             };
             pending = Vec::new();
             for i in rest {
@@ -216,12 +228,12 @@ impl DedupStore for PgStore {
         mode: HandlerMode,
     ) -> Result<bool, StoreError> {
         let query = match mode {
-            HandlerMode::Transactional => sqlx::query_scalar(COMPLETE_TX_SQL)
+            HandlerMode::Transactional => sqlx::query_scalar(&self.sql.complete_tx)
                 .bind(claim.id)
                 .bind(claim.lease_token)
                 .bind(&lease.owner)
                 .bind(claim.claimed_at),
-            HandlerMode::Leased => sqlx::query_scalar(COMPLETE_LEASED_SQL).bind(claim.id).bind(claim.lease_token),
+            HandlerMode::Leased => sqlx::query_scalar(&self.sql.complete_leased).bind(claim.id).bind(claim.lease_token),
         };
         let count: i64 = query.fetch_one(&mut *conn).await?;
         Ok(count == 1)
@@ -235,7 +247,7 @@ impl DedupStore for PgStore {
     ) -> Result<Vec<i64>, StoreError> {
         let Some(first) = claims.first() else { return Ok(Vec::new()) };
         let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
-        Ok(sqlx::query_scalar(COMPLETE_MANY_SQL)
+        Ok(sqlx::query_scalar(&self.sql.complete_many)
             .bind(ids)
             .bind(lease.token)
             .bind(&lease.owner)
@@ -252,8 +264,8 @@ impl DedupStore for PgStore {
         let status = failure_status(failure);
         let m = failure.message;
         let query = match failure.mode {
-            HandlerMode::Transactional => sqlx::query_scalar(FAIL_TX_SQL),
-            HandlerMode::Leased => sqlx::query_scalar(FAIL_LEASED_SQL),
+            HandlerMode::Transactional => sqlx::query_scalar(&self.sql.fail_tx),
+            HandlerMode::Leased => sqlx::query_scalar(&self.sql.fail_leased),
         }
         .bind(failure.claim.id)
         .bind(failure.claim.lease_token)
@@ -267,7 +279,8 @@ impl DedupStore for PgStore {
                 .bind(Json(&m.headers))
                 .bind(m.content_type.as_deref())
                 .bind(&failure.lease.owner)
-                .bind(failure.claim.claimed_at),
+                .bind(failure.claim.claimed_at)
+                .bind(m.type_property.as_deref()),
             HandlerMode::Leased => query,
         };
         let count: i64 = query.fetch_one(&mut *conn).await?;
@@ -284,15 +297,12 @@ impl DedupStore for PgStore {
         claim: &ClaimedRecord,
         lease: &Lease,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE dedup_records SET lease_expires_at = now() + $3 * interval '1 millisecond'
-             WHERE id = $1 AND status = 'processing' AND lease_token = $2",
-        )
-        .bind(claim.id)
-        .bind(claim.lease_token)
-        .bind(lease.millis())
-        .execute(&mut *conn)
-        .await?;
+        let done = sqlx::query(&self.sql.extend_lease)
+            .bind(claim.id)
+            .bind(claim.lease_token)
+            .bind(lease.millis())
+            .execute(&mut *conn)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -300,7 +310,7 @@ impl DedupStore for PgStore {
         let m = p.message;
         let truncated = m.payload.len() > p.keep_payload_bytes;
         let kept = &m.payload[..m.payload.len().min(p.keep_payload_bytes)];
-        let row = sqlx::query(POISON_SQL)
+        let row = sqlx::query(&self.sql.poison)
             .bind(p.group.as_str())
             .bind(p.message_id.as_str())
             .bind(p.message_type)
@@ -316,6 +326,8 @@ impl DedupStore for PgStore {
             .bind(m.source.exchange.as_deref())
             .bind(m.source.routing_key.as_deref())
             .bind(m.source.queue.as_deref())
+            .bind(p.poison)
+            .bind(m.type_property.as_deref())
             .fetch_one(&mut *conn)
             .await?;
         Ok((row.try_get("id")?, row.try_get("created")?))
@@ -335,18 +347,13 @@ impl DedupStore for PgStore {
         let ids: Vec<&str> = sorted.iter().map(|e| e.1.as_str()).collect();
         let copies: Vec<i32> = sorted.iter().map(|e| e.2).collect();
         let at: Vec<DateTime<Utc>> = sorted.iter().map(|e| e.3).collect();
-        sqlx::query(
-            "UPDATE dedup_records r SET duplicate_count = r.duplicate_count + d.copies,
-                    last_duplicate_at = GREATEST(r.last_duplicate_at, d.at)
-             FROM unnest($1::text[], $2::text[], $3::int[], $4::timestamptz[]) AS d(consumer_group, message_id, copies, at)
-             WHERE r.consumer_group = d.consumer_group AND r.message_id = d.message_id COLLATE \"C\"",
-        )
-        .bind(groups)
-        .bind(ids)
-        .bind(copies)
-        .bind(at)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(&self.sql.add_fast_path_duplicates)
+            .bind(groups)
+            .bind(ids)
+            .bind(copies)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 }

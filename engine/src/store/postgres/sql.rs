@@ -2,6 +2,10 @@
 //! poison records. Each is one statement so that a claim or a transition is atomic; the rules
 //! they implement are in DESIGN.md ("Claims and leases"). Every transition raises the record's
 //! `version` by one (operator actions compare it); duplicate notes and heartbeats do not.
+//!
+//! These statements run in a team's transaction, under the team's `search_path`: every table
+//! is written `{s}.<table>`, and [`Statements::new`] puts the engine's schema in place of `{s}`
+//! once, when the store is built.
 
 /// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
 /// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
@@ -15,6 +19,7 @@ macro_rules! take_over {
         attempts = r.attempts + 1,
         reentries = r.reentries + CASE WHEN r.status = 'processing' THEN 1 ELSE 0 END,
         handler_mode = EXCLUDED.handler_mode,
+        message_type = EXCLUDED.message_type,
         lease_owner = EXCLUDED.lease_owner,
         lease_token = EXCLUDED.lease_token,
         lease_expires_at = EXCLUDED.lease_expires_at,
@@ -26,22 +31,22 @@ macro_rules! take_over {
 
 /// Claim: insert, or take over a claimable record; for leased handlers the same statement
 /// opens the attempt row (a transactional attempt is written when it ends, in its transaction).
-/// `$17` says whether an expired lease may be reclaimed. `prior` reads the status the statement
+/// `$17` says whether an expired lease may be reclaimed; `$18` is the AMQP `type` property. `prior` reads the status the statement
 /// started from, only to tell a lease takeover apart for metrics.
 macro_rules! claim_sql {
     ($attempt_cte:literal) => {
         concat!(
             r#"
 WITH prior AS (
-    SELECT status FROM dedup_records WHERE consumer_group = $1 AND message_id = $2
+    SELECT status FROM {s}.dedup_records WHERE consumer_group = $1 AND message_id = $2
 ), claimed AS (
-    INSERT INTO dedup_records AS r (
+    INSERT INTO {s}.dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         lease_owner, lease_token, lease_expires_at, payload_hash, payload, headers, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue)
+        source_broker, source_exchange, source_routing_key, source_queue, type_property)
     VALUES ($1, $2, $3, 'processing', $4, 1, $5,
             $6, $7, now() + $8 * interval '1 millisecond', $9, $10, $11, $12,
-            $13, $14, $15, $16)
+            $13, $14, $15, $16, $18)
     "#,
             take_over!(),
             r#"
@@ -61,7 +66,7 @@ FROM claimed c
 pub(super) const CLAIM_TX_SQL: &str = claim_sql!("");
 pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
     r#", attempt AS (
-    INSERT INTO record_attempts (record_id, attempt, worker, started_at)
+    INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at)
     SELECT id, attempts, $6, now() FROM claimed
 )"#
 );
@@ -71,7 +76,7 @@ pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
 /// conflict, parks a delivery of a stuck record (the claim would have taken it if reclaim were
 /// allowed) and reports the record's state.
 pub(super) const NOTE_DUPLICATES_SQL: &str = r#"
-UPDATE dedup_records r SET
+UPDATE {s}.dedup_records r SET
     duplicate_count = r.duplicate_count + 1,
     last_duplicate_at = now(),
     payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash THEN 0 ELSE 1 END,
@@ -102,7 +107,7 @@ ORDER BY i.message_id
 /// the attempt fails).
 pub(super) const CLAIM_MANY_SQL: &str = concat!(
     r#"
-INSERT INTO dedup_records AS r (
+INSERT INTO {s}.dedup_records AS r (
     consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
     lease_owner, lease_token, lease_expires_at, payload_hash, content_type,
     source_broker, source_exchange, source_routing_key, source_queue)
@@ -125,7 +130,7 @@ RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS create
 pub(super) const CLAIM_MANY_SUCCEEDED_SQL: &str = concat!(
     r#"
 WITH claimed AS (
-    INSERT INTO dedup_records AS r (
+    INSERT INTO {s}.dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         completed_at, payload_hash, content_type,
         source_broker, source_exchange, source_routing_key, source_queue)
@@ -139,13 +144,14 @@ WITH claimed AS (
         version = r.version + 1,
         attempts = r.attempts + 1,
         handler_mode = 'transactional',
+        message_type = EXCLUDED.message_type,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL,
         completed_at = now(), updated_at = now()
     WHERE r.status = 'failed' AND r.attempts < r.max_attempts
     RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, now() AS claimed_at
 ), attempt AS (
-    INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
+    INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
     SELECT id, attempts, $3, now(), now(), 'succeeded' FROM claimed
 )
 SELECT * FROM claimed
@@ -156,7 +162,7 @@ SELECT * FROM claimed
 /// the claims were made.
 pub(super) const COMPLETE_MANY_SQL: &str = r#"
 WITH done AS (
-    UPDATE dedup_records r SET
+    UPDATE {s}.dedup_records r SET
         status = 'succeeded', version = r.version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
         payload = NULL, headers = NULL
@@ -164,7 +170,7 @@ WITH done AS (
     WHERE r.id = c.id AND r.status = 'processing' AND r.lease_token = $2
     RETURNING r.id, r.attempts
 ), attempt AS (
-    INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
+    INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
     SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done
 )
 SELECT id FROM done
@@ -176,7 +182,7 @@ macro_rules! complete_sql {
         concat!(
             r#"
 WITH done AS (
-    UPDATE dedup_records SET
+    UPDATE {s}.dedup_records SET
         status = 'succeeded', version = version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
         payload = NULL, headers = NULL
@@ -193,23 +199,24 @@ SELECT count(*) FROM done
 /// Transactional attempts are written when they end (their claim may be rolled back); `$3` is
 /// the worker, `$4` when the claim was made.
 pub(super) const COMPLETE_TX_SQL: &str = complete_sql!(
-    "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
+    "INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
      SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done"
 );
 /// Leased attempts were opened by the claim.
 pub(super) const COMPLETE_LEASED_SQL: &str = complete_sql!(
-    "UPDATE record_attempts a SET ended_at = now(), outcome = 'succeeded'
+    "UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'succeeded'
      FROM done WHERE a.record_id = done.id AND a.attempt = done.attempts AND a.ended_at IS NULL"
 );
 
-/// A failure, fenced by the lease token. `$7`..`$9`: payload, headers, content type (kept by
-/// a transactional failure, whose claim stored none; a leased claim stored them already).
+/// A failure, fenced by the lease token. `$7`..`$9` and `$12`: payload, headers, content type
+/// and AMQP `type` property (kept by a transactional failure, whose claim stored none; a leased
+/// claim stored them already).
 macro_rules! fail_sql {
     ($keep_payload:literal, $attempt_cte:literal) => {
         concat!(
             r#"
 WITH failed AS (
-    UPDATE dedup_records SET
+    UPDATE {s}.dedup_records SET
         status = $3, version = version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         last_error = $4, error_class = $5,
         next_attempt_at = CASE WHEN $3 = 'failed' THEN now() + $6 * interval '1 millisecond' END,
@@ -228,26 +235,108 @@ SELECT count(*) FROM failed
 }
 /// Transactional: payload kept now, attempt row written now (`$10` worker, `$11` claim time).
 pub(super) const FAIL_TX_SQL: &str = fail_sql!(
-    ", payload = $7, headers = $8, content_type = COALESCE($9, content_type)",
-    "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error)
+    ", payload = $7, headers = $8, content_type = COALESCE($9, content_type), type_property = $12",
+    "INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error)
      SELECT id, attempts, $10, $11, now(), $3, $4 FROM failed"
 );
 /// Leased: the claim opened the attempt row.
 pub(super) const FAIL_LEASED_SQL: &str = fail_sql!(
     "",
-    "UPDATE record_attempts a SET ended_at = now(), outcome = $3, error = $4
+    "UPDATE {s}.record_attempts a SET ended_at = now(), outcome = $3, error = $4
      FROM failed WHERE a.record_id = failed.id AND a.attempt = failed.attempts AND a.ended_at IS NULL"
 );
 
+/// A message that never reaches a handler, stored `dead` at once: poison (`$16` true), or a
+/// type without a handler (false: requeueable once the handler exists). A copy of one already
+/// stored counts as a duplicate on it.
 pub(super) const POISON_SQL: &str = r#"
-INSERT INTO dedup_records AS r (
+INSERT INTO {s}.dedup_records AS r (
     consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
     last_error, error_class, payload_hash, payload, payload_truncated, headers, content_type,
-    source_broker, source_exchange, source_routing_key, source_queue)
-VALUES ($1, $2, $3, 'dead', NULL, 0, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+    source_broker, source_exchange, source_routing_key, source_queue, poison, type_property)
+VALUES ($1, $2, $3, 'dead', NULL, 0, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 ON CONFLICT (consumer_group, message_id) DO UPDATE SET
     duplicate_count = r.duplicate_count + 1,
     last_duplicate_at = now(),
     payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = EXCLUDED.payload_hash THEN 0 ELSE 1 END
 RETURNING id, (xmax = 0) AS created
 "#;
+
+/// Heartbeat: the lease extended by its duration from now, fenced by the token.
+pub(super) const EXTEND_LEASE_SQL: &str = "
+UPDATE {s}.dedup_records SET lease_expires_at = now() + $3 * interval '1 millisecond'
+WHERE id = $1 AND status = 'processing' AND lease_token = $2";
+
+/// Duplicates caught by the fast path, added to their records (`$1`..`$4`: groups, message
+/// ids, copies, latest arrival).
+pub(super) const ADD_FAST_PATH_DUPLICATES_SQL: &str = r#"
+UPDATE {s}.dedup_records r SET duplicate_count = r.duplicate_count + d.copies,
+       last_duplicate_at = GREATEST(r.last_duplicate_at, d.at)
+FROM unnest($1::text[], $2::text[], $3::int[], $4::timestamptz[]) AS d(consumer_group, message_id, copies, at)
+WHERE r.consumer_group = d.consumer_group AND r.message_id = d.message_id COLLATE "C"
+"#;
+
+/// Every statement of the store with the engine's schema in place of `{s}`, built once per
+/// store.
+#[derive(Debug)]
+pub(super) struct Statements {
+    pub claim_tx: String,
+    pub claim_leased: String,
+    pub note_duplicates: String,
+    pub claim_many: String,
+    pub claim_many_succeeded: String,
+    pub complete_many: String,
+    pub complete_tx: String,
+    pub complete_leased: String,
+    pub fail_tx: String,
+    pub fail_leased: String,
+    pub poison: String,
+    pub extend_lease: String,
+    pub add_fast_path_duplicates: String,
+}
+
+impl Statements {
+    pub fn new(schema: &crate::db::Schema) -> Self {
+        let s = schema.quoted();
+        let render = |template: &str| template.replace("{s}", &s);
+        Self {
+            claim_tx: render(CLAIM_TX_SQL),
+            claim_leased: render(CLAIM_LEASED_SQL),
+            note_duplicates: render(NOTE_DUPLICATES_SQL),
+            claim_many: render(CLAIM_MANY_SQL),
+            claim_many_succeeded: render(CLAIM_MANY_SUCCEEDED_SQL),
+            complete_many: render(COMPLETE_MANY_SQL),
+            complete_tx: render(COMPLETE_TX_SQL),
+            complete_leased: render(COMPLETE_LEASED_SQL),
+            fail_tx: render(FAIL_TX_SQL),
+            fail_leased: render(FAIL_LEASED_SQL),
+            poison: render(POISON_SQL),
+            extend_lease: render(EXTEND_LEASE_SQL),
+            add_fast_path_duplicates: render(ADD_FAST_PATH_DUPLICATES_SQL),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_table_is_named_with_the_schema() {
+        let sql = Statements::new(&crate::db::Schema::parse("ops_x").unwrap());
+        let all = format!("{sql:?}");
+        assert!(!all.contains("{s}"), "a placeholder was left");
+        let unqualified = regex_free_find(&all, &["dedup_records", "record_attempts"]);
+        assert_eq!(unqualified, None, "an unqualified table in the store's SQL");
+        assert!(sql.claim_many.contains("INSERT INTO \"ops_x\".dedup_records"), "{}", sql.claim_many);
+    }
+
+    /// The first table name in `text` not preceded by `".` (the end of a quoted schema).
+    fn regex_free_find(text: &str, tables: &[&str]) -> Option<String> {
+        tables.iter().find_map(|t| {
+            text.match_indices(t)
+                .find(|(at, _)| !text[..*at].ends_with("\"."))
+                .map(|(at, _)| text[at.saturating_sub(30)..(at + t.len()).min(text.len())].to_owned())
+        })
+    }
+}

@@ -1,18 +1,30 @@
-//! PostgreSQL connection, migrations and the start-up schema check.
+//! PostgreSQL: connecting, the engine's own schema and its migrations, and the engine's pool.
+//!
+//! The engine's tables live in a schema of their own (default `dedup`, see [`Schema`]) with
+//! their own migration history, so they sit in the same database as a team's business tables —
+//! which a transactional handler needs: its business change and the dedup record commit in one
+//! transaction — without a name clash. Two pools follow from that:
+//!
+//! - the **host pool**, the team's own: the pipeline opens a transactional batch on it, so a
+//!   handler's statements resolve names exactly as the rest of the team's code does. The dedup
+//!   store's statements that share that transaction name their tables with the schema
+//!   ([`crate::store::postgres::PgStore`]).
+//! - the **engine pool** ([`engine_pool`]): connections whose `search_path` is the engine's
+//!   schema alone. Everything else the engine runs (the console's queries, operator actions,
+//!   aggregates, accounts, audit, cleanup) runs there and names its tables without a schema.
+
+mod schema;
 
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+pub use schema::{
+    DEDUP_UNIQUE_CONSTRAINT, MIGRATOR, Schema, SchemaError, SchemaNameError, migrate, migrate_schema, verify_schema,
+};
+
 use crate::service::{Service, Unreachable};
-
-/// The project's migrations (`migrations/` at the workspace root), embedded in the binary.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
-
-/// Name of the UNIQUE constraint on `dedup_records (consumer_group, message_id)`. The whole
-/// product rests on it: without it two concurrent deliveries could both insert a record.
-pub const DEDUP_UNIQUE_CONSTRAINT: &str = "dedup_records_group_message_key";
 
 /// Pool settings for [`connect`].
 #[derive(Debug, Clone)]
@@ -81,50 +93,10 @@ async fn create_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> 
     }
 }
 
-/// Schema problems found at start-up.
-#[derive(Debug, thiserror::Error)]
-pub enum SchemaError {
-    /// A migration failed to apply.
-    #[error("applying migrations failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    /// The dedup table lacks its UNIQUE constraint: refusing to run, since duplicates could slip
-    /// through concurrent claims.
-    #[error(
-        "table dedup_records has no UNIQUE constraint {DEDUP_UNIQUE_CONSTRAINT} on \
-         (consumer_group, message_id); refusing to start because concurrent deliveries could \
-         both be processed. Restore it with: ALTER TABLE dedup_records ADD CONSTRAINT \
-         {DEDUP_UNIQUE_CONSTRAINT} UNIQUE (consumer_group, message_id)"
-    )]
-    MissingUniqueConstraint,
-    /// Querying the catalog failed.
-    #[error("checking the schema failed: {0}")]
-    Query(#[from] sqlx::Error),
-}
-
-/// Applies pending migrations, then verifies the dedup UNIQUE constraint ([`verify_schema`]).
-pub async fn migrate(pool: &PgPool) -> Result<(), SchemaError> {
-    MIGRATOR.run(pool).await?;
-    verify_schema(pool).await
-}
-
-/// Verifies that `dedup_records` has a UNIQUE (or primary key) constraint on exactly
-/// `(consumer_group, message_id)`, whatever its name.
-pub async fn verify_schema(pool: &PgPool) -> Result<(), SchemaError> {
-    let found: bool = sqlx::query_scalar(
-        r#"
-        SELECT EXISTS (
-            SELECT 1
-            FROM pg_constraint c
-            WHERE c.conrelid = to_regclass('dedup_records')
-              AND c.contype IN ('u', 'p')
-              AND (SELECT array_agg(a.attname::text ORDER BY a.attname)
-                   FROM unnest(c.conkey) AS k(attnum)
-                   JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum)
-                  = ARRAY['consumer_group', 'message_id']
-        )
-        "#,
-    )
-    .fetch_one(pool)
-    .await?;
-    if found { Ok(()) } else { Err(SchemaError::MissingUniqueConstraint) }
+/// The engine's pool on the database of `host`: the same server, user and connection options,
+/// with `search_path` set to `schema` alone, at most `max_connections` connections, opened on
+/// demand. Statements on it name the engine's tables without a schema (see the module docs).
+pub fn engine_pool(host: &PgPool, schema: &Schema, max_connections: u32) -> PgPool {
+    let options = host.connect_options().as_ref().clone().options([("search_path", schema.as_str())]);
+    host.options().clone().max_connections(max_connections.max(1)).min_connections(0).connect_lazy_with(options)
 }

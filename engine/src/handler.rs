@@ -1,12 +1,14 @@
 //! Handlers: the business code run for a claimed record, in one of the two modes of DESIGN.md.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::PgConnection;
+use tokio_util::sync::CancellationToken;
 
 use crate::record::{HandlerMode, LeaseExpiryPolicy, MessageId};
 
@@ -15,7 +17,7 @@ use crate::record::{HandlerMode, LeaseExpiryPolicy, MessageId};
 pub struct HandlerInput<'a> {
     /// The message id.
     pub message_id: &'a MessageId,
-    /// `<entity>.<event>`.
+    /// The handler type the group's type policy found (e.g. `ORDER.PAY`).
     pub message_type: &'a str,
     /// The payload parsed as JSON (`None` for binary payloads).
     pub json: Option<&'a Value>,
@@ -73,6 +75,17 @@ impl HandlerError {
         Self { kind: kind.into(), message: message.into(), permanent: true, transient: false, crashed: false }
     }
 
+    /// The lease was lost before the effect (see [`LeaseGuard::check`]): nothing was done, the
+    /// record's new holder settles it.
+    pub fn lease_lost() -> Self {
+        Self::retryable(LEASE_LOST, "the lease was lost before the effect; the record's new holder settles it")
+    }
+
+    /// True for [`HandlerError::lease_lost`].
+    pub fn is_lease_lost(&self) -> bool {
+        self.kind == LEASE_LOST
+    }
+
     /// A simulated crash (see [`HandlerError::crashed`]).
     pub fn crash(message: impl Into<String>) -> Self {
         Self { kind: "CRASH".into(), message: message.into(), permanent: false, transient: false, crashed: true }
@@ -85,6 +98,9 @@ impl HandlerError {
         error_class(&self.kind, &self.message)
     }
 }
+
+/// Kind of [`HandlerError::lease_lost`].
+const LEASE_LOST: &str = "LEASE_LOST";
 
 /// See [`HandlerError::error_class`].
 pub fn error_class(kind: &str, message: &str) -> String {
@@ -148,9 +164,78 @@ pub trait TransactionalHandler: Send + Sync + 'static {
 /// lease token.
 #[async_trait]
 pub trait LeasedHandler: Send + Sync + 'static {
-    /// Performs the effect. It must finish well within the lease or keep working only while
-    /// the lease is extended (the engine extends it every third of its duration).
-    async fn handle(&self, input: &HandlerInput<'_>) -> Result<(), HandlerError>;
+    /// Performs the effect. Call [`LeaseGuard::check`] right before the effect (and before
+    /// each step of one made of several): once the lease is lost another worker may run the
+    /// effect too. The engine checks it before calling the handler, and extends the lease every
+    /// third of its duration while the handler runs.
+    async fn handle(&self, input: &HandlerInput<'_>, lease: &LeaseGuard) -> Result<(), HandlerError>;
+}
+
+/// The lease a leased handler runs under, as far as this worker can tell.
+///
+/// It is lost when the heartbeat finds the record taken over or released by an operator, and
+/// also when the last confirmed extension is older than the lease itself (this worker may have
+/// been frozen or cut off: the database may have handed the record to someone else meanwhile,
+/// so this worker must not assume it still holds it). A lost lease never comes back.
+#[derive(Debug, Clone)]
+pub struct LeaseGuard {
+    lost: CancellationToken,
+    /// When the lease runs out unless extended again (local monotonic clock).
+    valid_until: Arc<Mutex<Instant>>,
+}
+
+impl LeaseGuard {
+    /// A guard for a lease of `duration` confirmed (claimed or extended) at `confirmed_at`.
+    pub fn new(duration: Duration, confirmed_at: Instant) -> Self {
+        Self { lost: CancellationToken::new(), valid_until: Arc::new(Mutex::new(confirmed_at + duration)) }
+    }
+
+    /// Whether the lease is lost (see [`LeaseGuard`]).
+    pub fn is_lost(&self) -> bool {
+        if self.lost.is_cancelled() {
+            return true;
+        }
+        let valid_until = *self.valid_until.lock().unwrap_or_else(|e| e.into_inner());
+        if Instant::now() >= valid_until {
+            self.lost.cancel();
+            return true;
+        }
+        false
+    }
+
+    /// `Ok` while the lease holds; [`HandlerError::lease_lost`] once it is lost. Call it right
+    /// before the effect.
+    ///
+    /// Errors: [`HandlerError::lease_lost`].
+    pub fn check(&self) -> Result<(), HandlerError> {
+        if self.is_lost() { Err(HandlerError::lease_lost()) } else { Ok(()) }
+    }
+
+    /// Resolves when the lease is found lost (by the heartbeat, or when it runs out without an
+    /// extension): `select!` on it to abandon a long effect.
+    pub async fn lost(&self) {
+        loop {
+            let valid_until = *self.valid_until.lock().unwrap_or_else(|e| e.into_inner());
+            tokio::select! {
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(valid_until.into()) => {
+                    if self.is_lost() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records an extension confirmed by the database at `confirmed_at` for `duration`.
+    pub(crate) fn extended(&self, duration: Duration, confirmed_at: Instant) {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = confirmed_at + duration;
+    }
+
+    /// Marks the lease lost (the heartbeat found it taken over or released).
+    pub(crate) fn lose(&self) {
+        self.lost.cancel();
+    }
 }
 
 /// A handler in one of the two modes.
@@ -185,7 +270,7 @@ impl Handler {
 /// The handlers of one consumer group, by message type.
 #[derive(Clone, Default)]
 pub struct HandlerRegistry {
-    by_type: HashMap<String, Handler>,
+    by_type: BTreeMap<String, Handler>,
 }
 
 impl HandlerRegistry {
@@ -207,15 +292,55 @@ impl HandlerRegistry {
 
     /// The registered types, sorted.
     pub fn types(&self) -> Vec<&str> {
-        let mut types: Vec<&str> = self.by_type.keys().map(String::as_str).collect();
-        types.sort_unstable();
-        types
+        self.by_type.keys().map(String::as_str).collect()
+    }
+
+    /// Every (type, handler), sorted by type.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Handler)> {
+        self.by_type.iter().map(|(t, h)| (t.as_str(), h))
+    }
+
+    /// The handlers of `types` only.
+    ///
+    /// Errors: the first type without a handler here, with the types there are.
+    pub fn only<S: AsRef<str>>(&self, types: &[S]) -> Result<HandlerRegistry, String> {
+        let mut picked = HandlerRegistry::new();
+        for t in types {
+            let t = t.as_ref();
+            let handler =
+                self.get(t).ok_or_else(|| format!("no handler {t:?}; there are {}", self.types().join(", ")))?;
+            picked.register(t, handler.clone());
+        }
+        Ok(picked)
+    }
+
+    /// True when no handler is registered.
+    pub fn is_empty(&self) -> bool {
+        self.by_type.is_empty()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_lease_guard_is_lost_when_told_or_when_it_runs_out() {
+        let guard = LeaseGuard::new(Duration::from_millis(200), Instant::now());
+        assert!(guard.check().is_ok());
+        guard.extended(Duration::from_millis(50), Instant::now());
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(guard.check().unwrap_err().is_lease_lost(), "no extension within the lease");
+        tokio::time::timeout(Duration::from_millis(10), guard.lost()).await.expect("lost() resolves at once");
+        let told = LeaseGuard::new(Duration::from_secs(60), Instant::now());
+        let waiter = tokio::spawn({
+            let told = told.clone();
+            async move { told.lost().await }
+        });
+        told.lose();
+        tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("woken").unwrap();
+        assert!(told.is_lost());
+    }
 
     #[test]
     fn error_classes_group_messages_that_differ_only_in_numbers() {

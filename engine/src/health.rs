@@ -2,6 +2,7 @@
 //! reads from — RabbitMQ, or Kafka when it is the source), shared by `/readyz` and the console's
 //! overview.
 
+#[cfg(feature = "kafka")]
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::service::{Service, redact_url};
+#[cfg(feature = "kafka")]
 use crate::source::kafka::KafkaProbe;
 
 /// The state of one dependency at one moment.
@@ -56,37 +58,56 @@ impl HealthReport {
 /// Probes the dependencies. Cheap to clone.
 ///
 /// Each probe is a real round trip: `SELECT 1` on a pooled PostgreSQL connection, `PING` on a
-/// new Redis connection, an AMQP handshake with RabbitMQ (closed right after) — or, with
-/// [`HealthProbes::with_kafka`], a metadata request to Kafka. Each is bounded by `timeout`.
+/// new Redis connection, and for the broker ([`HealthProbes::with_rabbitmq`] or
+/// [`HealthProbes::with_kafka`]) an AMQP handshake with RabbitMQ (closed right after) or a
+/// metadata request to Kafka. Each is bounded by `timeout`.
 #[derive(Clone)]
 pub struct HealthProbes {
     pool: PgPool,
     database_url: String,
     redis_url: String,
-    amqp_url: String,
-    kafka: Option<Arc<KafkaProbe>>,
+    broker: BrokerProbe,
     timeout: Duration,
 }
 
+/// Which broker the broker probe asks.
+#[derive(Clone)]
+enum BrokerProbe {
+    /// None configured: reported down, saying so.
+    None,
+    #[cfg(feature = "rabbitmq")]
+    RabbitMq(String),
+    #[cfg(feature = "kafka")]
+    Kafka(Arc<KafkaProbe>),
+}
+
 impl HealthProbes {
-    /// Creates probes for the given pool and URLs; `timeout` bounds each probe.
-    pub fn new(pool: PgPool, database_url: &str, redis_url: &str, amqp_url: &str, timeout: Duration) -> Self {
+    /// Creates probes of the database (on `pool`, named by `database_url`) and Redis; `timeout`
+    /// bounds each probe. Add the broker with [`HealthProbes::with_rabbitmq`] or
+    /// [`HealthProbes::with_kafka`].
+    pub fn new(pool: PgPool, database_url: &str, redis_url: &str, timeout: Duration) -> Self {
         Self {
             pool,
             database_url: database_url.to_owned(),
             redis_url: redis_url.to_owned(),
-            amqp_url: amqp_url.to_owned(),
-            kafka: None,
+            broker: BrokerProbe::None,
             timeout,
         }
     }
 
-    /// Probes the Kafka cluster at `brokers` as the broker instead of RabbitMQ (the consumer
-    /// reads from Kafka).
+    /// Probes RabbitMQ at `amqp_url` as the broker.
+    #[cfg(feature = "rabbitmq")]
+    pub fn with_rabbitmq(mut self, amqp_url: &str) -> Self {
+        self.broker = BrokerProbe::RabbitMq(amqp_url.to_owned());
+        self
+    }
+
+    /// Probes the Kafka cluster at `brokers` as the broker.
     ///
     /// Errors: an invalid Kafka client configuration.
+    #[cfg(feature = "kafka")]
     pub fn with_kafka(mut self, brokers: &str) -> anyhow::Result<Self> {
-        self.kafka = Some(Arc::new(KafkaProbe::new(brokers)?));
+        self.broker = BrokerProbe::Kafka(Arc::new(KafkaProbe::new(brokers)?));
         Ok(self)
     }
 
@@ -123,18 +144,27 @@ impl HealthProbes {
 
     /// An AMQP connection handshake, then a clean close; or a Kafka metadata request.
     pub async fn check_broker(&self) -> DependencyHealth {
-        if let Some(kafka) = &self.kafka {
-            let mut health = self.timed(Service::Kafka, "", kafka.check(self.timeout)).await;
-            // Bootstrap brokers are `host:port` lists, not URLs, and carry no password.
-            health.url = kafka.brokers().to_owned();
-            return health;
+        match &self.broker {
+            BrokerProbe::None => {
+                self.timed(Service::RabbitMq, "", async { anyhow::bail!("no broker is configured to probe") }).await
+            }
+            #[cfg(feature = "kafka")]
+            BrokerProbe::Kafka(kafka) => {
+                let mut health = self.timed(Service::Kafka, "", kafka.check(self.timeout)).await;
+                // Bootstrap brokers are `host:port` lists, not URLs, and carry no password.
+                health.url = kafka.brokers().to_owned();
+                health
+            }
+            #[cfg(feature = "rabbitmq")]
+            BrokerProbe::RabbitMq(url) => {
+                self.timed(Service::RabbitMq, url, async {
+                    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+                    conn.close(200, "health probe".into()).await?;
+                    Ok(())
+                })
+                .await
+            }
         }
-        self.timed(Service::RabbitMq, &self.amqp_url, async {
-            let conn = lapin::Connection::connect(&self.amqp_url, lapin::ConnectionProperties::default()).await?;
-            conn.close(200, "health probe".into()).await?;
-            Ok(())
-        })
-        .await
     }
 
     async fn timed(

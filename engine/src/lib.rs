@@ -1,10 +1,20 @@
 //! The dedup engine: idempotent consumption of broker deliveries, backed by a PostgreSQL dedup
 //! table and a Redis fast path.
 //!
+//! A team embeds it in its own service: an [`runtime::Engine`] built on the team's pool runs
+//! any number of consumer groups ([`group::Group`]), each on its own queue or topics with the
+//! team's handlers by message type — transactional ones in the claim's transaction, leased ones
+//! for external effects. The engine's tables live in a schema of their own ([`db`]).
+//!
 //! This crate holds every SQL statement and every state-transition rule of the product. It has no
-//! web code: the console (`dedup-app`), the REST API and the CLI (`dedup-console`) all call the
-//! façade exposed here. The semantics (statuses, leases, claims, operator actions) are the ones
-//! fixed in `DESIGN.md`; each module names the rule it implements.
+//! web code and knows no business domain: the console (`dedup-app`), the REST API and the CLI
+//! (`dedup-console`) all call the façade exposed here. The semantics (statuses, leases, claims,
+//! operator actions) are the ones fixed in `DESIGN.md`; each module names the rule it
+//! implements.
+//!
+//! Features: `rabbitmq` and `kafka` (both default) pick the brokers compiled in; a
+//! RabbitMQ-only service builds without librdkafka. `testing`: fresh databases, queues and
+//! topics per test.
 
 pub mod accounts;
 pub mod actions;
@@ -13,10 +23,10 @@ pub mod console;
 pub mod consumer;
 pub mod db;
 pub mod fastpath;
+pub mod group;
 pub mod handler;
 pub mod health;
 pub mod message;
-pub mod orders;
 pub mod pipeline;
 pub mod record;
 pub mod retry;

@@ -1,211 +1,305 @@
-//! The engine as a running service: the consumer, the fast path, the aggregate flusher and the
-//! bulk-requeue and cleanup schedulers, started together and stopped together. The server embeds one [`Engine`]; the CLI's
-//! `simulate` uses its pieces.
+//! The engine as a running service: a team's consumer groups, the fast path, the aggregate
+//! flusher and the bulk-requeue and cleanup schedulers, started together and stopped together.
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool, billing: dedup_engine::group::Group) -> anyhow::Result<()> {
+//! use dedup_engine::runtime::Engine;
+//!
+//! let engine = Engine::builder(pool)       // the team's pool; the engine's tables go in `dedup`
+//!     .redis("redis://127.0.0.1:6379")
+//!     .group(billing)                       // any number of groups, each on its own queue
+//!     .start()                              // migrates its schema, starts the workers
+//!     .await?;
+//! // ... serve, until shutdown:
+//! engine.stop().await;                      // in-flight batches finish and are acked
+//! # Ok(()) }
+//! ```
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::consumer::{Consumer, ConsumerSettings, ConsumerStatus};
+use crate::actions::republish::Publishers;
+use crate::consumer::{Consumer, ConsumerStatus};
+use crate::db::{self, Schema, SchemaError};
 use crate::fastpath::{FastPath, FastPathSettings};
-use crate::message::{Broker, IdPolicy};
-use crate::orders::{self, OrderSettings};
+use crate::group::Group;
+use crate::message::Broker;
 use crate::pipeline::{Pipeline, PipelineSettings};
-use crate::record::ConsumerGroup;
-use crate::retry::Backoff;
+use crate::record::{ConsumerGroup, IdError};
 use crate::source::SourceFactory;
-use crate::source::kafka::{KafkaConnector, KafkaSettings};
-use crate::source::rabbitmq::{RabbitConnector, RabbitSettings};
 use crate::stats::{self, Stats};
 use crate::store::postgres::PgStore;
 
-/// The embedded consumer's settings (`[consumer]` in the configuration file).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ConsumerConfig {
-    /// Run the consumer inside `serve`. Default true.
-    pub enabled: bool,
-    /// The consumer group its records are scoped to. Default `order-service`.
-    pub group: String,
-    /// Attempts before a record goes dead. Default 5.
-    pub max_attempts: i32,
-    /// Lease of each claim, in ms (raised to 1000). Default 30000.
-    pub lease_ms: u64,
-    /// Largest part of a poison payload kept on its record, in bytes. Default 65536.
-    pub keep_poison_payload_bytes: usize,
-    /// Workers, batching, reconnect back-off.
-    pub workers: ConsumerSettings,
-    /// The broker consumed from: `rabbitmq` (default) or `kafka`.
-    pub source: Broker,
-    /// Exchange, queues, prefetch, dead letters (when `source = "rabbitmq"`).
-    pub rabbitmq: RabbitSettings,
-    /// Brokers, group, topics, fetch limits, back-pressure (when `source = "kafka"`).
-    pub kafka: KafkaSettings,
-    /// Retry back-off.
-    pub backoff: Backoff,
-    /// Where message ids are found; the payload size limit.
-    pub ids: IdPolicy,
+/// Why an engine did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A group's name is not a valid consumer group.
+    #[error("consumer group {name:?}: {error}")]
+    GroupName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        error: IdError,
+    },
+    /// Two groups share a name (they would share dedup records).
+    #[error("consumer group {0:?} is declared twice")]
+    DuplicateGroup(String),
+    /// Migrating or verifying the engine's schema failed.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
 }
 
-impl Default for ConsumerConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            group: "order-service".to_owned(),
-            max_attempts: 5,
-            lease_ms: 30_000,
-            keep_poison_payload_bytes: 64 * 1024,
-            workers: ConsumerSettings::default(),
-            source: Broker::RabbitMq,
-            rabbitmq: RabbitSettings::default(),
-            kafka: KafkaSettings::default(),
-            backoff: Backoff::default(),
-            ids: IdPolicy::default(),
+/// Builds an [`Engine`]: see [`Engine::builder`].
+#[must_use = "an engine builder does nothing until `start` is called"]
+pub struct EngineBuilder {
+    pool: PgPool,
+    schema: Schema,
+    redis_url: String,
+    fast_path: FastPathSettings,
+    stats_flush: Duration,
+    pool_size: u32,
+    consume: bool,
+    groups: Vec<Group>,
+}
+
+impl EngineBuilder {
+    /// The schema of the engine's tables (default `dedup`).
+    pub fn schema(mut self, schema: Schema) -> Self {
+        self.schema = schema;
+        self
+    }
+
+    /// Redis of the fast path (default `redis://127.0.0.1:6379`). Redis is a hint: when it is
+    /// down every lookup falls through to the database.
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.redis_url = url.into();
+        self
+    }
+
+    /// Marker prefix, lifetime and timeouts of the fast path.
+    pub fn fast_path(mut self, settings: FastPathSettings) -> Self {
+        self.fast_path = settings;
+        self
+    }
+
+    /// How often the in-memory aggregates are written to the database (default 1 s).
+    pub fn stats_flush(mut self, every: Duration) -> Self {
+        self.stats_flush = every;
+        self
+    }
+
+    /// Most connections of the engine's own pool (default 8): the console's queries, operator
+    /// actions, aggregates, schedulers. Transactional batches use the host pool.
+    pub fn pool_size(mut self, connections: u32) -> Self {
+        self.pool_size = connections;
+        self
+    }
+
+    /// Whether the groups' workers consume (default true). Off, the engine still serves the
+    /// console, operator actions and schedulers, and publishes requeues through the groups'
+    /// brokers.
+    pub fn consume(mut self, consume: bool) -> Self {
+        self.consume = consume;
+        self
+    }
+
+    /// Adds a consumer group.
+    pub fn group(mut self, group: Group) -> Self {
+        self.groups.push(group);
+        self
+    }
+
+    /// Migrates the engine's schema ([`db::migrate`]), then starts every group's workers and
+    /// the background tasks (aggregate flusher, bulk-requeue runners, cleanup scheduler). Does
+    /// not wait for the brokers or Redis: workers connect and reconnect in the background.
+    ///
+    /// Errors: [`EngineError`]: an invalid or repeated group name, a failed migration.
+    pub async fn start(self) -> Result<Engine, EngineError> {
+        let mut names = HashSet::new();
+        let mut groups = Vec::with_capacity(self.groups.len());
+        for group in self.groups {
+            let name = ConsumerGroup::parse(group.name.clone())
+                .map_err(|error| EngineError::GroupName { name: group.name.clone(), error })?;
+            if !names.insert(name.clone()) {
+                return Err(EngineError::DuplicateGroup(group.name));
+            }
+            if group.handlers.is_empty() {
+                tracing::warn!(group = %name, "consumer group without handlers: every message becomes a NO_HANDLER dead letter");
+            }
+            groups.push((name, group));
         }
-    }
-}
-
-impl ConsumerConfig {
-    /// The Kafka connector of these settings (whatever `source` says): group `kafka.group_id`,
-    /// else `group`; message ids published in the `ids.header` (default `x-message-id`).
-    pub fn kafka_connector(&self) -> KafkaConnector {
-        let id_header = self.ids.header.as_deref().unwrap_or("x-message-id");
-        KafkaConnector::new(self.kafka.clone(), &self.group, self.backoff.clone(), id_header)
-    }
-
-    /// The source factory of `source`: the RabbitMQ connector at `amqp_url`, or Kafka.
-    pub fn source_factory(&self, amqp_url: &str) -> Arc<dyn SourceFactory> {
-        match self.source {
-            Broker::RabbitMq => Arc::new(RabbitConnector::new(amqp_url, self.rabbitmq.clone(), self.backoff.clone())),
-            Broker::Kafka => Arc::new(self.kafka_connector()),
+        db::migrate(&self.pool, &self.schema).await?;
+        let engine_pool = db::engine_pool(&self.pool, &self.schema, self.pool_size);
+        let store = PgStore::new(self.pool.clone(), &self.schema);
+        let fast_path = Arc::new(FastPath::new(&self.redis_url, self.fast_path));
+        let stats = Arc::new(Stats::default());
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let mut publishers = Publishers::default();
+        let mut running = Vec::with_capacity(groups.len());
+        for (name, group) in groups {
+            let factory = group.source_factory();
+            publishers.add(name.as_str(), factory.clone());
+            let types = group.handlers.types().into_iter().map(str::to_owned).collect();
+            let status = if self.consume {
+                let s = &group.settings;
+                let pipeline = Pipeline::new(
+                    store.clone(),
+                    fast_path.clone(),
+                    stats.clone(),
+                    group.handlers,
+                    PipelineSettings {
+                        group: name.clone(),
+                        max_attempts: s.max_attempts.max(1),
+                        lease: Duration::from_millis(s.lease_ms),
+                        backoff: s.backoff.clone(),
+                        id_policy: s.ids.clone(),
+                        type_policy: s.types.clone(),
+                        keep_poison_payload_bytes: s.keep_poison_payload_bytes,
+                    },
+                );
+                let consumer = Consumer::new(pipeline, factory.clone(), s.workers.clone());
+                let status = consumer.status();
+                tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
+                Some(status)
+            } else {
+                None
+            };
+            running.push(RunningGroup { name, source: factory, status, types });
         }
+        tasks.push(tokio::spawn(run_stats_flusher(
+            engine_pool.clone(),
+            store.clone(),
+            stats.clone(),
+            self.stats_flush,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
+            engine_pool.clone(),
+            publishers.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(engine_pool.clone(), shutdown.clone())));
+        let handle = EngineHandle {
+            pool: engine_pool,
+            schema: self.schema,
+            fast_path,
+            stats,
+            publishers,
+            groups: Arc::new(running),
+        };
+        Ok(Engine { handle, shutdown, tasks })
     }
 }
 
-/// Everything the engine needs to start.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// RabbitMQ URL.
-    pub amqp_url: String,
-    /// Redis URL.
-    pub redis_url: String,
-    /// The consumer.
-    pub consumer: ConsumerConfig,
-    /// The fast path.
-    pub fast_path: FastPathSettings,
-    /// The order domain.
-    pub orders: OrderSettings,
-    /// How often in-memory aggregates are written to the database.
-    pub stats_flush: Duration,
-    /// Demo mode: publish simulated orders in the background, make some NOTIFY sends crash.
-    pub demo: bool,
-}
-
-/// A running engine.
-pub struct Engine {
-    /// The dedup store.
-    pub store: PgStore,
-    /// The Redis fast path.
-    pub fast_path: Arc<FastPath>,
-    /// In-memory aggregates.
-    pub stats: Arc<Stats>,
-    /// The RabbitMQ connection (also used to publish: requeue, drills).
-    pub connector: Arc<RabbitConnector>,
-    /// The source the consumer reads from (`consumer.source`): the RabbitMQ connector above, or
-    /// Kafka. Its depth is the queue depth or the group's lag; it publishes requeues too.
+/// One consumer group of a running engine, as the console shows it.
+pub struct RunningGroup {
+    /// Its name.
+    pub name: ConsumerGroup,
+    /// Its source: broker, connection state, depth (queue depth or the Kafka group's lag).
     pub source: Arc<dyn SourceFactory>,
-    consumer_status: Option<Arc<ConsumerStatus>>,
+    /// Its workers' status; `None` when the engine does not consume.
+    pub status: Option<Arc<ConsumerStatus>>,
+    /// The message types it has handlers for, sorted.
+    pub types: Vec<String>,
+}
+
+impl RunningGroup {
+    /// The broker it reads from.
+    pub fn broker(&self) -> Broker {
+        self.source.broker()
+    }
+}
+
+/// What the console, the API and a host need of a running engine; cheap to clone.
+#[derive(Clone)]
+pub struct EngineHandle {
+    pool: PgPool,
+    schema: Schema,
+    fast_path: Arc<FastPath>,
+    stats: Arc<Stats>,
+    publishers: Publishers,
+    groups: Arc<Vec<RunningGroup>>,
+}
+
+impl EngineHandle {
+    /// The engine's pool: `search_path` is the engine's schema (see [`crate::db`]). The
+    /// console's queries and the operator actions take it.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The engine's schema.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// The Redis fast path.
+    pub fn fast_path(&self) -> &Arc<FastPath> {
+        &self.fast_path
+    }
+
+    /// The in-memory aggregates (flushed to the database every `stats_flush`).
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The publishers operator actions republish through (each record's group's broker).
+    pub fn publishers(&self) -> &Publishers {
+        &self.publishers
+    }
+
+    /// The consumer groups, in the order they were declared.
+    pub fn groups(&self) -> &[RunningGroup] {
+        &self.groups
+    }
+}
+
+/// A running engine. Stop it with [`Engine::stop`] (dropping it leaves its tasks running until
+/// the runtime ends).
+pub struct Engine {
+    handle: EngineHandle,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Engine {
-    /// Starts the engine on a migrated pool: stocks the order domain, starts the consumer
-    /// (when enabled) and the aggregate flusher. Does not wait for RabbitMQ or Redis: the
-    /// consumer connects (and reconnects) in the background.
-    ///
-    /// Errors: an invalid consumer group name, or the inventory could not be stocked.
-    pub async fn start(pool: PgPool, config: EngineConfig) -> anyhow::Result<Self> {
-        let store = PgStore::new(pool.clone());
-        let fast_path = Arc::new(FastPath::new(&config.redis_url, config.fast_path.clone()));
-        let stats = Arc::new(Stats::default());
-        let c = &config.consumer;
-        let connector = Arc::new(RabbitConnector::new(&config.amqp_url, c.rabbitmq.clone(), c.backoff.clone()));
-        let source: Arc<dyn SourceFactory> = match c.source {
-            Broker::RabbitMq => connector.clone(),
-            Broker::Kafka => c.source_factory(&config.amqp_url),
-        };
-        let shutdown = CancellationToken::new();
-        let mut tasks = Vec::new();
-
-        tasks.push(tokio::spawn(run_stats_flusher(
-            pool.clone(),
-            store.clone(),
-            stats.clone(),
-            config.stats_flush,
-            shutdown.clone(),
-        )));
-
-        let order_settings =
-            if config.demo { orders::demo::demo_order_settings(&config.orders) } else { config.orders.clone() };
-        if config.demo {
-            tasks.push(tokio::spawn(orders::demo::run_demo_traffic(
-                pool.clone(),
-                source.clone(),
-                c.group.clone(),
-                order_settings.clone(),
-                c.ids.clone(),
-                shutdown.clone(),
-            )));
+    /// A builder on `pool`, the team's own pool on the database that holds (or will hold) the
+    /// engine's schema next to the team's tables; transactional handlers run on its
+    /// connections. See the module docs.
+    pub fn builder(pool: PgPool) -> EngineBuilder {
+        EngineBuilder {
+            pool,
+            schema: Schema::default(),
+            redis_url: "redis://127.0.0.1:6379".to_owned(),
+            fast_path: FastPathSettings::default(),
+            stats_flush: Duration::from_secs(1),
+            pool_size: 8,
+            consume: true,
+            groups: Vec::new(),
         }
-        tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
-            pool.clone(),
-            source.clone(),
-            shutdown.clone(),
-        )));
-        tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(pool.clone(), shutdown.clone())));
-        let mut consumer_status = None;
-        if c.enabled {
-            orders::stock_inventory(&pool, &order_settings).await?;
-            let pipeline = Pipeline::new(
-                store.clone(),
-                fast_path.clone(),
-                stats.clone(),
-                orders::order_handlers(pool.clone(), &order_settings),
-                PipelineSettings {
-                    group: ConsumerGroup::parse(c.group.clone())?,
-                    max_attempts: c.max_attempts.max(1),
-                    lease: Duration::from_millis(c.lease_ms),
-                    backoff: c.backoff.clone(),
-                    id_policy: c.ids.clone(),
-                    keep_poison_payload_bytes: c.keep_poison_payload_bytes,
-                },
-            );
-            let consumer = Consumer::new(pipeline, source.clone(), c.workers.clone());
-            consumer_status = Some(consumer.status());
-            tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
-        }
-        Ok(Self { store, fast_path, stats, connector, source, consumer_status, shutdown, tasks })
     }
 
-    /// The consumer's status, when it runs.
-    pub fn consumer_status(&self) -> Option<&Arc<ConsumerStatus>> {
-        self.consumer_status.as_ref()
+    /// What the console and a host need of the engine.
+    pub fn handle(&self) -> &EngineHandle {
+        &self.handle
     }
 
-    /// Stops the consumer (in-flight batches finish and are acked or committed), flushes the
+    /// Stops the workers (in-flight batches finish and are acked or committed), flushes the
     /// aggregates, closes the broker connections.
     pub async fn stop(self) {
         self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;
         }
-        self.connector.close().await;
-        self.source.close().await;
+        for group in self.handle.groups.iter() {
+            group.source.close().await;
+        }
     }
 }
 

@@ -8,7 +8,10 @@
 //! which the fast path passes on and the database catches — counted as a payload conflict too.
 //! Both carry the `x-dedup-drill` header. The layer shows in the record's counters: the fast
 //! path adds the copy to `duplicate_count` only (flushed within a second or so); the database
-//! check adds it to `duplicate_count` and, for a drill payload, to `payload_conflicts`.
+//! check adds it to `duplicate_count` and, for a drill payload, to `payload_conflicts`. The
+//! verdict comes from the record alone: caught, no attempt added, still `succeeded` — the
+//! handler did not run again, so neither did its effect. (The engine knows no business table;
+//! a domain may check its own effects.)
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -16,11 +19,11 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use sqlx::{FromRow, PgPool};
 
-use super::ActionError;
 use super::bulk::audit_on_pool;
+use super::{ActionError, Publishers};
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
 use crate::fastpath::FastPath;
-use crate::source::{Outbound, Publish};
+use crate::source::Outbound;
 
 /// Header marking drill copies (value: the drill id).
 pub const DRILL_HEADER: &str = "x-dedup-drill";
@@ -60,11 +63,8 @@ pub struct DrillReport {
     pub attempts_added: i64,
     /// The record's status now (`succeeded` expected).
     pub status: Option<String>,
-    /// Order-domain effects under this message id, before and now.
-    pub effects_before: i64,
-    /// See `effects_before`.
-    pub effects_now: i64,
-    /// True once caught, with no new attempt and no new effect.
+    /// True once caught, with no new attempt and the record still `succeeded`: the handler did
+    /// not run again, so its effect did not happen again.
     pub passed: bool,
 }
 
@@ -83,21 +83,17 @@ struct Target {
     payload_hash: Vec<u8>,
 }
 
-const EFFECTS_SQL: &str = "SELECT (SELECT count(*) FROM payments WHERE message_id = $1)
-     + (SELECT count(*) FROM inventory_reservations WHERE message_id = $1)
-     + (SELECT count(*) FROM notifications WHERE message_id = $1)";
-
-/// Publishes the drill copy of `target` through `publisher` and records the drill (audited as
-/// `record.drill`).
+/// Publishes the drill copy of `target` through its group's broker and records the drill
+/// (audited as `record.drill`).
 ///
 /// Errors: [`ActionError::UnknownRecord`] / [`ActionError::Refused`] (no succeeded record of the
-/// type), [`ActionError::WrongStatus`] (not succeeded), [`ActionError::BrokerMismatch`],
+/// type), [`ActionError::WrongStatus`] (not succeeded), [`ActionError::NoPublisher`],
 /// [`ActionError::Publish`].
 #[tracing::instrument(skip_all, fields(actor), err(level = "warn"))]
 pub async fn drill_start(
     pool: &PgPool,
     fast_path: &FastPath,
-    publisher: &dyn Publish,
+    publishers: &Publishers,
     actor: &str,
     target: &DrillTarget,
     original_payload: Option<&[u8]>,
@@ -127,20 +123,13 @@ pub async fn drill_start(
                 allowed: "succeeded".to_owned(),
             });
         }
-        if publisher.broker().as_str() != row.source_broker {
-            return Err(ActionError::BrokerMismatch {
-                id: row.id,
-                record: row.source_broker.clone(),
-                publisher: publisher.broker().as_str().to_owned(),
-            });
-        }
+        let publisher = publishers.for_record(row.id, &row.consumer_group, &row.source_broker).await?;
         let marker_present = matches!(fast_path.marker_ttl(&fast_path.key(&row.consumer_group, &row.message_id)).await, Ok(Some(_)));
-        let effects: i64 = sqlx::query_scalar(EFFECTS_SQL).bind(&row.message_id).fetch_one(pool).await?;
         let mut tx = pool.begin().await?;
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO drills (record_id, consumer_group, message_id, actor, marker_present, duplicates_before,
-                                 conflicts_before, attempts_before, effects_before)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+                                 conflicts_before, attempts_before)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
         )
         .bind(row.id)
         .bind(&row.consumer_group)
@@ -150,7 +139,6 @@ pub async fn drill_start(
         .bind(row.duplicate_count)
         .bind(row.payload_conflicts)
         .bind(row.attempts)
-        .bind(effects)
         .fetch_one(&mut *tx)
         .await?;
         let mut headers = serde_json::Map::new();
@@ -176,6 +164,7 @@ pub async fn drill_start(
                 payload: &payload,
                 headers: &headers,
                 content_type: Some("application/json"),
+                type_property: None,
             })
             .await
             .map_err(|e| ActionError::Publish(e.0))?;
@@ -224,7 +213,6 @@ pub async fn drill_report(pool: &PgPool, id: i64) -> Result<DrillReport, ActionE
         duplicates_before: i32,
         conflicts_before: i32,
         attempts_before: i32,
-        effects_before: i64,
         duplicate_count: Option<i32>,
         payload_conflicts: Option<i32>,
         attempts: Option<i32>,
@@ -232,7 +220,7 @@ pub async fn drill_report(pool: &PgPool, id: i64) -> Result<DrillReport, ActionE
     }
     let d: Row = sqlx::query_as(
         "SELECT d.id, d.record_id, d.consumer_group, d.message_id, d.actor, d.published_at, d.marker_present,
-                d.duplicates_before, d.conflicts_before, d.attempts_before, d.effects_before,
+                d.duplicates_before, d.conflicts_before, d.attempts_before,
                 r.duplicate_count, r.payload_conflicts, r.attempts, r.status
          FROM drills d LEFT JOIN dedup_records r ON r.id = d.record_id WHERE d.id = $1",
     )
@@ -240,7 +228,6 @@ pub async fn drill_report(pool: &PgPool, id: i64) -> Result<DrillReport, ActionE
     .fetch_optional(pool)
     .await?
     .ok_or(ActionError::UnknownJob { what: "drill", id })?;
-    let effects_now: i64 = sqlx::query_scalar(EFFECTS_SQL).bind(&d.message_id).fetch_one(pool).await?;
     let duplicates_added = i64::from(d.duplicate_count.unwrap_or(d.duplicates_before) - d.duplicates_before);
     let conflicts_added = d.payload_conflicts.unwrap_or(d.conflicts_before) - d.conflicts_before;
     let attempts_added = i64::from(d.attempts.unwrap_or(d.attempts_before) - d.attempts_before);
@@ -249,10 +236,7 @@ pub async fn drill_report(pool: &PgPool, id: i64) -> Result<DrillReport, ActionE
         (true, true) => Some("database".to_owned()),
         (true, false) => Some("redis".to_owned()),
     };
-    let passed = caught_by.is_some()
-        && attempts_added == 0
-        && effects_now == d.effects_before
-        && d.status.as_deref() == Some("succeeded");
+    let passed = caught_by.is_some() && attempts_added == 0 && d.status.as_deref() == Some("succeeded");
     Ok(DrillReport {
         id: d.id,
         record_id: d.record_id,
@@ -265,8 +249,6 @@ pub async fn drill_report(pool: &PgPool, id: i64) -> Result<DrillReport, ActionE
         duplicates_added,
         attempts_added,
         status: d.status,
-        effects_before: d.effects_before,
-        effects_now,
         passed,
     })
 }

@@ -21,7 +21,7 @@ pub mod bulk;
 pub mod cleanup;
 pub mod drill;
 mod record;
-mod republish;
+pub(crate) mod republish;
 
 use uuid::Uuid;
 
@@ -29,7 +29,7 @@ pub use record::{
     ActionOutcome, HAND_DEAD_LETTER_CLASS, RecordAction, record_dead_letter, record_mark_succeeded, record_release,
     record_requeue,
 };
-pub use republish::{StoredMessage, republish};
+pub use republish::{Publishers, StoredMessage, republish};
 
 use crate::record::RecordStatus;
 
@@ -102,15 +102,14 @@ pub enum ActionError {
     /// dead-letter it again.
     #[error("record {0} is a poison message; requeueing cannot help (fix the producer, or leave it dead)")]
     Poison(i64),
-    /// The record came from another broker than the one this console publishes to.
-    #[error("record {id} came from {record}, but this console publishes to {publisher}")]
-    BrokerMismatch {
+    /// The record came from a broker no consumer group of this engine reads from, so there is
+    /// nothing to republish it through.
+    #[error("record {id} came from {broker}, and no consumer group here reads from {broker}; it cannot be republished")]
+    NoPublisher {
         /// Record id.
         id: i64,
         /// The record's `source_broker`.
-        record: String,
-        /// The publisher's broker.
-        publisher: String,
+        broker: String,
     },
     /// No requeue job (or cleanup schedule) has this id.
     #[error("no {what} has id {id}")]
@@ -161,7 +160,7 @@ impl ActionError {
             | ActionError::LiveLease { .. }
             | ActionError::MissingPayload { .. }
             | ActionError::Poison(_)
-            | ActionError::BrokerMismatch { .. }
+            | ActionError::NoPublisher { .. }
             | ActionError::Refused(_) => ErrorKind::Conflict,
             ActionError::Publish(_) => ErrorKind::Unavailable,
             ActionError::Unexpected(_) => ErrorKind::Internal,

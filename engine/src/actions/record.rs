@@ -6,11 +6,10 @@ use serde_json::json;
 use sqlx::{FromRow, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::republish::{StoredMessage, republish};
+use super::republish::{Publishers, StoredMessage, republish};
 use super::{ActionError, required_reason};
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
 use crate::record::RecordStatus;
-use crate::source::Publish;
 
 /// What the operator was shown and asks for; the guards of every single-record action.
 #[derive(Debug, Clone, Default)]
@@ -238,7 +237,7 @@ pub async fn record_release(
     pool: &PgPool,
     actor: &str,
     params: &RecordAction<'_>,
-    requeue_with: Option<&dyn Publish>,
+    requeue_with: Option<&Publishers>,
 ) -> Result<ActionOutcome, ActionError> {
     let mut tx = pool.begin().await?;
     let mut seen = Seen::default();
@@ -361,7 +360,7 @@ pub async fn record_requeue(
     pool: &PgPool,
     actor: &str,
     params: &RecordAction<'_>,
-    publisher: &dyn Publish,
+    publishers: &Publishers,
 ) -> Result<ActionOutcome, ActionError> {
     let mut tx = pool.begin().await?;
     let mut seen = Seen::default();
@@ -371,7 +370,7 @@ pub async fn record_requeue(
         let from = guard(&row, "requeue", &[RecordStatus::Failed, RecordStatus::Dead], params)?;
         row.stored.check_republishable()?;
         make_claimable(&mut tx, &[row.stored.id]).await?;
-        republish(publisher, &row.stored).await?;
+        republish(publishers, &row.stored).await?;
         Ok(Done { from, to: RecordStatus::Failed, republished: true })
     }
     .await;

@@ -1,17 +1,62 @@
 //! Republishing a record's stored message (requeue, release with requeue, drills): its payload,
 //! headers, content type and the same message id, to the exchange and routing key (Kafka: topic
-//! and key) it first came from.
+//! and key) it first came from, through the broker connection of the record's consumer group
+//! ([`Publishers`]).
+
+use std::sync::Arc;
 
 use sqlx::FromRow;
 
 use super::ActionError;
-use crate::source::{Outbound, Publish};
+use crate::source::{Outbound, Publish, SourceFactory};
+
+/// The broker connections operator actions republish through: every consumer group's source.
+/// Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Publishers {
+    groups: Vec<(String, Arc<dyn SourceFactory>)>,
+}
+
+impl Publishers {
+    /// Adds `group`'s source.
+    pub fn add(&mut self, group: &str, source: Arc<dyn SourceFactory>) {
+        self.groups.push((group.to_owned(), source));
+    }
+
+    /// A publisher for record `id` of `group` that came from `broker` (`rabbitmq`, `kafka`):
+    /// through the group's own source when it reads from that broker, else through the first
+    /// source that does (the record's exchange or topic is named in the copy either way).
+    ///
+    /// Errors: [`ActionError::NoPublisher`] when no source reads from `broker`;
+    /// [`ActionError::Publish`] when the broker cannot be reached.
+    pub async fn for_record(&self, id: i64, group: &str, broker: &str) -> Result<Arc<dyn Publish>, ActionError> {
+        let of_broker = |(_, s): &&(String, Arc<dyn SourceFactory>)| s.broker().as_str() == broker;
+        let source = self
+            .groups
+            .iter()
+            .filter(of_broker)
+            .find(|(g, _)| g == group)
+            .or_else(|| self.groups.iter().find(of_broker))
+            .map(|(_, s)| s)
+            .ok_or_else(|| ActionError::NoPublisher { id, broker: broker.to_owned() })?;
+        source.open_publisher().await.map_err(|e| ActionError::Publish(e.to_string()))
+    }
+
+    /// Closes every source's connection.
+    pub async fn close(&self) {
+        for (_, source) in &self.groups {
+            source.close().await;
+        }
+    }
+}
 
 /// What a record keeps for a republish (the columns of `dedup_records` with the same names).
 #[derive(Debug, Clone, FromRow)]
 pub struct StoredMessage {
     /// Record id.
     pub id: i64,
+    /// The record's consumer group (its broker connection publishes the copy).
+    pub consumer_group: String,
     /// The business message id, sent again unchanged.
     pub message_id: String,
     /// `rabbitmq` or `kafka`.
@@ -28,18 +73,21 @@ pub struct StoredMessage {
     pub headers: Option<serde_json::Value>,
     /// Content type.
     pub content_type: Option<String>,
-    /// `None` for poison messages.
-    pub handler_mode: Option<String>,
+    /// The AMQP `type` property, if the delivery had one.
+    pub type_property: Option<String>,
+    /// A poison message: never republished.
+    pub poison: bool,
 }
 
 impl StoredMessage {
     /// Columns to select for [`StoredMessage`].
-    pub const COLUMNS: &'static str = "id, message_id, source_broker, source_exchange, source_routing_key, payload, \
-                                       payload_truncated, headers, content_type, handler_mode";
+    pub const COLUMNS: &'static str = "id, consumer_group, message_id, source_broker, source_exchange, \
+                                       source_routing_key, payload, payload_truncated, headers, content_type, \
+                                       type_property, poison";
 
     /// Why this record cannot be republished, if it cannot: poison, or no complete payload.
     pub fn check_republishable(&self) -> Result<(), ActionError> {
-        if self.handler_mode.is_none() {
+        if self.poison {
             return Err(ActionError::Poison(self.id));
         }
         if self.payload.is_none() {
@@ -52,20 +100,23 @@ impl StoredMessage {
     }
 }
 
-/// Publishes the stored message through `publisher` and waits for the broker's confirm.
+/// Publishes the stored message through its group's broker ([`Publishers::for_record`]) and
+/// waits for the broker's confirm.
 ///
 /// Errors: [`ActionError::Poison`] / [`ActionError::MissingPayload`] (see
-/// [`StoredMessage::check_republishable`]), [`ActionError::BrokerMismatch`] when the record came
-/// from another broker, [`ActionError::Publish`] when the broker refused or did not confirm it.
-pub async fn republish(publisher: &dyn Publish, stored: &StoredMessage) -> Result<(), ActionError> {
+/// [`StoredMessage::check_republishable`]), [`ActionError::NoPublisher`],
+/// [`ActionError::Publish`] when the broker refused or did not confirm it.
+pub async fn republish(publishers: &Publishers, stored: &StoredMessage) -> Result<(), ActionError> {
     stored.check_republishable()?;
-    if publisher.broker().as_str() != stored.source_broker {
-        return Err(ActionError::BrokerMismatch {
-            id: stored.id,
-            record: stored.source_broker.clone(),
-            publisher: publisher.broker().as_str().to_owned(),
-        });
-    }
+    let publisher = publishers.for_record(stored.id, &stored.consumer_group, &stored.source_broker).await?;
+    publish_stored(publisher.as_ref(), stored).await
+}
+
+/// Publishes the stored message through `publisher` (of the record's broker) and waits for the
+/// broker's confirm.
+///
+/// Errors: [`ActionError::Publish`].
+pub(crate) async fn publish_stored(publisher: &dyn Publish, stored: &StoredMessage) -> Result<(), ActionError> {
     let empty = serde_json::Map::new();
     let headers = stored.headers.as_ref().and_then(|h| h.as_object()).unwrap_or(&empty);
     let routing_key = stored.source_routing_key.as_deref().unwrap_or_default();
@@ -77,6 +128,7 @@ pub async fn republish(publisher: &dyn Publish, stored: &StoredMessage) -> Resul
         payload: stored.payload.as_deref().unwrap_or_default(),
         headers,
         content_type: stored.content_type.as_deref(),
+        type_property: stored.type_property.as_deref(),
     };
     publisher.publish(outbound).await.map_err(|e| ActionError::Publish(e.0))
 }

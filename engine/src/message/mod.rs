@@ -1,10 +1,14 @@
-//! Broker-neutral inbound messages, and how a message id is found in one (DESIGN.md, "Terms":
+//! Broker-neutral inbound messages, how a message id is found in one (DESIGN.md, "Terms":
 //! the AMQP `message_id` property, else a configured header, else — Kafka — the record key, else
 //! a JSON pointer into the payload, else — Kafka, when enabled — `<topic>-<partition>-<offset>`;
-//! none of them → poison).
+//! none of them → poison), and its type ([`TypePolicy`], `type_policy.rs`).
+
+mod type_policy;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+pub use type_policy::{MAX_TYPE_CHARS, MessageType, TypePolicy, TypeSource, UnknownTypeSource};
 
 use crate::record::{IdError, MessageId};
 
@@ -58,6 +62,8 @@ pub struct InboundMessage {
     pub headers: serde_json::Map<String, Value>,
     /// The broker's own message-id property (AMQP `message_id`), if set.
     pub property_message_id: Option<String>,
+    /// The AMQP `type` property, if set (some producers carry the message type there).
+    pub type_property: Option<String>,
     /// The content type property, if set.
     pub content_type: Option<String>,
     /// Which broker.
@@ -143,15 +149,33 @@ pub enum PoisonReason {
         /// The limit in bytes.
         max: usize,
     },
-    /// No handler is registered for the message's type in this consumer group.
-    #[error("no handler for message type {message_type:?}")]
+    /// No handler is registered for the message's type in this consumer group. Not poison: a
+    /// requeue processes it once the handler exists.
+    #[error("no handler for message type {message_type:?}{}", raw_note(message_type, raw.as_deref()))]
     NoHandler {
-        /// The type derived from the id (or `UNKNOWN`).
+        /// The type as the group's type policy found and mapped it (`UNKNOWN`: none found).
         message_type: String,
+        /// The value as found, before the policy's map.
+        raw: Option<String>,
     },
 }
 
 impl PoisonReason {
+    /// True for poison: the message can never be processed and is never requeued. A message
+    /// without a handler is not poison.
+    pub fn is_poison(&self) -> bool {
+        !matches!(self, PoisonReason::NoHandler { .. })
+    }
+
+    /// The dead-letter grouping key: the kind, and for a message without a handler its type
+    /// (so one type's dead letters can be requeued together once its handler exists).
+    pub fn error_class(&self) -> String {
+        match self {
+            PoisonReason::NoHandler { message_type, .. } => format!("{}: {message_type}", self.kind()),
+            _ => self.kind().to_owned(),
+        }
+    }
+
     /// Short stable kind, used as the error class and in synthetic ids.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -164,19 +188,26 @@ impl PoisonReason {
     }
 }
 
+/// `(raw value "…")` when the raw type differs from the mapped one.
+fn raw_note(message_type: &str, raw: Option<&str>) -> String {
+    raw.filter(|r| *r != message_type).map(|r| format!(" (raw value {r:?})")).unwrap_or_default()
+}
+
 /// The message type of poison messages that have no usable id.
 pub const POISON_TYPE: &str = "POISON";
 
-/// Message type when the id has no `<entity>.<event>` prefix.
+/// Message type when the group's type policy finds none.
 pub const UNKNOWN_TYPE: &str = "UNKNOWN";
 
-/// A message whose id was found (its payload parsed when it is JSON).
+/// A message whose id was found (its payload parsed when it is JSON), with its type.
 #[derive(Debug, Clone)]
 pub struct Identified {
     /// The message id.
     pub id: MessageId,
-    /// `<entity>.<event>` from the id, or [`UNKNOWN_TYPE`].
+    /// The handler type the group's [`TypePolicy`] found (or [`UNKNOWN_TYPE`]).
     pub message_type: String,
+    /// The type's value as found, before the policy's map.
+    pub raw_type: Option<String>,
     /// The payload as JSON; `None` for binary content types.
     pub json: Option<Value>,
 }
@@ -200,14 +231,16 @@ fn is_binary(content_type: Option<&str>) -> bool {
 }
 
 impl IdPolicy {
-    /// Finds the message id and parses the payload. Order: size limit, property, header, Kafka
-    /// key, JSON pointer, Kafka offset. A payload that is not JSON is poison unless its content
-    /// type is binary (then it is passed through as bytes).
-    pub fn identify(&self, message: &InboundMessage) -> Result<Identified, Poison> {
+    /// Finds the message id, parses the payload and finds the type with `types`. Order: size
+    /// limit, property, header, Kafka key, JSON pointer, Kafka offset. A payload that is not JSON
+    /// is poison unless its content type is binary (then it is passed through as bytes). A
+    /// poison message with a usable id keeps it, typed from its envelope; one without is typed
+    /// [`POISON_TYPE`].
+    pub fn identify(&self, message: &InboundMessage, types: &TypePolicy) -> Result<Identified, Poison> {
         let poison = |reason: PoisonReason, id: Option<MessageId>| {
             let (record_id, message_type) = match id {
                 Some(id) => {
-                    let t = id.message_type().unwrap_or(UNKNOWN_TYPE).to_owned();
+                    let t = types.resolve(message, Some(&id), None).name;
                     (id, t)
                 }
                 None => (synthetic_poison_id(&reason, message), POISON_TYPE.to_owned()),
@@ -251,8 +284,8 @@ impl IdPolicy {
             )),
             Some(Err(e)) => Err(poison(PoisonReason::InvalidMessageId(e), None)),
             Some(Ok(id)) => {
-                let message_type = id.message_type().unwrap_or(UNKNOWN_TYPE).to_owned();
-                Ok(Identified { id, message_type, json })
+                let found = types.resolve(message, Some(&id), json.as_ref());
+                Ok(Identified { id, message_type: found.name, raw_type: found.raw, json })
             }
         }
     }
@@ -308,6 +341,7 @@ mod tests {
             payload: payload.to_vec(),
             headers: serde_json::Map::new(),
             property_message_id: None,
+            type_property: None,
             content_type: None,
             broker: Broker::RabbitMq,
             source: SourceRef::default(),
@@ -319,11 +353,11 @@ mod tests {
     fn property_then_header_then_json_pointer() {
         let policy = IdPolicy::default();
         let mut m = message(br#"{"messageId":"ORDER.PAY.3:2"}"#);
-        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.3:2");
+        assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "ORDER.PAY.3:2");
         m.headers.insert("x-message-id".into(), Value::String("ORDER.PAY.2:2".into()));
-        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.2:2");
+        assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "ORDER.PAY.2:2");
         m.property_message_id = Some("ORDER.PAY.1:2".into());
-        let found = policy.identify(&m).unwrap();
+        let found = policy.identify(&m, &TypePolicy::default()).unwrap();
         assert_eq!(found.id.as_str(), "ORDER.PAY.1:2");
         assert_eq!(found.message_type, "ORDER.PAY");
     }
@@ -332,8 +366,8 @@ mod tests {
     fn a_message_without_id_is_poison_with_a_stable_synthetic_id() {
         let policy = IdPolicy::default();
         let m = message(br#"{"orderNo":"1"}"#);
-        let a = policy.identify(&m).unwrap_err();
-        let b = policy.identify(&m).unwrap_err();
+        let a = policy.identify(&m, &TypePolicy::default()).unwrap_err();
+        let b = policy.identify(&m, &TypePolicy::default()).unwrap_err();
         assert!(matches!(a.reason, PoisonReason::NoMessageId { .. }));
         assert_eq!(a.record_id, b.record_id);
         assert!(a.record_id.as_str().starts_with("POISON.NO_MESSAGE_ID."), "{}", a.record_id);
@@ -345,13 +379,13 @@ mod tests {
         let policy = IdPolicy { max_payload_bytes: 16, ..IdPolicy::default() };
         let mut m = message(b"{not json");
         m.property_message_id = Some("ORDER.PAY.9:2".into());
-        let p = policy.identify(&m).unwrap_err();
+        let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
         assert!(matches!(p.reason, PoisonReason::UnparsablePayload(_)));
         assert_eq!(p.record_id.as_str(), "ORDER.PAY.9:2");
         assert_eq!(p.message_type, "ORDER.PAY");
 
         let big = message(&[b' '; 17]);
-        let p = policy.identify(&big).unwrap_err();
+        let p = policy.identify(&big, &TypePolicy::default()).unwrap_err();
         assert_eq!(p.reason, PoisonReason::TooLarge { bytes: 17, max: 16 });
         assert!(p.record_id.as_str().starts_with("POISON.PAYLOAD_TOO_LARGE."));
     }
@@ -362,7 +396,7 @@ mod tests {
         let mut m = message(&[0xff, 0x00, 0x13]);
         m.content_type = Some("application/octet-stream".into());
         m.property_message_id = Some("FILE.UPLOAD.7:1".into());
-        let found = policy.identify(&m).unwrap();
+        let found = policy.identify(&m, &TypePolicy::default()).unwrap();
         assert!(found.json.is_none());
     }
 
@@ -377,18 +411,25 @@ mod tests {
             offset: Some(41),
             ..SourceRef::default()
         };
-        assert!(matches!(policy.identify(&m).unwrap_err().reason, PoisonReason::NoMessageId { .. }));
+        assert!(matches!(
+            policy.identify(&m, &TypePolicy::default()).unwrap_err().reason,
+            PoisonReason::NoMessageId { .. }
+        ));
         policy.offset_fallback = true;
-        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "orders-2-41");
+        assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "orders-2-41");
         m.payload = br#"{"messageId":"ORDER.PAY.7:2"}"#.to_vec();
-        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.7:2");
+        assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "ORDER.PAY.7:2");
         m.source.routing_key = Some("ORDER.PAY.8:2".into());
-        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.8:2");
+        assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "ORDER.PAY.8:2");
         m.headers.insert("x-message-id".into(), Value::String("ORDER.PAY.9:2".into()));
-        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.9:2");
+        assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "ORDER.PAY.9:2");
         m.headers.clear();
         policy.key = false;
-        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.PAY.7:2", "key ignored when turned off");
+        assert_eq!(
+            policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(),
+            "ORDER.PAY.7:2",
+            "key ignored when turned off"
+        );
     }
 
     #[test]
@@ -399,16 +440,20 @@ mod tests {
         // Keys b"A\xff" and b"A\xfe" both read "A\u{fffd}": as ids they would collide.
         m.source.routing_key = Some("ORDER.CREATE.A\u{fffd}:1".into());
         m.source.key_not_text = true;
-        let p = policy.identify(&m).unwrap_err();
+        let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
         assert_eq!(p.reason, PoisonReason::InvalidMessageId(IdError::NotText { what: "record key" }));
         assert_eq!(p.reason.to_string(), "invalid message id: record key is not UTF-8 text");
         assert!(p.record_id.as_str().starts_with("POISON.INVALID_MESSAGE_ID."), "{}", p.record_id);
 
         m.headers.insert("x-message-id".into(), serde_json::json!([255, 254, 0]));
-        let p = policy.identify(&m).unwrap_err();
+        let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
         assert_eq!(p.reason, PoisonReason::InvalidMessageId(IdError::NotText { what: "message id header" }));
         m.headers.insert("x-message-id".into(), Value::String("ORDER.CREATE.7:1".into()));
-        assert_eq!(policy.identify(&m).unwrap().id.as_str(), "ORDER.CREATE.7:1", "a text header still wins");
+        assert_eq!(
+            policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(),
+            "ORDER.CREATE.7:1",
+            "a text header still wins"
+        );
     }
 
     #[test]
@@ -416,7 +461,10 @@ mod tests {
         let mut m = message(br#"{"orderNo":"7"}"#);
         m.source.routing_key = Some("order.pay".into());
         let policy = IdPolicy { offset_fallback: true, ..IdPolicy::default() };
-        assert!(matches!(policy.identify(&m).unwrap_err().reason, PoisonReason::NoMessageId { .. }));
+        assert!(matches!(
+            policy.identify(&m, &TypePolicy::default()).unwrap_err().reason,
+            PoisonReason::NoMessageId { .. }
+        ));
     }
 
     #[test]
@@ -424,7 +472,7 @@ mod tests {
         let policy = IdPolicy::default();
         let mut m = message(b"{}");
         m.property_message_id = Some("bad\u{0}id".into());
-        let p = policy.identify(&m).unwrap_err();
+        let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
         assert!(matches!(p.reason, PoisonReason::InvalidMessageId(_)));
     }
 }

@@ -1,6 +1,13 @@
 //! Leased handlers: claim committed first (with a lease and an open attempt row), then the
 //! external effect while the lease is extended every third of its duration, then a completion
 //! fenced by the lease token. A worker whose lease was taken over cannot complete.
+//!
+//! The handler gets a [`LeaseGuard`]: lost when the heartbeat finds the lease taken over, or
+//! when no extension was confirmed within the lease (this worker may have been frozen). The
+//! engine checks it before calling the handler; the handler checks it right before its effect.
+//! A handler that stopped because the lease was lost ([`HandlerError::lease_lost`]) did nothing,
+//! so its attempt is recorded as a failure like any other, fenced by the lease token: retried
+//! when the record is still this worker's, left alone when someone else holds it.
 
 use std::time::Instant;
 
@@ -8,7 +15,7 @@ use futures::future::join_all;
 
 use super::tally::Tally;
 use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
-use crate::handler::Handler;
+use crate::handler::{Handler, LeaseGuard};
 use crate::record::HandlerMode;
 use crate::stats::Event;
 use crate::store::{ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease};
@@ -46,6 +53,8 @@ impl Pipeline {
                 return (Disposition::Redeliver, None);
             }
         };
+        // The database starts the lease after this instant: counting from here errs on the safe side.
+        let asked_at = Instant::now();
         let claim = match self.store.claim(&mut conn, &request).await {
             Ok(ClaimOutcome::Claimed(claim)) => claim,
             Ok(ClaimOutcome::Existing(existing)) => {
@@ -70,10 +79,21 @@ impl Pipeline {
             tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "expired lease taken over (on_lease_expiry = reclaim)");
         }
 
-        let heartbeat = tokio::spawn(self.clone().extend_lease_while_running(claim.clone(), lease.clone()));
+        let guard = LeaseGuard::new(lease.duration, asked_at);
+        let heartbeat =
+            tokio::spawn(self.clone().extend_lease_while_running(claim.clone(), lease.clone(), guard.clone()));
         let started = Instant::now();
-        let result = handler.handle(&Self::input(item, claim.attempt)).await;
+        let result = match guard.check() {
+            Ok(()) => handler.handle(&Self::input(item, claim.attempt), &guard).await,
+            Err(lost) => Err(lost),
+        };
         heartbeat.abort();
+        if let Err(error) = &result
+            && error.is_lease_lost()
+        {
+            metrics::counter!("dedup_lease_lost_before_effect_total", "group" => group.to_owned()).increment(1);
+            tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "lease lost before the effect; the effect was not performed");
+        }
         metrics::histogram!("dedup_handler_duration_seconds", "type" => item.identified.message_type.clone())
             .record(started.elapsed().as_secs_f64());
 
@@ -137,19 +157,22 @@ impl Pipeline {
         }
     }
 
-    /// Extends the lease every third of its duration until aborted; stops when the lease can no
-    /// longer be extended (taken over: the fenced completion will then refuse).
-    async fn extend_lease_while_running(self, claim: ClaimedRecord, lease: Lease) {
+    /// Extends the lease every third of its duration until aborted, telling `guard` of each
+    /// confirmed extension; stops when the lease can no longer be extended (taken over or
+    /// released: `guard` is lost, and the fenced completion will refuse).
+    async fn extend_lease_while_running(self, claim: ClaimedRecord, lease: Lease, guard: LeaseGuard) {
         let period = lease.duration / 3;
         loop {
             tokio::time::sleep(period).await;
+            let asked_at = Instant::now();
             let extended = match self.store.pool().acquire().await {
                 Ok(mut conn) => self.store.extend_lease(&mut conn, &claim, &lease).await,
                 Err(e) => Err(e.into()),
             };
             match extended {
-                Ok(true) => {}
+                Ok(true) => guard.extended(lease.duration, asked_at),
                 Ok(false) => {
+                    guard.lose();
                     tracing::warn!(record = claim.id, "lease lost while the handler runs");
                     return;
                 }

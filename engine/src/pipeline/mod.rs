@@ -20,7 +20,7 @@ use chrono::Utc;
 
 use crate::fastpath::{FastPath, Lookup, Marker};
 use crate::handler::{Handler, HandlerInput, HandlerRegistry};
-use crate::message::{IdPolicy, Identified, InboundMessage, Poison, PoisonReason};
+use crate::message::{IdPolicy, Identified, InboundMessage, Poison, PoisonReason, TypePolicy};
 use crate::record::{ConsumerGroup, RecordStatus};
 use crate::retry::Backoff;
 use crate::stats::{Event, Stats};
@@ -78,6 +78,8 @@ pub struct PipelineSettings {
     pub backoff: Backoff,
     /// How ids are found; what is poison.
     pub id_policy: IdPolicy,
+    /// How message types are found and mapped to handler types.
+    pub type_policy: TypePolicy,
     /// Largest part of a poison payload kept on its record, in bytes.
     pub keep_poison_payload_bytes: usize,
 }
@@ -136,7 +138,7 @@ impl Pipeline {
         let mut routed: Vec<Routed<'_>> = Vec::new();
 
         for (index, message) in batch.iter().enumerate() {
-            match self.settings.id_policy.identify(message) {
+            match self.settings.id_policy.identify(message, &self.settings.type_policy) {
                 Err(p) => poison.push((index, message, p)),
                 Ok(identified) => match self.handlers.get(&identified.message_type) {
                     Some(handler) => routed.push(Routed {
@@ -147,7 +149,10 @@ impl Pipeline {
                         identified,
                     }),
                     None => {
-                        let reason = PoisonReason::NoHandler { message_type: identified.message_type.clone() };
+                        let reason = PoisonReason::NoHandler {
+                            message_type: identified.message_type.clone(),
+                            raw: identified.raw_type,
+                        };
                         let message_type = identified.message_type;
                         poison.push((index, message, Poison { record_id: identified.id, message_type, reason }));
                     }

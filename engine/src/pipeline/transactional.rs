@@ -247,16 +247,18 @@ impl Pipeline {
         p: &Poison,
     ) -> Result<Disposition, Abort> {
         let reason = p.reason.to_string();
+        let error_class: String = p.reason.error_class().chars().take(200).collect();
         let record = PoisonRecord {
             group: &self.settings.group,
             message_id: &p.record_id,
             message_type: &p.message_type,
             reason: &reason,
-            reason_kind: p.reason.kind(),
+            reason_kind: &error_class,
             message,
             payload_hash: &message.payload_hash(),
             keep_payload_bytes: self.settings.keep_poison_payload_bytes,
             max_attempts: self.settings.max_attempts,
+            poison: p.reason.is_poison(),
         };
         let created = match attempt.isolation {
             Isolation::Optimistic => {
@@ -280,7 +282,9 @@ impl Pipeline {
         };
         let tally = &mut attempt.tally;
         if created {
-            tally.count(Event::Poison);
+            if p.reason.is_poison() {
+                tally.count(Event::Poison);
+            }
             tally.count(Event::Dead);
             tally.poison_dead_lettered(p.record_id.as_str(), &reason);
             Ok(Disposition::DeadLetter { reason })

@@ -8,8 +8,9 @@
 //! connection loss. A [`Publish`] sends new messages (simulator, demo traffic) and requeued
 //! records to the same broker.
 
-pub mod amqp_values;
+#[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
 use std::fmt::Display;
@@ -20,6 +21,15 @@ use async_trait::async_trait;
 
 use crate::message::{Broker, InboundMessage};
 use crate::pipeline::Disposition;
+
+/// Bytes as a JSON string when they are UTF-8, else as an array of numbers (AMQP long strings,
+/// Kafka header values).
+pub(crate) fn bytes_to_json(bytes: &[u8]) -> serde_json::Value {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => serde_json::Value::String(s.to_owned()),
+        Err(_) => serde_json::Value::Array(bytes.iter().map(|b| serde_json::Value::from(*b)).collect()),
+    }
+}
 
 /// Header on dead-letter copies (queue or topic) with the reason the record is dead.
 pub const DEAD_LETTER_REASON_HEADER: &str = "x-dedup-dead-letter-reason";
@@ -100,6 +110,8 @@ pub struct Outbound<'a> {
     pub headers: &'a serde_json::Map<String, serde_json::Value>,
     /// Content type (AMQP property; Kafka header `content-type`).
     pub content_type: Option<&'a str>,
+    /// The AMQP `type` property (RabbitMQ; Kafka has none and ignores it).
+    pub type_property: Option<&'a str>,
 }
 
 /// A publish that the broker did not confirm.

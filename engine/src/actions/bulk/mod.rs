@@ -44,7 +44,7 @@ pub(crate) const SKIP_REASON_SQL: &str = "CASE
     WHEN status = 'succeeded' THEN 'already succeeded'
     WHEN status = 'processing' AND lease_expires_at >= now() THEN 'lease live'
     WHEN status = 'processing' THEN 'stuck: release it first'
-    WHEN handler_mode IS NULL THEN 'poison message'
+    WHEN poison THEN 'poison message'
     WHEN payload IS NULL OR payload_truncated THEN 'payload missing'
 END";
 

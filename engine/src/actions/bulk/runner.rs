@@ -18,11 +18,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::super::record::make_claimable;
-use super::super::republish::{StoredMessage, republish};
+use super::super::republish::{Publishers, StoredMessage, publish_stored};
 use super::{SKIP_REASON_SQL, audit_on_pool};
 use crate::actions::ActionError;
 use crate::audit::AuditOutcome;
-use crate::source::{Publish, SourceFactory};
+use crate::source::Publish;
+
+/// The publishers a job's records go through, opened once per run: by (consumer group, broker).
+pub type OpenPublishers = HashMap<(String, String), Arc<dyn Publish>>;
 
 /// First key of the advisory locks held by job runners (`pg_try_advisory_lock(key, job id)`).
 pub const RUNNER_LOCK_KEY: i32 = 0x5251_4a42; // "RQJB"
@@ -85,12 +88,13 @@ struct Candidate {
     stored: StoredMessage,
 }
 
-/// Handles the next `limit` pending items of job `id` in one transaction.
+/// Handles the next `limit` pending items of job `id` in one transaction, publishing through
+/// `publishers` (a record whose group and broker have none there fails its item).
 ///
 /// Errors: database errors (the transaction rolled back; the items stay pending).
 pub async fn run_batch(
     pool: &PgPool,
-    publisher: &dyn Publish,
+    publishers: &OpenPublishers,
     id: i64,
     limit: i64,
 ) -> Result<BatchOutcome, ActionError> {
@@ -129,7 +133,15 @@ pub async fn run_batch(
             Some(Candidate { skip: None, stored, .. }) => to_publish.push((*seq, stored)),
         }
     }
-    let results = join_all(to_publish.iter().map(|(_, stored)| republish(publisher, stored))).await;
+    let results = join_all(to_publish.iter().map(|(_, stored)| async move {
+        stored.check_republishable()?;
+        let key = (stored.consumer_group.clone(), stored.source_broker.clone());
+        match publishers.get(&key) {
+            Some(publisher) => publish_stored(publisher.as_ref(), stored).await,
+            None => Err(ActionError::NoPublisher { id: stored.id, broker: stored.source_broker.clone() }),
+        }
+    }))
+    .await;
     let mut claimable = Vec::new();
     for ((seq, stored), result) in to_publish.iter().zip(results) {
         match result {
@@ -210,7 +222,7 @@ fn batch_size(rate: f64) -> i64 {
 #[tracing::instrument(skip_all, fields(job_id = id), err(level = "warn"))]
 pub async fn run_job(
     pool: &PgPool,
-    source: &dyn SourceFactory,
+    publishers: &Publishers,
     id: i64,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
@@ -223,14 +235,40 @@ pub async fn run_job(
     if !locked {
         return Ok(());
     }
-    let result = run_locked(pool, source, id, shutdown).await;
+    let result = run_locked(pool, publishers, id, shutdown).await;
     let _ = lock.close().await;
     result
 }
 
+/// Opens a publisher for every (group, broker) among job `id`'s pending records. A broker no
+/// group reads from is left out (those records' items fail one by one, saying so).
+///
+/// Errors: a broker that cannot be reached ([`ActionError::Publish`]), a database error.
+async fn open_publishers(pool: &PgPool, publishers: &Publishers, id: i64) -> Result<OpenPublishers, ActionError> {
+    let pairs: Vec<(String, String)> = sqlx::query_as(
+        "SELECT DISTINCT r.consumer_group, r.source_broker
+         FROM requeue_job_items i JOIN dedup_records r ON r.id = i.record_id
+         WHERE i.job_id = $1 AND i.state = 'pending'",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let mut open = OpenPublishers::new();
+    for (group, broker) in pairs {
+        match publishers.for_record(0, &group, &broker).await {
+            Ok(publisher) => {
+                open.insert((group, broker), publisher);
+            }
+            Err(ActionError::NoPublisher { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(open)
+}
+
 async fn run_locked(
     pool: &PgPool,
-    source: &dyn SourceFactory,
+    publishers: &Publishers,
     id: i64,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
@@ -238,7 +276,7 @@ async fn run_locked(
     if job.state != "running" {
         return Ok(());
     }
-    let publisher: Arc<dyn Publish> = source.open_publisher().await.map_err(|e| ActionError::Publish(e.to_string()))?;
+    let publisher = open_publishers(pool, publishers, id).await?;
     let canary = i64::from(job.canary_size);
     let mut published = job.done + job.failed;
     let mut canary_failed = job.failed;
@@ -261,7 +299,7 @@ async fn run_locked(
         }
         let in_canary = published < canary;
         let limit = if in_canary { size.min(canary - published) } else { size };
-        let outcome = match run_batch(pool, publisher.as_ref(), id, limit).await {
+        let outcome = match run_batch(pool, &publisher, id, limit).await {
             Ok(o) => o,
             Err(ActionError::Unexpected(e)) => {
                 tracing::warn!(job_id = id, error = %e, "bulk requeue batch failed; retrying");
@@ -326,7 +364,7 @@ async fn run_locked(
 /// Starts a runner for every running job that has none in this process, every
 /// [`SUPERVISE_EVERY`], until `shutdown` (then waits for its runners to stop). Runners of other
 /// instances keep their jobs: the advisory lock decides.
-pub async fn supervise(pool: PgPool, source: Arc<dyn SourceFactory>, shutdown: CancellationToken) {
+pub async fn supervise(pool: PgPool, publishers: Publishers, shutdown: CancellationToken) {
     let mut running: HashMap<i64, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut ticker = tokio::time::interval(SUPERVISE_EVERY);
     loop {
@@ -347,11 +385,11 @@ pub async fn supervise(pool: PgPool, source: Arc<dyn SourceFactory>, shutdown: C
         };
         let live: HashSet<i64> = running.keys().copied().collect();
         for id in ids.into_iter().filter(|id| !live.contains(id)) {
-            let (pool, source, shutdown) = (pool.clone(), source.clone(), shutdown.clone());
+            let (pool, publishers, shutdown) = (pool.clone(), publishers.clone(), shutdown.clone());
             running.insert(
                 id,
                 tokio::spawn(async move {
-                    if let Err(e) = run_job(&pool, source.as_ref(), id, &shutdown).await {
+                    if let Err(e) = run_job(&pool, &publishers, id, &shutdown).await {
                         tracing::warn!(job_id = id, error = %e, "bulk requeue runner stopped; will retry");
                     }
                 }),

@@ -16,9 +16,9 @@ use super::totals::{Outcome, Totals};
 pub const COPY_SQL: &str = "COPY dedup_records (id, consumer_group, message_id, message_type, status, handler_mode, \
     attempts, max_attempts, reentries, lease_owner, lease_token, lease_expires_at, first_seen_at, updated_at, \
     completed_at, next_attempt_at, last_error, error_class, payload_hash, payload, headers, content_type, \
-    source_broker, source_exchange, source_routing_key, source_queue, duplicate_count, last_duplicate_at) \
+    source_broker, source_exchange, source_routing_key, source_queue, duplicate_count, last_duplicate_at, poison) \
     FROM STDIN (FORMAT binary)";
-const RECORD_COLUMNS: i16 = 28;
+const RECORD_COLUMNS: i16 = 29;
 
 /// The columns of [`Chunk::attempts`], in order.
 pub const ATTEMPTS_COPY_SQL: &str = "COPY record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error) FROM STDIN (FORMAT binary)";
@@ -123,6 +123,10 @@ impl Row<'_> {
 
     fn int4(&mut self, value: i32) -> &mut Self {
         self.value(&value.to_be_bytes())
+    }
+
+    fn bool(&mut self, value: bool) -> &mut Self {
+        self.value(&[u8::from(value)])
     }
 
     /// A `timestamptz`: microseconds since PostgreSQL's epoch.
@@ -311,7 +315,8 @@ impl Plan {
             .raw(&message_type.to_lowercase())
             .raw(&format!("orders.{group}"))
             .int4(dups)
-            .time(dup_at);
+            .time(dup_at)
+            .bool(poison);
         if !succeeded {
             attempt_rows(&mut chunk.attempts, g, seen, status, attempts, last_error.as_deref());
         }

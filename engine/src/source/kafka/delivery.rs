@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::offsets::TopicPartition;
 use crate::message::{Broker, InboundMessage, SourceRef};
-use crate::source::amqp_values::bytes_to_json;
+use crate::source::bytes_to_json;
 
 /// Header on copies naming the topic the original record was published to.
 pub const SOURCE_TOPIC_HEADER: &str = "x-dedup-source-topic";
@@ -79,6 +79,7 @@ impl Delivered {
             payload: record.payload().unwrap_or_default().to_vec(),
             headers: headers_to_json(&headers),
             property_message_id: None,
+            type_property: None,
             content_type: header_text(&headers, CONTENT_TYPE_HEADER).map(str::to_owned),
             broker: Broker::Kafka,
             source: origin(&headers, retry_topic, at, key.as_deref()),

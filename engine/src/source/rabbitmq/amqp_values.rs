@@ -3,6 +3,8 @@
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use serde_json::{Map, Number, Value};
 
+use crate::source::bytes_to_json;
+
 /// Deepest nesting of header tables and arrays kept on a record; deeper values are replaced by
 /// the string [`TOO_DEEP`]. A hostile producer can nest thousands of levels within one frame,
 /// and the conversion, JSON serialisation and PostgreSQL's `jsonb` all recurse.
@@ -20,15 +22,6 @@ pub fn table_to_json(table: &FieldTable) -> Map<String, Value> {
 
 fn table_at(table: &FieldTable, depth: usize) -> Map<String, Value> {
     table.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_to_json(v, depth))).collect()
-}
-
-/// Bytes as a JSON string when they are UTF-8, else as an array of numbers (also used for Kafka
-/// header values).
-pub(crate) fn bytes_to_json(bytes: &[u8]) -> Value {
-    match std::str::from_utf8(bytes) {
-        Ok(s) => Value::String(s.to_owned()),
-        Err(_) => Value::Array(bytes.iter().map(|b| Value::from(*b)).collect()),
-    }
 }
 
 fn value_to_json(value: &AMQPValue, depth: usize) -> Value {

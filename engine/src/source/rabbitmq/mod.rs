@@ -34,6 +34,16 @@ use super::{Publish, Source, SourceError, SourceFactory};
 use crate::retry::Backoff;
 use crate::service::{Service, Unreachable};
 
+/// Stack size for threads spawned without an explicit one that a process consuming from RabbitMQ
+/// should set (`RUST_MIN_STACK`, before its async runtime starts), in bytes: a virtual
+/// reservation, pages are committed only when touched.
+///
+/// lapin parses each AMQP frame recursively on its own thread (`lapin-io-loop`), spawned with
+/// the default 2 MiB stack: a producer's content header of deeply nested header tables (up to
+/// RabbitMQ's `frame_max` of 128 KiB, about 18 000 levels) overflows it and aborts the whole
+/// process, again at every restart while the message stays queued.
+pub const MIN_THREAD_STACK_BYTES: usize = 512 << 20;
+
 /// How long a shutdown waits for the broker to confirm a consumer cancel, a channel's close or
 /// the connection's close. lapin's futures wait for the broker's reply; a reply that never came
 /// is the likely cause of a `serve` that did not stop within 30 s of SIGTERM in a CI run (its
@@ -48,6 +58,7 @@ pub const SOURCE_EXCHANGE_HEADER: &str = "x-dedup-source-exchange";
 pub const SOURCE_ROUTING_KEY_HEADER: &str = "x-dedup-source-routing-key";
 pub use super::DEAD_LETTER_REASON_HEADER;
 
+pub mod amqp_values;
 mod publish;
 mod source;
 
@@ -93,6 +104,23 @@ impl Default for RabbitSettings {
 }
 
 impl RabbitSettings {
+    /// Defaults, with messages published to `exchange` (a durable topic exchange) and consumed
+    /// from `queue`, bound with `binding_keys`; the connection named after the queue.
+    pub fn for_queue(
+        exchange: impl Into<String>,
+        queue: impl Into<String>,
+        binding_keys: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        let queue = queue.into();
+        Self {
+            exchange: exchange.into(),
+            binding_keys: binding_keys.into_iter().map(Into::into).collect(),
+            connection_name: queue.clone(),
+            queue,
+            ..Self::default()
+        }
+    }
+
     /// The name of the retry queue for `delay`.
     pub fn retry_queue(&self, delay: Duration) -> String {
         format!("{}.retry.{}", self.queue, delay.as_millis())

@@ -8,9 +8,9 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Connection};
 
+use super::amqp_values::json_to_table;
 use super::{broker, disconnected};
 use crate::message::Broker;
-use crate::source::amqp_values::json_to_table;
 use crate::source::{Outbound, Publish, PublishFailed, SourceError};
 
 /// A confirm-mode publishing channel.
@@ -89,7 +89,10 @@ impl Publish for Publisher {
 
     /// To `destination` (the exchange) with `routing_key`; the message id in the AMQP property.
     async fn publish(&self, message: Outbound<'_>) -> Result<(), PublishFailed> {
-        let props = properties_for(message.message_id, message.headers, message.content_type);
+        let mut props = properties_for(message.message_id, message.headers, message.content_type);
+        if let Some(kind) = message.type_property {
+            props = props.with_type(ShortString::from(kind));
+        }
         Publisher::publish(self, message.destination, message.routing_key, message.payload, props)
             .await
             .map_err(|e| PublishFailed(e.to_string()))

@@ -9,6 +9,7 @@ use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, B
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
 
+use super::amqp_values::table_to_json;
 use super::publish::{PublishError, Publisher};
 use super::{
     CLOSE_TIMEOUT, DEAD_LETTER_REASON_HEADER, RabbitSettings, SOURCE_EXCHANGE_HEADER, SOURCE_ROUTING_KEY_HEADER,
@@ -17,7 +18,6 @@ use super::{
 use crate::message::{Broker, InboundMessage, SourceRef};
 use crate::pipeline::Disposition;
 use crate::retry::Backoff;
-use crate::source::amqp_values::table_to_json;
 use crate::source::{Source, SourceError};
 
 struct Held {
@@ -88,6 +88,7 @@ impl RabbitSource {
             payload: delivery.data,
             headers,
             property_message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
+            type_property: props.kind().as_ref().map(|s| s.as_str().to_owned()),
             content_type: props.content_type().as_ref().map(|s| s.as_str().to_owned()),
             broker: Broker::RabbitMq,
             source,

@@ -1,0 +1,243 @@
+//! A consumer group as a team declares it: a name, where its deliveries come from, its
+//! settings, and its handlers by message type. [`crate::runtime::EngineBuilder::group`] takes
+//! any number of them; each runs its own workers on its own queue or topics.
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use dedup_engine::group::Group;
+//! # use dedup_engine::handler::{HandlerError, HandlerInput, LeasedHandler, TransactionalHandler};
+//! # use dedup_engine::message::{TypePolicy, TypeSource};
+//! # use dedup_engine::record::LeaseExpiryPolicy;
+//! # use dedup_engine::source::rabbitmq::RabbitSettings;
+//! # struct PayInvoice; struct SendReceipt;
+//! # #[async_trait::async_trait] impl TransactionalHandler for PayInvoice {
+//! #   async fn handle(&self, _: &HandlerInput<'_>, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) } }
+//! # #[async_trait::async_trait] impl LeasedHandler for SendReceipt {
+//! #   async fn handle(&self, _: &HandlerInput<'_>, _: &dedup_engine::handler::LeaseGuard) -> Result<(), HandlerError> { Ok(()) } }
+//! let billing = Group::rabbitmq(
+//!     "billing",
+//!     "amqp://guest:guest@127.0.0.1:5672/%2f",
+//!     RabbitSettings::for_queue("billing.events", "billing.invoices", ["invoice.#"]),
+//! )
+//! .types(TypePolicy::from_sources([TypeSource::Header("__TypeId__".into())])
+//!     .map("com.example.billing.InvoicePaidEvent", "INVOICE.PAID"))
+//! .max_attempts(5)
+//! .lease(Duration::from_secs(30))
+//! .transactional("INVOICE.PAID", PayInvoice)
+//! .leased("INVOICE.RECEIPT", SendReceipt, LeaseExpiryPolicy::Hold);
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::consumer::ConsumerSettings;
+use crate::handler::{Handler, HandlerRegistry, LeasedHandler, TransactionalHandler};
+use crate::message::{Broker, IdPolicy, TypePolicy};
+use crate::record::LeaseExpiryPolicy;
+use crate::retry::Backoff;
+use crate::source::SourceFactory;
+
+/// A consumer group's settings; every one has a default. Serde names are the configuration
+/// keys of a group (`[consumer]` and `[[groups]]` of the `dedup-console` binary).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GroupSettings {
+    /// Attempts before a record goes dead. Default 5 (raised to 1).
+    pub max_attempts: i32,
+    /// Lease of each claim, in ms (raised to 1000). Default 30000.
+    pub lease_ms: u64,
+    /// Largest part of a poison payload kept on its record, in bytes. Default 65536.
+    pub keep_poison_payload_bytes: usize,
+    /// Workers, batching, reconnect back-off.
+    pub workers: ConsumerSettings,
+    /// Retry back-off between attempts.
+    pub backoff: Backoff,
+    /// Where message ids are found; the payload size limit.
+    pub ids: IdPolicy,
+    /// Where the message type is found, and how raw values map to handler types.
+    pub types: TypePolicy,
+}
+
+impl Default for GroupSettings {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            lease_ms: 30_000,
+            keep_poison_payload_bytes: 64 * 1024,
+            workers: ConsumerSettings::default(),
+            backoff: Backoff::default(),
+            ids: IdPolicy::default(),
+            types: TypePolicy::default(),
+        }
+    }
+}
+
+/// Where a group's deliveries come from.
+#[derive(Clone)]
+pub enum GroupSource {
+    /// A RabbitMQ queue (declared at start with its exchange, retry and dead-letter queues).
+    #[cfg(feature = "rabbitmq")]
+    RabbitMq {
+        /// The broker's URL (`amqp://user:password@host:port/vhost`).
+        url: String,
+        /// Exchange, queue, binding keys, prefetch, dead letters.
+        settings: crate::source::rabbitmq::RabbitSettings,
+    },
+    /// Kafka topics, consumed as a Kafka consumer group (`group_id`, default the group's name).
+    #[cfg(feature = "kafka")]
+    Kafka(crate::source::kafka::KafkaSettings),
+    /// A source of your own making (another broker, a test double).
+    Custom(Arc<dyn SourceFactory>),
+}
+
+/// A consumer group to run: see the module docs.
+#[derive(Clone)]
+pub struct Group {
+    pub(crate) name: String,
+    pub(crate) source: GroupSource,
+    pub(crate) settings: GroupSettings,
+    pub(crate) handlers: HandlerRegistry,
+}
+
+impl Group {
+    /// A group named `name` reading from `source`, with default settings and no handler yet.
+    /// The name is checked when the engine starts (non-empty, at most 128 bytes, no control
+    /// characters): it scopes the group's dedup records, so keep it stable.
+    pub fn new(name: impl Into<String>, source: GroupSource) -> Self {
+        Self { name: name.into(), source, settings: GroupSettings::default(), handlers: HandlerRegistry::new() }
+    }
+
+    /// A group on a RabbitMQ queue at `url`.
+    #[cfg(feature = "rabbitmq")]
+    pub fn rabbitmq(
+        name: impl Into<String>,
+        url: impl Into<String>,
+        settings: crate::source::rabbitmq::RabbitSettings,
+    ) -> Self {
+        Self::new(name, GroupSource::RabbitMq { url: url.into(), settings })
+    }
+
+    /// A group on Kafka topics.
+    #[cfg(feature = "kafka")]
+    pub fn kafka(name: impl Into<String>, settings: crate::source::kafka::KafkaSettings) -> Self {
+        Self::new(name, GroupSource::Kafka(settings))
+    }
+
+    /// All settings at once (replaces what the setters below set).
+    pub fn settings(mut self, settings: GroupSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Where the message type is found (default: the id's `<entity>.<event>` prefix).
+    pub fn types(mut self, types: TypePolicy) -> Self {
+        self.settings.types = types;
+        self
+    }
+
+    /// Where the message id is found.
+    pub fn ids(mut self, ids: IdPolicy) -> Self {
+        self.settings.ids = ids;
+        self
+    }
+
+    /// Attempts before a record goes dead (default 5).
+    pub fn max_attempts(mut self, attempts: i32) -> Self {
+        self.settings.max_attempts = attempts;
+        self
+    }
+
+    /// Lease of each claim (default 30 s; at least 1 s). Leased handlers must finish within it
+    /// or keep their heartbeat going (the engine extends it every third of its length).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.settings.lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Workers, batch size, linger, reconnect back-off.
+    pub fn workers(mut self, workers: ConsumerSettings) -> Self {
+        self.settings.workers = workers;
+        self
+    }
+
+    /// Retry back-off between attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.settings.backoff = backoff;
+        self
+    }
+
+    /// Registers a transactional handler for `message_type` (DESIGN.md, "Two handler modes"):
+    /// it runs in the claim's transaction, on the host pool's connection.
+    pub fn transactional(self, message_type: impl Into<String>, handler: impl TransactionalHandler) -> Self {
+        self.handler(message_type, Handler::Transactional(Arc::new(handler)))
+    }
+
+    /// Registers a leased handler for `message_type`: an external effect run under a lease,
+    /// completed fenced by the lease token; `on_lease_expiry` says whether an expired lease may
+    /// be taken over automatically (`Reclaim`) or waits for an operator (`Hold`, the safe
+    /// default for effects that must not run twice).
+    pub fn leased(
+        self,
+        message_type: impl Into<String>,
+        handler: impl LeasedHandler,
+        on_lease_expiry: LeaseExpiryPolicy,
+    ) -> Self {
+        self.handler(message_type, Handler::Leased { handler: Arc::new(handler), on_lease_expiry })
+    }
+
+    /// Registers any [`Handler`] for `message_type`, replacing an earlier one.
+    pub fn handler(mut self, message_type: impl Into<String>, handler: Handler) -> Self {
+        self.handlers.register(message_type, handler);
+        self
+    }
+
+    /// Registers every handler of `registry` (a domain crate's set of handlers, say).
+    pub fn handlers(mut self, registry: &HandlerRegistry) -> Self {
+        for (message_type, handler) in registry.iter() {
+            self.handlers.register(message_type, handler.clone());
+        }
+        self
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The broker it reads from (`None` for a custom source, until it is opened).
+    pub fn broker(&self) -> Option<Broker> {
+        match &self.source {
+            #[cfg(feature = "rabbitmq")]
+            GroupSource::RabbitMq { .. } => Some(Broker::RabbitMq),
+            #[cfg(feature = "kafka")]
+            GroupSource::Kafka(_) => Some(Broker::Kafka),
+            GroupSource::Custom(factory) => Some(factory.broker()),
+        }
+    }
+
+    /// Opens the group's source factory (no connection is made until a worker or a publisher
+    /// asks for one).
+    pub fn source_factory(&self) -> Arc<dyn SourceFactory> {
+        match &self.source {
+            #[cfg(feature = "rabbitmq")]
+            GroupSource::RabbitMq { url, settings } => Arc::new(crate::source::rabbitmq::RabbitConnector::new(
+                url,
+                settings.clone(),
+                self.settings.backoff.clone(),
+            )),
+            #[cfg(feature = "kafka")]
+            GroupSource::Kafka(settings) => {
+                let id_header = self.settings.ids.header.as_deref().unwrap_or("x-message-id");
+                Arc::new(crate::source::kafka::KafkaConnector::new(
+                    settings.clone(),
+                    &self.name,
+                    self.settings.backoff.clone(),
+                    id_header,
+                ))
+            }
+            GroupSource::Custom(factory) => factory.clone(),
+        }
+    }
+}

@@ -8,12 +8,10 @@ pub mod console;
 mod convert;
 pub mod operations;
 
-use std::sync::Arc;
-
-use dedup_engine::consumer::ConsumerStatus;
+use dedup_engine::actions::Publishers;
 use dedup_engine::fastpath::FastPath;
 use dedup_engine::health::{HealthProbes, HealthReport};
-use dedup_engine::source::SourceFactory;
+use dedup_engine::runtime::EngineHandle;
 use leptos::prelude::use_context;
 use sqlx::PgPool;
 
@@ -23,19 +21,27 @@ use crate::wire::{DependencyView, HealthView};
 /// Everything server functions need, provided by the server as Leptos context for each request.
 #[derive(Clone)]
 pub struct ConsoleState {
-    /// Probes of PostgreSQL, Redis and RabbitMQ.
+    /// Probes of PostgreSQL, Redis and the broker.
     pub probes: HealthProbes,
-    /// The database (dedup store, aggregates).
-    pub pool: PgPool,
+    /// The running engine: its pool, fast path, publishers and consumer groups.
+    pub engine: EngineHandle,
+}
+
+impl ConsoleState {
+    /// The engine's pool (the console's queries and the operator actions run there).
+    pub fn pool(&self) -> &PgPool {
+        self.engine.pool()
+    }
+
     /// The Redis fast path (marker state on record pages).
-    pub fast_path: Arc<FastPath>,
-    /// The consumer's source (RabbitMQ or Kafka): its connection state and depth (queue depth or
-    /// the group's lag) on the overview; operator actions publish through it.
-    pub source: Arc<dyn SourceFactory>,
-    /// The embedded consumer's status; `None` when it is disabled.
-    pub consumer: Option<Arc<ConsumerStatus>>,
-    /// The consumer group the embedded consumer runs.
-    pub group: String,
+    pub fn fast_path(&self) -> &FastPath {
+        self.engine.fast_path()
+    }
+
+    /// The publishers operator actions republish through.
+    pub fn publishers(&self) -> &Publishers {
+        self.engine.publishers()
+    }
 }
 
 /// The [`ConsoleState`] of the current request.

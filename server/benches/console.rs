@@ -183,8 +183,10 @@ fn main() {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/dedup_console_bench".to_owned());
         let records: u64 = env_or("BENCH_RECORDS", 1_000_000);
         let n: usize = env_or("BENCH_ITERATIONS", 40);
-        let pool = db::connect(&url, &PoolSettings::default()).await.expect("PostgreSQL for the bench");
-        db::migrate(&pool).await.expect("migrate");
+        let host = db::connect(&url, &PoolSettings::default()).await.expect("PostgreSQL for the bench");
+        let schema = db::Schema::default();
+        db::migrate(&host, &schema).await.expect("migrate");
+        let pool = db::engine_pool(&host, &schema, 16);
         seed_to(&pool, records).await;
         let total: i64 = sqlx::query_scalar("SELECT sum(n)::bigint FROM record_counts").fetch_one(&pool).await.unwrap();
         println!("console bench: {total} records, {n} timed runs each (after 3 warm-ups)");

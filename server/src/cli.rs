@@ -9,12 +9,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dedup_engine::console::seed::{SeedParams, seed_records};
 use dedup_engine::message::Broker;
-use dedup_engine::orders::simulate::{SimulateParams, simulate};
-use dedup_engine::orders::verify::{VerifyReport, check_kafka_lag, verify};
-use dedup_engine::runtime::ConsumerConfig;
+use dedup_example_orders::simulate::{SimulateParams, simulate};
+use dedup_example_orders::verify::{VerifyReport, check_kafka_lag, verify};
 
 use crate::cli_users::UserCommand;
-use crate::config::Settings;
+use crate::config::{GroupConfig, Settings};
 use crate::operator::{BulkArgs, CleanupArgs, RecordArgs, RecordCommand, run_bulk, run_cleanup, run_record};
 use crate::startup::{Application, open_database};
 use crate::telemetry;
@@ -104,15 +103,24 @@ pub enum SourceArg {
     Kafka,
 }
 
-/// The consumer settings with `consumer.source` overridden by `--source`, if given.
-fn consumer_for(settings: &Settings, source: Option<SourceArg>) -> ConsumerConfig {
-    let mut consumer = settings.consumer.clone();
-    match source {
-        Some(SourceArg::Rabbitmq) => consumer.source = Broker::RabbitMq,
-        Some(SourceArg::Kafka) => consumer.source = Broker::Kafka,
-        None => {}
+/// The configured groups on the broker `--source` names (the first group's when not given):
+/// the run is published where the first of them reads from.
+///
+/// Errors: invalid groups, or none on that broker.
+fn groups_on(settings: &Settings, source: Option<SourceArg>) -> anyhow::Result<Vec<GroupConfig>> {
+    let mut groups = settings.consumer_groups()?;
+    let broker = match source {
+        Some(SourceArg::Rabbitmq) => Broker::RabbitMq,
+        Some(SourceArg::Kafka) => Broker::Kafka,
+        None => groups.first().map_or(Broker::RabbitMq, |g| g.source),
+    };
+    if groups.len() == 1 {
+        // The one group of `[consumer]` reads from whichever broker `--source` names.
+        groups[0].source = broker;
     }
-    consumer
+    groups.retain(|g| g.source == broker);
+    anyhow::ensure!(!groups.is_empty(), "no consumer group reads from {}", broker.as_str());
+    Ok(groups)
 }
 
 /// `simulate` options.
@@ -182,18 +190,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_stopped(shutdown_signal()).await
         }
         Command::Migrate => {
-            let pool = open_database(&settings).await?;
-            println!("migrations applied; schema verified ({})", settings.database_url.redacted());
-            pool.close().await;
+            let db = open_database(&settings).await?;
+            println!("migrations applied; schema {} verified ({})", settings.schema, settings.database_url.redacted());
+            db.close().await;
             Ok(())
         }
         Command::Simulate(args) => run_simulate(&settings, args).await,
         Command::Verify(args) => run_verify(&settings, args).await,
         Command::Seed(args) => run_seed(&settings, args).await,
         Command::User(command) => {
-            let pool = open_database(&settings).await?;
-            let result = crate::cli_users::run(&pool, command).await;
-            pool.close().await;
+            let db = open_database(&settings).await?;
+            let result = crate::cli_users::run(&db.engine, command).await;
+            db.close().await;
             result
         }
         Command::Release(args) => run_record(&settings, RecordCommand::Release, args).await,
@@ -206,7 +214,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run_seed(settings: &Settings, args: SeedArgs) -> anyhow::Result<()> {
-    let pool = open_database(settings).await?;
+    let db = open_database(settings).await?;
     let bar = indicatif::ProgressBar::new(args.records);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -215,9 +223,9 @@ async fn run_seed(settings: &Settings, args: SeedArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let params = SeedParams { records: args.records, days: args.days, batch: args.batch };
-    let report = seed_records(&pool, &params, |done, _| bar.set_position(done)).await?;
+    let report = seed_records(&db.engine, &params, |done, _| bar.set_position(done)).await?;
     bar.finish_and_clear();
-    pool.close().await;
+    db.close().await;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -233,9 +241,11 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
     validate_share("duplicate-rate", args.duplicate_rate)?;
     validate_share("poison-rate", args.poison_rate)?;
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 or more");
-    let pool = open_database(settings).await?;
-    let consumer = consumer_for(settings, args.source);
-    let source = consumer.source_factory(settings.amqp_url.expose());
+    let groups = groups_on(settings, args.source)?;
+    let db = open_database(settings).await?;
+    let first = &groups[0];
+    let destination = first.destination();
+    let source = first.source_factory(settings.amqp_url.expose());
     let publisher = source.open_publisher().await?;
     let params = SimulateParams {
         orders: args.orders,
@@ -244,8 +254,8 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
         duplicate_delay_ms: args.duplicate_delay_ms,
         reorder_window: args.reorder_window,
         poison_rate: args.poison_rate,
-        group: consumer.group.clone(),
-        exchange: source.destination(),
+        groups: groups.iter().filter_map(|g| g.simulated(&destination)).collect(),
+        exchange: destination.clone(),
         seed: args.seed.unwrap_or_else(rand_seed),
     };
     let bar = indicatif::ProgressBar::new(args.orders * 3);
@@ -255,11 +265,12 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let report = simulate(&pool, publisher.as_ref(), &params, &settings.orders, &consumer.ids, |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })
-    .await?;
+    let report =
+        simulate(&db.host, publisher.as_ref(), &params, &settings.orders, &first.settings.ids, |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })
+        .await?;
     bar.finish_and_clear();
     source.close().await;
     if args.json {
@@ -279,7 +290,7 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
             report.order_prefix
         );
     }
-    pool.close().await;
+    db.close().await;
     Ok(())
 }
 
@@ -289,13 +300,20 @@ fn rand_seed() -> u64 {
 }
 
 async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()> {
-    let pool = open_database(settings).await?;
+    let groups = groups_on(settings, args.source)?;
+    let db = open_database(settings).await?;
     let wait = Duration::from_secs(args.wait_secs);
-    let mut report = verify(&pool, args.run, wait).await?;
-    pool.close().await;
-    let consumer = consumer_for(settings, args.source);
-    if consumer.source == Broker::Kafka {
-        check_kafka_lag(&mut report, &consumer.kafka_connector(), wait).await?;
+    let mut report = verify(&db.host, &settings.schema, args.run, wait).await?;
+    db.close().await;
+    for group in groups.iter().filter(|g| g.source == Broker::Kafka) {
+        let id_header = group.settings.ids.header.as_deref().unwrap_or("x-message-id");
+        let connector = dedup_engine::source::kafka::KafkaConnector::new(
+            group.kafka.clone(),
+            &group.group,
+            group.settings.backoff.clone(),
+            id_header,
+        );
+        check_kafka_lag(&mut report, &connector, wait).await?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

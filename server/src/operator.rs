@@ -6,7 +6,7 @@ use dedup_engine::actions::{self, ActionError, ActionOutcome, RecordAction};
 use dedup_engine::record::RecordStatus;
 use uuid::Uuid;
 
-use crate::config::Settings;
+use crate::config::{Settings, publishers};
 use crate::startup::open_database;
 
 /// Which single-record action.
@@ -60,7 +60,8 @@ pub fn cli_actor() -> String {
 /// broker.
 pub async fn run_record(settings: &Settings, command: RecordCommand, args: RecordArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!args.requeue || matches!(command, RecordCommand::Release), "--requeue only applies to release");
-    let pool = open_database(settings).await?;
+    let db = open_database(settings).await?;
+    let pool = &db.engine;
     let actor = cli_actor();
     let params = RecordAction {
         record_id: args.id,
@@ -70,18 +71,17 @@ pub async fn run_record(settings: &Settings, command: RecordCommand, args: Recor
         force: args.force,
         reason: args.reason.as_deref(),
     };
-    let republishes = args.requeue || matches!(command, RecordCommand::Requeue);
-    let source = settings.consumer.source_factory(settings.amqp_url.expose());
-    let publisher = if republishes { Some(source.open_publisher().await?) } else { None };
-    let outcome: Result<ActionOutcome, _> = match (command, publisher.as_deref()) {
-        (RecordCommand::Release, p) => actions::record_release(&pool, &actor, &params, p).await,
-        (RecordCommand::MarkSucceeded, _) => actions::record_mark_succeeded(&pool, &actor, &params).await,
-        (RecordCommand::DeadLetter, _) => actions::record_dead_letter(&pool, &actor, &params).await,
-        (RecordCommand::Requeue, Some(p)) => actions::record_requeue(&pool, &actor, &params, p).await,
-        (RecordCommand::Requeue, None) => unreachable!("requeue opens a publisher"),
+    let publishers = publishers(&settings.consumer_groups()?, settings.amqp_url.expose());
+    let outcome: Result<ActionOutcome, _> = match command {
+        RecordCommand::Release => {
+            actions::record_release(pool, &actor, &params, args.requeue.then_some(&publishers)).await
+        }
+        RecordCommand::MarkSucceeded => actions::record_mark_succeeded(pool, &actor, &params).await,
+        RecordCommand::DeadLetter => actions::record_dead_letter(pool, &actor, &params).await,
+        RecordCommand::Requeue => actions::record_requeue(pool, &actor, &params, &publishers).await,
     };
-    source.close().await;
-    pool.close().await;
+    publishers.close().await;
+    db.close().await;
     let o = outcome?;
     println!(
         "record {} ({} / {}): {} -> {}{}; audit entry {}",
@@ -142,8 +142,9 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         error_class: args.error_class.as_deref(),
         ..FilterText::default()
     })?;
-    let pool = open_database(settings).await?;
-    let preview = requeue_preview(&pool, &filter).await?;
+    let db = open_database(settings).await?;
+    let pool = &db.engine;
+    let preview = requeue_preview(pool, &filter).await?;
     println!("matched now: {}; would be requeued: {}", preview.matched, preview.would_requeue);
     for (reason, n) in &preview.skipped {
         println!("  skipped ({reason}): {n}");
@@ -160,14 +161,14 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         expected_count: Some(preview.would_requeue),
         reason: args.reason.as_deref(),
     };
-    let job = requeue_job_start(&pool, &cli_actor(), &params).await?;
+    let job = requeue_job_start(pool, &cli_actor(), &params).await?;
     println!("job {} started ({} records frozen)", job.id, job.total - job.skipped);
-    let source = settings.consumer.source_factory(settings.amqp_url.expose());
+    let publishers = publishers(&settings.consumer_groups()?, settings.amqp_url.expose());
     let shutdown = tokio_util::sync::CancellationToken::new();
     let progress = async {
         loop {
             tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            if let Ok(j) = requeue_job(&pool, job.id).await {
+            if let Ok(j) = requeue_job(pool, job.id).await {
                 println!(
                     "  {}: {} done, {} skipped, {} failed, {:.0}/s",
                     j.state,
@@ -180,13 +181,13 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         }
     };
     tokio::select! {
-        r = runner::run_job(&pool, source.as_ref(), job.id, &shutdown) => {
+        r = runner::run_job(pool, &publishers, job.id, &shutdown) => {
             if let Err(e) = r {
                 let why = match e {
                     ActionError::Publish(broker) => broker,
                     other => other.to_string(),
                 };
-                source.close().await;
+                publishers.close().await;
                 anyhow::bail!(
                     "job {} stopped: {why}; it stays running, so a console server (`serve`) resumes it; \
                      pause or cancel it on the Requeues page",
@@ -196,7 +197,7 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         }
         () = progress => {}
     }
-    let j = requeue_job(&pool, job.id).await?;
+    let j = requeue_job(pool, job.id).await?;
     println!(
         "job {}: {} ({} done, {} skipped, {} failed){}",
         j.id,
@@ -206,8 +207,8 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         j.failed,
         j.paused_reason.as_deref().map(|r| format!("; {r}")).unwrap_or_default()
     );
-    source.close().await;
-    pool.close().await;
+    publishers.close().await;
+    db.close().await;
     // A job that stopped short (paused by its canary or failure ratio) is a failed command.
     anyhow::ensure!(
         j.state == "completed",
@@ -233,21 +234,22 @@ pub struct CleanupArgs {
 /// Errors: unknown schedule, a run in progress, database errors.
 pub async fn run_cleanup(settings: &Settings, args: CleanupArgs) -> anyhow::Result<()> {
     use dedup_engine::actions::cleanup::{cleanup_dry_run, cleanup_runs, scheduler};
-    let pool = open_database(settings).await?;
+    let db = open_database(settings).await?;
+    let pool = &db.engine;
     if args.dry_run {
-        println!("{} records would be deleted", cleanup_dry_run(&pool, args.schedule).await?);
+        println!("{} records would be deleted", cleanup_dry_run(pool, args.schedule).await?);
         return Ok(());
     }
-    let run_id = scheduler::cleanup_run_now(&pool, &cli_actor(), args.schedule).await?;
+    let run_id = scheduler::cleanup_run_now(pool, &cli_actor(), args.schedule).await?;
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let runs = cleanup_runs(&pool, Some(args.schedule), 20).await?;
+        let runs = cleanup_runs(pool, Some(args.schedule), 20).await?;
         if let Some(run) = runs.iter().find(|r| r.id == run_id && r.finished_at.is_some()) {
             println!("run {run_id}: {} records deleted in {} batches", run.rows_deleted, run.batches);
             anyhow::ensure!(run.error.is_none(), "cleanup stopped early: {}", run.error.clone().unwrap_or_default());
             break;
         }
     }
-    pool.close().await;
+    db.close().await;
     Ok(())
 }

@@ -15,13 +15,15 @@ use dedup_engine::db::{self, PoolSettings};
 use dedup_engine::health::HealthProbes;
 use dedup_engine::message::Broker;
 use dedup_engine::runtime::Engine;
+use dedup_example_orders as orders;
 use futures::FutureExt;
 use leptos::prelude::LeptosOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tower_sessions::ExpiredDeletion;
 
-use crate::config::Settings;
+use crate::config::{GroupConfig, Settings};
 use crate::routes;
 
 /// State shared by the axum handlers.
@@ -47,55 +49,109 @@ pub struct Application {
     router: Router,
     pool: PgPool,
     engine: Engine,
+    demo: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
     session_cleanup: tokio::task::JoinHandle<()>,
 }
 
-/// Connects to PostgreSQL (creating the database if needed), applies migrations and verifies
-/// the schema.
+/// The server's two pools (see [`dedup_engine::db`]): the host pool (the consumers'
+/// transactions, the order example's tables) and the engine's (its schema alone).
+pub struct Databases {
+    /// The host pool.
+    pub host: PgPool,
+    /// The engine's pool.
+    pub engine: PgPool,
+}
+
+impl Databases {
+    /// Closes both pools.
+    pub async fn close(self) {
+        self.engine.close().await;
+        self.host.close().await;
+    }
+}
+
+/// Connects to PostgreSQL (creating the database if needed) with the server's pool.
 ///
-/// Errors: PostgreSQL unreachable (names the service, the redacted URL and how to start it), a
-/// failed migration, or a missing dedup UNIQUE constraint.
-pub async fn open_database(settings: &Settings) -> anyhow::Result<PgPool> {
-    let pool = db::connect(
+/// Errors: PostgreSQL unreachable (names the service, the redacted URL and how to start it).
+async fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
+    let pool = PoolSettings { max_connections: settings.db_max_connections, ..PoolSettings::default() };
+    let url = settings.database_url.expose();
+    Ok(db::connect(url, &pool).await?)
+}
+
+/// Connects, applies the engine's migrations (in `schema`) and the order example's, verifies
+/// the dedup key, and opens the engine's pool: what the commands that do not serve need.
+///
+/// Errors: PostgreSQL unreachable, a failed migration, or a missing dedup UNIQUE constraint.
+pub async fn open_database(settings: &Settings) -> anyhow::Result<Databases> {
+    let host = connect(settings).await?;
+    db::migrate(&host, &settings.schema).await?;
+    orders::migrate(&host).await?;
+    let engine = db::engine_pool(&host, &settings.schema, settings.engine_pool_size());
+    Ok(Databases { host, engine })
+}
+
+/// The health probes: the database on `pool`, Redis, and the broker of the first group.
+///
+/// Errors: an invalid Kafka client configuration.
+fn probes(settings: &Settings, pool: PgPool, groups: &[GroupConfig]) -> anyhow::Result<HealthProbes> {
+    let probes = HealthProbes::new(
+        pool,
         settings.database_url.expose(),
-        &PoolSettings { max_connections: settings.db_max_connections, ..PoolSettings::default() },
-    )
-    .await?;
-    db::migrate(&pool).await?;
-    Ok(pool)
+        settings.redis_url.expose(),
+        Duration::from_millis(settings.probe_timeout_ms),
+    );
+    Ok(match groups.first() {
+        Some(g) if g.source == Broker::Kafka => probes.with_kafka(&g.kafka.brokers)?,
+        _ => probes.with_rabbitmq(settings.amqp_url.expose()),
+    })
 }
 
 impl Application {
-    /// Opens the database, checks Redis and the broker (RabbitMQ, or Kafka when it is the
-    /// consumer's source; a warning, not a failure: the console still serves, `/readyz` reports
-    /// them down and the consumer keeps reconnecting), starts
-    /// the engine, builds the router and binds the listener.
-    /// `demo` turns on demo mode (see `serve --demo`).
+    /// Opens the database (the order example's migrations; the engine applies its own), checks
+    /// Redis and the broker (a warning, not a failure: the console still serves, `/readyz`
+    /// reports them down and the consumers keep reconnecting), starts the engine with the
+    /// configured consumer groups bound to the order example's handlers, builds the router and
+    /// binds the listener. `demo` turns on demo mode (see `serve --demo`).
+    ///
+    /// Errors: the configuration's groups, the database, the listener.
     pub async fn build(settings: Settings, demo: bool) -> anyhow::Result<Self> {
         crate::telemetry::metrics_handle();
-        let pool = open_database(&settings).await?;
-        let mut probes = HealthProbes::new(
-            pool.clone(),
-            settings.database_url.expose(),
-            settings.redis_url.expose(),
-            settings.amqp_url.expose(),
-            Duration::from_millis(settings.probe_timeout_ms),
-        );
-        if settings.consumer.source == Broker::Kafka {
-            probes = probes.with_kafka(&settings.consumer.kafka.brokers)?;
+        let groups = settings.consumer_groups().context("invalid consumer groups")?;
+        let pool = connect(&settings).await?;
+        orders::migrate(&pool).await?;
+        let order_settings =
+            if demo { orders::demo::demo_order_settings(&settings.orders) } else { settings.orders.clone() };
+        let consume = settings.consumer.enabled;
+        if consume {
+            orders::stock_inventory(&pool, &order_settings).await?;
         }
-        let (redis, broker) = tokio::join!(probes.check_redis(), probes.check_broker());
-        for dependency in [redis, broker] {
-            if let Some(error) = dependency.error {
-                tracing::warn!(service = dependency.service, "{error}");
-            }
+        let example = orders::handlers(pool.clone(), &order_settings);
+        let mut builder = Engine::builder(pool.clone())
+            .schema(settings.schema.clone())
+            .redis(settings.redis_url.expose())
+            .fast_path(settings.fast_path.clone())
+            .stats_flush(Duration::from_millis(settings.stats_flush_ms))
+            .pool_size(settings.engine_pool_size())
+            .consume(consume);
+        for group in &groups {
+            builder = builder.group(group.engine_group(settings.amqp_url.expose(), &example)?);
         }
 
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
         let local_addr = listener.local_addr()?;
-        let engine = Engine::start(pool.clone(), settings.engine_config(demo)).await?;
+        let engine = builder.start().await?;
+        let handle = engine.handle().clone();
+        let probes = probes(&settings, handle.pool().clone(), &groups)?;
+        let (redis, broker) = tokio::join!(probes.check_redis(), probes.check_broker());
+        for dependency in [redis, broker] {
+            if let Some(error) = dependency.error {
+                tracing::warn!(service = dependency.service, "{error}");
+            }
+        }
+        let demo = demo.then(|| start_demo(&pool, &engine, &groups, order_settings));
         let leptos_options = LeptosOptions::builder()
             .output_name("dedup-console")
             .site_root(settings.site_root.to_string_lossy().into_owned())
@@ -103,15 +159,8 @@ impl Application {
             .site_addr(local_addr)
             .env(leptos::config::Env::PROD)
             .build();
-        let console = ConsoleState {
-            probes,
-            pool: pool.clone(),
-            fast_path: engine.fast_path.clone(),
-            source: engine.source.clone(),
-            consumer: engine.consumer_status().cloned(),
-            group: settings.consumer.group.clone(),
-        };
-        let sessions = crate::auth::session::store(&pool).await?;
+        let console = ConsoleState { probes, engine: handle };
+        let sessions = crate::auth::session::store(console.pool()).await?;
         let session_cleanup = tokio::spawn(
             sessions.clone().continuously_delete_expired(crate::auth::session::CLEANUP_PERIOD).map(|result| {
                 if let Err(e) = result {
@@ -122,7 +171,7 @@ impl Application {
         let state = AppState { leptos_options, console, settings: Arc::new(settings) };
         let router = routes::router(state, sessions);
         tracing::info!("console listening on http://{local_addr}");
-        Ok(Self { listener, router, pool, engine, session_cleanup })
+        Ok(Self { listener, router, pool, engine, demo, session_cleanup })
     }
 
     /// The port the listener is bound to (useful with port 0).
@@ -140,6 +189,10 @@ impl Application {
         let service = self.router.into_make_service_with_connect_info::<std::net::SocketAddr>();
         axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await?;
         self.session_cleanup.abort();
+        if let Some((stop, task)) = self.demo {
+            stop.cancel();
+            let _ = task.await;
+        }
         if tokio::time::timeout(ENGINE_STOP_TIMEOUT, self.engine.stop()).await.is_err() {
             tracing::warn!(
                 timeout_s = ENGINE_STOP_TIMEOUT.as_secs(),
@@ -161,3 +214,30 @@ impl Application {
 pub const ENGINE_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Longest wait for the database pool to close at shutdown.
 pub const POOL_CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Starts the demo traffic: simulated orders published through the first group's broker to its
+/// destination, reaching the groups there, until the returned token is cancelled.
+fn start_demo(
+    pool: &PgPool,
+    engine: &Engine,
+    groups: &[GroupConfig],
+    order_settings: orders::OrderSettings,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let stop = CancellationToken::new();
+    let first = engine.handle().groups().first().map(|g| g.source.clone());
+    let destination = groups.first().map(GroupConfig::destination).unwrap_or_default();
+    let reached = groups.iter().filter_map(|g| g.simulated(&destination)).collect();
+    let ids = groups.first().map(|g| g.settings.ids.clone()).unwrap_or_default();
+    let task = match first {
+        Some(source) => tokio::spawn(orders::demo::run_demo_traffic(
+            pool.clone(),
+            source,
+            reached,
+            order_settings,
+            ids,
+            stop.clone(),
+        )),
+        None => tokio::spawn(async {}),
+    };
+    (stop, task)
+}

@@ -110,7 +110,7 @@ fn Report(d: DrillView) -> impl IntoView {
     let verdict = match (&d.caught_by, d.passed) {
         (None, _) => "Copy published; waiting for the consumer…".to_owned(),
         (Some(layer), true) => format!("Caught as a duplicate by {layer}; the handler did not run again. Passed."),
-        (Some(layer), false) => format!("Seen by {layer}, but the handler ran again or an effect changed. FAILED."),
+        (Some(layer), false) => format!("Seen by {layer}, but the handler ran again or the record changed. FAILED."),
     };
     view! {
         <dl class="facts" data-testid="drill-report" data-caught-by=d.caught_by.clone().unwrap_or_default() data-passed=d.passed.to_string()>
@@ -122,8 +122,8 @@ fn Report(d: DrillView) -> impl IntoView {
             <dd>{d.duplicates_added}</dd>
             <dt>"Handler attempts added"</dt>
             <dd>{d.attempts_added}</dd>
-            <dt>"Order effects before → now"</dt>
-            <dd>{format!("{} → {}", d.effects_before, d.effects_now)}</dd>
+            <dt>"Record status now"</dt>
+            <dd>{d.status.clone().unwrap_or_else(|| "gone".to_owned())}</dd>
         </dl>
     }
 }

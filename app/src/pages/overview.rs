@@ -7,7 +7,7 @@ mod panels;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
-use self::panels::{ConsumerPanel, DelaysPanel, GroupsPanel, GrowthPanel, LivePanel, TrafficPanel};
+use self::panels::{ConsumersPanel, DelaysPanel, GroupsPanel, GrowthPanel, LivePanel, TrafficPanel};
 use crate::components::live::use_live_feed;
 use crate::error::ConsoleError;
 use crate::wire::overview::{GrowthView, LiveView, OverviewView};
@@ -52,7 +52,7 @@ pub fn OverviewPage() -> impl IntoView {
                             <LivePanel initial=data.live live paused />
                             <div class="columns">
                                 <TrafficPanel last_hour=data.last_hour last_day=data.last_day />
-                                <ConsumerPanel consumer=data.consumer />
+                                <ConsumersPanel consumers=data.consumers />
                             </div>
                             <div class="columns">
                                 <GroupsPanel groups=data.groups />

@@ -48,21 +48,15 @@ pub async fn act(
         force: request.force,
         reason: request.reason.as_deref(),
     };
-    let pool = &state.pool;
-    let republishes = kind == RecordActionKind::Requeue || request.requeue;
-    let publisher = if republishes {
-        Some(state.source.open_publisher().await.map_err(|e| ConsoleError::Unavailable(e.to_string()))?)
-    } else {
-        None
-    };
+    let pool = state.pool();
+    let publishers = state.publishers();
     let outcome = match kind {
-        RecordActionKind::Release => actions::record_release(pool, actor, &params, publisher.as_deref()).await,
+        RecordActionKind::Release => {
+            actions::record_release(pool, actor, &params, request.requeue.then_some(publishers)).await
+        }
         RecordActionKind::MarkSucceeded => actions::record_mark_succeeded(pool, actor, &params).await,
         RecordActionKind::DeadLetter => actions::record_dead_letter(pool, actor, &params).await,
-        RecordActionKind::Requeue => match publisher.as_deref() {
-            Some(p) => actions::record_requeue(pool, actor, &params, p).await,
-            None => return Err(ConsoleError::internal("requeue without a publisher")),
-        },
+        RecordActionKind::Requeue => actions::record_requeue(pool, actor, &params, publishers).await,
     }?;
     Ok(outcome.into())
 }

@@ -25,34 +25,39 @@ const QUEUE_DEPTH_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The live numbers (also what `/api/v1/events` pushes).
 pub async fn live(state: &ConsoleState) -> Result<LiveView, ConsoleError> {
-    Ok(overview::live_snapshot(&state.pool).await?.into())
+    Ok(overview::live_snapshot(state.pool()).await?.into())
 }
 
-/// The embedded consumer's state; the queue depth asked of the broker with a short timeout.
-pub async fn consumer(state: &ConsoleState) -> ConsumerView {
-    let queue_depth = tokio::time::timeout(QUEUE_DEPTH_TIMEOUT, state.source.depth()).await.ok().flatten();
-    let status = state.consumer.as_deref();
-    ConsumerView {
-        enabled: status.is_some(),
-        group: state.group.clone(),
-        broker: state.source.broker().as_str().to_owned(),
-        connected: state.source.connected(),
-        running_workers: status.map_or(0, |s| s.running_workers() as u64),
-        in_flight: status.map_or(0, |s| s.in_flight() as u64),
-        queue_depth,
-        last_error: status.and_then(|s| s.last_error()).map(|(at, e)| format!("{}: {e}", super::convert::time(at))),
-    }
+/// The engine's consumer groups; each queue depth (or lag) asked of the broker with a short
+/// timeout, all at once.
+pub async fn consumers(state: &ConsoleState) -> Vec<ConsumerView> {
+    let views = state.engine.groups().iter().map(|group| async move {
+        let queue_depth = tokio::time::timeout(QUEUE_DEPTH_TIMEOUT, group.source.depth()).await.ok().flatten();
+        let status = group.status.as_deref();
+        ConsumerView {
+            enabled: status.is_some(),
+            group: group.name.to_string(),
+            types: group.types.clone(),
+            broker: group.broker().as_str().to_owned(),
+            connected: group.source.connected(),
+            running_workers: status.map_or(0, |s| s.running_workers() as u64),
+            in_flight: status.map_or(0, |s| s.in_flight() as u64),
+            queue_depth,
+            last_error: status.and_then(|s| s.last_error()).map(|(at, e)| format!("{}: {e}", super::convert::time(at))),
+        }
+    });
+    futures::future::join_all(views).await
 }
 
 /// Everything on the overview but the chart and the dependency health.
 pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError> {
-    let pool = &state.pool;
-    let (snapshot, last_hour, last_day, delays, consumer) = tokio::join!(
+    let pool = state.pool();
+    let (snapshot, last_hour, last_day, delays, consumers) = tokio::join!(
         overview::live_snapshot(pool),
         overview::traffic(pool, 3600),
         overview::traffic(pool, 86_400),
         overview::duplicate_delays(pool, 30),
-        consumer(state),
+        consumers(state),
     );
     let snapshot = snapshot?;
     Ok(OverviewView {
@@ -60,7 +65,7 @@ pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError
         live: snapshot.into(),
         last_hour: last_hour?.into(),
         last_day: last_day?.into(),
-        consumer,
+        consumers,
         duplicate_delays: delays?.into_iter().map(Into::into).collect(),
     })
 }
@@ -79,25 +84,25 @@ fn group_views(counts: &[overview::StatusCount]) -> Vec<GroupView> {
 
 /// Consumer groups with their records by status.
 pub async fn groups(state: &ConsoleState) -> Result<Vec<GroupView>, ConsoleError> {
-    Ok(group_views(&overview::status_counts(&state.pool).await?))
+    Ok(group_views(&overview::status_counts(state.pool()).await?))
 }
 
 /// Known message types.
 pub async fn message_types(state: &ConsoleState) -> Result<Vec<String>, ConsoleError> {
-    Ok(overview::message_types(&state.pool).await?)
+    Ok(overview::message_types(state.pool()).await?)
 }
 
 /// The records filter's choices: consumer groups and message types.
 pub async fn filter_options(state: &ConsoleState) -> Result<RecordFilterOptions, ConsoleError> {
     let (groups, message_types) =
-        tokio::try_join!(overview::consumer_groups(&state.pool), overview::message_types(&state.pool))?;
+        tokio::try_join!(overview::consumer_groups(state.pool()), overview::message_types(state.pool()))?;
     Ok(RecordFilterOptions { groups, message_types })
 }
 
 /// The growth chart over `range` (`1h`, `24h` (default), `7d`, `30d`).
 pub async fn growth(state: &ConsoleState, range: Option<&str>) -> Result<GrowthView, ConsoleError> {
     let range = overview::GrowthRange::parse(range)?;
-    let points = overview::growth(&state.pool, range).await?;
+    let points = overview::growth(state.pool(), range).await?;
     Ok(GrowthView {
         range: range.as_str().to_owned(),
         bucket_secs: range.seconds().1,
@@ -128,32 +133,32 @@ pub fn filter_text(q: &RecordsQuery) -> FilterText<'_> {
 /// One page of records.
 pub async fn records(state: &ConsoleState, q: &RecordsQuery) -> Result<RecordPageView, ConsoleError> {
     let params = RecordListParams::parse(&filter_text(q))?;
-    Ok(records::records_list(&state.pool, &params).await?.into())
+    Ok(records::records_list(state.pool(), &params).await?.into())
 }
 
 /// One record with its history and its Redis marker.
 ///
 /// Errors: [`ConsoleError::NotFound`] when no record has `id`.
 pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, ConsoleError> {
-    let detail = records::record_detail(&state.pool, id)
+    let detail = records::record_detail(state.pool(), id)
         .await?
         .ok_or_else(|| ConsoleError::NotFound(format!("no record has id {id}")))?;
-    let key = state.fast_path.key(&detail.row.consumer_group, &detail.row.message_id);
-    let marker = records::record_marker(&state.fast_path, &detail.row.consumer_group, &detail.row.message_id).await;
+    let key = state.fast_path().key(&detail.row.consumer_group, &detail.row.message_id);
+    let marker = records::record_marker(state.fast_path(), &detail.row.consumer_group, &detail.row.message_id).await;
     Ok(record_detail_view(detail, key, marker))
 }
 
 /// Stuck records, longest stuck first.
 pub async fn stuck(state: &ConsoleState) -> Result<StuckView, ConsoleError> {
-    Ok(failures::stuck_records(&state.pool, STUCK_ROWS).await?.into())
+    Ok(failures::stuck_records(state.pool(), STUCK_ROWS).await?.into())
 }
 
 /// The retries page.
 pub async fn retries(state: &ConsoleState) -> Result<RetriesView, ConsoleError> {
-    Ok(failures::retries(&state.pool, MOST_RETRIED_ROWS).await?.into())
+    Ok(failures::retries(state.pool(), MOST_RETRIED_ROWS).await?.into())
 }
 
 /// Dead letters grouped by error class.
 pub async fn dead_letters(state: &ConsoleState) -> Result<Vec<DeadLetterGroupView>, ConsoleError> {
-    Ok(failures::dead_letter_groups(&state.pool, DEAD_LETTER_GROUPS).await?.into_iter().map(Into::into).collect())
+    Ok(failures::dead_letter_groups(state.pool(), DEAD_LETTER_GROUPS).await?.into_iter().map(Into::into).collect())
 }

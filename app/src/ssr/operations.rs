@@ -32,7 +32,7 @@ fn record_filter(q: &RecordsQuery) -> Result<RecordFilter, ConsoleError> {
 
 /// What a bulk requeue of `filter` would do now.
 pub async fn requeue_preview(state: &ConsoleState, filter: &RecordsQuery) -> Result<RequeuePreviewView, ConsoleError> {
-    let p = bulk::requeue_preview(&state.pool, &record_filter(filter)?).await?;
+    let p = bulk::requeue_preview(state.pool(), &record_filter(filter)?).await?;
     Ok(RequeuePreviewView {
         matched: p.matched,
         would_requeue: p.would_requeue,
@@ -61,17 +61,17 @@ pub async fn requeue_start(
         expected_count: request.expected_count,
         reason: request.reason.as_deref(),
     };
-    Ok(job_view(bulk::requeue_job_start(&state.pool, actor, &params).await?))
+    Ok(job_view(bulk::requeue_job_start(state.pool(), actor, &params).await?))
 }
 
 /// One job's progress.
 pub async fn requeue_job(state: &ConsoleState, id: i64) -> Result<RequeueJobView, ConsoleError> {
-    Ok(job_view(bulk::requeue_job(&state.pool, id).await?))
+    Ok(job_view(bulk::requeue_job(state.pool(), id).await?))
 }
 
 /// The latest jobs.
 pub async fn requeue_jobs(state: &ConsoleState) -> Result<Vec<RequeueJobView>, ConsoleError> {
-    Ok(bulk::requeue_jobs(&state.pool, JOBS_SHOWN).await?.into_iter().map(job_view).collect())
+    Ok(bulk::requeue_jobs(state.pool(), JOBS_SHOWN).await?.into_iter().map(job_view).collect())
 }
 
 /// Pauses, resumes or cancels a job as `actor`.
@@ -86,7 +86,7 @@ pub async fn requeue_control(
         JobControlKind::Resume => JobControl::Resume,
         JobControlKind::Cancel => JobControl::Cancel,
     };
-    Ok(job_view(bulk::requeue_job_control(&state.pool, actor, id, control, None).await?))
+    Ok(job_view(bulk::requeue_job_control(state.pool(), actor, id, control, None).await?))
 }
 
 fn job_view(j: RequeueJob) -> RequeueJobView {
@@ -114,7 +114,7 @@ fn job_view(j: RequeueJob) -> RequeueJobView {
 
 /// The cleanup page's data.
 pub async fn cleanup_overview(state: &ConsoleState) -> Result<CleanupView, ConsoleError> {
-    let pool = &state.pool;
+    let pool = state.pool();
     let (schedules, runs, advice) = tokio::try_join!(
         cleanup::cleanup_schedules(pool),
         cleanup::cleanup_runs(pool, None, RUNS_SHOWN),
@@ -184,19 +184,19 @@ pub async fn schedule_save(
         consumer_group: request.consumer_group.clone(),
         enabled: request.enabled,
     };
-    let saved = cleanup::cleanup_schedule_save(&state.pool, actor, id, &input).await?;
-    let advice = cleanup::retention_advice(&state.pool).await?;
+    let saved = cleanup::cleanup_schedule_save(state.pool(), actor, id, &input).await?;
+    let advice = cleanup::retention_advice(state.pool()).await?;
     Ok(schedule_view(saved, &advice))
 }
 
 /// Records schedule `id` would delete now.
 pub async fn schedule_dry_run(state: &ConsoleState, id: i64) -> Result<i64, ConsoleError> {
-    Ok(cleanup::cleanup_dry_run(&state.pool, id).await?)
+    Ok(cleanup::cleanup_dry_run(state.pool(), id).await?)
 }
 
 /// Starts a manual run of schedule `id` as `actor`; returns the run id.
 pub async fn schedule_run_now(state: &ConsoleState, actor: &str, id: i64) -> Result<i64, ConsoleError> {
-    Ok(scheduler::cleanup_run_now(&state.pool, actor, id).await?)
+    Ok(scheduler::cleanup_run_now(state.pool(), actor, id).await?)
 }
 
 /// Publishes a drill copy as `actor`.
@@ -207,15 +207,14 @@ pub async fn drill_start(state: &ConsoleState, actor: &str, request: &DrillReque
         _ => return Err(ConsoleError::BadRequest("give a record_id or a message_type to drill".to_owned())),
     };
     let original = request.original_payload.as_deref().filter(|p| !p.is_empty()).map(str::as_bytes);
-    let publisher = state.source.open_publisher().await.map_err(|e| ConsoleError::Unavailable(e.to_string()))?;
     let report =
-        drill::drill_start(&state.pool, &state.fast_path, publisher.as_ref(), actor, &target, original).await?;
+        drill::drill_start(state.pool(), state.fast_path(), state.publishers(), actor, &target, original).await?;
     Ok(drill_view(report))
 }
 
 /// A drill's state.
 pub async fn drill(state: &ConsoleState, id: i64) -> Result<DrillView, ConsoleError> {
-    Ok(drill_view(drill::drill_report(&state.pool, id).await?))
+    Ok(drill_view(drill::drill_report(state.pool(), id).await?))
 }
 
 fn drill_view(d: DrillReport) -> DrillView {
@@ -229,8 +228,6 @@ fn drill_view(d: DrillReport) -> DrillView {
         duplicates_added: d.duplicates_added,
         attempts_added: d.attempts_added,
         status: d.status,
-        effects_before: d.effects_before,
-        effects_now: d.effects_now,
         passed: d.passed,
     }
 }
@@ -266,7 +263,7 @@ pub async fn audit_page(state: &ConsoleState, q: &AuditQuery) -> Result<AuditPag
         before_id,
         limit: Some(AUDIT_PAGE),
     };
-    let entries = audit::list(&state.pool, &filter).await.map_err(ConsoleError::internal)?;
+    let entries = audit::list(state.pool(), &filter).await.map_err(ConsoleError::internal)?;
     let next = (entries.len() as i64 == AUDIT_PAGE).then(|| entries.last().map(|e| e.id.to_string())).flatten();
     Ok(AuditPageView { entries: entries.into_iter().map(audit_view).collect(), next })
 }
@@ -277,7 +274,7 @@ pub async fn record_audit(
     group: &str,
     message_id: &str,
 ) -> Result<Vec<AuditEntryView>, ConsoleError> {
-    let entries = audit::for_message(&state.pool, group, message_id).await.map_err(ConsoleError::internal)?;
+    let entries = audit::for_message(state.pool(), group, message_id).await.map_err(ConsoleError::internal)?;
     Ok(entries.into_iter().map(audit_view).collect())
 }
 

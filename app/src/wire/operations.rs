@@ -233,11 +233,7 @@ pub struct DrillView {
     pub attempts_added: i64,
     /// The record's status now.
     pub status: Option<String>,
-    /// Order effects under the message id before.
-    pub effects_before: i64,
-    /// And now (equal expected).
-    pub effects_now: i64,
-    /// Caught, no new attempt, no new effect.
+    /// Caught, no new attempt, still succeeded: the handler did not run again.
     pub passed: bool,
 }
 

@@ -70,14 +70,16 @@ pub struct LiveView {
     pub last_minute: TrafficView,
 }
 
-/// The embedded consumer's state.
+/// One consumer group of the engine and its workers' state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct ConsumerView {
-    /// Whether `serve` runs a consumer.
+    /// Whether its workers run (off when the server serves the console only).
     pub enabled: bool,
     /// Consumer group.
     pub group: String,
+    /// The message types it has handlers for.
+    pub types: Vec<String>,
     /// The broker consumed from: `rabbitmq` or `kafka`.
     pub broker: String,
     /// Whether the broker connection is up.
@@ -117,8 +119,8 @@ pub struct OverviewView {
     pub last_hour: TrafficView,
     /// Traffic of the last 24 hours.
     pub last_day: TrafficView,
-    /// The embedded consumer.
-    pub consumer: ConsumerView,
+    /// The engine's consumer groups, in the order they were declared.
+    pub consumers: Vec<ConsumerView>,
     /// Duplicate arrival delays over the last 30 days.
     pub duplicate_delays: Vec<DelayBucketView>,
 }

@@ -68,10 +68,12 @@ export async function startServer(env = {}) {
     cli(args) {
       return execFileSync(bin, args, { env: serverEnv, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
     },
-    /** Runs SQL on the server's database; returns psql's unaligned output. */
+    /** Runs SQL on the server's database (the engine's schema `dedup` and the order example's
+     * `shop` on the search path); returns psql's unaligned output. */
     sql(statement) {
       return execFileSync('psql', [url.toString(), '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', statement], {
         encoding: 'utf8',
+        env: { ...process.env, PGOPTIONS: '-c search_path=dedup,shop,public' },
       }).trim();
     },
     /** Adds a user with `role` (`viewer`, `operator`, `admin`) through the CLI; returns its password. */

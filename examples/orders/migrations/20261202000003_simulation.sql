@@ -1,6 +1,6 @@
 -- What `dedup-console simulate` published, so `dedup-console verify` can account for every
 -- message id.
-CREATE TABLE simulation_runs (
+CREATE TABLE IF NOT EXISTS simulation_runs (
     id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     started_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
     finished_at TIMESTAMPTZ,
@@ -10,7 +10,7 @@ CREATE TABLE simulation_runs (
     poison      BIGINT NOT NULL DEFAULT 0
 );
 
-CREATE TABLE simulation_messages (
+CREATE TABLE IF NOT EXISTS simulation_messages (
     run_id         BIGINT NOT NULL REFERENCES simulation_runs (id) ON DELETE CASCADE,
     consumer_group TEXT NOT NULL,
     -- The id the record is expected under (the synthetic POISON... id for poison without id).

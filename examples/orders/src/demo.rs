@@ -10,9 +10,9 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::OrderSettings;
-use super::simulate::{SimulateParams, simulate};
-use crate::message::IdPolicy;
-use crate::source::SourceFactory;
+use super::simulate::{SimulateParams, SimulatedGroup, simulate};
+use dedup_engine::message::IdPolicy;
+use dedup_engine::source::SourceFactory;
 
 /// Orders published per burst.
 const ORDERS_PER_BURST: u64 = 8;
@@ -32,12 +32,13 @@ pub fn demo_order_settings(configured: &OrderSettings) -> OrderSettings {
     settings
 }
 
-/// Publishes bursts of simulated orders to the consumer's source until shutdown. Broker or
-/// database trouble is logged and retried after the pause; it never stops the server.
+/// Publishes bursts of simulated orders through `source` (to its destination, reaching
+/// `groups`) until shutdown. Broker or database trouble is logged and retried after the pause;
+/// it never stops the server.
 pub async fn run_demo_traffic(
     pool: PgPool,
     source: Arc<dyn SourceFactory>,
-    group: String,
+    groups: Vec<SimulatedGroup>,
     orders: OrderSettings,
     ids: IdPolicy,
     shutdown: CancellationToken,
@@ -56,7 +57,7 @@ pub async fn run_demo_traffic(
             duplicate_delay_ms: 5000,
             reorder_window: 6,
             poison_rate: 0.04,
-            group: group.clone(),
+            groups: groups.clone(),
             exchange: source.destination(),
             seed,
         };

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use sqlx::PgConnection;
 
 use super::sms::{Sms, SmsError, SmsGateway};
-use crate::handler::{HandlerError, HandlerInput, LeasedHandler, TransactionalHandler};
+use dedup_engine::handler::{HandlerError, HandlerInput, LeaseGuard, LeasedHandler, TransactionalHandler};
 
 /// `ORDER.CREATE` (transactional): the order as `PENDING`, and its stock reserved.
 ///
@@ -24,7 +24,7 @@ impl TransactionalHandler for CreateOrder {
         let amount = input.i64_field("amountCents")?;
         let phone = input.str_field("phone")?;
         let reserved = sqlx::query(
-            "UPDATE inventory SET available = available - $2, reserved = reserved + $2
+            "UPDATE shop.inventory SET available = available - $2, reserved = reserved + $2
              WHERE sku = $1 AND available >= $2",
         )
         .bind(sku)
@@ -35,7 +35,7 @@ impl TransactionalHandler for CreateOrder {
             return Err(HandlerError::permanent("OUT_OF_STOCK", format!("no {quantity} units of {sku} available")));
         }
         let inserted = sqlx::query(
-            "INSERT INTO orders (order_no, status, sku, quantity, amount_cents, phone, version)
+            "INSERT INTO shop.orders (order_no, status, sku, quantity, amount_cents, phone, version)
              VALUES ($1, 'PENDING', $2, $3, $4, $5, 1)",
         )
         .bind(order_no)
@@ -53,13 +53,15 @@ impl TransactionalHandler for CreateOrder {
             }
             return Err(e.into());
         }
-        sqlx::query("INSERT INTO inventory_reservations (order_no, sku, quantity, message_id) VALUES ($1, $2, $3, $4)")
-            .bind(order_no)
-            .bind(sku)
-            .bind(quantity)
-            .bind(input.message_id.as_str())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO shop.inventory_reservations (order_no, sku, quantity, message_id) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(order_no)
+        .bind(sku)
+        .bind(quantity)
+        .bind(input.message_id.as_str())
+        .execute(&mut *tx)
+        .await?;
         Ok(())
     }
 
@@ -85,7 +87,7 @@ impl TransactionalHandler for PayOrder {
         let expected = i32::try_from(input.i64_field("expectedVersion")?)
             .map_err(|_| HandlerError::permanent("INVALID_PAYLOAD", "expectedVersion out of range"))?;
         let paid = sqlx::query(
-            "UPDATE orders SET status = 'PAID', version = version + 1, paid_at = now()
+            "UPDATE shop.orders SET status = 'PAID', version = version + 1, paid_at = now()
              WHERE order_no = $1 AND status = 'PENDING' AND version = $2",
         )
         .bind(order_no)
@@ -93,7 +95,7 @@ impl TransactionalHandler for PayOrder {
         .execute(&mut *tx)
         .await?;
         if paid.rows_affected() == 1 {
-            sqlx::query("INSERT INTO payments (order_no, amount_cents, message_id) VALUES ($1, $2, $3)")
+            sqlx::query("INSERT INTO shop.payments (order_no, amount_cents, message_id) VALUES ($1, $2, $3)")
                 .bind(order_no)
                 .bind(amount)
                 .bind(input.message_id.as_str())
@@ -101,10 +103,11 @@ impl TransactionalHandler for PayOrder {
                 .await?;
             return Ok(());
         }
-        let current: Option<(String, i32)> = sqlx::query_as("SELECT status, version FROM orders WHERE order_no = $1")
-            .bind(order_no)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let current: Option<(String, i32)> =
+            sqlx::query_as("SELECT status, version FROM shop.orders WHERE order_no = $1")
+                .bind(order_no)
+                .fetch_optional(&mut *tx)
+                .await?;
         match current {
             None => Err(HandlerError::retryable("ORDER_NOT_FOUND", format!("order {order_no} not found (yet)"))),
             Some((status, _)) if status == "PAID" => Ok(()),
@@ -141,7 +144,7 @@ impl NotifyOrder {
 
 #[async_trait]
 impl LeasedHandler for NotifyOrder {
-    async fn handle(&self, input: &HandlerInput<'_>) -> Result<(), HandlerError> {
+    async fn handle(&self, input: &HandlerInput<'_>, lease: &LeaseGuard) -> Result<(), HandlerError> {
         let sms = Sms {
             order_no: input.str_field("orderNo")?,
             kind: input.str_field("kind")?,
@@ -152,9 +155,10 @@ impl LeasedHandler for NotifyOrder {
         if self.crash_rate > 0.0 && rand::Rng::random_bool(&mut rand::rng(), self.crash_rate) {
             return Err(HandlerError::crash("demo worker crashed while sending the SMS"));
         }
-        self.gateway.send(sms).await.map_err(|e| match e {
+        self.gateway.send(sms, lease).await.map_err(|e| match e {
             SmsError::Rejected => HandlerError::retryable("SMS_GATEWAY_UNAVAILABLE", e.to_string()),
             SmsError::Log(db) => db.into(),
+            SmsError::LeaseLost => HandlerError::lease_lost(),
         })
     }
 }

@@ -1,8 +1,11 @@
-//! The order domain the embedded consumer runs (the example of the seeds): `ORDER.CREATE`,
-//! `ORDER.PAY` and `ORDER.NOTIFY`, with a simulator that produces duplicate-laden traffic and a
-//! verifier that proves every effect happened once.
+//! The order example (the seeds' domain), one of the engine's two examples: `ORDER.CREATE`,
+//! `ORDER.PAY` and `ORDER.NOTIFY` handlers, an SMS gateway stand-in, a simulator that produces
+//! duplicate-laden traffic and a verifier that proves every effect happened once. The
+//! `dedup-console` binary runs it (`serve --demo`, `simulate`, `verify`).
 //!
 //! Message ids: `ORDER.<EVENT>.<order no>:<version>`; CREATE is version 1, PAY 2, NOTIFY 3.
+//! Its tables live in the schema `shop` ([`SCHEMA`]), with a migration history of their own
+//! ([`migrate`]); its SQL names them with that schema, so it runs under any `search_path`.
 
 pub mod demo;
 mod handlers;
@@ -12,14 +15,32 @@ pub mod verify;
 
 use std::sync::Arc;
 
+use dedup_engine::db::{Schema, SchemaError};
+use dedup_engine::handler::{Handler, HandlerRegistry};
+use dedup_engine::record::LeaseExpiryPolicy;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use sqlx::migrate::Migrator;
 
 pub use handlers::{CreateOrder, NotifyOrder, PayOrder};
 pub use sms::SmsGateway;
 
-use crate::handler::{Handler, HandlerRegistry};
-use crate::record::LeaseExpiryPolicy;
+/// The schema of the example's tables.
+pub const SCHEMA: &str = "shop";
+
+/// The example's migrations (`examples/orders/migrations`), applied in [`SCHEMA`].
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// Applies the example's migrations in [`SCHEMA`], with their own history. A database from
+/// before the example had a schema keeps its order tables: the first migration moves them.
+///
+/// Errors: the database's, or a migration's.
+pub async fn migrate(pool: &PgPool) -> Result<(), SchemaError> {
+    dedup_engine::db::migrate_schema(pool, &Schema::parse(SCHEMA).expect("a valid schema name"), &MIGRATOR).await
+}
+
+/// The message types of the example, in lifecycle order.
+pub const MESSAGE_TYPES: [&str; 3] = ["ORDER.CREATE", "ORDER.PAY", "ORDER.NOTIFY"];
 
 /// Settings of the order domain.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,16 +81,19 @@ pub fn sku(i: u32) -> String {
 /// Stocks the SKUs that do not exist yet.
 pub async fn stock_inventory(pool: &PgPool, settings: &OrderSettings) -> Result<(), sqlx::Error> {
     let skus: Vec<String> = (1..=settings.skus.max(1)).map(sku).collect();
-    sqlx::query("INSERT INTO inventory (sku, available) SELECT unnest($1::text[]), $2 ON CONFLICT (sku) DO NOTHING")
-        .bind(skus)
-        .bind(settings.initial_stock)
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "INSERT INTO shop.inventory (sku, available) SELECT unnest($1::text[]), $2 ON CONFLICT (sku) DO NOTHING",
+    )
+    .bind(skus)
+    .bind(settings.initial_stock)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
-/// The order handlers: CREATE and PAY transactional, NOTIFY leased (through the SMS stand-in).
-pub fn order_handlers(pool: PgPool, settings: &OrderSettings) -> HandlerRegistry {
+/// The order handlers: CREATE and PAY transactional, NOTIFY leased (through the SMS stand-in,
+/// which logs sends on `pool`).
+pub fn handlers(pool: PgPool, settings: &OrderSettings) -> HandlerRegistry {
     let mut registry = HandlerRegistry::new();
     registry
         .register("ORDER.CREATE", Handler::Transactional(Arc::new(CreateOrder)))

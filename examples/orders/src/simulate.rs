@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use super::{OrderSettings, sku};
-use crate::message::{Broker, IdPolicy, InboundMessage, SourceRef};
-use crate::source::{Outbound, Publish};
+use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
+use dedup_engine::source::{Outbound, Publish};
 
 /// What to publish.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,12 +35,44 @@ pub struct SimulateParams {
     /// Share of orders followed by a poison message (no id, bad JSON, or oversize — not on Kafka
     /// when the payload limit leaves no room under its record limit) (0.0–1.0).
     pub poison_rate: f64,
-    /// The consumer group whose records the verifier will check.
-    pub group: String,
+    /// The consumer groups the messages reach (the verifier checks their records).
+    pub groups: Vec<SimulatedGroup>,
     /// Exchange (RabbitMQ) or topic (Kafka) to publish to.
     pub exchange: String,
     /// Random seed (a run is reproducible given the seed).
     pub seed: u64,
+}
+
+/// A consumer group a run's messages reach.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimulatedGroup {
+    /// Its name.
+    pub name: String,
+    /// Its queue's binding keys on the exchange (RabbitMQ topic patterns: `*` one word, `#`
+    /// any number). Empty: every message reaches it (a Kafka group reads the whole topic).
+    pub binding_keys: Vec<String>,
+}
+
+impl SimulatedGroup {
+    /// Whether a message published with `routing_key` reaches this group.
+    pub fn receives(&self, routing_key: &str) -> bool {
+        self.binding_keys.is_empty() || self.binding_keys.iter().any(|b| topic_matches(b, routing_key))
+    }
+}
+
+/// AMQP topic matching: `pattern`'s words (split at `.`) against `key`'s; `*` stands for one
+/// word, `#` for zero or more.
+fn topic_matches(pattern: &str, key: &str) -> bool {
+    fn words(p: &[&str], k: &[&str]) -> bool {
+        match (p.split_first(), k.split_first()) {
+            (None, None) => true,
+            (Some((&"#", rest)), _) => words(rest, k) || (!k.is_empty() && words(p, &k[1..])),
+            (Some((&"*", rest)), Some((_, k_rest))) => words(rest, k_rest),
+            (Some((w, rest)), Some((x, k_rest))) if w == x => words(rest, k_rest),
+            _ => false,
+        }
+    }
+    words(&pattern.split('.').collect::<Vec<_>>(), &key.split('.').collect::<Vec<_>>())
 }
 
 /// What a run published.
@@ -152,6 +184,7 @@ fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy, broker: Broker) -
         payload: payload.clone(),
         headers: serde_json::Map::new(),
         property_message_id: message_id.clone(),
+        type_property: None,
         content_type: Some("application/json".to_owned()),
         broker,
         source: SourceRef {
@@ -160,7 +193,7 @@ fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy, broker: Broker) -
         },
         redelivered: false,
     };
-    let record_id = match policy.identify(&probe) {
+    let record_id = match policy.identify(&probe, &TypePolicy::default()) {
         Err(p) => p.record_id.to_string(),
         Ok(found) => found.id.to_string(),
     };
@@ -179,13 +212,13 @@ pub async fn simulate(
     progress: impl Fn(u64, u64),
 ) -> anyhow::Result<SimulationReport> {
     let started = Instant::now();
-    let run_id: i64 = sqlx::query_scalar("INSERT INTO simulation_runs (parameters) VALUES ($1) RETURNING id")
+    let run_id: i64 = sqlx::query_scalar("INSERT INTO shop.simulation_runs (parameters) VALUES ($1) RETURNING id")
         .bind(sqlx::types::Json(params))
         .fetch_one(pool)
         .await?;
     // Time and run id: unique even across databases (a fresh database restarts run ids).
     let order_prefix = format!("{}{run_id:04}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
-    sqlx::query("UPDATE simulation_runs SET parameters = parameters || jsonb_build_object('order_prefix', $2::text) WHERE id = $1")
+    sqlx::query("UPDATE shop.simulation_runs SET parameters = parameters || jsonb_build_object('order_prefix', $2::text) WHERE id = $1")
         .bind(run_id)
         .bind(&order_prefix)
         .execute(pool)
@@ -251,6 +284,7 @@ pub async fn simulate(
             payload: &out.payload,
             headers: &headers,
             content_type: Some("application/json"),
+            type_property: None,
         }));
         if in_flight.len() >= 256 {
             in_flight.next().await.expect("non-empty")?;
@@ -270,15 +304,18 @@ pub async fn simulate(
     let mut poison_flags = Vec::new();
     let mut counts = Vec::new();
     for (index, n) in &copies {
-        groups.push(params.group.as_str());
-        ids.push(plan[*index].record_id.as_str());
-        poison_flags.push(plan[*index].poison);
-        counts.push(*n);
+        let out = &plan[*index];
+        for group in params.groups.iter().filter(|g| g.receives(out.routing_key)) {
+            groups.push(group.name.as_str());
+            ids.push(out.record_id.as_str());
+            poison_flags.push(out.poison);
+            counts.push(*n);
+        }
     }
     for chunk in (0..ids.len()).collect::<Vec<_>>().chunks(5000) {
         let (a, b) = (chunk[0], chunk[chunk.len() - 1] + 1);
         sqlx::query(
-            "INSERT INTO simulation_messages (run_id, consumer_group, message_id, poison, copies)
+            "INSERT INTO shop.simulation_messages (run_id, consumer_group, message_id, poison, copies)
              SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bool[], $5::int[])
              ON CONFLICT (run_id, consumer_group, message_id) DO UPDATE
                  SET copies = simulation_messages.copies + EXCLUDED.copies",
@@ -293,7 +330,7 @@ pub async fn simulate(
     }
     let poison_count = plan.iter().filter(|o| o.poison).count() as u64;
     sqlx::query(
-        "UPDATE simulation_runs SET finished_at = now(), published = $2, duplicates = $3, poison = $4 WHERE id = $1",
+        "UPDATE shop.simulation_runs SET finished_at = now(), published = $2, duplicates = $3, poison = $4 WHERE id = $1",
     )
     .bind(run_id)
     .bind(published as i64)
@@ -313,4 +350,23 @@ pub async fn simulate(
         seconds,
         rate: published as f64 / seconds.max(1e-9),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_patterns_match_as_rabbitmq_does() {
+        assert!(topic_matches("order.#", "order.pay"));
+        assert!(topic_matches("order.#", "order"));
+        assert!(topic_matches("#", "order.pay.x"));
+        assert!(topic_matches("order.*", "order.notify"));
+        assert!(!topic_matches("order.*", "order.notify.x"));
+        assert!(!topic_matches("order.pay", "order.payx"));
+        assert!(topic_matches("*.pay", "order.pay"));
+        let group = SimulatedGroup { name: "g".into(), binding_keys: vec!["order.create".into(), "order.pay".into()] };
+        assert!(group.receives("order.pay") && !group.receives("order.notify"));
+        assert!(SimulatedGroup { name: "k".into(), binding_keys: vec![] }.receives("anything"));
+    }
 }

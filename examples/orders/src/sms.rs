@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use dedup_engine::handler::LeaseGuard;
 use rand::Rng;
 use sqlx::PgPool;
 
@@ -31,6 +32,9 @@ pub enum SmsError {
     /// Recording the send failed.
     #[error("SMS gateway log unavailable: {0}")]
     Log(#[from] sqlx::Error),
+    /// The lease was lost while the gateway waited: the SMS was not sent.
+    #[error("lease lost before the send; not sent")]
+    LeaseLost,
 }
 
 /// The stand-in gateway.
@@ -47,20 +51,24 @@ impl SmsGateway {
         Self { pool, latency: Duration::from_millis(latency_ms), failure_rate: failure_rate.clamp(0.0, 1.0) }
     }
 
-    /// Sends: waits the latency, maybe rejects, else records the send (autocommit).
-    pub async fn send(&self, sms: Sms<'_>) -> Result<(), SmsError> {
+    /// Sends: waits the latency, maybe rejects, else — the lease still held, checked last —
+    /// records the send (autocommit).
+    pub async fn send(&self, sms: Sms<'_>, lease: &LeaseGuard) -> Result<(), SmsError> {
         tokio::time::sleep(self.latency).await;
         if self.failure_rate > 0.0 && rand::rng().random_bool(self.failure_rate) {
             return Err(SmsError::Rejected);
         }
-        sqlx::query("INSERT INTO notifications (order_no, kind, phone, body, message_id) VALUES ($1, $2, $3, $4, $5)")
-            .bind(sms.order_no)
-            .bind(sms.kind)
-            .bind(sms.phone)
-            .bind(sms.body)
-            .bind(sms.message_id)
-            .execute(&self.pool)
-            .await?;
+        lease.check().map_err(|_| SmsError::LeaseLost)?;
+        sqlx::query(
+            "INSERT INTO shop.notifications (order_no, kind, phone, body, message_id) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(sms.order_no)
+        .bind(sms.kind)
+        .bind(sms.phone)
+        .bind(sms.body)
+        .bind(sms.message_id)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 }

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sqlx::{PgPool, Row};
 
-use crate::source::kafka::KafkaConnector;
+use dedup_engine::db::Schema;
+use dedup_engine::source::kafka::KafkaConnector;
 
 /// The verifier's findings.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -66,12 +67,17 @@ pub struct VerifyReport {
 }
 
 /// Checks run `run_id` (the latest run when `None`), polling for up to `wait` until nothing is
-/// missing, failed or processing.
+/// missing, failed or processing. The dedup records are read from `engine_schema`.
 ///
 /// Errors: no such run, or a database error.
-pub async fn verify(pool: &PgPool, run_id: Option<i64>, wait: Duration) -> anyhow::Result<VerifyReport> {
+pub async fn verify(
+    pool: &PgPool,
+    engine_schema: &Schema,
+    run_id: Option<i64>,
+    wait: Duration,
+) -> anyhow::Result<VerifyReport> {
     let run: Option<(i64, i64, Option<String>)> = sqlx::query_as(
-        "SELECT id, (parameters->>'orders')::bigint, parameters->>'order_prefix' FROM simulation_runs
+        "SELECT id, (parameters->>'orders')::bigint, parameters->>'order_prefix' FROM shop.simulation_runs
          WHERE $1::bigint IS NULL OR id = $1 ORDER BY id DESC LIMIT 1",
     )
     .bind(run_id)
@@ -85,7 +91,7 @@ pub async fn verify(pool: &PgPool, run_id: Option<i64>, wait: Duration) -> anyho
     };
     let started = Instant::now();
     loop {
-        let report = check(pool, run_id, orders, &prefix).await?;
+        let report = check(pool, engine_schema, run_id, orders, &prefix).await?;
         let settled = report.missing == 0 && report.failed == 0 && report.processing == 0;
         if settled || started.elapsed() >= wait {
             return Ok(report);
@@ -126,8 +132,14 @@ async fn count(pool: &PgPool, sql: &str, prefix: &str) -> Result<i64, sqlx::Erro
     sqlx::query_scalar(sql).bind(format!("{prefix}%")).fetch_one(pool).await
 }
 
-async fn check(pool: &PgPool, run_id: i64, orders: i64, prefix: &str) -> anyhow::Result<VerifyReport> {
-    let row = sqlx::query(
+async fn check(
+    pool: &PgPool,
+    engine_schema: &Schema,
+    run_id: i64,
+    orders: i64,
+    prefix: &str,
+) -> anyhow::Result<VerifyReport> {
+    let row = sqlx::query(&format!(
         "SELECT count(*) AS messages, COALESCE(sum(m.copies), 0)::bigint AS copies,
                 count(*) FILTER (WHERE r.id IS NULL) AS missing,
                 count(*) FILTER (WHERE r.status = 'succeeded') AS succeeded,
@@ -135,10 +147,11 @@ async fn check(pool: &PgPool, run_id: i64, orders: i64, prefix: &str) -> anyhow:
                 count(*) FILTER (WHERE r.status = 'dead' AND m.poison) AS poison_dead,
                 count(*) FILTER (WHERE r.status = 'failed') AS failed,
                 count(*) FILTER (WHERE r.status = 'processing') AS processing
-         FROM simulation_messages m
-         LEFT JOIN dedup_records r ON r.consumer_group = m.consumer_group AND r.message_id = m.message_id
+         FROM shop.simulation_messages m
+         LEFT JOIN {}.dedup_records r ON r.consumer_group = m.consumer_group AND r.message_id = m.message_id
          WHERE m.run_id = $1",
-    )
+        engine_schema.quoted()
+    ))
     .bind(run_id)
     .fetch_one(pool)
     .await?;
@@ -156,42 +169,42 @@ async fn check(pool: &PgPool, run_id: i64, orders: i64, prefix: &str) -> anyhow:
         processing: row.try_get("processing")?,
         ..VerifyReport::default()
     };
-    r.orders_created = count(pool, "SELECT count(*) FROM orders WHERE order_no LIKE $1", prefix).await?;
+    r.orders_created = count(pool, "SELECT count(*) FROM shop.orders WHERE order_no LIKE $1", prefix).await?;
     r.orders_paid =
-        count(pool, "SELECT count(*) FROM orders WHERE order_no LIKE $1 AND status = 'PAID'", prefix).await?;
-    r.sms_sent = count(pool, "SELECT count(*) FROM notifications WHERE order_no LIKE $1", prefix).await?;
+        count(pool, "SELECT count(*) FROM shop.orders WHERE order_no LIKE $1 AND status = 'PAID'", prefix).await?;
+    r.sms_sent = count(pool, "SELECT count(*) FROM shop.notifications WHERE order_no LIKE $1", prefix).await?;
     r.double_reservations = count(
         pool,
-        "SELECT count(*) FROM (SELECT order_no FROM inventory_reservations WHERE order_no LIKE $1
+        "SELECT count(*) FROM (SELECT order_no FROM shop.inventory_reservations WHERE order_no LIKE $1
                                GROUP BY order_no HAVING count(*) > 1) d",
         prefix,
     )
     .await?;
     r.double_payments = count(
         pool,
-        "SELECT count(*) FROM (SELECT order_no FROM payments WHERE order_no LIKE $1
+        "SELECT count(*) FROM (SELECT order_no FROM shop.payments WHERE order_no LIKE $1
                                GROUP BY order_no HAVING count(*) > 1) d",
         prefix,
     )
     .await?;
     r.double_sms = count(
         pool,
-        "SELECT count(*) FROM (SELECT order_no, kind FROM notifications WHERE order_no LIKE $1
+        "SELECT count(*) FROM (SELECT order_no, kind FROM shop.notifications WHERE order_no LIKE $1
                                GROUP BY order_no, kind HAVING count(*) > 1) d",
         prefix,
     )
     .await?;
     r.inconsistent_orders = count(
         pool,
-        "SELECT count(*) FROM orders o WHERE o.order_no LIKE $1 AND (
-             (SELECT count(*) FROM inventory_reservations x WHERE x.order_no = o.order_no) <> 1
-          OR (o.status = 'PAID') <> ((SELECT count(*) FROM payments p WHERE p.order_no = o.order_no) = 1))",
+        "SELECT count(*) FROM shop.orders o WHERE o.order_no LIKE $1 AND (
+             (SELECT count(*) FROM shop.inventory_reservations x WHERE x.order_no = o.order_no) <> 1
+          OR (o.status = 'PAID') <> ((SELECT count(*) FROM shop.payments p WHERE p.order_no = o.order_no) = 1))",
         prefix,
     )
     .await?;
     r.inventory_mismatches = sqlx::query_scalar(
-        "SELECT count(*) FROM inventory i
-         WHERE i.reserved <> COALESCE((SELECT sum(quantity) FROM inventory_reservations x WHERE x.sku = i.sku), 0)",
+        "SELECT count(*) FROM shop.inventory i
+         WHERE i.reserved <> COALESCE((SELECT sum(quantity) FROM shop.inventory_reservations x WHERE x.sku = i.sku), 0)",
     )
     .fetch_one(pool)
     .await?;

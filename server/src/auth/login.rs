@@ -90,7 +90,7 @@ async fn sign_in(
     source: Option<&str>,
 ) -> anyhow::Result<Outcome> {
     let settings = &state.settings.auth;
-    let pool = &state.console.pool;
+    let pool = state.console.pool();
     let name = form.username.trim().to_owned();
     let window = Duration::from_secs(settings.throttle_window_secs);
     let mut limits = vec![(account_key(&name), settings.max_failures_per_account)];
@@ -164,7 +164,7 @@ pub async fn logout(State(state): State<AppState>, session: Session, req: Reques
         detail: json!({}),
         source: auth.source.as_deref(),
     };
-    if let Err(e) = dedup_engine::audit::record(&state.console.pool, &entry).await {
+    if let Err(e) = dedup_engine::audit::record(state.console.pool(), &entry).await {
         tracing::error!(error = %e, "writing the audit log failed");
     }
     if wants_html {

@@ -4,17 +4,20 @@
 //! `DEDUP_<KEY>` for every key of [`Settings`] (e.g. `DEDUP_LISTEN=0.0.0.0:3000`). The TOML file is
 //! given with `--config <path>` or `DEDUP_CONFIG`. The table of keys is in README.md.
 
+mod groups;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use dedup_engine::db::Schema;
 use dedup_engine::fastpath::FastPathSettings;
-use dedup_engine::orders::OrderSettings;
-use dedup_engine::runtime::ConsumerConfig;
+use dedup_example_orders::OrderSettings;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
+pub use self::groups::{GroupConfig, publishers};
 use crate::auth::AuthSettings;
 
 /// A URL that may carry a password. Printed and serialised with the password redacted;
@@ -71,8 +74,13 @@ pub struct Settings {
     /// Directory with the built site (`pkg/` with wasm, js, css; assets). Default `target/site`,
     /// where cargo-leptos writes it, relative to the working directory.
     pub site_root: PathBuf,
-    /// Most PostgreSQL connections the server opens.
+    /// Most connections of the server's PostgreSQL pool (the consumers' transactions and the
+    /// example's tables); the engine's own pool (console, actions, aggregates) gets half as
+    /// many, at least 4.
     pub db_max_connections: u32,
+    /// The PostgreSQL schema of the engine's tables (default `dedup`), next to the business
+    /// tables of the same database.
+    pub schema: Schema,
     /// Longest time a request may take before the server answers 408, in milliseconds.
     pub request_timeout_ms: u64,
     /// Bound on each dependency probe of `/readyz` and the overview, in milliseconds.
@@ -82,8 +90,12 @@ pub struct Settings {
     /// How often the engine writes its in-memory aggregates, in milliseconds.
     pub stats_flush_ms: u64,
     /// The embedded consumer (`[consumer]`, `[consumer.workers]`, `[consumer.rabbitmq]`,
-    /// `[consumer.backoff]`, `[consumer.ids]`).
-    pub consumer: ConsumerConfig,
+    /// `[consumer.backoff]`, `[consumer.ids]`, `[consumer.types]`): the one consumer group, or
+    /// what every `[[groups]]` entry starts from.
+    pub consumer: GroupConfig,
+    /// Consumer groups (`[[groups]]`), each laid over `[consumer]`; none: `[consumer]` alone.
+    /// See [`Settings::consumer_groups`].
+    pub groups: Vec<serde_json::Value>,
     /// The Redis fast path (`[fast_path]`).
     pub fast_path: FastPathSettings,
     /// The order domain (`[orders]`).
@@ -105,18 +117,20 @@ pub enum LogFormat {
 }
 
 /// The keys of [`Settings`]: the only `DEDUP_*` variables read.
-const TOP_LEVEL_KEYS: [&str; 15] = [
+const TOP_LEVEL_KEYS: [&str; 17] = [
     "listen",
     "database_url",
     "redis_url",
     "amqp_url",
     "site_root",
     "db_max_connections",
+    "schema",
     "request_timeout_ms",
     "probe_timeout_ms",
     "log_format",
     "stats_flush_ms",
     "consumer",
+    "groups",
     "fast_path",
     "orders",
     "auth",
@@ -132,11 +146,13 @@ impl Default for Settings {
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             site_root: PathBuf::from("target/site"),
             db_max_connections: 16,
+            schema: Schema::default(),
             request_timeout_ms: 30_000,
             probe_timeout_ms: 2_000,
             log_format: LogFormat::Text,
             stats_flush_ms: 1000,
-            consumer: ConsumerConfig::default(),
+            consumer: GroupConfig::default(),
+            groups: Vec::new(),
             fast_path: FastPathSettings::default(),
             orders: OrderSettings::default(),
             auth: AuthSettings::default(),
@@ -179,17 +195,19 @@ impl Settings {
             .map_err(Box::new)
     }
 
-    /// What the engine needs from these settings; `demo` turns on demo mode.
-    pub fn engine_config(&self, demo: bool) -> dedup_engine::runtime::EngineConfig {
-        dedup_engine::runtime::EngineConfig {
-            amqp_url: self.amqp_url.expose().to_owned(),
-            redis_url: self.redis_url.expose().to_owned(),
-            consumer: self.consumer.clone(),
-            fast_path: self.fast_path.clone(),
-            orders: self.orders.clone(),
-            stats_flush: std::time::Duration::from_millis(self.stats_flush_ms),
-            demo,
-        }
+    /// The consumer groups to run: each `[[groups]]` entry laid over `[consumer]`, or
+    /// `[consumer]` alone when there is none.
+    ///
+    /// Errors: an unknown key, an entry that is not a valid group, two groups with one name,
+    /// queue or Kafka group; the message names the entry and the key.
+    pub fn consumer_groups(&self) -> anyhow::Result<Vec<GroupConfig>> {
+        groups::resolve(&self.consumer, &self.groups)
+    }
+
+    /// Connections of the engine's own pool: half of [`Settings::db_max_connections`], at
+    /// least 4.
+    pub fn engine_pool_size(&self) -> u32 {
+        (self.db_max_connections / 2).max(4)
     }
 
     /// The effective settings as JSON, secrets redacted, for the start-up log.
@@ -216,7 +234,7 @@ mod tests {
             let s = Settings::load(Some(Path::new("dc.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(s.listen.port(), 4000);
             assert_eq!(s.probe_timeout_ms, 750, "env wins over the file");
-            assert_eq!(s.consumer.workers.concurrency, 9, "nested keys through __");
+            assert_eq!(s.consumer.settings.workers.concurrency, 9, "nested keys through __");
             assert_eq!(s.amqp_url.expose(), "amqp://user:hunter2@broker:5672/%2f");
             assert_eq!(s.redis_url.expose(), "redis://127.0.0.1:6379", "defaults fill missing keys");
             let printed = s.redacted_json();
@@ -256,7 +274,10 @@ mod tests {
             jail.set_env("DEDUP_BIN", "/usr/bin/x");
             assert!(Settings::load(None).is_ok());
             jail.set_env("DEDUP_CONSUMER__WORKRS__CONCURRENCY", "2");
-            let err = Settings::load(None).unwrap_err().to_string();
+            let err = match Settings::load(None) {
+                Err(e) => e.to_string(),
+                Ok(s) => s.consumer_groups().unwrap_err().to_string(),
+            };
             assert!(err.contains("workrs"), "{err}");
             Ok(())
         });

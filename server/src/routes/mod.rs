@@ -180,7 +180,7 @@ pub fn router(state: AppState, sessions: PostgresStore) -> Router {
         tracing::error!(?unruled, "pages or server functions without an access rule are refused");
     }
     let auth_state = AuthLayerState {
-        pool: state.console.pool.clone(),
+        pool: state.console.pool().clone(),
         settings: Arc::new(state.settings.auth.clone()),
         policy: Arc::new(policy()),
         max_body_bytes: state.settings.max_body_bytes,

@@ -84,8 +84,10 @@ async fn aggregates_groups_and_failure_endpoints_answer_from_the_same_queries() 
     assert_eq!(agg["live"]["totals"]["total"], 2000);
     let day = agg["last_day"]["created"].as_i64().unwrap();
     assert!(day > 300 && day < 1200, "about a third of 3 days of records: {day}");
-    assert_eq!(agg["consumer"]["enabled"], true);
-    assert_eq!(agg["consumer"]["broker"], "rabbitmq");
+    assert_eq!(agg["consumers"][0]["group"], "order-service", "{agg}");
+    assert_eq!(agg["consumers"][0]["enabled"], true);
+    assert_eq!(agg["consumers"][0]["broker"], "rabbitmq");
+    assert_eq!(agg["consumers"][0]["types"], serde_json::json!(["ORDER.CREATE", "ORDER.NOTIFY", "ORDER.PAY"]));
 
     let (_, groups) = json(&app, "/api/v1/groups").await;
     let sum: i64 = groups.as_array().unwrap().iter().map(|g| g["counts"]["total"].as_i64().unwrap()).sum();

@@ -7,3 +7,4 @@ mod console;
 mod health;
 mod helpers;
 mod pages;
+mod upgrade;

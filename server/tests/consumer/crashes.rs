@@ -18,7 +18,7 @@ async fn transactional_a_killed_worker_rolls_back_and_the_message_is_processed_o
     let a = world.serve("a", &[("DEDUP_CONSUMER__WORKERS__CONCURRENCY", "1")]).await;
     // Hold the SKU's row so the CREATE handler blocks inside its transaction.
     let mut locker = world.db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM inventory WHERE sku = 'SKU-0001' FOR UPDATE").execute(&mut *locker).await.unwrap();
+    sqlx::query("SELECT 1 FROM shop.inventory WHERE sku = 'SKU-0001' FOR UPDATE").execute(&mut *locker).await.unwrap();
     world
         .publish(
             "ORDER.CREATE.K1:1",
@@ -30,7 +30,7 @@ async fn transactional_a_killed_worker_rolls_back_and_the_message_is_processed_o
         .wait_for(
             Duration::from_secs(20),
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-               AND wait_event_type = 'Lock' AND query LIKE '%UPDATE inventory%'",
+               AND wait_event_type = 'Lock' AND query LIKE '%UPDATE shop.inventory%'",
             |n: &i64| *n == 1,
         )
         .await;
@@ -48,8 +48,8 @@ async fn transactional_a_killed_worker_rolls_back_and_the_message_is_processed_o
         .await;
     assert_eq!(status, "succeeded");
     let (reservations, reserved, attempts): (i64, i32, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM inventory_reservations WHERE order_no = 'K1'),
-                (SELECT reserved FROM inventory WHERE sku = 'SKU-0001'),
+        "SELECT (SELECT count(*) FROM shop.inventory_reservations WHERE order_no = 'K1'),
+                (SELECT reserved FROM shop.inventory WHERE sku = 'SKU-0001'),
                 (SELECT count(*) FROM record_attempts)",
     )
     .fetch_one(&world.db.pool)
@@ -99,7 +99,7 @@ async fn leased_hold_a_killed_worker_leaves_the_record_stuck_and_the_redelivery_
     assert!(parked, "the redelivery was parked; log: {}", b.log_text());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (status, owner, stuck, sends): (String, String, bool, i64) = sqlx::query_as(
-        "SELECT status, lease_owner, lease_expires_at < now(), (SELECT count(*) FROM notifications) FROM dedup_records",
+        "SELECT status, lease_owner, lease_expires_at < now(), (SELECT count(*) FROM shop.notifications) FROM dedup_records",
     )
     .fetch_one(&world.db.pool)
     .await
@@ -123,7 +123,7 @@ async fn leased_reclaim_the_message_is_processed_once_after_the_lease_expires_ne
         .await;
     assert_eq!(status, "succeeded", "log: {}", b.log_text());
     let (sends, sent_at, attempts, reentries): (i64, DateTime<Utc>, i32, i32) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM notifications), (SELECT max(sent_at) FROM notifications), attempts, reentries
+        "SELECT (SELECT count(*) FROM shop.notifications), (SELECT max(sent_at) FROM shop.notifications), attempts, reentries
          FROM dedup_records",
     )
     .fetch_one(&world.db.pool)

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use dedup_engine::orders::verify::verify;
+use dedup_example_orders::verify::verify;
 
 use crate::support::World;
 
@@ -12,7 +12,7 @@ async fn ten_thousand_orders_with_duplicates_through_two_processes_happen_exactl
     let run = world.simulate(10_000, 0.0, 0.2, 0.01).await;
     assert!(run.duplicates > 5_000, "about 20 % duplicates: {run:?}");
 
-    let report = verify(&world.db.pool, Some(run.run_id), Duration::from_secs(240)).await.unwrap();
+    let report = verify(&world.db.pool, &world.db.schema, Some(run.run_id), Duration::from_secs(240)).await.unwrap();
     assert!(report.ok, "{report:#?}");
     assert_eq!(report.missing + report.failed + report.processing, 0, "{report:#?}");
     assert_eq!((report.orders_created, report.orders_paid, report.sms_sent), (10_000, 10_000, 10_000), "{report:#?}");
@@ -59,7 +59,7 @@ async fn redis_stopped_mid_run_changes_nothing_but_the_path_duplicates_take() {
     };
     let (run, ()) = tokio::join!(simulation, stopper);
 
-    let report = verify(&world.db.pool, Some(run.run_id), Duration::from_secs(120)).await.unwrap();
+    let report = verify(&world.db.pool, &world.db.schema, Some(run.run_id), Duration::from_secs(120)).await.unwrap();
     assert!(report.ok, "no duplicate effect: {report:#?}");
     assert_eq!(report.succeeded, i64::try_from(run.messages).unwrap(), "consumption went on: {report:#?}");
     // Aggregates are flushed every second.

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use dedup_engine::orders::verify::{check_kafka_lag, verify};
+use dedup_example_orders::verify::{check_kafka_lag, verify};
 
 use crate::support::World;
 
@@ -43,7 +43,8 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     let (run, a2) = tokio::join!(simulation, chaos);
     assert!(run.duplicates > 5_000, "about 20 % duplicates: {run:?}");
 
-    let mut report = verify(&world.db.pool, Some(run.run_id), Duration::from_secs(300)).await.unwrap();
+    let mut report =
+        verify(&world.db.pool, &world.db.schema, Some(run.run_id), Duration::from_secs(300)).await.unwrap();
     let connector = world.kafka.as_ref().unwrap().connector();
     check_kafka_lag(&mut report, &connector, Duration::from_secs(60)).await.unwrap();
     assert!(report.ok, "{report:#?}");
@@ -72,7 +73,7 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     // left, and that every other order's SMS went out.
     let (not_from_the_kill, stuck_unsent): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE NOT (message_type = 'ORDER.NOTIFY' AND lease_owner LIKE '%:' || $1 || ':%')),
-                count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM notifications n WHERE n.message_id = r.message_id))
+                count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM shop.notifications n WHERE n.message_id = r.message_id))
          FROM dedup_records r WHERE status = 'processing'",
     )
     .bind(pid_a.to_string())
@@ -105,7 +106,7 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
         .json()
         .await
         .unwrap();
-    let consumer = &aggregates["consumer"];
+    let consumer = &aggregates["consumers"][0];
     assert_eq!(
         (consumer["broker"].as_str(), consumer["connected"].as_bool()),
         (Some("kafka"), Some(true)),

@@ -1,10 +1,12 @@
 //! The embedded consumer as operators run it: `dedup-console serve` processes against real
 //! PostgreSQL, Redis and RabbitMQ — two processes on one queue, processes killed with SIGKILL
 //! mid-handler, Redis stopped mid-run — and Kafka: a consumer group with a member killed and
-//! restarted; a bulk requeue of 10 000 dead letters after a restart, then `verify`.
+//! restarted; a bulk requeue of 10 000 dead letters after a restart, then `verify`; two consumer
+//! groups on two queues; a Spring-style producer typed by a header.
 
 mod crashes;
 mod exactly_once;
+mod groups;
 mod kafka;
 mod requeue;
 mod support;

@@ -52,7 +52,7 @@ async fn ten_thousand_dead_sms_requeued_at_the_set_rate_after_a_restart_then_ver
     let (dead_notify, succeeded_other, records, sms): (i64, i64, i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status = 'dead' AND message_type = 'ORDER.NOTIFY'),
                 count(*) FILTER (WHERE status = 'succeeded' AND message_type IN ('ORDER.CREATE', 'ORDER.PAY')),
-                count(*), (SELECT count(*) FROM notifications)
+                count(*), (SELECT count(*) FROM shop.notifications)
          FROM dedup_records",
     )
     .fetch_one(&world.db.pool)

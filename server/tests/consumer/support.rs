@@ -12,12 +12,12 @@ use dedup_engine::accounts::tokens::token_create;
 use dedup_engine::accounts::users::user_add;
 use dedup_engine::accounts::{Role, UserName};
 use dedup_engine::message::IdPolicy;
-use dedup_engine::orders::OrderSettings;
-use dedup_engine::orders::simulate::{SimulateParams, SimulationReport, simulate};
 use dedup_engine::retry::Backoff;
 use dedup_engine::source::SourceFactory;
 use dedup_engine::testing::kafka::TestKafka;
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
+use dedup_example_orders::OrderSettings;
+use dedup_example_orders::simulate::{SimulateParams, SimulatedGroup, SimulationReport, simulate};
 use tokio::process::{Child, Command};
 
 /// One test's world: database, broker names, Redis prefix, shared server environment.
@@ -34,6 +34,7 @@ impl World {
     /// A fresh world; retry back-off 500 ms doubling to 2 s so tests run quickly.
     pub async fn new() -> Self {
         let db = TestDatabase::create().await;
+        dedup_example_orders::migrate(&db.pool).await.expect("the order example's tables");
         let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 500, max_ms: 2000 });
         let s = &broker.settings;
         let env = HashMap::from([
@@ -77,13 +78,23 @@ impl World {
     /// Starts a server with the world's environment plus `extra`; waits until its consumer is
     /// subscribed to the work queue.
     pub async fn serve(&self, name: &str, extra: &[(&str, &str)]) -> Server {
+        self.serve_on(name, extra, &[&self.broker.settings.queue]).await
+    }
+
+    /// Starts a server with the world's environment plus `extra`; waits until it consumes from
+    /// every one of `queues` (RabbitMQ), or has subscribed (Kafka).
+    pub async fn serve_on(&self, name: &str, extra: &[(&str, &str)], queues: &[&str]) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = std::env::temp_dir().join(format!("{}-{name}.log", self.db.name));
         // Read before the start: a server quick to subscribe would otherwise be counted in it.
-        let consumers_before = match self.kafka {
-            Some(_) => 0,
-            None => self.broker.queue_state(&self.broker.settings.queue).await.map_or(0, |s| s.1),
-        };
+        let mut consumers_before = Vec::new();
+        for queue in queues {
+            let before = match self.kafka {
+                Some(_) => 0,
+                None => self.broker.queue_state(queue).await.map_or(0, |s| s.1),
+            };
+            consumers_before.push(before);
+        }
         let mut cmd = self.command(&["serve"]);
         cmd.env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
@@ -106,8 +117,12 @@ impl World {
         }
         let started = Instant::now();
         loop {
-            let state = self.broker.queue_state(&self.broker.settings.queue).await;
-            if state.is_some_and(|(_, consumers)| consumers > consumers_before) {
+            let mut subscribed = true;
+            for (queue, before) in queues.iter().zip(&consumers_before) {
+                let state = self.broker.queue_state(queue).await;
+                subscribed &= state.is_some_and(|(_, consumers)| consumers > *before);
+            }
+            if subscribed {
                 break;
             }
             assert!(
@@ -136,8 +151,23 @@ impl World {
         token_create(&self.db.pool, user.id, "tests").await.expect("token created").1
     }
 
-    /// Publishes a simulation run through the world's exchange (or Kafka topic).
+    /// Publishes a simulation run through the world's exchange (or Kafka topic) to the one
+    /// group `order-service`.
     pub async fn simulate(&self, orders: u64, rate: f64, duplicate_rate: f64, poison_rate: f64) -> SimulationReport {
+        let group = SimulatedGroup { name: "order-service".to_owned(), binding_keys: Vec::new() };
+        self.simulate_to(vec![group], orders, rate, duplicate_rate, poison_rate).await
+    }
+
+    /// Publishes a simulation run through the world's exchange (or Kafka topic) that reaches
+    /// `groups`.
+    pub async fn simulate_to(
+        &self,
+        groups: Vec<SimulatedGroup>,
+        orders: u64,
+        rate: f64,
+        duplicate_rate: f64,
+        poison_rate: f64,
+    ) -> SimulationReport {
         let source: Arc<dyn SourceFactory> = match &self.kafka {
             Some(kafka) => kafka.connector(),
             None => self.broker.connector(),
@@ -150,7 +180,7 @@ impl World {
             duplicate_delay_ms: 2000,
             reorder_window: 8,
             poison_rate,
-            group: "order-service".to_owned(),
+            groups,
             exchange: source.destination(),
             seed: 42,
         };
@@ -170,9 +200,20 @@ impl World {
 
     /// Publishes one JSON message with `id` as its message id.
     pub async fn publish(&self, id: &str, routing_key: &str, body: serde_json::Value) {
+        self.publish_with(id, routing_key, &serde_json::Map::new(), body).await;
+    }
+
+    /// Publishes one JSON message with `id` as its message id and `headers`.
+    pub async fn publish_with(
+        &self,
+        id: &str,
+        routing_key: &str,
+        headers: &serde_json::Map<String, serde_json::Value>,
+        body: serde_json::Value,
+    ) {
         use dedup_engine::source::rabbitmq::properties_for;
         let publisher = self.broker.connector().publisher().await.unwrap();
-        let props = properties_for(Some(id), &serde_json::Map::new(), Some("application/json"));
+        let props = properties_for(Some(id), headers, Some("application/json"));
         let payload = serde_json::to_vec(&body).unwrap();
         publisher.publish(&self.broker.settings.exchange, routing_key, &payload, props).await.unwrap();
     }

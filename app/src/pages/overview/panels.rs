@@ -114,40 +114,63 @@ pub fn TrafficPanel(last_hour: TrafficView, last_day: TrafficView) -> impl IntoV
     }
 }
 
-/// The embedded consumer: broker and connection, workers, in-flight deliveries, queue depth
-/// (RabbitMQ) or lag (Kafka).
+/// The engine's consumer groups: message types handled, broker and connection, workers,
+/// in-flight deliveries, queue depth (RabbitMQ) or lag (Kafka), last error.
 #[component]
-pub fn ConsumerPanel(consumer: ConsumerView) -> impl IntoView {
-    let state = match (consumer.enabled, consumer.connected) {
+pub fn ConsumersPanel(consumers: Vec<ConsumerView>) -> impl IntoView {
+    let empty = consumers.is_empty();
+    view! {
+        <section class="panel" aria-labelledby="consumers-title">
+            <h2 id="consumers-title">"Consumers"</h2>
+            {empty.then(|| view! { <p class="muted">"No consumer group is declared."</p> })}
+            <table class="table" data-testid="consumers">
+                <thead>
+                    <tr>
+                        <th scope="col">"Group"</th>
+                        <th scope="col">"Broker"</th>
+                        <th scope="col" class="num">"Workers"</th>
+                        <th scope="col" class="num">"In flight"</th>
+                        <th scope="col" class="num">"Waiting"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    {consumers.into_iter().map(consumer_row).collect_view()}
+                </tbody>
+            </table>
+        </section>
+    }
+}
+
+/// One group's row: its name and types, then its broker state and numbers; the last error,
+/// when there is one, under the name.
+fn consumer_row(c: ConsumerView) -> impl IntoView {
+    let state = match (c.enabled, c.connected) {
         (false, _) => "disabled",
         (true, true) => "connected",
         (true, false) => "disconnected",
     };
     let badge = if state == "connected" { "badge badge-up" } else { "badge badge-down" };
-    let (broker, depth) = if consumer.broker == "kafka" { ("Kafka", "Lag") } else { ("RabbitMQ", "Queue depth") };
+    let (broker, waiting) = if c.broker == "kafka" { ("Kafka", "lag") } else { ("RabbitMQ", "queued") };
+    let depth = c.queue_depth.map_or_else(|| "unknown".to_owned(), |d| format!("{} {waiting}", count(d as i64)));
+    let types = if c.types.is_empty() { "no handlers".to_owned() } else { c.types.join(", ") };
+    let (group, group_attr) = (c.group.clone(), c.group);
     view! {
-        <section class="panel" aria-labelledby="consumer-title">
-            <h2 id="consumer-title">"Consumer"</h2>
-            <dl class="facts" data-testid="consumer">
-                <dt>"Group"</dt>
-                <dd class="mono">{consumer.group}</dd>
-                <dt>"Broker"</dt>
-                <dd>
-                    {broker} " "
-                    <span class=badge data-testid="consumer-state">
-                        {state}
-                    </span>
-                </dd>
-                <dt>"Workers running"</dt>
-                <dd>{consumer.running_workers}</dd>
-                <dt>"In flight"</dt>
-                <dd>{consumer.in_flight}</dd>
-                <dt>{depth}</dt>
-                <dd>{consumer.queue_depth.map_or("unknown".to_owned(), |d| count(d as i64))}</dd>
-                <dt>"Last error"</dt>
-                <dd class="small">{consumer.last_error.unwrap_or_else(|| "none".to_owned())}</dd>
-            </dl>
-        </section>
+        <tr data-testid="consumer" data-group=group_attr>
+            <td>
+                <span class="mono">{group}</span>
+                <div class="small muted">{types}</div>
+                {c.last_error.map(|e| view! { <div class="small error">"Last error: " {e}</div> })}
+            </td>
+            <td>
+                {broker} " "
+                <span class=badge data-testid="consumer-state">
+                    {state}
+                </span>
+            </td>
+            <td class="num">{c.running_workers}</td>
+            <td class="num">{c.in_flight}</td>
+            <td class="num">{depth}</td>
+        </tr>
     }
 }
 

@@ -1,0 +1,249 @@
+//! The consumer groups `serve` runs: `[consumer]` alone (one group, today's single-group
+//! configuration), or each entry of `[[groups]]` laid over `[consumer]` (keys a group does not
+//! set are `[consumer]`'s), bound to the order example's handlers by message type.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use anyhow::Context;
+use dedup_engine::actions::Publishers;
+use dedup_engine::group::{Group, GroupSettings, GroupSource};
+use dedup_engine::handler::HandlerRegistry;
+use dedup_engine::message::Broker;
+use dedup_engine::source::SourceFactory;
+use dedup_engine::source::kafka::KafkaSettings;
+use dedup_engine::source::rabbitmq::RabbitSettings;
+use dedup_example_orders::simulate::SimulatedGroup;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One consumer group as configured (`[consumer]`, and each `[[groups]]` entry over it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GroupConfig {
+    /// Run the groups' workers inside `serve` (off: the console only). Default true. Only read
+    /// from `[consumer]`.
+    pub enabled: bool,
+    /// The consumer group's name: its records are scoped to it. Default `order-service`.
+    pub group: String,
+    /// The message types of the order example this group handles (`ORDER.CREATE`,
+    /// `ORDER.PAY`, `ORDER.NOTIFY`). Default: all of them.
+    pub handlers: Option<Vec<String>>,
+    /// The broker consumed from: `rabbitmq` (default) or `kafka`.
+    pub source: Broker,
+    /// Exchange, queue, binding keys, prefetch, dead letters (when `source = "rabbitmq"`).
+    pub rabbitmq: RabbitSettings,
+    /// Brokers, Kafka group, topics, fetch limits, back-pressure (when `source = "kafka"`).
+    pub kafka: KafkaSettings,
+    /// Attempts, lease, workers, back-off, ids, types.
+    #[serde(flatten)]
+    pub settings: GroupSettings,
+    /// Keys none of the above knows (serde cannot deny unknown fields next to a flattened
+    /// struct): [`GroupConfig::check_keys`] refuses them.
+    #[serde(flatten)]
+    unknown: std::collections::BTreeMap<String, Value>,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            group: "order-service".to_owned(),
+            handlers: None,
+            source: Broker::RabbitMq,
+            rabbitmq: RabbitSettings::default(),
+            kafka: KafkaSettings::default(),
+            settings: GroupSettings::default(),
+            unknown: Default::default(),
+        }
+    }
+}
+
+impl GroupConfig {
+    /// Refuses keys this configuration does not know, naming them and `place`.
+    ///
+    /// Errors: the unknown keys.
+    pub fn check_keys(&self, place: &str) -> anyhow::Result<()> {
+        if self.unknown.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&str> = self.unknown.keys().map(String::as_str).collect();
+        anyhow::bail!("unknown key(s) in {place}: {}", keys.join(", "))
+    }
+
+    /// The engine's group: its source at `amqp_url` (RabbitMQ) or its Kafka settings, its
+    /// settings, and the handlers of `example` it names.
+    ///
+    /// Errors: a handler type the example does not have.
+    pub fn engine_group(&self, amqp_url: &str, example: &HandlerRegistry) -> anyhow::Result<Group> {
+        let handlers = match &self.handlers {
+            None => example.clone(),
+            Some(types) => {
+                example.only(types).map_err(|e| anyhow::anyhow!("consumer group {:?}: handlers: {e}", self.group))?
+            }
+        };
+        Ok(Group::new(self.group.clone(), self.source(amqp_url)).settings(self.settings.clone()).handlers(&handlers))
+    }
+
+    /// The group's source factory (it connects when first used).
+    pub fn source_factory(&self, amqp_url: &str) -> Arc<dyn SourceFactory> {
+        Group::new(self.group.clone(), self.source(amqp_url)).settings(self.settings.clone()).source_factory()
+    }
+
+    /// Where the group reads from.
+    pub fn source(&self, amqp_url: &str) -> GroupSource {
+        match self.source {
+            Broker::RabbitMq => GroupSource::RabbitMq { url: amqp_url.to_owned(), settings: self.rabbitmq.clone() },
+            Broker::Kafka => GroupSource::Kafka(self.kafka.clone()),
+        }
+    }
+
+    /// Where the group's messages are published: the exchange (RabbitMQ) or its first topic.
+    pub fn destination(&self) -> String {
+        match self.source {
+            Broker::RabbitMq => self.rabbitmq.exchange.clone(),
+            Broker::Kafka => self.kafka.topics.first().cloned().unwrap_or_default(),
+        }
+    }
+
+    /// Whether messages published to `destination` (an exchange or a topic) reach this group,
+    /// and how the simulator sees it.
+    pub fn simulated(&self, destination: &str) -> Option<SimulatedGroup> {
+        let reached = match self.source {
+            Broker::RabbitMq => self.rabbitmq.exchange == destination,
+            Broker::Kafka => self.kafka.topics.iter().any(|t| t == destination),
+        };
+        let binding_keys = match self.source {
+            Broker::RabbitMq => self.rabbitmq.binding_keys.clone(),
+            Broker::Kafka => Vec::new(),
+        };
+        reached.then(|| SimulatedGroup { name: self.group.clone(), binding_keys })
+    }
+}
+
+/// The publishers of `groups` (operator commands republish through them without an engine).
+pub fn publishers(groups: &[GroupConfig], amqp_url: &str) -> Publishers {
+    let mut publishers = Publishers::default();
+    for g in groups {
+        publishers.add(&g.group, g.source_factory(amqp_url));
+    }
+    publishers
+}
+
+/// `[[groups]]` laid over `consumer`, or `consumer` alone when there is none; checked: names
+/// unique, no two RabbitMQ groups on one queue, no two Kafka groups in one Kafka group.
+///
+/// Errors: an entry that is not a table, sets `enabled`, or does not make a valid group; a
+/// clash between two groups. The message names the entry and the key.
+pub fn resolve(consumer: &GroupConfig, groups: &[Value]) -> anyhow::Result<Vec<GroupConfig>> {
+    consumer.check_keys("[consumer]")?;
+    let resolved = if groups.is_empty() {
+        vec![consumer.clone()]
+    } else {
+        let base = serde_json::to_value(consumer).context("the [consumer] settings do not serialise")?;
+        groups
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let Value::Object(fields) = entry else {
+                    anyhow::bail!("groups[{i}] must be a table of group settings");
+                };
+                anyhow::ensure!(
+                    !fields.contains_key("enabled"),
+                    "groups[{i}]: `enabled` is read from [consumer] only (it turns every group's workers on or off)"
+                );
+                anyhow::ensure!(fields.contains_key("group"), "groups[{i}]: give the group a name (`group = \"...\"`)");
+                let mut merged = base.clone();
+                merge(&mut merged, entry);
+                let group = serde_json::from_value::<GroupConfig>(merged).with_context(|| format!("groups[{i}]"))?;
+                group.check_keys(&format!("groups[{i}]"))?;
+                Ok(group)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?
+    };
+    let (mut names, mut queues, mut kafka_groups) = (HashSet::new(), HashSet::new(), HashSet::new());
+    for g in &resolved {
+        anyhow::ensure!(names.insert(g.group.as_str()), "consumer group {:?} is declared twice", g.group);
+        match g.source {
+            Broker::RabbitMq => anyhow::ensure!(
+                queues.insert(g.rabbitmq.queue.as_str()),
+                "consumer groups share the queue {:?}: give each its own `rabbitmq.queue` (on one queue they would \
+                 take each other's messages)",
+                g.rabbitmq.queue
+            ),
+            Broker::Kafka => {
+                let id = g.kafka.group_id.clone().unwrap_or_else(|| g.group.clone());
+                anyhow::ensure!(
+                    kafka_groups.insert(id.clone()),
+                    "consumer groups share the Kafka group {id:?}: give each its own `kafka.group_id`"
+                );
+            }
+        }
+    }
+    Ok(resolved)
+}
+
+/// Lays `over` on `base`: tables merge key by key, anything else replaces.
+fn merge(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn groups_inherit_consumer_keys_they_do_not_set() {
+        let mut consumer = GroupConfig::default();
+        consumer.settings.max_attempts = 7;
+        consumer.rabbitmq.exchange = "shop.events".into();
+        let groups = [
+            json!({"group": "order-service", "handlers": ["ORDER.CREATE", "ORDER.PAY"],
+                   "rabbitmq": {"queue": "q.orders", "binding_keys": ["order.create", "order.pay"]}}),
+            json!({"group": "notify-service", "handlers": ["ORDER.NOTIFY"], "lease_ms": 5000,
+                   "rabbitmq": {"queue": "q.notify", "binding_keys": ["order.notify"]},
+                   "types": {"from": ["header:__TypeId__", "id_prefix"]}}),
+        ];
+        let resolved = resolve(&consumer, &groups).unwrap();
+        assert_eq!(resolved.len(), 2);
+        let notify = &resolved[1];
+        assert_eq!(notify.group, "notify-service");
+        assert_eq!(notify.settings.max_attempts, 7, "inherited");
+        assert_eq!(notify.settings.lease_ms, 5000, "its own");
+        assert_eq!(notify.rabbitmq.exchange, "shop.events", "a nested key inherited");
+        assert_eq!(notify.rabbitmq.queue, "q.notify");
+        assert_eq!(notify.settings.types.from[0].to_string(), "header:__TypeId__");
+        assert_eq!(resolved[0].settings.lease_ms, 30_000);
+        assert_eq!(resolve(&consumer, &[]).unwrap()[0].group, "order-service", "[consumer] alone");
+    }
+
+    #[test]
+    fn clashes_and_mistakes_are_named() {
+        let consumer = GroupConfig::default();
+        let same_queue = [json!({"group": "a"}), json!({"group": "b"})];
+        let err = resolve(&consumer, &same_queue).unwrap_err().to_string();
+        assert!(err.contains("share the queue"), "{err}");
+        let twice =
+            [json!({"group": "a", "rabbitmq": {"queue": "x"}}), json!({"group": "a", "rabbitmq": {"queue": "y"}})];
+        assert!(resolve(&consumer, &twice).unwrap_err().to_string().contains("declared twice"));
+        let typo = [json!({"group": "a", "max_atempts": 3})];
+        let err = format!("{:#}", resolve(&consumer, &typo).unwrap_err());
+        assert!(err.contains("groups[0]") && err.contains("max_atempts"), "{err}");
+        let enabled = [json!({"group": "a", "enabled": false})];
+        assert!(resolve(&consumer, &enabled).unwrap_err().to_string().contains("[consumer] only"));
+        let unnamed = [json!({"rabbitmq": {"queue": "x"}})];
+        assert!(resolve(&consumer, &unnamed).unwrap_err().to_string().contains("name"));
+        let bad_source = [json!({"group": "a", "types": {"from": ["headers:x"]}})];
+        let err = format!("{:#}", resolve(&consumer, &bad_source).unwrap_err());
+        assert!(err.contains("headers:x"), "{err}");
+    }
+}

@@ -29,6 +29,7 @@ fn message(id: &str) -> InboundMessage {
         payload: format!("{{\"messageId\":\"{id}\"}}").into_bytes(),
         headers: serde_json::Map::new(),
         property_message_id: Some(id.to_owned()),
+        type_property: None,
         content_type: Some("application/json".to_owned()),
         broker: Broker::RabbitMq,
         source: SourceRef {
@@ -42,7 +43,7 @@ fn message(id: &str) -> InboundMessage {
 
 /// Claims and completes batches of 50 new records until `stop`; returns each batch's latency.
 async fn claimer(pool: PgPool, tag: &'static str, stop: Arc<AtomicBool>) -> Vec<Duration> {
-    let store = PgStore::new(pool.clone());
+    let store = PgStore::new(pool.clone(), &db::Schema::default());
     let group = ConsumerGroup::parse("bench-claimer").unwrap();
     let mut latencies = Vec::new();
     let mut n = 0u64;
@@ -98,11 +99,15 @@ async fn main() {
         sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&pool).await.unwrap();
         pool.close().await;
     }
+    // The host pool (the claimer's, as the consumer's) and the engine's pool (seeding,
+    // cleanup), as the engine runs them.
+    let schema = db::Schema::default();
     let pool = db::connect(&url, &PoolSettings::default()).await.unwrap();
-    db::migrate(&pool).await.unwrap();
+    db::migrate(&pool, &schema).await.unwrap();
+    let engine = db::engine_pool(&pool, &schema, PoolSettings::default().max_connections);
     let started = Instant::now();
-    seed_records(&pool, &SeedParams { records, days: 60, batch: 50_000 }, |_, _| {}).await.unwrap();
-    sqlx::query("VACUUM ANALYZE dedup_records").execute(&pool).await.unwrap();
+    seed_records(&engine, &SeedParams { records, days: 60, batch: 50_000 }, |_, _| {}).await.unwrap();
+    sqlx::query("VACUUM ANALYZE dedup_records").execute(&engine).await.unwrap();
     eprintln!("seeded {records} records in {:.0} s", started.elapsed().as_secs_f64());
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -112,7 +117,7 @@ async fn main() {
     let before = quantiles(baseline.await.unwrap());
 
     let schedule = cleanup_schedule_save(
-        &pool,
+        &engine,
         "bench",
         None,
         &ScheduleInput { name: "bench".to_owned(), batch_size: batch, ..ScheduleInput::default() },
@@ -121,10 +126,10 @@ async fn main() {
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let during = tokio::spawn(claimer(pool.clone(), "during", stop.clone()));
-    let run_id = scheduler::cleanup_run_now(&pool, "bench", schedule.id).await.unwrap();
+    let run_id = scheduler::cleanup_run_now(&engine, "bench", schedule.id).await.unwrap();
     let run = loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let runs = cleanup_runs(&pool, Some(schedule.id), 5).await.unwrap();
+        let runs = cleanup_runs(&engine, Some(schedule.id), 5).await.unwrap();
         if let Some(r) = runs.into_iter().find(|r| r.id == run_id && r.finished_at.is_some()) {
             break r;
         }
@@ -141,5 +146,6 @@ async fn main() {
     println!("| claim batch of 50 (claim + complete, one tx) | batches | p50 ms | p99 ms | max ms |");
     println!("| before cleanup | {} | {:.2} | {:.2} | {:.2} |", before.0, before.1, before.2, before.3);
     println!("| during cleanup | {} | {:.2} | {:.2} | {:.2} |", during.0, during.1, during.2, during.3);
+    engine.close().await;
     pool.close().await;
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, TransactionalHandler};
-use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef};
+use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::record::ConsumerGroup;
 use dedup_engine::retry::Backoff;
@@ -127,6 +127,7 @@ impl Bench {
                 payload: BODY,
                 headers: &headers,
                 content_type: Some("application/json"),
+                type_property: None,
             }));
             if in_flight.len() >= 512 {
                 in_flight.next().await.unwrap().unwrap();
@@ -232,6 +233,7 @@ async fn without_broker(name: &'static str, pipeline: Pipeline, ids: &[String], 
                     payload: BODY.to_vec(),
                     headers: serde_json::Map::new(),
                     property_message_id: Some(id.clone()),
+                    type_property: None,
                     content_type: Some("application/json".to_owned()),
                     broker: Broker::RabbitMq,
                     source: SourceRef::default(),
@@ -304,7 +306,7 @@ fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>) -> Pipeline {
     handlers.register("BENCH.EVENT", Handler::Transactional(Arc::new(InsertRow)));
     handlers.register("BENCH.NOEFFECT", Handler::Transactional(Arc::new(NoEffect)));
     Pipeline::new(
-        PgStore::new(db.pool.clone()),
+        PgStore::new(db.pool.clone(), &db.schema),
         fast_path,
         Arc::new(Stats::default()),
         handlers,
@@ -314,6 +316,7 @@ fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>) -> Pipeline {
             lease: Duration::from_secs(30),
             backoff: Backoff::default(),
             id_policy: IdPolicy::default(),
+            type_policy: TypePolicy::default(),
             keep_poison_payload_bytes: 1024,
         },
     )

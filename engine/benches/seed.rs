@@ -67,8 +67,11 @@ async fn main() {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/dedup_seed_bench".to_owned());
     for run in 1..=runs {
         reset(&url, true).await;
-        let pool = db::connect(&url, &PoolSettings::default()).await.unwrap();
-        db::migrate(&pool).await.unwrap();
+        let schema = db::Schema::default();
+        let host = db::connect(&url, &PoolSettings::default()).await.unwrap();
+        db::migrate(&host, &schema).await.unwrap();
+        // The engine's pool: seeding runs there, as in the engine.
+        let pool = db::engine_pool(&host, &schema, PoolSettings::default().max_connections);
         let report = seed_records(&pool, &SeedParams { records, days: 60, batch: 50_000 }, |_, _| {}).await.unwrap();
         println!("run {run}: {records} records in {:.1} s = {:.0} records/s", report.seconds, report.rate);
         if run == runs {
@@ -79,6 +82,7 @@ async fn main() {
             );
         }
         pool.close().await;
+        host.close().await;
     }
     if std::env::var("BENCH_KEEP").as_deref() != Ok("1") {
         reset(&url, false).await;

@@ -4,12 +4,12 @@
 //! and a failed one both requeue).
 
 use dedup_engine::actions::{
-    self, ActionError, RecordAction, record_dead_letter, record_mark_succeeded, record_release, record_requeue,
+    self, ActionError, Publishers, RecordAction, record_dead_letter, record_mark_succeeded, record_release,
+    record_requeue,
 };
 use dedup_engine::audit::{self, AuditFilter};
 use dedup_engine::record::RecordStatus;
 use dedup_engine::retry::Backoff;
-use dedup_engine::source::rabbitmq::Publisher;
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url};
 use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicGetOptions};
@@ -205,11 +205,15 @@ async fn mark_succeeded_and_dead_letter_follow_their_status_rules() {
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Dead, .. }), "{err}");
 }
 
-/// A publisher on a test broker whose work queue receives everything published to its exchange.
-async fn broker() -> (TestBroker, Publisher) {
+/// Publishers whose group `g` (the records' group) reads from a test broker whose work queue
+/// receives everything published to its exchange.
+async fn broker() -> (TestBroker, Publishers) {
     let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 });
-    let publisher = broker.connector().publisher().await.expect("RabbitMQ at AMQP_URL");
-    (broker, publisher)
+    let connector = broker.connector();
+    connector.publisher().await.expect("RabbitMQ at AMQP_URL");
+    let mut publishers = Publishers::default();
+    publishers.add("g", connector);
+    (broker, publishers)
 }
 
 #[tokio::test]
@@ -292,7 +296,7 @@ async fn requeue_never_touches_succeeded_poison_or_payloadless_records() {
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Succeeded, .. }), "{err}");
 
     let poison = insert(pool, "POISON.1", "dead", 0, &exchange).await;
-    sqlx::query("UPDATE dedup_records SET handler_mode = NULL WHERE id = $1")
+    sqlx::query("UPDATE dedup_records SET handler_mode = NULL, poison = true WHERE id = $1")
         .bind(poison.id)
         .execute(pool)
         .await
@@ -307,6 +311,56 @@ async fn requeue_never_touches_succeeded_poison_or_payloadless_records() {
     assert!(matches!(err, ActionError::MissingPayload { .. }), "{err}");
     assert_eq!(snapshot(pool, bare.id).await, before);
     assert_eq!(broker.depth(&broker.settings.queue).await, 0);
+}
+
+/// The copy goes through a source of the record's broker: its group's own, else another
+/// group's; a record from a broker no group reads from is refused. A dead letter whose type had
+/// no handler is not poison: it is requeued.
+#[tokio::test]
+async fn requeue_publishes_through_a_source_of_the_records_broker_and_takes_records_without_a_handler() {
+    let db = TestDatabase::create().await;
+    let pool = &db.pool;
+    let (broker, publishers) = broker().await;
+    let exchange = broker.settings.exchange.clone();
+    let no_handler = insert(pool, "ORDER.REFUND.1:1", "dead", 0, &exchange).await;
+    sqlx::query(
+        "UPDATE dedup_records SET handler_mode = NULL, poison = false, error_class = 'NO_HANDLER: ORDER.REFUND'
+         WHERE id = $1",
+    )
+    .bind(no_handler.id)
+    .execute(pool)
+    .await
+    .unwrap();
+    let done = record_requeue(pool, "cli:op", &params(&no_handler, None), &publishers).await.unwrap();
+    assert_eq!((done.status, done.republished), (RecordStatus::Failed, true));
+    assert_eq!(broker.depth(&broker.settings.queue).await, 1);
+
+    let other_group = insert(pool, "ORDER.PAY.2:1", "dead", 0, &exchange).await;
+    sqlx::query("UPDATE dedup_records SET consumer_group = 'billing' WHERE id = $1")
+        .bind(other_group.id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let done = record_requeue(pool, "cli:op", &params(&other_group, None), &publishers).await.unwrap();
+    assert!(done.republished, "through group g's RabbitMQ connection");
+    assert_eq!(broker.depth(&broker.settings.queue).await, 2);
+
+    let from_kafka = insert(pool, "ORDER.PAY.3:1", "dead", 0, &exchange).await;
+    sqlx::query("UPDATE dedup_records SET source_broker = 'kafka' WHERE id = $1")
+        .bind(from_kafka.id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let before = snapshot(pool, from_kafka.id).await;
+    let err = record_requeue(pool, "cli:op", &params(&from_kafka, None), &publishers).await.unwrap_err();
+    assert!(
+        matches!(err, ActionError::NoPublisher { id, ref broker } if id == from_kafka.id && broker == "kafka"),
+        "{err}"
+    );
+    assert_eq!(snapshot(pool, from_kafka.id).await, before, "a refused action changes nothing");
+    assert_eq!(broker.depth(&broker.settings.queue).await, 2, "no copy");
+    let outcomes: Vec<String> = audit_trail(pool).await.into_iter().map(|(_, o)| o).collect();
+    assert_eq!(outcomes, ["ok", "ok", "refused"]);
 }
 
 #[tokio::test]

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use dedup_engine::actions::bulk::runner::{CHANGED_SINCE_FREEZE, run_job};
+use dedup_engine::actions::bulk::runner::{CHANGED_SINCE_FREEZE, RUNNER_LOCK_KEY, run_job};
 use dedup_engine::actions::bulk::{
     JobControl, RequeueJob, RequeueJobParams, requeue_job, requeue_job_control, requeue_job_start, requeue_preview,
 };
-use dedup_engine::actions::{ActionError, RecordAction, record_requeue};
+use dedup_engine::actions::{ActionError, Publishers, RecordAction, record_requeue};
 use dedup_engine::console::filter::RecordFilter;
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
@@ -80,10 +80,35 @@ fn broker() -> TestBroker {
     TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 })
 }
 
-/// Runs the job to its end (complete, paused or cancelled) on `source`.
-async fn run(pool: &PgPool, source: &dyn SourceFactory, id: i64) -> RequeueJob {
-    run_job(pool, source, id, &CancellationToken::new()).await.unwrap();
+/// Runs the job to its end (complete, paused or cancelled) through `publishers`.
+async fn run(pool: &PgPool, publishers: &Publishers, id: i64) -> RequeueJob {
+    run_job(pool, publishers, id, &CancellationToken::new()).await.unwrap();
     requeue_job(pool, id).await.unwrap()
+}
+
+/// Waits until no runner holds job `id`'s lock. A runner that died loses it when PostgreSQL
+/// notices its closed connection, a moment later; until then a new runner returns at once
+/// (the supervisor of a restarted server tries again every few seconds).
+async fn runner_lock_released(pool: &PgPool, id: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks
+                            WHERE locktype = 'advisory' AND granted AND classid = $1::bigint::oid
+                              AND objid = $2::bigint::oid AND objsubid = 2
+                              AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+        )
+        .bind(i64::from(RUNNER_LOCK_KEY))
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if !held {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the dead runner's lock on job {id} was never released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
@@ -118,7 +143,7 @@ async fn preview_counts_skips_and_the_selection_is_frozen_at_confirmation() {
     assert_eq!((job.total, job.skipped, job.state.as_str()), (5, 2, "running"));
     // A record arriving after the confirmation is not part of the job.
     dead_records(pool, 100, 1, &broker.settings.exchange).await;
-    let job = run(pool, broker.connector().as_ref(), job.id).await;
+    let job = run(pool, &publishers(broker.connector()), job.id).await;
     assert_eq!((job.state.as_str(), job.done, job.skipped, job.failed), ("completed", 3, 2, 0));
     assert_eq!(broker.depth(&broker.settings.queue).await, 3);
     let late: String = sqlx::query_scalar("SELECT status FROM dedup_records WHERE message_id = 'ORDER.PAY.100:1'")
@@ -148,7 +173,7 @@ async fn a_failing_canary_pauses_the_job_and_resume_runs_the_rest() {
     unroutable(pool, 3..5).await;
     let filter = dead_filter();
     let job = requeue_job_start(pool, "user:ann", &params(&filter, 500.0, 10, 0.5)).await.unwrap();
-    let job = run(pool, broker.connector().as_ref(), job.id).await;
+    let job = run(pool, &publishers(broker.connector()), job.id).await;
     assert_eq!(job.state, "paused");
     assert_eq!((job.done, job.failed), (8, 2), "stopped after the canary batch");
     let reason = job.paused_reason.as_deref().unwrap();
@@ -156,7 +181,7 @@ async fn a_failing_canary_pauses_the_job_and_resume_runs_the_rest() {
     assert!(reason.contains("; last failure: ") && reason.contains("unroutable"), "says why publishes fail: {reason}");
 
     requeue_job_control(pool, "user:ann", job.id, JobControl::Resume, Some("known bad ones")).await.unwrap();
-    let job = run(pool, broker.connector().as_ref(), job.id).await;
+    let job = run(pool, &publishers(broker.connector()), job.id).await;
     assert_eq!((job.state.as_str(), job.done, job.failed), ("completed", 98, 2));
     let still_dead: i64 =
         sqlx::query_scalar("SELECT count(*) FROM dedup_records WHERE status = 'dead'").fetch_one(pool).await.unwrap();
@@ -172,7 +197,7 @@ async fn the_job_pauses_itself_when_the_failure_ratio_passes_the_threshold() {
     unroutable(pool, 101..401).await;
     let filter = dead_filter();
     let job = requeue_job_start(pool, "user:ann", &params(&filter, 2000.0, 10, 0.2)).await.unwrap();
-    let job = run(pool, broker.connector().as_ref(), job.id).await;
+    let job = run(pool, &publishers(broker.connector()), job.id).await;
     assert_eq!(job.state, "paused");
     assert!(job.paused_reason.as_deref().unwrap().contains("exceeds the threshold 20%"), "{job:?}");
     assert_eq!(job.done, 100);
@@ -193,14 +218,14 @@ async fn cancel_stops_the_runner_and_a_second_runner_never_runs_the_same_job() {
     dead_records(pool, 1, 400, &broker.settings.exchange).await;
     let filter = dead_filter();
     let job = requeue_job_start(pool, "user:ann", &params(&filter, 200.0, 10, 0.5)).await.unwrap();
-    let source = broker.connector();
+    let source = publishers(broker.connector());
     let (a, b) = {
         let (pool_a, pool_b) = (pool.clone(), pool.clone());
         let (src_a, src_b) = (source.clone(), source.clone());
         let id = job.id;
         (
-            tokio::spawn(async move { run_job(&pool_a, src_a.as_ref(), id, &CancellationToken::new()).await }),
-            tokio::spawn(async move { run_job(&pool_b, src_b.as_ref(), id, &CancellationToken::new()).await }),
+            tokio::spawn(async move { run_job(&pool_a, &src_a, id, &CancellationToken::new()).await }),
+            tokio::spawn(async move { run_job(&pool_b, &src_b, id, &CancellationToken::new()).await }),
         )
     };
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -245,19 +270,20 @@ async fn ten_thousand_dead_records_requeued_at_the_set_rate_resume_after_a_resta
     let filter = dead_filter();
     let job = requeue_job_start(pool, "user:ann", &params(&filter, RATE, 10, 0.05)).await.unwrap();
     assert_eq!(job.total, RECORDS);
-    let source = broker.connector();
+    let source = publishers(broker.connector());
     let started = Instant::now();
     let first = {
         let (pool, source, id) = (pool.clone(), source.clone(), job.id);
-        tokio::spawn(async move { run_job(&pool, source.as_ref(), id, &CancellationToken::new()).await })
+        tokio::spawn(async move { run_job(&pool, &source, id, &CancellationToken::new()).await })
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     first.abort(); // the server dies: its lock connection closes, the job stays running
     let _ = first.await;
+    runner_lock_released(pool, job.id).await;
     let at_restart = requeue_job(pool, job.id).await.unwrap();
     assert_eq!(at_restart.state, "running");
     assert!(at_restart.done > 1000 && at_restart.done < 4000, "{} done after 3 s at {RATE}/s", at_restart.done);
-    let job = run(pool, source.as_ref(), job.id).await;
+    let job = run(pool, &source, job.id).await;
     let elapsed = started.elapsed().as_secs_f64();
     assert_eq!((job.state.as_str(), job.done, job.failed, job.skipped), ("completed", RECORDS, 0, 0));
     let measured = RECORDS as f64 / elapsed;
@@ -304,12 +330,11 @@ async fn overlapping_jobs_and_a_requeue_by_hand_publish_each_record_once() {
         .fetch_one(pool)
         .await
         .unwrap();
-    let publisher = broker.connector().publisher().await.unwrap();
+    let source = publishers(broker.connector());
     let by_hand = RecordAction { record_id: one, ..RecordAction::default() };
-    record_requeue(pool, "user:cy", &by_hand, &publisher).await.unwrap();
+    record_requeue(pool, "user:cy", &by_hand, &source).await.unwrap();
 
-    let source = broker.connector();
-    let (ja, jb) = tokio::join!(run(pool, source.as_ref(), a.id), run(pool, source.as_ref(), b.id));
+    let (ja, jb) = tokio::join!(run(pool, &source, a.id), run(pool, &source, b.id));
     assert_eq!((ja.state.as_str(), jb.state.as_str()), ("completed", "completed"));
     assert_eq!((ja.failed, jb.failed), (0, 0));
     assert_eq!(ja.done + jb.done, RECORDS - 1, "each record requeued once: {ja:?} / {jb:?}");
@@ -351,6 +376,6 @@ async fn duplicates_counted_after_the_freeze_do_not_make_the_runner_skip() {
         sqlx::query_scalar("SELECT sum(duplicate_count)::bigint FROM dedup_records").fetch_one(pool).await.unwrap();
     assert_eq!(counted, RECORDS);
 
-    let job = run(pool, broker.connector().as_ref(), job.id).await;
+    let job = run(pool, &publishers(broker.connector()), job.id).await;
     assert_eq!((job.state.as_str(), job.done, job.skipped, job.failed), ("completed", RECORDS, 0, 0));
 }

@@ -118,14 +118,17 @@ async fn two_scheduler_instances_run_each_tick_once() {
             .execute(pool)
             .await
             .unwrap();
-        // Two instances, each with its own pool (its own connections and locks).
-        let other = PgPool::connect(&h.db.url).await.unwrap();
+        // Two instances, each with its own pool (its own connections and locks): the other
+        // one's is an engine pool, as an engine builds it on its host pool.
+        let host = PgPool::connect(&h.db.url).await.unwrap();
+        let other = dedup_engine::db::engine_pool(&host, &h.db.schema, 4);
         let (a, b) = tokio::join!(scheduler::run_due(pool), scheduler::run_due(&other));
         let ran = a.unwrap().len() + b.unwrap().len();
         assert_eq!(ran, 1, "round {round}: exactly one instance ran the tick");
         let (a, b) = tokio::join!(scheduler::run_due(pool), scheduler::run_due(&other));
         assert_eq!(a.unwrap().len() + b.unwrap().len(), 0, "the next tick is not due yet");
         other.close().await;
+        host.close().await;
     }
     let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM cleanup_runs WHERE trigger = 'schedule'")
         .fetch_one(pool)
@@ -171,11 +174,12 @@ async fn a_drill_copy_is_caught_by_redis_with_the_original_payload_and_by_the_da
     let payload = br#"{"order":"1"}"#;
     let props = properties_for(Some("ORDER.PAY.1:1"), &Default::default(), Some("application/json"));
     publisher.publish(&broker.settings.exchange, "order.pay", payload, props).await.unwrap();
-    let store = PgStore::new(pool.clone());
+    let store = PgStore::new(pool.clone(), &h.db.schema);
+    let publishers = publishers(broker.connector());
     let record_id = eventually_succeeded(&h, "ORDER.PAY.1:1").await;
 
     let by_redis =
-        drill_start(pool, &h.fast_path, &publisher, "user:ann", &DrillTarget::Record(record_id), Some(payload))
+        drill_start(pool, &h.fast_path, &publishers, "user:ann", &DrillTarget::Record(record_id), Some(payload))
             .await
             .unwrap();
     assert!(by_redis.marker_present);
@@ -183,10 +187,10 @@ async fn a_drill_copy_is_caught_by_redis_with_the_original_payload_and_by_the_da
     assert_eq!((report.caught_by.as_deref(), report.passed, report.attempts_added), (Some("redis"), true, 0));
 
     let wrong =
-        drill_start(pool, &h.fast_path, &publisher, "user:ann", &DrillTarget::Record(record_id), Some(b"{}")).await;
+        drill_start(pool, &h.fast_path, &publishers, "user:ann", &DrillTarget::Record(record_id), Some(b"{}")).await;
     assert!(matches!(wrong, Err(ActionError::Invalid(_))));
     let latest = DrillTarget::LatestOfType("ORDER.PAY".to_owned());
-    let by_db = drill_start(pool, &h.fast_path, &publisher, "user:ann", &latest, None).await.unwrap();
+    let by_db = drill_start(pool, &h.fast_path, &publishers, "user:ann", &latest, None).await.unwrap();
     let report = follow(&h, &store, by_db.id).await;
     assert_eq!((report.caught_by.as_deref(), report.passed), (Some("database"), true));
     assert_eq!(h.effects("ORDER.PAY.1:1").await, 1, "the effect happened once");

@@ -56,6 +56,7 @@ async fn produce(connector: &KafkaConnector, topic: &str, records: &[(&str, &str
             payload,
             headers: &headers,
             content_type: Some("application/json"),
+            type_property: None,
         };
         publisher.publish(message).await.expect("record published");
     }
@@ -320,6 +321,7 @@ async fn poison_and_failing_records_end_dead_in_the_dead_letter_topic_while_the_
         payload: &payload,
         headers: headers.as_object().unwrap(),
         content_type: content_type.as_deref(),
+        type_property: None,
     };
     publisher.publish(requeue).await.unwrap();
     let all = kafka.read(&topic, records.len() + 1, Duration::from_secs(10)).await;

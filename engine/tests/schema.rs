@@ -6,9 +6,9 @@ use dedup_engine::testing::{TestDatabase, admin_url, database_url};
 #[tokio::test]
 async fn migrations_create_the_dedup_table_with_its_unique_key() {
     let db = TestDatabase::create().await;
-    db::verify_schema(&db.pool).await.expect("fresh schema verifies");
+    db::verify_schema(&db.pool, &db.schema).await.expect("fresh schema verifies");
     // Migrating twice is a no-op.
-    db::migrate(&db.pool).await.expect("second migrate is a no-op");
+    db::migrate(&db.pool, &db.schema).await.expect("second migrate is a no-op");
 }
 
 #[tokio::test]
@@ -18,8 +18,8 @@ async fn start_up_refuses_a_dedup_table_without_its_unique_constraint() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let err = db::verify_schema(&db.pool).await.unwrap_err();
-    assert!(matches!(err, SchemaError::MissingUniqueConstraint), "{err}");
+    let err = db::verify_schema(&db.pool, &db.schema).await.unwrap_err();
+    assert!(matches!(err, SchemaError::MissingUniqueConstraint { .. }), "{err}");
     assert!(err.to_string().contains("refusing to start"), "{err}");
 
     // A UNIQUE index-backed constraint under another name is accepted.
@@ -27,7 +27,7 @@ async fn start_up_refuses_a_dedup_table_without_its_unique_constraint() {
         .execute(&db.pool)
         .await
         .unwrap();
-    db::verify_schema(&db.pool).await.expect("constraint found by columns, not by name");
+    db::verify_schema(&db.pool, &db.schema).await.expect("constraint found by columns, not by name");
 }
 
 #[tokio::test]

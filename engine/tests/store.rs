@@ -24,7 +24,7 @@ struct Case {
 impl Case {
     async fn new(id: &str) -> Self {
         let h = Harness::new().await;
-        let store = PgStore::new(h.pool().clone());
+        let store = PgStore::new(h.pool().clone(), &h.db.schema);
         let message = message(id, json!({"n": 1}));
         Self { h, store, group: ConsumerGroup::parse(GROUP).unwrap(), id: MessageId::parse(id).unwrap(), message }
     }

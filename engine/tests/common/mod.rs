@@ -7,12 +7,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dedup_engine::actions::Publishers;
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
-use dedup_engine::handler::{HandlerError, HandlerInput, HandlerRegistry, LeasedHandler, TransactionalHandler};
-use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef};
+use dedup_engine::handler::{
+    HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
+};
+use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
 use dedup_engine::pipeline::{Pipeline, PipelineSettings};
 use dedup_engine::record::ConsumerGroup;
 use dedup_engine::retry::Backoff;
+use dedup_engine::source::SourceFactory;
 use dedup_engine::stats::Stats;
 use dedup_engine::store::postgres::PgStore;
 use dedup_engine::testing::{TestDatabase, redis_url};
@@ -56,7 +60,7 @@ impl Harness {
 
     pub fn pipeline_with(&self, handlers: HandlerRegistry, settings: PipelineSettings) -> Pipeline {
         Pipeline::new(
-            PgStore::new(self.db.pool.clone()),
+            PgStore::new(self.db.pool.clone(), &self.db.schema),
             self.fast_path.clone(),
             self.stats.clone(),
             handlers,
@@ -87,6 +91,13 @@ impl Harness {
     }
 }
 
+/// Operator actions' publishers with `source` as the test group's ([`GROUP`]).
+pub fn publishers(source: Arc<dyn SourceFactory>) -> Publishers {
+    let mut publishers = Publishers::default();
+    publishers.add(GROUP, source);
+    publishers
+}
+
 pub fn settings(max_attempts: i32, lease: Duration) -> PipelineSettings {
     PipelineSettings {
         group: ConsumerGroup::parse(GROUP).unwrap(),
@@ -94,6 +105,7 @@ pub fn settings(max_attempts: i32, lease: Duration) -> PipelineSettings {
         lease,
         backoff: Backoff { initial_ms: 1000, max_ms: 8000 },
         id_policy: IdPolicy::default(),
+        type_policy: TypePolicy::default(),
         keep_poison_payload_bytes: 1024,
     }
 }
@@ -108,6 +120,7 @@ pub fn raw_message(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
         payload,
         headers: serde_json::Map::new(),
         property_message_id: id.map(str::to_owned),
+        type_property: None,
         content_type: Some("application/json".to_owned()),
         broker: Broker::RabbitMq,
         source: SourceRef {
@@ -164,7 +177,7 @@ impl CountingEffect {
 
 #[async_trait]
 impl LeasedHandler for CountingEffect {
-    async fn handle(&self, _: &HandlerInput<'_>) -> Result<(), HandlerError> {
+    async fn handle(&self, _: &HandlerInput<'_>, _: &LeaseGuard) -> Result<(), HandlerError> {
         tokio::time::sleep(self.delay).await;
         self.runs.fetch_add(1, Ordering::SeqCst);
         Ok(())

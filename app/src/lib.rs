@@ -10,6 +10,7 @@
 // wasm build computes their layout.
 #![recursion_limit = "256"]
 
+pub mod base;
 pub mod components;
 pub mod csrf;
 pub mod error;
@@ -23,6 +24,7 @@ use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{Route, Router, Routes};
 use leptos_router::path;
 
+use crate::base::{BASE_META, base_path, href};
 use crate::components::session::provide_session;
 use crate::components::shell::ConsoleLayout;
 use crate::csrf::CSRF_META;
@@ -40,12 +42,14 @@ use crate::pages::stuck::StuckPage;
 use crate::pages::users::UsersPage;
 
 /// The HTML document around the app, rendered on the server only. Carries the session's CSRF
-/// token in `<meta name="csrf-token">` for [`csrf::CsrfClient`].
+/// token in `<meta name="csrf-token">` for [`csrf::CsrfClient`], and the base path the console is
+/// served under in `<meta name="dedup-base">` (see [`base`]); loads the bundle from under it.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     #[cfg(feature = "ssr")]
     let csrf_token = ssr::auth::request_auth().csrf_token.unwrap_or_default();
     #[cfg(not(feature = "ssr"))]
     let csrf_token = String::new();
+    let base = base_path();
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -53,8 +57,9 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta charset="utf-8" />
                 <meta name="viewport" content="width=device-width, initial-scale=1" />
                 <meta name=CSRF_META content=csrf_token />
+                <meta name=BASE_META content=base.clone() />
                 <AutoReload options=options.clone() />
-                <HydrationScripts options />
+                <HydrationScripts options root=base />
                 <MetaTags />
             </head>
             <body>
@@ -70,9 +75,9 @@ pub fn App() -> impl IntoView {
     provide_meta_context();
     provide_session();
     view! {
-        <Stylesheet id="leptos" href="/pkg/dedup-console.css" />
+        <Stylesheet id="leptos" href=href("/pkg/dedup-console.css") />
         <Title text="dedup console" />
-        <Router>
+        <Router base=base_path()>
             <ConsoleLayout>
                 <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
                     <Route path=path!("/") view=OverviewPage />
@@ -98,5 +103,6 @@ pub fn App() -> impl IntoView {
 #[wasm_bindgen::prelude::wasm_bindgen]
 pub fn hydrate() {
     console_error_panic_hook::set_once();
+    base::init_from_page();
     leptos::mount::hydrate_body(App);
 }

@@ -25,6 +25,10 @@ pub struct ConsoleState {
     pub probes: HealthProbes,
     /// The running engine: its pool, fast path, publishers and consumer groups.
     pub engine: EngineHandle,
+    /// Every change is refused (the server's layer answers 403) and no action is shown.
+    pub read_only: bool,
+    /// The host's sign-out page, when the host signs users in (delegated auth).
+    pub host_sign_out: Option<String>,
 }
 
 impl ConsoleState {

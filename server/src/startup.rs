@@ -5,43 +5,22 @@
 //! the engine (in-flight deliveries finish and are acked). Tests build an application on port 0
 //! and read [`Application::port`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use dedup_app::ssr::ConsoleState;
 use dedup_engine::db::{self, PoolSettings};
 use dedup_engine::health::HealthProbes;
 use dedup_engine::message::Broker;
 use dedup_engine::runtime::Engine;
 use dedup_example_orders as orders;
-use futures::FutureExt;
-use leptos::prelude::LeptosOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tower_sessions::ExpiredDeletion;
 
+use crate::auth::AuthMode;
 use crate::config::{GroupConfig, Settings};
-use crate::routes;
-
-/// State shared by the axum handlers.
-#[derive(Clone)]
-pub struct AppState {
-    /// Leptos rendering options (site root, output name).
-    pub leptos_options: LeptosOptions,
-    /// What the console's server functions get as context.
-    pub console: ConsoleState,
-    /// The server's settings.
-    pub settings: Arc<Settings>,
-}
-
-impl axum::extract::FromRef<AppState> for LeptosOptions {
-    fn from_ref(state: &AppState) -> Self {
-        state.leptos_options.clone()
-    }
-}
+use crate::console::{ConsoleAuth, ConsoleConfig, console_router, mount};
 
 /// A built, not yet running server.
 pub struct Application {
@@ -50,7 +29,6 @@ pub struct Application {
     pool: PgPool,
     engine: Engine,
     demo: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
-    session_cleanup: tokio::task::JoinHandle<()>,
 }
 
 /// The server's two pools (see [`dedup_engine::db`]): the host pool (the consumers'
@@ -116,8 +94,18 @@ impl Application {
     ///
     /// Errors: the configuration's groups, the database, the listener.
     pub async fn build(settings: Settings, demo: bool) -> anyhow::Result<Self> {
-        crate::telemetry::metrics_handle();
+        let metrics = crate::telemetry::metrics_handle().clone();
         let groups = settings.consumer_groups().context("invalid consumer groups")?;
+        let auth = match settings.auth.mode {
+            AuthMode::Accounts => ConsoleAuth::Accounts(settings.auth.clone()),
+            AuthMode::Off if settings.listen.ip().is_loopback() => ConsoleAuth::Off,
+            AuthMode::Off => anyhow::bail!(
+                "refusing to start: auth.mode = \"off\" serves the console without sign-in, which is allowed on a \
+                 loopback address only, and listen = {} is not one; use auth.mode = \"accounts\", or listen on \
+                 127.0.0.1",
+                settings.listen
+            ),
+        };
         let pool = connect(&settings).await?;
         orders::migrate(&pool).await?;
         let order_settings =
@@ -152,26 +140,20 @@ impl Application {
             }
         }
         let demo = demo.then(|| start_demo(&pool, &engine, &groups, order_settings));
-        let leptos_options = LeptosOptions::builder()
-            .output_name("dedup-console")
-            .site_root(settings.site_root.to_string_lossy().into_owned())
-            .site_pkg_dir("pkg")
-            .site_addr(local_addr)
-            .env(leptos::config::Env::PROD)
-            .build();
-        let console = ConsoleState { probes, engine: handle };
-        let sessions = crate::auth::session::store(console.pool()).await?;
-        let session_cleanup = tokio::spawn(
-            sessions.clone().continuously_delete_expired(crate::auth::session::CLEANUP_PERIOD).map(|result| {
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "deleting expired sessions failed; no more cleanup until restart");
-                }
-            }),
-        );
-        let state = AppState { leptos_options, console, settings: Arc::new(settings) };
-        let router = routes::router(state, sessions);
-        tracing::info!("console listening on http://{local_addr}");
-        Ok(Self { listener, router, pool, engine, demo, session_cleanup })
+        let config = ConsoleConfig {
+            site_root: settings.site_root.clone(),
+            base_path: settings.console.base_path.clone(),
+            auth,
+            read_only: settings.console.read_only,
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            max_body_bytes: settings.max_body_bytes,
+            metrics: Some(metrics),
+        };
+        let base = config.base();
+        let console = console_router(handle, probes, config).await?;
+        let router = mount(Router::new(), base.as_str(), console);
+        tracing::info!("console listening on http://{local_addr}{}/", base.as_str());
+        Ok(Self { listener, router, pool, engine, demo })
     }
 
     /// The port the listener is bound to (useful with port 0).
@@ -188,7 +170,6 @@ impl Application {
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let service = self.router.into_make_service_with_connect_info::<std::net::SocketAddr>();
         axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await?;
-        self.session_cleanup.abort();
         if let Some((stop, task)) = self.demo {
             stop.cancel();
             let _ = task.await;

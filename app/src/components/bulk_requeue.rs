@@ -6,6 +6,7 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
+use crate::base::href;
 use crate::components::format::count;
 use crate::components::session::IfRole;
 use crate::error::ConsoleError;
@@ -121,7 +122,7 @@ fn started(result: Result<RequeueJobView, ConsoleError>) -> AnyView {
         Ok(job) => view! {
             <p class="ok" role="status" data-testid="bulk-started">
                 {format!("Job {} started: {} records frozen. ", job.id, count(job.total - job.skipped))}
-                <A href=format!("/requeue#job-{}", job.id)>"Follow its progress"</A>
+                <A href=href(&format!("/requeue#job-{}", job.id))>"Follow its progress"</A>
             </p>
         }
         .into_any(),

@@ -49,7 +49,7 @@ mod browser {
             if source.with_value(Option::is_some) {
                 return;
             }
-            let Ok(events) = EventSource::new(LIVE_EVENTS_PATH) else { return };
+            let Ok(events) = EventSource::new(&crate::base::href(LIVE_EVENTS_PATH)) else { return };
             let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |e: MessageEvent| {
                 let view = e.data().as_string().and_then(|text| serde_json::from_str::<LiveView>(&text).ok());
                 if let Some(view) = view {

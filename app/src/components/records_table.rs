@@ -7,6 +7,7 @@ use leptos::prelude::*;
 use leptos_router::components::A;
 
 use super::format::{StatusBadge, short_time};
+use crate::base::href;
 use crate::wire::records::RecordSummary;
 
 /// A table of records. With `selected`, each row gets a checkbox and the header one that
@@ -98,7 +99,7 @@ fn RecordRow(r: RecordSummary, selected: Option<RwSignal<BTreeSet<i64>>>) -> imp
         <tr data-record-id=id data-status=status>
             {select}
             <td class="num">
-                <A href=format!("/records/{id}")>{id}</A>
+                <A href=href(&format!("/records/{id}"))>{id}</A>
             </td>
             <td class="mono">{r.message_id}</td>
             <td>{r.consumer_group}</td>

@@ -3,6 +3,7 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
+use crate::base::href;
 use crate::components::session::{UserBox, use_session};
 use crate::wire::account::RoleView;
 
@@ -37,7 +38,7 @@ pub fn ConsoleLayout(children: Children) -> impl IntoView {
     view! {
         <div class="console">
             <header class="topbar">
-                <a class="brand" href="/">
+                <a class="brand" href=href("/")>
                     "dedup console"
                 </a>
                 <Transition fallback=|| ()>
@@ -62,10 +63,10 @@ fn Nav(role: RoleView) -> impl IntoView {
         <nav aria-label="Console pages">
             <ul>
                 {items
-                    .map(|(href, label)| {
+                    .map(|(path, label)| {
                         view! {
                             <li>
-                                <A href=href exact=true>
+                                <A href=href(path) exact=true>
                                     {label}
                                 </A>
                             </li>

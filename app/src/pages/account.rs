@@ -12,14 +12,14 @@ use crate::wire::account::{NewTokenView, TokenView};
 /// The signed-in user's tokens, newest first.
 #[server(prefix = "/api/fn", endpoint = "list_tokens", client = crate::csrf::CsrfClient)]
 pub async fn list_tokens() -> Result<Vec<TokenView>, ConsoleError> {
-    let (user, _) = crate::ssr::auth::require(crate::wire::account::RoleView::Viewer)?;
+    let (user, _) = crate::ssr::auth::require_account(crate::wire::account::RoleView::Viewer)?;
     crate::ssr::accounts::list_tokens(&crate::ssr::console_state()?, &user).await
 }
 
 /// Creates a token named `name`; the answer holds its secret, shown once.
 #[server(prefix = "/api/fn", endpoint = "create_token", client = crate::csrf::CsrfClient)]
 pub async fn create_token(name: String) -> Result<NewTokenView, ConsoleError> {
-    let (user, auth) = crate::ssr::auth::require(crate::wire::account::RoleView::Viewer)?;
+    let (user, auth) = crate::ssr::auth::require_account(crate::wire::account::RoleView::Viewer)?;
     // Only a signed-in session (which has a CSRF token) mints tokens: a leaked API token must
     // not outlive its own revocation by minting another.
     if auth.csrf_token.is_none() {
@@ -33,7 +33,7 @@ pub async fn create_token(name: String) -> Result<NewTokenView, ConsoleError> {
 /// Revokes one of the signed-in user's tokens.
 #[server(prefix = "/api/fn", endpoint = "revoke_token", client = crate::csrf::CsrfClient)]
 pub async fn revoke_token(id: i64) -> Result<TokenView, ConsoleError> {
-    let (user, auth) = crate::ssr::auth::require(crate::wire::account::RoleView::Viewer)?;
+    let (user, auth) = crate::ssr::auth::require_account(crate::wire::account::RoleView::Viewer)?;
     crate::ssr::accounts::revoke_token(&crate::ssr::console_state()?, &auth, &user, id).await
 }
 
@@ -55,16 +55,47 @@ pub fn AccountPage() -> impl IntoView {
                     .map(|u| view! { <p>"Signed in as " <strong>{u.name}</strong> ", role " {u.role.as_str()} "."</p> })
             })}
         </Transition>
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                let s = session.await.unwrap_or_default();
+                if !s.accounts {
+                    return view! {
+                        <p class="muted" data-testid="no-tokens">
+                            "API tokens belong to the console's own accounts; this console signs you in through its host."
+                        </p>
+                    }
+                        .into_any();
+                }
+                view! { <Tokens create revoke tokens writable=!s.read_only /> }.into_any()
+            })}
+        </Transition>
+    }
+}
+
+/// The API tokens panel: the creation form (unless read-only), the new token once, the list.
+#[component]
+fn Tokens(
+    create: ServerAction<CreateToken>,
+    revoke: ServerAction<RevokeToken>,
+    tokens: Resource<Result<Vec<TokenView>, ConsoleError>>,
+    writable: bool,
+) -> impl IntoView {
+    view! {
         <section class="panel">
             <h2>"API tokens"</h2>
             <p class="muted small">
                 "For scripts calling the REST API: send " <code>"Authorization: Bearer <token>"</code>
                 ". A token acts with your role."
             </p>
-            <ActionForm action=create attr:class="inline-form" attr:data-testid="create-token">
-                <input name="name" placeholder="token name (e.g. grafana)" required maxlength="64" />
-                <button type="submit" class="primary">"Create token"</button>
-            </ActionForm>
+            {writable
+                .then(|| {
+                    view! {
+                        <ActionForm action=create attr:class="inline-form" attr:data-testid="create-token">
+                            <input name="name" placeholder="token name (e.g. grafana)" required maxlength="64" />
+                            <button type="submit" class="primary">"Create token"</button>
+                        </ActionForm>
+                    }
+                })}
             {move || {
                 create
                     .value()
@@ -87,7 +118,7 @@ pub fn AccountPage() -> impl IntoView {
             {move || Suspend::new(async move {
                 match tokens.await {
                     Ok(list) if list.is_empty() => view! { <p class="empty">"No tokens yet."</p> }.into_any(),
-                    Ok(list) => view! { <TokenTable list revoke /> }.into_any(),
+                    Ok(list) => view! { <TokenTable list revoke writable /> }.into_any(),
                     Err(e) => view! { <p class="error">{e.to_string()}</p> }.into_any(),
                 }
             })}
@@ -96,7 +127,7 @@ pub fn AccountPage() -> impl IntoView {
 }
 
 #[component]
-fn TokenTable(list: Vec<TokenView>, revoke: ServerAction<RevokeToken>) -> impl IntoView {
+fn TokenTable(list: Vec<TokenView>, revoke: ServerAction<RevokeToken>, writable: bool) -> impl IntoView {
     view! {
         <table data-testid="tokens-table">
             <thead>
@@ -122,10 +153,15 @@ fn TokenTable(list: Vec<TokenView>, revoke: ServerAction<RevokeToken>) -> impl I
                                 <td>{opt_time(t.last_used_at.as_deref())}</td>
                                 <td>{opt_time(t.revoked_at.as_deref())}</td>
                                 <td>
-                                    <ActionForm action=revoke>
-                                        <input type="hidden" name="id" value=t.id.to_string() />
-                                        <button type="submit" class="danger" disabled=revoked>"Revoke"</button>
-                                    </ActionForm>
+                                    {writable
+                                        .then(|| {
+                                            view! {
+                                                <ActionForm action=revoke>
+                                                    <input type="hidden" name="id" value=t.id.to_string() />
+                                                    <button type="submit" class="danger" disabled=revoked>"Revoke"</button>
+                                                </ActionForm>
+                                            }
+                                        })}
                                 </td>
                             </tr>
                         }

@@ -5,6 +5,7 @@ use leptos::prelude::*;
 use leptos_router::components::{A, Form};
 use leptos_router::hooks::use_query_map;
 
+use crate::base::href;
 use crate::components::format::short_time;
 use crate::error::ConsoleError;
 use crate::wire::operations::{AuditEntryView, AuditPageView, AuditQuery};
@@ -26,7 +27,7 @@ fn query_href(q: &AuditQuery) -> String {
     ];
     let query: Vec<String> =
         pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode_query(v)))).collect();
-    if query.is_empty() { "/audit".to_owned() } else { format!("/audit?{}", query.join("&")) }
+    if query.is_empty() { href("/audit") } else { href(&format!("/audit?{}", query.join("&"))) }
 }
 
 /// Percent-encodes a query value (unreserved characters kept).
@@ -83,7 +84,7 @@ pub fn AuditPage() -> impl IntoView {
 fn Filters(q: AuditQuery) -> impl IntoView {
     let outcome = q.outcome.clone().unwrap_or_default();
     view! {
-        <Form action="/audit" method="get">
+        <Form action=href("/audit") method="get">
             <div class="filters">
                 <label>"Actor" <input name="actor" value=q.actor.unwrap_or_default() placeholder="console" /></label>
                 <label>"Action starts with" <input name="action" value=q.action.unwrap_or_default() placeholder="record." /></label>
@@ -100,7 +101,7 @@ fn Filters(q: AuditQuery) -> impl IntoView {
                 <label>"To (UTC)" <input name="to" value=q.to.unwrap_or_default() /></label>
                 <div class="filter-actions">
                     <button class="primary" type="submit">"Filter"</button>
-                    <A href="/audit">"Clear"</A>
+                    <A href=href("/audit")>"Clear"</A>
                 </div>
             </div>
         </Form>

@@ -7,8 +7,10 @@ use std::time::Duration;
 use leptos::prelude::*;
 
 use crate::components::format::{count, millis, opt_time, short_time};
+use crate::components::session::IfRole;
 use crate::components::ticker::use_ticker;
 use crate::error::ConsoleError;
+use crate::wire::account::RoleView;
 use crate::wire::operations::{CleanupRunView, CleanupView, ScheduleRequest, ScheduleView};
 
 /// The cleanup page's data. Role: viewer.
@@ -68,11 +70,13 @@ pub fn CleanupPage() -> impl IntoView {
                 }
             })}
         </Transition>
-        <p>
-            <button data-testid="new-schedule" on:click=move |_| editing.set(Some((None, ScheduleRequest::default())))>
-                "New schedule…"
-            </button>
-        </p>
+        <IfRole role=RoleView::Admin>
+            <p>
+                <button data-testid="new-schedule" on:click=move |_| editing.set(Some((None, ScheduleRequest::default())))>
+                    "New schedule…"
+                </button>
+            </p>
+        </IfRole>
         {move || editing.get().map(|(id, s)| view! { <ScheduleForm id s save editing /> })}
         {move || {
             run_now
@@ -165,9 +169,13 @@ fn ScheduleRow(
             <td class="num">{count(i64::from(c.batch_size))}</td>
             <td>{opt_time(s.next_run_at.as_deref())}</td>
             <td class="actions">
-                <button on:click=move |_| editing.set(Some((Some(id), settings.get_value())))>"Edit…"</button>
+                <IfRole role=RoleView::Admin>
+                    <button on:click=move |_| editing.set(Some((Some(id), settings.get_value())))>"Edit…"</button>
+                </IfRole>
                 <button data-testid="dry-run" on:click=move |_| { dry_run.dispatch(()); }>"Dry run"</button>
-                <button data-testid="run-now" on:click=move |_| confirming.set(true)>"Run now…"</button>
+                <IfRole role=RoleView::Admin>
+                    <button data-testid="run-now" on:click=move |_| confirming.set(true)>"Run now…"</button>
+                </IfRole>
                 {move || {
                     dry_run
                         .value()

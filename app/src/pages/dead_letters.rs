@@ -4,6 +4,7 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
+use crate::base::href;
 use crate::components::bulk_requeue::BulkRequeue;
 use crate::components::format::{count, short_time};
 use crate::error::ConsoleError;
@@ -75,7 +76,7 @@ fn Groups(groups: Vec<DeadLetterGroupView>) -> impl IntoView {
                         view! {
                             <tr>
                                 <td>
-                                    <A href=drill.href()>{label}</A>
+                                    <A href=href(&drill.href())>{label}</A>
                                 </td>
                                 <td class="num">{count(g.records)}</td>
                                 <td>{short_time(&g.first_seen_at)}</td>

@@ -5,6 +5,8 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
+use crate::base::href;
+
 /// The sign-in page. Query: `next` (where to go after signing in), `error` (`invalid`,
 /// `throttled`), `signed_out`.
 #[component]
@@ -17,12 +19,12 @@ pub fn LoginPage() -> impl IntoView {
             None => None,
         })
     };
-    let next = move || query.with(|q| q.get("next")).unwrap_or_else(|| "/".to_owned());
+    let next = move || query.with(|q| q.get("next")).unwrap_or_else(|| href("/"));
     view! {
         <div class="login panel">
             <h1>"Sign in"</h1>
             {move || message().map(|m| view! { <p class="error" data-testid="login-error">{m}</p> })}
-            <form method="post" action="/login" data-testid="login-form">
+            <form method="post" action=href("/login") data-testid="login-form">
                 <input type="hidden" name="next" value=next />
                 <label>
                     "User name" <input name="username" autocomplete="username" required maxlength="64" />

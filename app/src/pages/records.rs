@@ -9,6 +9,7 @@ use leptos::prelude::*;
 use leptos_router::components::{A, Form};
 use leptos_router::hooks::use_query_map;
 
+use crate::base::href;
 use crate::components::records_table::RecordsTable;
 use crate::error::ConsoleError;
 use crate::wire::records::{RecordFilterOptions, RecordPageView, RecordsQuery};
@@ -130,7 +131,7 @@ fn FilterForm(q: RecordsQuery, options: RecordFilterOptions) -> impl IntoView {
     };
     let statuses = ["processing", "succeeded", "failed", "dead"].map(String::from).to_vec();
     view! {
-        <Form action="/records" method="get">
+        <Form action=href("/records") method="get">
             <div class="filters" data-testid="records-filters">
                 <Choice name="group" label="Consumer group" choices=options.groups current=q.group.clone() />
                 <Choice name="status" label="Status" choices=statuses current=q.status.clone() />
@@ -164,7 +165,7 @@ fn FilterForm(q: RecordsQuery, options: RecordFilterOptions) -> impl IntoView {
                     <button type="submit" class="primary" data-testid="apply-filters">
                         "Apply"
                     </button>
-                    <A href="/records">"Reset"</A>
+                    <A href=href("/records")>"Reset"</A>
                 </div>
             </div>
         </Form>
@@ -174,8 +175,8 @@ fn FilterForm(q: RecordsQuery, options: RecordFilterOptions) -> impl IntoView {
 /// Previous / next page links (keyset cursors in the URL).
 #[component]
 fn Pager(q: RecordsQuery, p: RecordPageView) -> impl IntoView {
-    let prev = p.prev.map(|c| q.at_page(None, Some(c)).href());
-    let next = p.next.map(|c| q.at_page(Some(c), None).href());
+    let prev = p.prev.map(|c| href(&q.at_page(None, Some(c)).href()));
+    let next = p.next.map(|c| href(&q.at_page(Some(c), None).href()));
     view! {
         <nav class="pager" aria-label="Pages">
             {match prev {

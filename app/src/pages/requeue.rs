@@ -6,8 +6,10 @@ use std::time::Duration;
 use leptos::prelude::*;
 
 use crate::components::format::{count, duration, opt_time, short_time};
+use crate::components::session::IfRole;
 use crate::components::ticker::use_ticker;
 use crate::error::ConsoleError;
+use crate::wire::account::RoleView;
 use crate::wire::operations::{JobControlKind, RequeueJobView};
 
 /// The latest bulk requeue jobs. Role: viewer.
@@ -94,7 +96,7 @@ fn JobRow(job: RequeueJobView, control: ServerAction<ControlRequeueJob>) -> impl
             </button>
         }
     };
-    let state = job.state.clone();
+    let (running, paused) = (job.state == "running", job.state == "paused");
     view! {
         <tr id=format!("job-{id}") data-job-id=id data-state=job.state.clone()>
             <td class="num" title=job.filter.clone()>
@@ -113,9 +115,11 @@ fn JobRow(job: RequeueJobView, control: ServerAction<ControlRequeueJob>) -> impl
             <td>{job.eta_secs.map(|s| duration(s.ceil() as i64)).unwrap_or_else(|| "—".to_owned())}</td>
             <td>{short_time(&job.created_at)} " → " {opt_time(job.finished_at.as_deref())}</td>
             <td class="actions">
-                {(state == "running").then(|| button(JobControlKind::Pause, "Pause"))}
-                {(state == "paused").then(|| button(JobControlKind::Resume, "Resume"))}
-                {(state == "running" || state == "paused").then(|| button(JobControlKind::Cancel, "Cancel"))}
+                <IfRole role=RoleView::Operator>
+                    {running.then(|| button(JobControlKind::Pause, "Pause"))}
+                    {paused.then(|| button(JobControlKind::Resume, "Resume"))}
+                    {(running || paused).then(|| button(JobControlKind::Cancel, "Cancel"))}
+                </IfRole>
             </td>
         </tr>
     }

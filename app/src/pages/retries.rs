@@ -4,6 +4,7 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
+use crate::base::href;
 use crate::components::bulk_requeue::BulkRequeue;
 use crate::components::format::{count, opt_time};
 use crate::components::records_table::RecordsTable;
@@ -41,7 +42,7 @@ fn Retries(r: RetriesView) -> impl IntoView {
     view! {
         <p data-testid="retries-summary">
             {format!("{} failed records; next retry due {}", count(failed), opt_time(r.next_retry_at.as_deref()))}
-            " · " <A href="/records?status=failed&sort=attempts">"all failed records by attempts"</A> " · "
+            " · " <A href=href("/records?status=failed&sort=attempts")>"all failed records by attempts"</A> " · "
             <BulkRequeue
                 filter=RecordsQuery { status: Some("failed".to_owned()), ..RecordsQuery::default() }
                 label="all failed records now"

@@ -5,6 +5,7 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
+use crate::base::href;
 use crate::components::format::{count, duration, opt_time, short_time};
 use crate::components::record_actions::{ActionTarget, RecordActions};
 use crate::error::ConsoleError;
@@ -85,7 +86,7 @@ fn StuckRow(r: StuckRecordView, on_done: Callback<()>) -> impl IntoView {
     view! {
         <tr data-record-id=r.id data-crash-loop=r.crash_loop.to_string()>
             <td class="num">
-                <A href=format!("/records/{}", r.id)>{r.id}</A>
+                <A href=href(&format!("/records/{}", r.id))>{r.id}</A>
             </td>
             <td class="mono">{r.message_id}</td>
             <td>{r.consumer_group}</td>

@@ -100,12 +100,29 @@ pub struct NewTokenView {
     pub secret: String,
 }
 
-/// The session as the page sees it: the signed-in user (none when signed out) and the session's
-/// CSRF token, which the sign-out form posts.
+/// The session as the page sees it: the signed-in user (none when signed out), the CSRF token
+/// the sign-out form posts, and what the console allows.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionView {
     /// The signed-in user.
     pub user: Option<CurrentUser>,
     /// The session's CSRF token (none for API-token requests and signed-out visitors).
     pub csrf_token: Option<String>,
+    /// The console is read-only: every change is refused, so no action button is shown.
+    pub read_only: bool,
+    /// The user signed in with the console's own accounts (API tokens are theirs); false when
+    /// the host application signs users in.
+    pub accounts: bool,
+    /// Where "Sign out" goes: the console's `/logout` (a form post), or the host's sign-out page
+    /// (a link); none: no sign-out here.
+    pub sign_out: Option<SignOutView>,
+}
+
+/// How the user signs out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SignOutView {
+    /// A form post to the console's `/logout` with the CSRF token.
+    Console,
+    /// A link to the host's sign-out page.
+    Host(String),
 }

@@ -24,6 +24,7 @@ use crate::pipeline::Disposition;
 
 /// Bytes as a JSON string when they are UTF-8, else as an array of numbers (AMQP long strings,
 /// Kafka header values).
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
 pub(crate) fn bytes_to_json(bytes: &[u8]) -> serde_json::Value {
     match std::str::from_utf8(bytes) {
         Ok(s) => serde_json::Value::String(s.to_owned()),
@@ -136,6 +137,7 @@ pub trait Publish: Send + Sync {
 /// letters"): those tries are bounded, and the record stays `dead` in the database with its
 /// payload either way; a copy that could not be published is counted in
 /// `dedup_dead_letter_publish_failures_total`. Returns whether the copy was published.
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
 pub(crate) async fn publish_dead_letter<T, E, F>(
     attempts: u32,
     what: &(dyn Display + Sync),

@@ -50,6 +50,8 @@ pub struct Rule {
     pub access: Access,
     /// How refusals look.
     pub kind: RouteKind,
+    /// Whether it changes anything: a read-only console refuses it (403) whatever the role.
+    pub mutates: bool,
 }
 
 /// The rules by (method, route pattern as axum matched it, e.g. `/api/v1/records/{id}`).

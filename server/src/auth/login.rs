@@ -25,8 +25,9 @@ use serde_json::json;
 use tower_sessions::Session;
 
 use super::{client_address, session};
+use crate::console::ConsoleAuth;
+use crate::routes::AppState;
 use crate::routes::api::ErrorBody;
-use crate::startup::AppState;
 
 /// The sign-in form.
 #[derive(Debug, Deserialize)]
@@ -58,16 +59,17 @@ pub async fn login(State(state): State<AppState>, session: Session, req: Request
         return (StatusCode::BAD_REQUEST, Json(error("bad_request", "expected a form with username and password")))
             .into_response();
     };
-    let next = safe_next(form.next.as_deref());
+    let next = safe_next(form.next.as_deref()).unwrap_or_else(|| state.base.join("/"));
+    let login = state.base.join("/login");
     match sign_in(&state, &session, &form, source.as_deref()).await {
         Ok(Outcome::SignedIn) if wants_html => Redirect::to(&next).into_response(),
         Ok(Outcome::SignedIn) => StatusCode::NO_CONTENT.into_response(),
         Ok(Outcome::Invalid) if wants_html => {
-            Redirect::to(&format!("/login?error=invalid&next={}", encode(&next))).into_response()
+            Redirect::to(&format!("{login}?error=invalid&next={}", encode(&next))).into_response()
         }
         Ok(Outcome::Invalid) => (StatusCode::UNAUTHORIZED, Json(error("unauthorized", INVALID))).into_response(),
         Ok(Outcome::Throttled(_)) if wants_html => {
-            Redirect::to(&format!("/login?error=throttled&next={}", encode(&next))).into_response()
+            Redirect::to(&format!("{login}?error=throttled&next={}", encode(&next))).into_response()
         }
         Ok(Outcome::Throttled(wait)) => (
             StatusCode::TOO_MANY_REQUESTS,
@@ -89,7 +91,9 @@ async fn sign_in(
     form: &LoginForm,
     source: Option<&str>,
 ) -> anyhow::Result<Outcome> {
-    let settings = &state.settings.auth;
+    let ConsoleAuth::Accounts(settings) = &state.config.auth else {
+        anyhow::bail!("signing in with the console's accounts, but the console does not use them");
+    };
     let pool = state.console.pool();
     let name = form.username.trim().to_owned();
     let window = Duration::from_secs(settings.throttle_window_secs);
@@ -168,7 +172,7 @@ pub async fn logout(State(state): State<AppState>, session: Session, req: Reques
         tracing::error!(error = %e, "writing the audit log failed");
     }
     if wants_html {
-        Redirect::to("/login?signed_out=1").into_response()
+        Redirect::to(&state.base.join("/login?signed_out=1")).into_response()
     } else {
         StatusCode::NO_CONTENT.into_response()
     }
@@ -178,14 +182,10 @@ fn accepts_html(headers: &HeaderMap) -> bool {
     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("text/html"))
 }
 
-/// `next` if it is a path on this site (`/...`, not `//host` or `/\host`), else `/`.
-fn safe_next(next: Option<&str>) -> String {
-    match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.starts_with("/\\") && n.len() <= 2048 => {
-            n.to_owned()
-        }
-        _ => "/".to_owned(),
-    }
+/// `next` if it is a path on this site (`/...`, not `//host` or `/\host`).
+fn safe_next(next: Option<&str>) -> Option<String> {
+    next.filter(|n| n.starts_with('/') && !n.starts_with("//") && !n.starts_with("/\\") && n.len() <= 2048)
+        .map(str::to_owned)
 }
 
 fn encode(value: &str) -> String {
@@ -202,10 +202,10 @@ mod tests {
 
     #[test]
     fn next_stays_on_this_site() {
-        assert_eq!(safe_next(Some("/records?status=dead")), "/records?status=dead");
+        assert_eq!(safe_next(Some("/records?status=dead")).as_deref(), Some("/records?status=dead"));
         for bad in ["https://evil.example/", "//evil.example/", "/\\evil.example", "records"] {
-            assert_eq!(safe_next(Some(bad)), "/", "{bad}");
+            assert_eq!(safe_next(Some(bad)), None, "{bad}");
         }
-        assert_eq!(safe_next(None), "/");
+        assert_eq!(safe_next(None), None);
     }
 }

@@ -1,134 +1,298 @@
 //! The authorisation layer, run on every routed request (pages, server functions, REST):
 //!
-//! 1. Who: an `Authorization: Bearer` API token (a wrong one is 401, never a fall-back to the
-//!    cookie), else the session's user. Disabled users are nobody.
+//! 1. Who, by the console's [`ConsoleAuth`]: with its own accounts, an `Authorization: Bearer`
+//!    API token (a wrong one is 401, never a fall-back to the cookie), else the session's user
+//!    (disabled users are nobody); with delegated auth, the host's resolver; with auth off, the
+//!    local admin — for loopback clients only.
 //! 2. CSRF, for every method but GET/HEAD/OPTIONS: the `Origin` (or `Sec-Fetch-Site`) must be
 //!    this site, and a request authenticated by the session cookie must carry the session's
 //!    token in `x-csrf-token` or the form field `csrf_token` (public routes, i.e. signing in,
-//!    rely on the origin check alone). API-token requests need neither:
-//!    browsers never attach them on their own.
-//! 3. May they: the matched route's [`Rule`]; routes without one are refused.
+//!    rely on the origin check alone). Host and local users' pages carry a token derived from
+//!    their name (HMAC with a key of this process), required from browsers. API-token requests
+//!    need neither: browsers never attach them on their own.
+//! 3. A read-only console refuses every route that changes something (403), whatever the role.
+//! 4. May they: the matched route's [`Rule`] (looked up without the console's base path);
+//!    routes without one are refused.
 //!
-//! Refusals: anonymous visitors of a page are redirected to `/login?next=...`; server functions
-//! get a `ConsoleError` as JSON, REST calls the API's error body; 401 when not signed in, 403
-//! when the role is too low or the CSRF check fails.
+//! Refusals: anonymous visitors of a page are redirected to the sign-in page (the console's, or
+//! the host's) with `next=<the page>`; server functions get a `ConsoleError` as JSON, REST calls
+//! the API's error body; 401 when not signed in, 403 when the role is too low, the console is
+//! read-only or the CSRF check fails.
+//!
+//! A page request goes on with its original URI (the host's prefix included): the Leptos
+//! router matches pages under the base path, as the browser does.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::{Body, to_bytes};
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{MatchedPath, OriginalUri, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
+use dedup_app::base::ConsoleBase;
 use dedup_app::csrf::{CSRF_FIELD, CSRF_HEADER};
 use dedup_app::error::ConsoleError;
-use dedup_app::ssr::accounts::current_user;
-use dedup_app::ssr::auth::RequestAuth;
-use dedup_engine::accounts::User;
+use dedup_app::ssr::accounts::{current_user, role_view};
+use dedup_app::ssr::auth::{RequestAuth, SignIn};
+use dedup_app::wire::account::CurrentUser;
+use dedup_engine::accounts::Role;
 use dedup_engine::accounts::tokens::token_authenticate;
 use dedup_engine::accounts::users::user_by_id;
+use hmac::{Hmac, Mac};
 use sqlx::PgPool;
 use tower_sessions::Session;
 
 use super::access::{Access, Policy, RouteKind, Rule};
-use super::session::{self, SessionAuth};
-use super::{AuthSettings, client_address};
+use super::session;
+use super::{client_address, peer_is_loopback};
+use crate::console::{ConsoleAuth, ConsoleConfig};
 use crate::routes::api::ErrorBody;
 
 /// What the layer needs.
 #[derive(Clone)]
 pub struct AuthLayerState {
     /// Users and tokens.
-    pub pool: PgPool,
-    /// Expiry settings.
-    pub settings: Arc<AuthSettings>,
+    pool: PgPool,
+    /// Who may use the console.
+    auth: ConsoleAuth,
     /// The rules.
-    pub policy: Arc<Policy>,
+    policy: Arc<Policy>,
     /// Largest form body read for its CSRF field, in bytes.
-    pub max_body_bytes: usize,
+    max_body_bytes: usize,
+    /// The base path (stripped from matched route patterns; prefixed to redirects).
+    base: ConsoleBase,
+    /// Refuse every route that changes something.
+    read_only: bool,
+    /// Key of the CSRF tokens of host and local users, random per process.
+    csrf_key: Arc<[u8; 32]>,
+}
+
+impl AuthLayerState {
+    /// The layer's state for a console served as `config` says under `base`, with `policy`.
+    pub fn new(pool: PgPool, config: &ConsoleConfig, base: ConsoleBase, policy: Policy) -> Self {
+        let mut key = [0u8; 32];
+        key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+        key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+        Self {
+            pool,
+            auth: config.auth.clone(),
+            policy: Arc::new(policy),
+            max_body_bytes: config.max_body_bytes,
+            base,
+            read_only: config.read_only,
+            csrf_key: Arc::new(key),
+        }
+    }
+
+    /// The CSRF token of a host or local user's pages: HMAC-SHA256 of their sign-in kind and
+    /// name with this process's key, hex.
+    fn derived_token(&self, kind: &str, name: &str) -> String {
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(self.csrf_key.as_slice()).expect("any key length");
+        mac.update(kind.as_bytes());
+        mac.update(b"\0");
+        mac.update(name.as_bytes());
+        mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 /// A refusal: status and a message safe to show.
 struct Refusal {
     status: StatusCode,
-    message: &'static str,
+    message: Cow<'static, str>,
 }
 
-const UNAUTHORIZED: Refusal = Refusal { status: StatusCode::UNAUTHORIZED, message: "sign in first" };
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
+        Self { status, message: message.into() }
+    }
+}
+
+fn unauthorized() -> Refusal {
+    Refusal::new(StatusCode::UNAUTHORIZED, "sign in first")
+}
 
 /// The layer's handler (`axum::middleware::from_fn_with_state`, as a route layer so that the
 /// matched route pattern is known).
-pub async fn authorize(State(ctx): State<AuthLayerState>, session: Session, req: Request, next: Next) -> Response {
+pub async fn authorize(State(ctx): State<AuthLayerState>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
-    let pattern = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned());
+    let pattern = req.extensions().get::<MatchedPath>().map(|m| without_base(m.as_str(), &ctx.base));
     let Some(rule) = pattern.as_deref().and_then(|p| ctx.policy.rule(&method, p)) else {
         tracing::error!(?pattern, %method, "no access rule for this route: refused");
-        return refuse(RouteKind::Api, &req, Refusal { status: StatusCode::FORBIDDEN, message: "no access rule" });
+        return refuse(&ctx, RouteKind::Api, &req, Refusal::new(StatusCode::FORBIDDEN, "no access rule"));
     };
-    let identity = match identify(&ctx, &session, req.headers()).await {
-        Ok(identity) => identity,
-        Err(refusal) => return refuse(rule.kind, &req, refusal),
+    if let Some(response) = sign_in_elsewhere(&ctx, pattern.as_deref(), &method, &req) {
+        return response;
+    }
+    let (req, identity) = match identify(&ctx, req).await {
+        (req, Ok(identity)) => (req, identity),
+        (req, Err(refusal)) => return refuse(&ctx, rule.kind, &req, refusal),
     };
     let (req, csrf_ok) =
         if is_safe(&method) { (req, true) } else { check_csrf(&ctx, req, rule, identity.as_ref()).await };
     if !csrf_ok {
-        let refusal = Refusal { status: StatusCode::FORBIDDEN, message: "cross-site request refused (CSRF check)" };
-        return refuse(rule.kind, &req, refusal);
+        let refusal = Refusal::new(StatusCode::FORBIDDEN, "cross-site request refused (CSRF check)");
+        return refuse(&ctx, rule.kind, &req, refusal);
+    }
+    if ctx.read_only && rule.mutates {
+        let refusal = Refusal::new(StatusCode::FORBIDDEN, "this console is read-only: nothing can be changed here");
+        return refuse(&ctx, rule.kind, &req, refusal);
     }
     if let Err(refusal) = allowed(rule, identity.as_ref().map(|i| &i.user)) {
-        return refuse(rule.kind, &req, refusal);
+        return refuse(&ctx, rule.kind, &req, refusal);
     }
     let mut req = req;
+    if rule.kind == RouteKind::Page
+        && let Some(OriginalUri(original)) = req.extensions().get::<OriginalUri>().cloned()
+    {
+        *req.uri_mut() = original;
+    }
     let auth = RequestAuth {
-        user: identity.as_ref().map(|i| current_user(&i.user)),
-        csrf_token: identity.and_then(|i| i.session).map(|s| s.csrf_token),
+        sign_in: identity.as_ref().map_or(SignIn::Account, |i| i.sign_in),
+        user: identity.as_ref().map(|i| i.user.clone()),
+        csrf_token: identity.and_then(|i| i.csrf_token),
         source: client_address(req.extensions()),
     };
     req.extensions_mut().insert(auth);
     next.run(req).await
 }
 
+/// A matched route pattern without the console's base path (`/ops/dedup/records` → `/records`,
+/// `/ops/dedup` → `/`).
+fn without_base(pattern: &str, base: &ConsoleBase) -> String {
+    match pattern.strip_prefix(base.as_str()) {
+        Some("") => "/".to_owned(),
+        Some(rest) if rest.starts_with('/') => rest.to_owned(),
+        _ => pattern.to_owned(),
+    }
+}
+
+/// Without the console's own accounts, its sign-in and sign-out are the host's (or nobody's):
+/// the sign-in page redirects there (auth off: to the console), posting to them is refused.
+fn sign_in_elsewhere(ctx: &AuthLayerState, pattern: Option<&str>, method: &Method, req: &Request) -> Option<Response> {
+    if matches!(ctx.auth, ConsoleAuth::Accounts(_)) || !matches!(pattern, Some("/login" | "/logout")) {
+        return None;
+    }
+    if method == Method::GET {
+        let to = match &ctx.auth {
+            ConsoleAuth::Delegated(d) if pattern == Some("/login") => with_next(&d.sign_in_url, &next_of(req)),
+            ConsoleAuth::Delegated(d) => d.sign_out_url.clone().unwrap_or_else(|| ctx.base.join("/")),
+            _ => ctx.base.join("/"),
+        };
+        return Some(Redirect::to(&to).into_response());
+    }
+    let refusal = Refusal::new(StatusCode::FORBIDDEN, "signing in and out happens in the host application");
+    Some(refuse(ctx, RouteKind::Api, req, refusal))
+}
+
+/// The page to come back to after signing in: the request's original path and query.
+fn next_of(req: &Request) -> String {
+    let original = req.extensions().get::<OriginalUri>().map(|o| &o.0).unwrap_or(req.uri());
+    original.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned())
+}
+
+/// `url` with `next=<next>` added to its query.
+fn with_next(url: &str, next: &str) -> String {
+    let next: String = url::form_urlencoded::byte_serialize(next.as_bytes()).collect();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}next={next}")
+}
+
 struct Identity {
-    user: User,
-    /// `None` for API-token requests.
-    session: Option<SessionAuth>,
+    user: CurrentUser,
+    sign_in: SignIn,
+    /// The token the page's state-changing requests must carry; `None` for API-token requests.
+    csrf_token: Option<String>,
 }
 
 fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-fn allowed(rule: Rule, user: Option<&User>) -> Result<(), Refusal> {
+fn allowed(rule: Rule, user: Option<&CurrentUser>) -> Result<(), Refusal> {
     let Some(needed) = rule.access.role() else { return Ok(()) };
     match user {
-        None => Err(UNAUTHORIZED),
-        Some(u) if u.role < needed => {
-            Err(Refusal { status: StatusCode::FORBIDDEN, message: "your role does not allow this" })
+        None => Err(unauthorized()),
+        Some(u) if u.role < role_view(needed) => {
+            Err(Refusal::new(StatusCode::FORBIDDEN, "your role does not allow this"))
         }
         Some(_) => Ok(()),
     }
 }
 
-async fn identify(ctx: &AuthLayerState, session: &Session, headers: &HeaderMap) -> Result<Option<Identity>, Refusal> {
-    let internal = |e: &dyn std::fmt::Display| {
-        tracing::error!(error = %e, "authentication failed");
-        Refusal { status: StatusCode::INTERNAL_SERVER_ERROR, message: "internal error; see the server log" }
-    };
+fn internal(e: &dyn std::fmt::Display) -> Refusal {
+    tracing::error!(error = %e, "authentication failed");
+    Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error; see the server log")
+}
+
+/// Who is asking, by the console's auth; the request back (the resolver sees its parts).
+async fn identify(ctx: &AuthLayerState, req: Request) -> (Request, Result<Option<Identity>, Refusal>) {
+    match &ctx.auth {
+        ConsoleAuth::Accounts(settings) => {
+            let session = req.extensions().get::<Session>().cloned();
+            let identity = identify_account(ctx, settings, session.as_ref(), req.headers()).await;
+            (req, identity)
+        }
+        ConsoleAuth::Delegated(delegated) => {
+            let (parts, body) = req.into_parts();
+            let resolved = delegated.resolver.resolve(&parts).await;
+            let identity = match resolved {
+                Ok(Some(host)) => Ok(Some(Identity {
+                    csrf_token: Some(ctx.derived_token("host", &host.name)),
+                    user: CurrentUser { id: 0, name: host.name, role: role_view(host.role) },
+                    sign_in: SignIn::Host,
+                })),
+                Ok(None) => Ok(None),
+                Err(reason) => Err(Refusal::new(StatusCode::FORBIDDEN, reason)),
+            };
+            (Request::from_parts(parts, body), identity)
+        }
+        ConsoleAuth::Off => {
+            let identity = if peer_is_loopback(req.extensions()) {
+                Ok(Some(Identity {
+                    csrf_token: Some(ctx.derived_token("local", "local")),
+                    user: CurrentUser { id: 0, name: "local".to_owned(), role: role_view(Role::Admin) },
+                    sign_in: SignIn::Local,
+                }))
+            } else {
+                Err(Refusal::new(
+                    StatusCode::FORBIDDEN,
+                    "this console has no sign-in configured, so it answers loopback clients only",
+                ))
+            };
+            (req, identity)
+        }
+    }
+}
+
+async fn identify_account(
+    ctx: &AuthLayerState,
+    settings: &crate::auth::AuthSettings,
+    session: Option<&Session>,
+    headers: &HeaderMap,
+) -> Result<Option<Identity>, Refusal> {
     if let Some(value) = headers.get(header::AUTHORIZATION) {
-        let bad = Refusal { status: StatusCode::UNAUTHORIZED, message: "invalid or revoked API token" };
-        let secret = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).ok_or(bad)?;
+        let bad = || Refusal::new(StatusCode::UNAUTHORIZED, "invalid or revoked API token");
+        let secret = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).ok_or_else(bad)?;
         return match token_authenticate(&ctx.pool, secret).await {
-            Ok(Some(user)) => Ok(Some(Identity { user, session: None })),
-            Ok(None) => Err(Refusal { status: StatusCode::UNAUTHORIZED, message: "invalid or revoked API token" }),
+            Ok(Some(user)) => {
+                Ok(Some(Identity { user: current_user(&user), sign_in: SignIn::Account, csrf_token: None }))
+            }
+            Ok(None) => Err(bad()),
             Err(e) => Err(internal(&e)),
         };
     }
-    let Some(state) = session::current(session, &ctx.settings).await.map_err(|e| internal(&e))? else {
+    let Some(session) = session else { return Ok(None) };
+    let Some(state) = session::current(session, settings).await.map_err(|e| internal(&e))? else {
         return Ok(None);
     };
     match user_by_id(&ctx.pool, state.user_id).await.map_err(|e| internal(&e))? {
-        Some(user) if !user.disabled => Ok(Some(Identity { user, session: Some(state) })),
+        Some(user) if !user.disabled => Ok(Some(Identity {
+            user: current_user(&user),
+            sign_in: SignIn::Account,
+            csrf_token: Some(state.csrf_token),
+        })),
         _ => {
             session.flush().await.map_err(|e| internal(&e))?;
             Ok(None)
@@ -136,21 +300,27 @@ async fn identify(ctx: &AuthLayerState, session: &Session, headers: &HeaderMap) 
     }
 }
 
-/// The origin check, then (session requests to non-public routes) the token check. Public
-/// routes (signing in, possibly over a stale session) rely on the origin check alone. Returns
-/// the request (its form body put back after reading the token field) and whether it passed.
+/// The origin check, then (requests of a signed-in page to non-public routes) the token check.
+/// Public routes (signing in, possibly over a stale session) rely on the origin check alone.
+/// Host and local users' requests need the token only from a browser (a cookie, `Origin` or
+/// `Sec-Fetch-Site` header): a script behind the host's gateway has no page to take it from,
+/// and a browser always names its origin. Returns the request (its form body put back after
+/// reading the token field) and whether it passed.
 async fn check_csrf(ctx: &AuthLayerState, req: Request, rule: Rule, identity: Option<&Identity>) -> (Request, bool) {
-    let session = match identity {
-        Some(Identity { session: None, .. }) => return (req, true), // API token: not a cookie.
-        Some(Identity { session: Some(s), .. }) => Some(s),
+    let expected = match identity {
+        Some(Identity { csrf_token: None, .. }) => return (req, true), // API token: not a cookie.
+        Some(Identity { csrf_token: Some(t), sign_in, .. }) => {
+            let browser = ["cookie", "origin", "sec-fetch-site"].iter().any(|h| req.headers().contains_key(*h));
+            (*sign_in == SignIn::Account || browser).then_some(t)
+        }
         None => None,
     };
     if !same_origin(req.headers()) {
         return (req, false);
     }
-    let Some(session) = session.filter(|_| rule.access != Access::Public) else { return (req, true) };
+    let Some(expected) = expected.filter(|_| rule.access != Access::Public) else { return (req, true) };
     let (req, token) = presented_token(req, ctx.max_body_bytes).await;
-    let ok = token.is_some_and(|t| constant_time_eq(t.as_bytes(), session.csrf_token.as_bytes()));
+    let ok = token.is_some_and(|t| constant_time_eq(t.as_bytes(), expected.as_bytes()));
     (req, ok)
 }
 
@@ -196,27 +366,31 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn refuse(kind: RouteKind, req: &Request, refusal: Refusal) -> Response {
+fn refuse(ctx: &AuthLayerState, kind: RouteKind, req: &Request, refusal: Refusal) -> Response {
     let Refusal { status, message } = refusal;
     match kind {
         RouteKind::Page if status == StatusCode::UNAUTHORIZED => {
-            let next = req.uri().path_and_query().map_or("/", |p| p.as_str());
-            let next: String = url::form_urlencoded::byte_serialize(next.as_bytes()).collect();
-            Redirect::to(&format!("/login?next={next}")).into_response()
+            let sign_in = match &ctx.auth {
+                ConsoleAuth::Delegated(d) => d.sign_in_url.clone(),
+                _ => ctx.base.join("/login"),
+            };
+            Redirect::to(&with_next(&sign_in, &next_of(req))).into_response()
         }
         RouteKind::Page => (
             status,
             Html(format!(
                 "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Refused</title></head>\
-                 <body><h1>Refused</h1><p>{message}.</p><p><a href=\"/\">Back to the console</a></p></body></html>"
+                 <body><h1>Refused</h1><p>{}.</p><p><a href=\"{}\">Back to the console</a></p></body></html>",
+                html_escape::encode_text(&message),
+                html_escape::encode_double_quoted_attribute(&ctx.base.join("/")),
             )),
         )
             .into_response(),
         RouteKind::ServerFn => {
             let error = if status == StatusCode::UNAUTHORIZED {
-                ConsoleError::Unauthorized(message.to_owned())
+                ConsoleError::Unauthorized(message.into_owned())
             } else {
-                ConsoleError::Forbidden(message.to_owned())
+                ConsoleError::Forbidden(message.into_owned())
             };
             let body = serde_json::to_string(&error).unwrap_or_default();
             (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -228,7 +402,7 @@ fn refuse(kind: RouteKind, req: &Request, refusal: Refusal) -> Response {
                 _ => "internal",
             };
             let mut response =
-                (status, Json(ErrorBody { error: code.to_owned(), message: message.to_owned() })).into_response();
+                (status, Json(ErrorBody { error: code.to_owned(), message: message.into_owned() })).into_response();
             if status == StatusCode::UNAUTHORIZED {
                 response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
             }

@@ -22,10 +22,14 @@ use axum::extract::ConnectInfo;
 use axum::http::Extensions;
 use serde::{Deserialize, Serialize};
 
-/// `[auth]`: sessions and sign-in throttling.
+/// `[auth]`: who signs in (the console's accounts, or nobody), sessions and sign-in throttling.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSettings {
+    /// `accounts` (default): the console's own accounts. `off`: no sign-in, every request acts
+    /// as a local admin — allowed on a loopback `listen` address only (the server refuses to
+    /// start otherwise) and answered to loopback clients only.
+    pub mode: AuthMode,
     /// Mark the session cookie `Secure` (set it when the console is served over HTTPS, directly
     /// or behind a TLS-terminating proxy). Default false.
     pub secure_cookies: bool,
@@ -45,6 +49,7 @@ pub struct AuthSettings {
 impl Default for AuthSettings {
     fn default() -> Self {
         Self {
+            mode: AuthMode::Accounts,
             secure_cookies: false,
             idle_timeout_secs: 1800,
             absolute_timeout_secs: 43_200,
@@ -55,7 +60,24 @@ impl Default for AuthSettings {
     }
 }
 
+/// Who signs in to the console of `dedup-console` (a host application may also delegate to its
+/// own sign-in: [`crate::console::ConsoleAuth::Delegated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// The console's own accounts.
+    Accounts,
+    /// Nobody: loopback only.
+    Off,
+}
+
 /// The client's IP address (from the connection; the server does not trust forwarded headers).
 pub fn client_address(extensions: &Extensions) -> Option<String> {
     extensions.get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(addr)| addr.ip().to_string())
+}
+
+/// Whether the connection comes from a loopback address. Unknown (the host serves without
+/// `into_make_service_with_connect_info`): no.
+pub fn peer_is_loopback(extensions: &Extensions) -> bool {
+    extensions.get::<ConnectInfo<SocketAddr>>().is_some_and(|ConnectInfo(addr)| addr.ip().is_loopback())
 }

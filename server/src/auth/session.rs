@@ -1,8 +1,9 @@
-//! Sessions: tower-sessions with its PostgreSQL store (table `tower_sessions.session`, created
-//! at start-up by the store's own migration).
+//! Sessions of the console's own accounts: tower-sessions with its PostgreSQL store (table
+//! `session` in the engine's schema, created at start-up by the store's own migration).
 //!
 //! The cookie `dedup_session` is `HttpOnly`, `SameSite=Strict`, `Secure` with
-//! `auth.secure_cookies`, and holds only the random session id. A session expires after
+//! `auth.secure_cookies`, scoped to the console's base path, and holds only the random session
+//! id. A session expires after
 //! `auth.idle_timeout_secs` without requests (the store's expiry, pushed forward by every
 //! request) and `auth.absolute_timeout_secs` after sign-in (checked by [`current`]). Signing in
 //! rotates the id ([`start`]), so an id planted before sign-in is useless after it.
@@ -16,6 +17,8 @@ use tower_sessions::cookie::SameSite;
 use tower_sessions::cookie::time;
 use tower_sessions::{Expiry, Session, SessionManagerLayer};
 use tower_sessions_sqlx_store::PostgresStore;
+
+use dedup_app::base::ConsoleBase;
 
 use super::AuthSettings;
 
@@ -41,13 +44,13 @@ pub struct SessionAuth {
 /// (`CREATE TABLE IF NOT EXISTS` run concurrently can still collide in the catalog).
 const MIGRATE_LOCK: i64 = 0x6465_6475_7073_6573; // "dedupses"
 
-/// The store, its table created if missing (under an advisory lock, so servers starting
-/// together do not race).
+/// The store, its table created in `schema` if missing (under an advisory lock, so servers
+/// starting together do not race).
 ///
 /// # Errors
 /// The database error of the lock or the store's migration.
-pub async fn store(pool: &PgPool) -> anyhow::Result<PostgresStore> {
-    let store = PostgresStore::new(pool.clone());
+pub async fn store(pool: &PgPool, schema: &str) -> anyhow::Result<PostgresStore> {
+    let store = PostgresStore::new(pool.clone()).with_schema_name(schema).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut lock = pool.acquire().await.context("locking the session table migration")?;
     sqlx::query("SELECT pg_advisory_lock($1)").bind(MIGRATE_LOCK).execute(&mut *lock).await?;
     let migrated = store.migrate().await.context("creating the session table");
@@ -56,15 +59,29 @@ pub async fn store(pool: &PgPool) -> anyhow::Result<PostgresStore> {
     Ok(store)
 }
 
+/// Deletes expired sessions every [`CLEANUP_PERIOD`], for ever (the console aborts it when it
+/// is dropped); a failure is logged and the deletion tried again a period later.
+pub async fn delete_expired(store: PostgresStore) {
+    use tower_sessions::ExpiredDeletion;
+    let mut ticker = tokio::time::interval(CLEANUP_PERIOD);
+    loop {
+        ticker.tick().await;
+        if let Err(e) = store.delete_expired().await {
+            tracing::warn!(error = %e, "deleting expired sessions failed; trying again later");
+        }
+    }
+}
+
 /// The session layer with the cookie and expiry settings described in the module docs.
-pub fn layer(store: PostgresStore, settings: &AuthSettings) -> SessionManagerLayer<PostgresStore> {
+pub fn layer(store: PostgresStore, settings: &AuthSettings, base: &ConsoleBase) -> SessionManagerLayer<PostgresStore> {
     let idle = time::Duration::seconds(i64::try_from(settings.idle_timeout_secs).unwrap_or(i64::MAX));
+    let path = if base.as_str().is_empty() { "/".to_owned() } else { base.as_str().to_owned() };
     SessionManagerLayer::new(store)
         .with_name(COOKIE_NAME)
         .with_http_only(true)
         .with_same_site(SameSite::Strict)
         .with_secure(settings.secure_cookies)
-        .with_path("/")
+        .with_path(path)
         .with_expiry(Expiry::OnInactivity(idle))
         // Saving on every request pushes the idle expiry forward (empty sessions are not saved).
         .with_always_save(true)

@@ -100,10 +100,23 @@ pub struct Settings {
     pub fast_path: FastPathSettings,
     /// The order domain (`[orders]`).
     pub orders: OrderSettings,
-    /// Sessions and sign-in throttling (`[auth]`).
+    /// Who signs in, sessions and sign-in throttling (`[auth]`).
     pub auth: AuthSettings,
+    /// How the console is served (`[console]`).
+    pub console: ConsoleSettings,
     /// Largest request body accepted, in bytes (larger: 413). Default 1 MiB.
     pub max_body_bytes: usize,
+}
+
+/// `[console]`: how the console is served.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleSettings {
+    /// The prefix the console is served under, for a reverse proxy that keeps it (`/x/y`: the
+    /// console at `http://host/x/y/`). Default `""`: the root.
+    pub base_path: String,
+    /// Refuse every change (403) whatever the role, and show no action button. Default false.
+    pub read_only: bool,
 }
 
 /// How log lines are written.
@@ -117,7 +130,7 @@ pub enum LogFormat {
 }
 
 /// The keys of [`Settings`]: the only `DEDUP_*` variables read.
-const TOP_LEVEL_KEYS: [&str; 17] = [
+const TOP_LEVEL_KEYS: [&str; 18] = [
     "listen",
     "database_url",
     "redis_url",
@@ -134,6 +147,7 @@ const TOP_LEVEL_KEYS: [&str; 17] = [
     "fast_path",
     "orders",
     "auth",
+    "console",
     "max_body_bytes",
 ];
 
@@ -156,6 +170,7 @@ impl Default for Settings {
             fast_path: FastPathSettings::default(),
             orders: OrderSettings::default(),
             auth: AuthSettings::default(),
+            console: ConsoleSettings::default(),
             max_body_bytes: 1024 * 1024,
         }
     }

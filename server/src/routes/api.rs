@@ -23,7 +23,7 @@ use utoipa::OpenApi;
 
 use super::{RouteSpec, api_actions, api_operations, events};
 use crate::auth::access::Access;
-use crate::startup::AppState;
+use crate::routes::AppState;
 
 /// The body of every API error.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -205,9 +205,14 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-/// `GET /api/openapi.json`.
-async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+/// `GET /api/openapi.json`: the document, its `servers` entry the console's base path (so
+/// clients built from it call the API under the host's prefix).
+async fn openapi(State(s): State<AppState>) -> Json<utoipa::openapi::OpenApi> {
+    let mut doc = ApiDoc::openapi();
+    if !s.base.as_str().is_empty() {
+        doc.servers = Some(vec![utoipa::openapi::Server::new(s.base.as_str())]);
+    }
+    Json(doc)
 }
 
 /// The API routes with their access rules: the OpenAPI document is public, every read needs a

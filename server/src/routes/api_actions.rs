@@ -13,7 +13,7 @@ use dedup_app::wire::actions::{ActionResultView, RecordActionKind, RecordActionR
 use super::RouteSpec;
 use super::api::{ApiResult, ErrorBody, rejected};
 use crate::auth::access::Access;
-use crate::startup::AppState;
+use crate::routes::AppState;
 
 async fn run(
     state: &AppState,

@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::RouteSpec;
 use super::api::{ApiResult, ErrorBody, rejected};
 use crate::auth::access::Access;
-use crate::startup::AppState;
+use crate::routes::AppState;
 
 type JsonBody<T> = Result<Json<T>, JsonRejection>;
 type IdPath = Result<Path<i64>, PathRejection>;
@@ -181,7 +181,7 @@ pub async fn audit(
 pub fn routes() -> Vec<RouteSpec> {
     use Access::{Admin, Operator, Viewer};
     vec![
-        RouteSpec::post("/api/v1/requeue/preview", Viewer, post(requeue_preview)),
+        RouteSpec::post("/api/v1/requeue/preview", Viewer, post(requeue_preview)).changes_nothing(),
         RouteSpec::post("/api/v1/requeue/jobs", Operator, post(requeue_start)),
         RouteSpec::get("/api/v1/requeue/jobs", Viewer, get(requeue_jobs)),
         RouteSpec::get("/api/v1/requeue/jobs/{id}", Viewer, get(requeue_job)),
@@ -189,7 +189,7 @@ pub fn routes() -> Vec<RouteSpec> {
         RouteSpec::get("/api/v1/cleanup", Viewer, get(cleanup)),
         RouteSpec::post("/api/v1/cleanup/schedules", Admin, post(schedule_create)),
         RouteSpec::put("/api/v1/cleanup/schedules/{id}", Admin, put(schedule_update)),
-        RouteSpec::post("/api/v1/cleanup/schedules/{id}/dry-run", Viewer, post(schedule_dry_run)),
+        RouteSpec::post("/api/v1/cleanup/schedules/{id}/dry-run", Viewer, post(schedule_dry_run)).changes_nothing(),
         RouteSpec::post("/api/v1/cleanup/schedules/{id}/run", Admin, post(schedule_run)),
         RouteSpec::post("/api/v1/drills", Operator, post(drill_start)),
         RouteSpec::get("/api/v1/drills/{id}", Viewer, get(drill)),

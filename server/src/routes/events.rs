@@ -13,7 +13,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::startup::AppState;
+use crate::routes::AppState;
 
 /// Time between two snapshots.
 pub const PERIOD: Duration = Duration::from_millis(1000);

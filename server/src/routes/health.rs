@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use dedup_engine::health::HealthReport;
 
-use crate::startup::AppState;
+use crate::routes::AppState;
 
 /// `GET /healthz`: 200 `ok` while the process serves requests. Touches no dependency.
 pub async fn healthz() -> &'static str {
@@ -26,8 +26,10 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_js
     (status, Json(body))
 }
 
-/// `GET /metrics`: Prometheus text format (deliveries, claims, duplicates by layer, handler
-/// latency histogram, retries, dead letters, Redis fallbacks, lease takeovers, ...).
-pub async fn metrics() -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::telemetry::metrics_handle().render())
+/// `GET /metrics` (only when the console was given a Prometheus handle): Prometheus text format
+/// (deliveries, claims, duplicates by layer, handler latency histogram, retries, dead letters,
+/// Redis fallbacks, lease takeovers, ...).
+pub async fn metrics(State(state): State<AppState>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let text = state.config.metrics.as_ref().map(|handle| handle.render()).unwrap_or_default();
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

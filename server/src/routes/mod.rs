@@ -5,7 +5,12 @@
 //! Access rules live in three tables: [`route_specs`] (axum routes: health, metrics, sign-in,
 //! REST), [`PAGES`] (Leptos pages) and [`SERVER_FNS`] (Leptos server functions). [`policy`]
 //! joins them; a routed request without a rule is refused, and the authorisation-matrix test
-//! fails on any page or server function missing from the tables.
+//! fails on any page or server function missing from the tables. Each rule also says whether
+//! the route changes anything: a read-only console refuses those.
+//!
+//! The router is built for a base path ([`AppState::base`]) and nested there by its host
+//! ([`crate::console::mount`]): routes are declared without it (axum strips it), while links,
+//! redirects and the page the Leptos router renders carry it.
 
 pub mod api;
 mod api_actions;
@@ -14,15 +19,16 @@ mod events;
 mod health;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::http::{HeaderName, Method, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
+use dedup_app::base::ConsoleBase;
+use dedup_app::ssr::ConsoleState;
 use dedup_app::ssr::auth::RequestAuth;
 use dedup_app::{App, shell};
-use leptos::prelude::{provide_context, use_context};
+use leptos::prelude::{LeptosOptions, provide_context, use_context};
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
 use tower_http::compression::CompressionLayer;
@@ -38,13 +44,34 @@ use crate::auth::access::{Access, Policy, RouteKind, Rule};
 use crate::auth::headers::{self, CspNonce};
 use crate::auth::middleware::{AuthLayerState, authorize};
 use crate::auth::{login, session};
-use crate::startup::AppState;
+use crate::console::{ConsoleAuth, ConsoleConfig};
+
+/// State shared by the axum handlers of one console.
+#[derive(Clone)]
+pub struct AppState {
+    /// Leptos rendering options (site root, output name).
+    pub leptos_options: LeptosOptions,
+    /// What the console's server functions get as context.
+    pub console: ConsoleState,
+    /// The base path the console is served under.
+    pub base: ConsoleBase,
+    /// How the console is served.
+    pub config: Arc<ConsoleConfig>,
+    /// The session store's cleanup, stopped with the last router.
+    pub(crate) _cleanup: Option<Arc<crate::console::TaskGuard>>,
+}
+
+impl axum::extract::FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}
 
 /// Header carrying the request id (generated when the client sent none, echoed in the response
 /// and recorded in every log line of the request).
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// One axum route and who may call it.
+/// One axum route, who may call it and whether it changes anything.
 pub struct RouteSpec {
     /// The method the rule is for.
     pub method: Method,
@@ -52,24 +79,33 @@ pub struct RouteSpec {
     pub path: &'static str,
     /// Who may call it.
     pub access: Access,
+    /// Whether it changes anything (a read-only console refuses it).
+    pub mutates: bool,
     /// The handler.
     pub handler: MethodRouter<AppState>,
 }
 
 impl RouteSpec {
-    /// A `GET` route.
+    /// A `GET` route (changes nothing).
     pub fn get(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
-        RouteSpec { method: Method::GET, path, access, handler }
+        RouteSpec { method: Method::GET, path, access, mutates: false, handler }
     }
 
-    /// A `POST` route.
+    /// A `POST` route that changes something.
     pub fn post(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
-        RouteSpec { method: Method::POST, path, access, handler }
+        RouteSpec { method: Method::POST, path, access, mutates: true, handler }
     }
 
-    /// A `PUT` route.
+    /// A `PUT` route that changes something.
     pub fn put(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
-        RouteSpec { method: Method::PUT, path, access, handler }
+        RouteSpec { method: Method::PUT, path, access, mutates: true, handler }
+    }
+
+    /// This route changes no data (a preview, a dry run, signing in or out): a read-only
+    /// console serves it.
+    pub fn changes_nothing(mut self) -> Self {
+        self.mutates = false;
+        self
     }
 }
 
@@ -81,8 +117,8 @@ pub fn route_specs() -> Vec<RouteSpec> {
         RouteSpec::get("/healthz", Public, get(health::healthz)),
         RouteSpec::get("/readyz", Public, get(health::readyz)),
         RouteSpec::get("/metrics", Public, get(health::metrics)),
-        RouteSpec::post("/login", Public, post(login::login)),
-        RouteSpec::post("/logout", Viewer, post(login::logout)),
+        RouteSpec::post("/login", Public, post(login::login)).changes_nothing(),
+        RouteSpec::post("/logout", Viewer, post(login::logout)).changes_nothing(),
     ];
     specs.extend(api::routes());
     specs
@@ -104,41 +140,46 @@ pub const PAGES: &[(&str, Access)] = &[
     ("/users", Access::Admin),
 ];
 
-/// The Leptos server functions and who may call them. Operator actions (release, mark
-/// succeeded, requeue, drill) are [`Access::Operator`]; cleanup schedules, users and settings
-/// [`Access::Admin`].
-pub const SERVER_FNS: &[(&str, Access)] = &[
-    ("/api/fn/get_session", Access::Public),
-    ("/api/fn/get_health", Access::Viewer),
-    ("/api/fn/get_overview", Access::Viewer),
-    ("/api/fn/get_growth", Access::Viewer),
-    ("/api/fn/list_records", Access::Viewer),
-    ("/api/fn/get_record_filters", Access::Viewer),
-    ("/api/fn/get_record", Access::Viewer),
-    ("/api/fn/list_stuck", Access::Viewer),
-    ("/api/fn/get_retries", Access::Viewer),
-    ("/api/fn/list_dead_letter_groups", Access::Viewer),
-    ("/api/fn/list_tokens", Access::Viewer),
-    ("/api/fn/create_token", Access::Viewer),
-    ("/api/fn/revoke_token", Access::Viewer),
-    ("/api/fn/get_record_audit", Access::Viewer),
-    ("/api/fn/get_audit", Access::Viewer),
-    ("/api/fn/get_cleanup", Access::Viewer),
-    ("/api/fn/dry_run_schedule", Access::Viewer),
-    ("/api/fn/get_drill", Access::Viewer),
-    ("/api/fn/list_requeue_jobs", Access::Viewer),
-    ("/api/fn/preview_requeue", Access::Viewer),
-    ("/api/fn/act_on_record", Access::Operator),
-    ("/api/fn/start_requeue", Access::Operator),
-    ("/api/fn/control_requeue_job", Access::Operator),
-    ("/api/fn/start_drill", Access::Operator),
-    ("/api/fn/save_schedule", Access::Admin),
-    ("/api/fn/run_schedule_now", Access::Admin),
-    ("/api/fn/list_users", Access::Admin),
-    ("/api/fn/add_user", Access::Admin),
-    ("/api/fn/set_user_role", Access::Admin),
-    ("/api/fn/set_user_disabled", Access::Admin),
-    ("/api/fn/reset_user_password", Access::Admin),
+/// Whether a server function changes anything (a read-only console refuses it).
+const WRITES: bool = true;
+/// See [`WRITES`].
+const READS: bool = false;
+
+/// The Leptos server functions, who may call them, and whether they change anything. Operator
+/// actions (release, mark succeeded, requeue, drill) are [`Access::Operator`]; cleanup
+/// schedules, users and settings [`Access::Admin`].
+pub const SERVER_FNS: &[(&str, Access, bool)] = &[
+    ("/api/fn/get_session", Access::Public, READS),
+    ("/api/fn/get_health", Access::Viewer, READS),
+    ("/api/fn/get_overview", Access::Viewer, READS),
+    ("/api/fn/get_growth", Access::Viewer, READS),
+    ("/api/fn/list_records", Access::Viewer, READS),
+    ("/api/fn/get_record_filters", Access::Viewer, READS),
+    ("/api/fn/get_record", Access::Viewer, READS),
+    ("/api/fn/list_stuck", Access::Viewer, READS),
+    ("/api/fn/get_retries", Access::Viewer, READS),
+    ("/api/fn/list_dead_letter_groups", Access::Viewer, READS),
+    ("/api/fn/list_tokens", Access::Viewer, READS),
+    ("/api/fn/create_token", Access::Viewer, WRITES),
+    ("/api/fn/revoke_token", Access::Viewer, WRITES),
+    ("/api/fn/get_record_audit", Access::Viewer, READS),
+    ("/api/fn/get_audit", Access::Viewer, READS),
+    ("/api/fn/get_cleanup", Access::Viewer, READS),
+    ("/api/fn/dry_run_schedule", Access::Viewer, READS),
+    ("/api/fn/get_drill", Access::Viewer, READS),
+    ("/api/fn/list_requeue_jobs", Access::Viewer, READS),
+    ("/api/fn/preview_requeue", Access::Viewer, READS),
+    ("/api/fn/act_on_record", Access::Operator, WRITES),
+    ("/api/fn/start_requeue", Access::Operator, WRITES),
+    ("/api/fn/control_requeue_job", Access::Operator, WRITES),
+    ("/api/fn/start_drill", Access::Operator, WRITES),
+    ("/api/fn/save_schedule", Access::Admin, WRITES),
+    ("/api/fn/run_schedule_now", Access::Admin, WRITES),
+    ("/api/fn/list_users", Access::Admin, READS),
+    ("/api/fn/add_user", Access::Admin, WRITES),
+    ("/api/fn/set_user_role", Access::Admin, WRITES),
+    ("/api/fn/set_user_disabled", Access::Admin, WRITES),
+    ("/api/fn/reset_user_password", Access::Admin, WRITES),
 ];
 
 /// Leptos pages and server functions that have no rule (must be empty; the matrix test checks).
@@ -146,7 +187,7 @@ pub fn unruled() -> Vec<String> {
     let pages = generate_route_list(App).into_iter().map(|r| r.path().to_owned());
     let pages = pages.filter(|p| !PAGES.iter().any(|(path, _)| path == p));
     let fns = leptos::server_fn::axum::server_fn_paths().map(|(p, _)| p.to_owned());
-    let fns = fns.filter(|p| !SERVER_FNS.iter().any(|(path, _)| path == p));
+    let fns = fns.filter(|p| !SERVER_FNS.iter().any(|(path, _, _)| path == p));
     pages.chain(fns).collect()
 }
 
@@ -155,51 +196,51 @@ pub fn unruled() -> Vec<String> {
 pub fn policy() -> Policy {
     let mut policy = Policy::default();
     for spec in route_specs() {
-        policy.insert(spec.method, spec.path, Rule { access: spec.access, kind: RouteKind::Api });
+        let rule = Rule { access: spec.access, kind: RouteKind::Api, mutates: spec.mutates };
+        policy.insert(spec.method, spec.path, rule);
     }
     for (path, access) in PAGES {
-        policy.insert(Method::GET, path, Rule { access: *access, kind: RouteKind::Page });
+        policy.insert(Method::GET, path, Rule { access: *access, kind: RouteKind::Page, mutates: false });
     }
     for (path, method) in leptos::server_fn::axum::server_fn_paths() {
-        if let Some((_, access)) = SERVER_FNS.iter().find(|(p, _)| *p == path) {
-            policy.insert(method, path, Rule { access: *access, kind: RouteKind::ServerFn });
+        if let Some((_, access, mutates)) = SERVER_FNS.iter().find(|(p, _, _)| *p == path) {
+            policy.insert(method, path, Rule { access: *access, kind: RouteKind::ServerFn, mutates: *mutates });
         }
     }
     policy
 }
 
-/// Builds the whole router.
-pub fn router(state: AppState, sessions: PostgresStore) -> Router {
+/// Builds the console's router (see the module docs); `sessions` is the session store of the
+/// console's own accounts, `None` with another auth.
+pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
     let routes = generate_route_list(App);
     let leptos_options = state.leptos_options.clone();
-    let console = state.console.clone();
     let pkg_dir = std::path::Path::new(&*leptos_options.site_root).join(&*leptos_options.site_pkg_dir);
     let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
     let unruled = unruled();
     if !unruled.is_empty() {
         tracing::error!(?unruled, "pages or server functions without an access rule are refused");
     }
-    let auth_state = AuthLayerState {
-        pool: state.console.pool().clone(),
-        settings: Arc::new(state.settings.auth.clone()),
-        policy: Arc::new(policy()),
-        max_body_bytes: state.settings.max_body_bytes,
+    let config = state.config.clone();
+    let auth_state = AuthLayerState::new(state.console.pool().clone(), &config, state.base.clone(), policy());
+    let session_layer = match (&config.auth, sessions) {
+        (ConsoleAuth::Accounts(settings), Some(store)) => Some(session::layer(store, settings, &state.base)),
+        _ => None,
     };
 
     let mut router = Router::new();
     for spec in route_specs() {
+        if spec.path == "/metrics" && config.metrics.is_none() {
+            continue;
+        }
         router = router.route(spec.path, spec.handler);
     }
+    let context = page_context(state.console.clone(), state.base.clone());
     let mut router = router
-        .leptos_routes_with_context(
-            &state,
-            routes,
-            page_context(console.clone()),
-            move || shell(leptos_options.clone()),
-        )
+        .leptos_routes_with_context(&state, routes, context.clone(), move || shell(leptos_options.clone()))
         .route_layer(axum::middleware::from_fn_with_state(auth_state, authorize))
         .nest_service("/pkg", ServeDir::new(pkg_dir))
-        .fallback(fallback(console))
+        .fallback(fallback(context))
         .layer(
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(request_id.clone(), MakeRequestUuid))
@@ -217,15 +258,12 @@ pub fn router(state: AppState, sessions: PostgresStore) -> Router {
                 )
                 .layer(PropagateRequestIdLayer::new(request_id))
                 .layer(CompressionLayer::new())
-                .layer(TimeoutLayer::with_status_code(
-                    StatusCode::REQUEST_TIMEOUT,
-                    Duration::from_millis(state.settings.request_timeout_ms),
-                ))
+                .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, config.request_timeout))
                 .layer(axum::middleware::from_fn(headers::csp))
-                .layer(session::layer(sessions, &state.settings.auth)),
+                .option_layer(session_layer),
         );
     // Outside the ServiceBuilder: it changes the request body type.
-    router = router.layer(RequestBodyLimitLayer::new(state.settings.max_body_bytes));
+    router = router.layer(RequestBodyLimitLayer::new(config.max_body_bytes));
     for layer in headers::fixed() {
         router = router.layer(layer);
     }
@@ -236,7 +274,7 @@ pub fn router(state: AppState, sessions: PostgresStore) -> Router {
 /// `/records/` is the Records page; anything else is a static file from the site root or the
 /// app's 404 page, rendered with the contexts pages rely on (the console state, the CSP nonce).
 fn fallback(
-    console: dedup_app::ssr::ConsoleState,
+    context: impl Fn() + Clone + Send + 'static,
 ) -> impl Fn(
     axum::http::Uri,
     axum::extract::State<AppState>,
@@ -245,9 +283,10 @@ fn fallback(
 + Clone
 + Send
 + 'static {
-    let files = leptos_axum::file_and_error_handler_with_context::<AppState, _>(page_context(console), shell);
-    move |uri, state, request| {
+    let files = leptos_axum::file_and_error_handler_with_context::<AppState, _>(context, shell);
+    move |uri, state: axum::extract::State<AppState>, request| {
         if let Some(to) = without_trailing_slash(&uri) {
+            let to = state.base.join(&to);
             return Box::pin(std::future::ready(axum::response::Redirect::permanent(&to).into_response()));
         }
         files(uri, state, request)
@@ -265,11 +304,12 @@ fn without_trailing_slash(uri: &axum::http::Uri) -> Option<String> {
     Some(uri.query().map_or_else(|| trimmed.to_owned(), |q| format!("{trimmed}?{q}")))
 }
 
-/// The contexts every page render needs, for the app's routes and the 404 page alike: the
-/// console state and [`provide_request_context`].
-fn page_context(console: dedup_app::ssr::ConsoleState) -> impl Fn() + Clone + Send + 'static {
+/// The contexts every page render and server function needs, for the app's routes and the 404
+/// page alike: the console state, its base path and [`provide_request_context`].
+fn page_context(console: ConsoleState, base: ConsoleBase) -> impl Fn() + Clone + Send + 'static {
     move || {
         provide_context(console.clone());
+        provide_context(base.clone());
         provide_request_context();
     }
 }

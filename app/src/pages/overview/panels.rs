@@ -3,6 +3,7 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
+use crate::base::href;
 use crate::components::chart::{ChartKind, ChartPoint, TimeChart};
 use crate::components::format::{bytes, count, millis, opt_time, percent, short_time};
 use crate::error::ConsoleError;
@@ -194,7 +195,7 @@ pub fn GroupsPanel(groups: Vec<GroupView>) -> impl IntoView {
                     {groups
                         .into_iter()
                         .map(|g| {
-                            let href = format!("/records?group={}", crate::wire::records::encode_component(&g.name));
+                            let href = href(&format!("/records?group={}", crate::wire::records::encode_component(&g.name)));
                             view! {
                                 <tr>
                                     <td>
@@ -265,7 +266,7 @@ pub fn GrowthPanel(growth: Resource<Result<GrowthView, ConsoleError>>, range: Me
                         .into_iter()
                         .map(|r| {
                             view! {
-                                <A href=format!("/?range={r}")>
+                                <A href=href(&format!("/?range={r}"))>
                                     <span class=move || {
                                         if selected() == r { "range current" } else { "range" }
                                     }>{r}</span>

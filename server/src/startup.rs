@@ -18,9 +18,9 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::AuthMode;
 use crate::config::{GroupConfig, Settings};
-use crate::console::{ConsoleAuth, ConsoleConfig, console_router, mount};
+use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, console_router, mount};
+use dedup_app::ssr::security::AuthMode;
 
 /// A built, not yet running server.
 pub struct Application {

@@ -13,7 +13,6 @@ pub mod kafka;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
-use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,11 +139,11 @@ pub trait Publish: Send + Sync {
 #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
 pub(crate) async fn publish_dead_letter<T, E, F>(
     attempts: u32,
-    what: &(dyn Display + Sync),
+    what: &(dyn std::fmt::Display + Sync),
     mut publish: impl FnMut() -> F,
 ) -> bool
 where
-    E: Display,
+    E: std::fmt::Display,
     F: Future<Output = Result<T, E>>,
 {
     let attempts = attempts.max(1);

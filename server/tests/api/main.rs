@@ -6,5 +6,6 @@ mod auth;
 mod console;
 mod health;
 mod helpers;
+mod mounting;
 mod pages;
 mod upgrade;

@@ -1,19 +1,19 @@
 //! Operator actions of the REST API (`POST /api/v1/...`, JSON bodies). Each handler calls the
-//! same function as the console's server function (`dedup_app::ssr::actions`), acting as
+//! same function as the console's server function (`crate::ssr::actions`), acting as
 //! the signed-in user (or API token owner). Role: every route here needs `operator`.
 
+use crate::ssr::actions::act;
+use crate::ssr::auth::RequestAuth;
+use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Extension, Json};
-use dedup_app::ssr::actions::act;
-use dedup_app::ssr::auth::RequestAuth;
-use dedup_app::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
 
 use super::RouteSpec;
 use super::api::{ApiResult, ErrorBody, rejected};
-use crate::auth::access::Access;
-use crate::routes::AppState;
+use crate::ssr::routes::AppState;
+use crate::ssr::security::access::Access;
 
 async fn run(
     state: &AppState,

@@ -1,26 +1,26 @@
 //! Bulk requeue, cleanup schedules, duplicate drills and the audit log in the REST API. Each
-//! handler calls the same function as the console (`dedup_app::ssr::operations`), acting as
+//! handler calls the same function as the console (`crate::ssr::operations`), acting as
 //! the signed-in user (or API token owner). Roles: reads and previews `viewer`;
 //! starting and controlling requeues and drills `operator`; editing and running cleanup
 //! schedules `admin`.
 
+use crate::ssr::auth::RequestAuth;
+use crate::ssr::operations as ops;
+use crate::wire::operations::{
+    AuditPageView, AuditQuery, CleanupView, DrillRequest, DrillView, JobControlKind, RequeueJobView,
+    RequeuePreviewView, RequeueStartRequest, ScheduleRequest, ScheduleView,
+};
+use crate::wire::records::RecordsQuery;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json};
-use dedup_app::ssr::auth::RequestAuth;
-use dedup_app::ssr::operations as ops;
-use dedup_app::wire::operations::{
-    AuditPageView, AuditQuery, CleanupView, DrillRequest, DrillView, JobControlKind, RequeueJobView,
-    RequeuePreviewView, RequeueStartRequest, ScheduleRequest, ScheduleView,
-};
-use dedup_app::wire::records::RecordsQuery;
 use serde::Serialize;
 
 use super::RouteSpec;
 use super::api::{ApiResult, ErrorBody, rejected};
-use crate::auth::access::Access;
-use crate::routes::AppState;
+use crate::ssr::routes::AppState;
+use crate::ssr::security::access::Access;
 
 type JsonBody<T> = Result<Json<T>, JsonRejection>;
 type IdPath = Result<Path<i64>, PathRejection>;

@@ -10,12 +10,12 @@
 
 use std::time::Duration;
 
+use crate::ssr::auth::RequestAuth;
 use axum::Form;
 use axum::Json;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use dedup_app::ssr::auth::RequestAuth;
 use dedup_engine::accounts::passwords::{self, verify_password};
 use dedup_engine::accounts::throttle::{account_key, address_key, throttle_check, throttle_clear, throttle_fail};
 use dedup_engine::accounts::users::{user_credentials, user_touch_login};
@@ -25,9 +25,9 @@ use serde_json::json;
 use tower_sessions::Session;
 
 use super::{client_address, session};
-use crate::console::ConsoleAuth;
-use crate::routes::AppState;
-use crate::routes::api::ErrorBody;
+use crate::ssr::mount::ConsoleAuth;
+use crate::ssr::routes::AppState;
+use crate::ssr::routes::api::ErrorBody;
 
 /// The sign-in form.
 #[derive(Debug, Deserialize)]

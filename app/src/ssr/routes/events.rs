@@ -13,7 +13,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::routes::AppState;
+use crate::ssr::routes::AppState;
 
 /// Time between two snapshots.
 pub const PERIOD: Duration = Duration::from_millis(1000);
@@ -38,7 +38,7 @@ pub async fn events(State(state): State<AppState>) -> Sse<impl Stream<Item = Res
                 return None;
             }
             // A failed read is logged by the conversion; the next tick tries again.
-            let Ok(view) = dedup_app::ssr::console::live(&console).await else { continue };
+            let Ok(view) = crate::ssr::console::live(&console).await else { continue };
             let Ok(mut event) = Event::default().json_data(&view) else { continue };
             if first {
                 event = event.retry(RECONNECT);

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use dedup_engine::health::HealthReport;
 
-use crate::routes::AppState;
+use crate::ssr::routes::AppState;
 
 /// `GET /healthz`: 200 `ok` while the process serves requests. Touches no dependency.
 pub async fn healthz() -> &'static str {

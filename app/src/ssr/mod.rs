@@ -1,12 +1,19 @@
-//! Server-side glue: the state the server provides to server functions, and conversions from
-//! engine types to [`crate::wire`] types.
+//! The server side of the console: [`console_router`] (the whole console as an axum router a
+//! host mounts, [`mount`]), the routes and their access rules ([`routes`]), sign-in, sessions,
+//! authorisation and security headers ([`security`]), the state server functions get, and
+//! conversions from engine types to [`crate::wire`] types.
 
 pub mod accounts;
 pub mod actions;
 pub mod auth;
 pub mod console;
 mod convert;
+pub mod mount;
 pub mod operations;
+pub mod routes;
+pub mod security;
+
+pub use mount::{AuthResolver, ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser, console_router};
 
 use dedup_engine::actions::Publishers;
 use dedup_engine::fastpath::FastPath;

@@ -61,7 +61,7 @@ impl Default for AuthSettings {
 }
 
 /// Who signs in to the console of `dedup-console` (a host application may also delegate to its
-/// own sign-in: [`crate::console::ConsoleAuth::Delegated`]).
+/// own sign-in: [`crate::ssr::mount::ConsoleAuth::Delegated`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuthMode {

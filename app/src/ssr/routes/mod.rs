@@ -9,7 +9,7 @@
 //! the route changes anything: a read-only console refuses those.
 //!
 //! The router is built for a base path ([`AppState::base`]) and nested there by its host
-//! ([`crate::console::mount`]): routes are declared without it (axum strips it), while links,
+//! ([`crate::ssr::mount::mount`]): routes are declared without it (axum strips it), while links,
 //! redirects and the page the Leptos router renders carry it.
 
 pub mod api;
@@ -20,14 +20,14 @@ mod health;
 
 use std::sync::Arc;
 
+use crate::base::ConsoleBase;
+use crate::ssr::ConsoleState;
+use crate::ssr::auth::RequestAuth;
+use crate::{App, shell};
 use axum::Router;
 use axum::http::{HeaderName, Method, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
-use dedup_app::base::ConsoleBase;
-use dedup_app::ssr::ConsoleState;
-use dedup_app::ssr::auth::RequestAuth;
-use dedup_app::{App, shell};
 use leptos::prelude::{LeptosOptions, provide_context, use_context};
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
@@ -40,11 +40,11 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tower_sessions_sqlx_store::PostgresStore;
 use tracing::Level;
 
-use crate::auth::access::{Access, Policy, RouteKind, Rule};
-use crate::auth::headers::{self, CspNonce};
-use crate::auth::middleware::{AuthLayerState, authorize};
-use crate::auth::{login, session};
-use crate::console::{ConsoleAuth, ConsoleConfig};
+use crate::ssr::mount::{ConsoleAuth, ConsoleConfig};
+use crate::ssr::security::access::{Access, Policy, RouteKind, Rule};
+use crate::ssr::security::headers::{self, CspNonce};
+use crate::ssr::security::middleware::{AuthLayerState, authorize};
+use crate::ssr::security::{login, session};
 
 /// State shared by the axum handlers of one console.
 #[derive(Clone)]
@@ -58,7 +58,7 @@ pub struct AppState {
     /// How the console is served.
     pub config: Arc<ConsoleConfig>,
     /// The session store's cleanup, stopped with the last router.
-    pub(crate) _cleanup: Option<Arc<crate::console::TaskGuard>>,
+    pub(crate) _cleanup: Option<Arc<crate::ssr::mount::TaskGuard>>,
 }
 
 impl axum::extract::FromRef<AppState> for LeptosOptions {

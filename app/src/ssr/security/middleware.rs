@@ -25,18 +25,18 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use crate::base::ConsoleBase;
+use crate::csrf::{CSRF_FIELD, CSRF_HEADER};
+use crate::error::ConsoleError;
+use crate::ssr::accounts::{current_user, role_view};
+use crate::ssr::auth::{RequestAuth, SignIn};
+use crate::wire::account::CurrentUser;
 use axum::Json;
 use axum::body::{Body, to_bytes};
 use axum::extract::{MatchedPath, OriginalUri, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use dedup_app::base::ConsoleBase;
-use dedup_app::csrf::{CSRF_FIELD, CSRF_HEADER};
-use dedup_app::error::ConsoleError;
-use dedup_app::ssr::accounts::{current_user, role_view};
-use dedup_app::ssr::auth::{RequestAuth, SignIn};
-use dedup_app::wire::account::CurrentUser;
 use dedup_engine::accounts::Role;
 use dedup_engine::accounts::tokens::token_authenticate;
 use dedup_engine::accounts::users::user_by_id;
@@ -47,8 +47,8 @@ use tower_sessions::Session;
 use super::access::{Access, Policy, RouteKind, Rule};
 use super::session;
 use super::{client_address, peer_is_loopback};
-use crate::console::{ConsoleAuth, ConsoleConfig};
-use crate::routes::api::ErrorBody;
+use crate::ssr::mount::{ConsoleAuth, ConsoleConfig};
+use crate::ssr::routes::api::ErrorBody;
 
 /// What the layer needs.
 #[derive(Clone)]
@@ -176,8 +176,7 @@ fn sign_in_elsewhere(ctx: &AuthLayerState, pattern: Option<&str>, method: &Metho
     }
     if method == Method::GET {
         let to = match &ctx.auth {
-            ConsoleAuth::Delegated(d) if pattern == Some("/login") => with_next(&d.sign_in_url, &next_of(req)),
-            ConsoleAuth::Delegated(d) => d.sign_out_url.clone().unwrap_or_else(|| ctx.base.join("/")),
+            ConsoleAuth::Delegated(d) => with_next(&d.sign_in_url, &next_of(req)),
             _ => ctx.base.join("/"),
         };
         return Some(Redirect::to(&to).into_response());
@@ -268,7 +267,7 @@ async fn identify(ctx: &AuthLayerState, req: Request) -> (Request, Result<Option
 
 async fn identify_account(
     ctx: &AuthLayerState,
-    settings: &crate::auth::AuthSettings,
+    settings: &crate::ssr::security::AuthSettings,
     session: Option<&Session>,
     headers: &HeaderMap,
 ) -> Result<Option<Identity>, Refusal> {

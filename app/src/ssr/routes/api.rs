@@ -2,28 +2,28 @@
 //! OpenAPI document at `/api/openapi.json`.
 //!
 //! Every endpoint calls the same function as the console page that shows the data
-//! (`dedup_app::ssr::console`), so the API and the UI never disagree. Errors are JSON
+//! (`crate::ssr::console`), so the API and the UI never disagree. Errors are JSON
 //! `{ "error": code, "message": text }`: 400 `bad_request` for an invalid filter or body (the
 //! message says which), 404 `not_found`, 409 `conflict` (the record's state refuses an action;
 //! nothing changed), 503 `unavailable` (the broker failed an action; nothing changed), 500
 //! `internal` (details only in the server log, under the request id).
 
+use crate::error::ConsoleError;
+use crate::ssr::console;
+use crate::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
+use crate::wire::overview::{GroupView, GrowthView, OverviewView};
+use crate::wire::records::{RecordDetailView, RecordPageView, RecordsQuery};
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use dedup_app::error::ConsoleError;
-use dedup_app::ssr::console;
-use dedup_app::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
-use dedup_app::wire::overview::{GroupView, GrowthView, OverviewView};
-use dedup_app::wire::records::{RecordDetailView, RecordPageView, RecordsQuery};
 use serde::{Deserialize, Serialize};
 use utoipa::OpenApi;
 
 use super::{RouteSpec, api_actions, api_operations, events};
-use crate::auth::access::Access;
-use crate::routes::AppState;
+use crate::ssr::routes::AppState;
+use crate::ssr::security::access::Access;
 
 /// The body of every API error.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -230,7 +230,7 @@ pub fn routes() -> Vec<RouteSpec> {
         RouteSpec::get("/api/v1/stuck", Viewer, get(stuck)),
         RouteSpec::get("/api/v1/retries", Viewer, get(retries)),
         RouteSpec::get("/api/v1/dead-letters", Viewer, get(dead_letters)),
-        RouteSpec::get(dedup_app::components::live::LIVE_EVENTS_PATH, Viewer, get(events::events)),
+        RouteSpec::get(crate::components::live::LIVE_EVENTS_PATH, Viewer, get(events::events)),
     ];
     routes.extend(api_actions::routes());
     routes.extend(api_operations::routes());

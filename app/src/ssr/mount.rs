@@ -6,8 +6,8 @@
 //!
 //! ```no_run
 //! # async fn host(engine: &dedup_engine::runtime::Engine, probes: dedup_engine::health::HealthProbes,
-//! #               resolver: impl dedup_console::console::AuthResolver) -> anyhow::Result<()> {
-//! use dedup_console::console::{ConsoleAuth, ConsoleConfig, DelegatedAuth, console_router, mount};
+//! #               resolver: impl dedup_app::ssr::AuthResolver) -> anyhow::Result<()> {
+//! use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, console_router, mount};
 //!
 //! let auth = ConsoleAuth::Delegated(DelegatedAuth::new(resolver, "/login"));
 //! let config = ConsoleConfig::new("target/site", "/ops/dedup", auth);
@@ -27,19 +27,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::base::ConsoleBase;
+use crate::ssr::ConsoleState;
 use async_trait::async_trait;
 use axum::Router;
 use axum::http::request::Parts;
-use dedup_app::base::ConsoleBase;
-use dedup_app::ssr::ConsoleState;
 use dedup_engine::accounts::Role;
 use dedup_engine::health::HealthProbes;
 use dedup_engine::runtime::EngineHandle;
 use leptos::prelude::LeptosOptions;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::auth::AuthSettings;
-use crate::routes;
+use crate::ssr::routes;
+use crate::ssr::security::AuthSettings;
 
 /// A user of the host application, as its [`AuthResolver`] vouches for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,11 +163,14 @@ pub async fn console_router(
 ) -> anyhow::Result<Router> {
     let base = config.base();
     let sessions = match &config.auth {
-        ConsoleAuth::Accounts(_) => Some(crate::auth::session::store(engine.pool(), engine.schema().as_str()).await?),
+        ConsoleAuth::Accounts(_) => {
+            Some(crate::ssr::security::session::store(engine.pool(), engine.schema().as_str()).await?)
+        }
         _ => None,
     };
-    let cleanup =
-        sessions.clone().map(|store| Arc::new(TaskGuard(tokio::spawn(crate::auth::session::delete_expired(store)))));
+    let cleanup = sessions
+        .clone()
+        .map(|store| Arc::new(TaskGuard(tokio::spawn(crate::ssr::security::session::delete_expired(store)))));
     let leptos_options = LeptosOptions::builder()
         .output_name("dedup-console")
         .site_root(config.site_root.to_string_lossy().into_owned())

@@ -18,7 +18,7 @@ use tower_sessions::cookie::time;
 use tower_sessions::{Expiry, Session, SessionManagerLayer};
 use tower_sessions_sqlx_store::PostgresStore;
 
-use dedup_app::base::ConsoleBase;
+use crate::base::ConsoleBase;
 
 use super::AuthSettings;
 

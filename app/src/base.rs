@@ -30,9 +30,10 @@ impl ConsoleBase {
         &self.0
     }
 
-    /// `path` (absolute, `/`-prefixed) under the base.
+    /// `path` (absolute, `/`-prefixed) under the base. The console's root under a base is the
+    /// base itself (`/ops/dedup`, not `/ops/dedup/`: a nested router answers only the former).
     pub fn join(&self, path: &str) -> String {
-        format!("{}{path}", self.0)
+        join(&self.0, path)
     }
 }
 
@@ -70,7 +71,17 @@ pub fn base_path() -> String {
 
 /// `path` (absolute, `/`-prefixed: `/records/7`, `/?range=7d`) under the console's base path.
 pub fn href(path: &str) -> String {
-    format!("{}{path}", base_path())
+    join(&base_path(), path)
+}
+
+/// `base` + `path`, without the slash of the root under a base (`/x/y` + `/?a` → `/x/y?a`).
+fn join(base: &str, path: &str) -> String {
+    match path.strip_prefix('/') {
+        Some(rest) if !base.is_empty() && (rest.is_empty() || rest.starts_with('?') || rest.starts_with('#')) => {
+            format!("{base}{rest}")
+        }
+        _ => format!("{base}{path}"),
+    }
 }
 
 #[cfg(test)]
@@ -84,5 +95,8 @@ mod tests {
         assert_eq!(ConsoleBase::new("ops/dedup/").as_str(), "/ops/dedup");
         assert_eq!(ConsoleBase::new("/x/y").join("/records"), "/x/y/records");
         assert_eq!(ConsoleBase::new("").join("/records"), "/records");
+        assert_eq!(ConsoleBase::new("/x/y").join("/"), "/x/y");
+        assert_eq!(ConsoleBase::new("/x/y").join("/?range=7d"), "/x/y?range=7d");
+        assert_eq!(ConsoleBase::new("").join("/"), "/");
     }
 }

@@ -58,6 +58,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta name="viewport" content="width=device-width, initial-scale=1" />
                 <meta name=CSRF_META content=csrf_token />
                 <meta name=BASE_META content=base.clone() />
+                <link rel="icon" type="image/svg+xml" href=format!("{base}/favicon.svg") />
                 <AutoReload options=options.clone() />
                 <HydrationScripts options root=base />
                 <MetaTags />

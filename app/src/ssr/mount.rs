@@ -195,8 +195,17 @@ impl Drop for TaskGuard {
     }
 }
 
-/// `console` served by `host` under `base_path`: nested there, or merged at the root.
+/// `console` served by `host` under `base_path`: nested there (`<base>/` redirects to
+/// `<base>`, the console's root), or merged at the root.
 pub fn mount(host: Router, base_path: &str, console: Router) -> Router {
     let base = ConsoleBase::new(base_path);
-    if base.as_str().is_empty() { host.merge(console) } else { host.nest(base.as_str(), console) }
+    if base.as_str().is_empty() {
+        return host.merge(console);
+    }
+    let root = base.as_str().to_owned();
+    host.route(
+        &format!("{root}/"),
+        axum::routing::get(move || async move { axum::response::Redirect::permanent(&root) }),
+    )
+    .nest(base.as_str(), console)
 }

@@ -141,3 +141,80 @@ export async function screenshot(page, name) {
 export async function waitForHydration(page) {
   await page.waitForSelector('body[data-hydrated="true"]', { timeout: 30_000 });
 }
+
+/**
+ * The billing example (examples/billing) with a fresh database: its mail stand-in and its
+ * service, which mounts the console at /ops/dedup behind its own staff sign-in. `staff` is the
+ * BILLING_STAFF list. BILLING_BIN (set by scripts/test) is the example's binary.
+ */
+export async function startBilling(staff) {
+  const bin = process.env.BILLING_BIN;
+  if (!bin) throw new Error('BILLING_BIN is not set: run the browser tests through scripts/test');
+  const [port, mailPort] = [await freePort(), await freePort()];
+  const tag = Math.random().toString(16).slice(2, 14);
+  const database = `dce2e_billing_${tag}`;
+  const url = new URL(ADMIN_URL);
+  url.pathname = `/${database}`;
+  const exchange = `e2e.billing.${tag}`;
+  const env = {
+    ...process.env,
+    DATABASE_URL: url.toString(),
+    BILLING_LISTEN: `127.0.0.1:${port}`,
+    BILLING_EXCHANGE: exchange,
+    BILLING_QUEUE: `e2e.billing.${tag}`,
+    BILLING_REDIS_PREFIX: `e2e-billing-${tag}`,
+    BILLING_STAFF: staff,
+    MAIL_LISTEN: `127.0.0.1:${mailPort}`,
+    MAIL_URL: `http://127.0.0.1:${mailPort}`,
+  };
+  const logs = { mail: '', service: '' };
+  const spawnLogged = (args, key) => {
+    const child = spawn(bin, args, { env, stdio: ['ignore', 'inherit', 'pipe'] });
+    child.stderr.on('data', (chunk) => { logs[key] += chunk; });
+    return child;
+  };
+  // The stand-in first: it creates the database and the billing tables the service migrates too.
+  const mail = spawnLogged(['mail-stand-in'], 'mail');
+  await waitFor(`http://127.0.0.1:${mailPort}/send`, mail, () => logs.mail, 405);
+  const service = spawnLogged(['serve'], 'service');
+  const base = `http://127.0.0.1:${port}`;
+  await waitFor(`${base}/`, service, () => logs.service, 200);
+  return {
+    base,
+    exchange,
+    log: () => logs.service,
+    /** Runs `billing <args>` with the service's configuration; returns stdout. */
+    cli(args) {
+      return execFileSync(bin, args, { env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    },
+    /** Runs SQL on the service's database (schemas dedup and billing on the search path). */
+    sql(statement) {
+      return execFileSync('psql', [url.toString(), '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', statement], {
+        encoding: 'utf8',
+        env: { ...process.env, PGOPTIONS: '-c search_path=dedup,billing,public' },
+      }).trim();
+    },
+    async stop() {
+      for (const child of [service, mail]) {
+        child.kill('SIGTERM');
+        await new Promise((r) => (child.exitCode !== null ? r() : child.once('exit', r)));
+      }
+      psql(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
+    },
+  };
+}
+
+/** Polls `url` until it answers `status`; fails when `child` exits or after 60 s. */
+async function waitFor(url, child, log, status) {
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`${url}: process exited (${child.exitCode}):\n${log()}`);
+    try {
+      if ((await fetch(url)).status === status) return;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) throw new Error(`${url} did not answer within 60 s:\n${log()}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}

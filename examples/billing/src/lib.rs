@@ -8,11 +8,13 @@
 //!   service (here a stand-in, [`mail`], which logs every call so double sends are countable),
 //!   sent with `Idempotency-Key: <message id>`.
 //!
-//! Its tables live in the schema `billing`, next to the engine's `dedup`, in one database.
+//! Its tables live in the schema `billing`, next to the engine's `dedup`, in one database. It
+//! mounts the dedup console at `/ops/dedup`, behind its own staff sign-in ([`staff`]).
 
 pub mod mail;
 pub mod page;
 pub mod producer;
+pub mod staff;
 
 use std::time::Duration;
 

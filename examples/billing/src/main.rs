@@ -7,16 +7,23 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::request::Parts;
 use axum::routing::get;
 use clap::{Args, Parser, Subcommand};
+use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, console_router, mount};
 use dedup_engine::db::{self, PoolSettings};
 use dedup_engine::fastpath::FastPathSettings;
+use dedup_engine::health::HealthProbes;
 use dedup_engine::runtime::Engine;
 use dedup_engine::source::SourceFactory;
 use dedup_engine::source::rabbitmq::{MIN_THREAD_STACK_BYTES, RabbitConnector, RabbitSettings};
 use dedup_example_billing::mail::{self, MailClient};
 use dedup_example_billing::producer::{PublishParams, publish_invoices};
+use dedup_example_billing::staff::{self, StaffAuth};
 use dedup_example_billing::{BillingQueue, group, migrate, page};
+
+/// Where the dedup console is mounted.
+const CONSOLE_PATH: &str = "/ops/dedup";
 
 /// The billing example of dedup-console.
 #[derive(Debug, Parser)]
@@ -94,6 +101,13 @@ struct ServeArgs {
     /// Lease of each claim, in ms.
     #[arg(long, env = "BILLING_LEASE_MS", default_value_t = 30_000)]
     lease_ms: u64,
+    /// Staff who may use the dedup console, `name:role:password,...` (roles viewer, operator,
+    /// admin); none: an operator `ops` with a random password, printed at start.
+    #[arg(long, env = "BILLING_STAFF")]
+    staff: Option<String>,
+    /// The dedup console's built browser bundle (`./scripts/build` writes it).
+    #[arg(long, env = "DEDUP_SITE_ROOT", default_value = "target/site")]
+    site_root: std::path::PathBuf,
 }
 
 impl ServeArgs {
@@ -174,10 +188,31 @@ async fn serve(pool: sqlx::PgPool, common: &Common, args: ServeArgs) -> anyhow::
         .group(group(&queue, mail))
         .start()
         .await?;
-    let app = Router::new().route("/", get(page::index)).with_state(pool.clone());
+    // The dedup console at /ops/dedup, for the staff this service signs in.
+    let staff = StaffAuth::from_spec(args.staff.as_deref())?;
+    let resolver = staff.clone();
+    let auth = DelegatedAuth::new(move |parts: &Parts| Ok(resolver.resolve(parts)), "/signin").sign_out_url("/signout");
+    let probes = HealthProbes::new(
+        engine.handle().pool().clone(),
+        &common.database_url,
+        &args.redis_url,
+        Duration::from_secs(2),
+    )
+    .with_rabbitmq(&common.amqp_url);
+    let config = ConsoleConfig::new(&args.site_root, CONSOLE_PATH, ConsoleAuth::Delegated(auth));
+    let console = console_router(engine.handle().clone(), probes, config).await?;
+    let own = Router::new().route("/", get(page::index)).with_state(pool.clone()).merge(
+        Router::new()
+            .route("/signin", get(staff::form).post(staff::sign_in))
+            .route("/signout", get(staff::sign_out))
+            .with_state(staff),
+    );
+    let app = mount(own, CONSOLE_PATH, console);
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    tracing::info!("billing listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!("billing listening on http://{}; the dedup console at {CONSOLE_PATH}", listener.local_addr()?);
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
     engine.stop().await;
     pool.close().await;
     Ok(())

@@ -79,10 +79,11 @@ async fn render(pool: &PgPool) -> Result<String, sqlx::Error> {
         })
         .collect();
     Ok(format!(
-        "<!doctype html><html lang=en><head><meta charset=utf-8><title>Billing</title>
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>Billing</title><link rel=icon href=data:,>
 <style>body{{font:15px system-ui,sans-serif;margin:2rem}}table{{border-collapse:collapse}}
 td,th{{padding:.25rem .75rem;border-bottom:1px solid #ddd;text-align:left}}.num{{text-align:right}}</style></head>
 <body><h1>Billing</h1>
+<p><a href=/ops/dedup>Dedup console</a> (staff sign-in) · <a href=/signout>Sign out</a></p>
 <p data-testid=totals>{} invoices, {} paid; {} ledger entries, {} receipt calls; {} invoices booked twice, {} receipted twice.</p>
 <table><thead><tr><th>Invoice</th><th>Customer</th><th class=num>Amount</th><th>Status</th><th class=num>Ledger entries</th><th class=num>Receipts</th></tr></thead>
 <tbody>{body}</tbody></table></body></html>",

@@ -86,6 +86,14 @@ async fn one_build_serves_the_console_under_a_base_path_with_every_url_under_it(
     assert_eq!(doc["servers"], json!([{"url": "/x/y"}]));
     assert_eq!(app.anonymous().get(format!("{base}/readyz")).send().await.unwrap().status(), 200);
     assert_eq!(browser.get(format!("{base}/stuck/")).send().await.unwrap().headers()["location"], "/x/y/stuck");
+    let page = browser.get(&base).send().await.unwrap();
+    assert_eq!(page.status(), 200, "the base is the overview");
+    assert!(page.text().await.unwrap().contains("Overview"));
+    let slash = browser.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(
+        (slash.status().as_u16(), &slash.headers()["location"]),
+        (308, &"/x/y".parse::<reqwest::header::HeaderValue>().unwrap())
+    );
     let outside = app.bearer(Role::Viewer).get(format!("{}/api/v1/aggregates", app.address)).send().await.unwrap();
     assert_eq!(outside.status(), 404, "nothing is served outside the base");
     let events = browser.get(format!("{base}/api/v1/events")).send().await.unwrap();

@@ -73,13 +73,19 @@ impl ConsoleError {
             ConsoleError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ConsoleError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ConsoleError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            // The request could not be decoded into the function's arguments: the caller's fault.
+            ConsoleError::ServerFn(
+                ServerFnErrorErr::Args(_) | ServerFnErrorErr::MissingArg(_) | ServerFnErrorErr::Deserialization(_),
+            ) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ConsoleError::ServerFn(ServerFnErrorErr::Registration(_)) => (StatusCode::NOT_FOUND, "not_found"),
             ConsoleError::Internal | ConsoleError::ServerFn(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
 
-    /// Logs `error` on the server and returns the opaque [`ConsoleError::Internal`].
+    /// Logs `error` on the server (with its cause chain, `{:#}`) and returns the opaque
+    /// [`ConsoleError::Internal`].
     pub fn internal(error: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %error, "server function failed");
+        tracing::error!(error = %format_args!("{error:#}"), "server function failed");
         ConsoleError::Internal
     }
 }

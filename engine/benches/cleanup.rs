@@ -30,6 +30,7 @@ fn message(id: &str) -> InboundMessage {
         headers: serde_json::Map::new(),
         property_message_id: Some(id.to_owned()),
         type_property: None,
+        published_at: None,
         content_type: Some("application/json".to_owned()),
         broker: Broker::RabbitMq,
         source: SourceRef {

@@ -218,15 +218,26 @@ impl Group {
     }
 
     /// Opens the group's source factory (no connection is made until a worker or a publisher
-    /// asks for one).
+    /// asks for one). A RabbitMQ source signs its copies' source headers with a key of its own;
+    /// the engine gives its groups the key all its processes share.
     pub fn source_factory(&self) -> Arc<dyn SourceFactory> {
+        self.source_factory_keyed(None)
+    }
+
+    /// [`Group::source_factory`], RabbitMQ copies signed with `key` when given.
+    pub(crate) fn source_factory_keyed(&self, key: Option<&[u8; 32]>) -> Arc<dyn SourceFactory> {
+        #[cfg(not(feature = "rabbitmq"))]
+        let _ = key;
         match &self.source {
             #[cfg(feature = "rabbitmq")]
-            GroupSource::RabbitMq { url, settings } => Arc::new(crate::source::rabbitmq::RabbitConnector::new(
-                url,
-                settings.clone(),
-                self.settings.backoff.clone(),
-            )),
+            GroupSource::RabbitMq { url, settings } => {
+                let connector =
+                    crate::source::rabbitmq::RabbitConnector::new(url, settings.clone(), self.settings.backoff.clone());
+                match key {
+                    Some(key) => Arc::new(connector.with_source_key(crate::source::rabbitmq::SourceKey::new(*key))),
+                    None => Arc::new(connector),
+                }
+            }
             #[cfg(feature = "kafka")]
             GroupSource::Kafka(settings) => {
                 let id_header = self.settings.ids.header.as_deref().unwrap_or("x-message-id");

@@ -23,6 +23,7 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::actions::cleanup::late::RetentionWatch;
 use crate::actions::republish::Publishers;
 use crate::consumer::{Consumer, ConsumerStatus};
 use crate::db::{self, Schema, SchemaError};
@@ -135,15 +136,20 @@ impl EngineBuilder {
         }
         db::migrate(&self.pool, &self.schema).await?;
         let engine_pool = db::engine_pool(&self.pool, &self.schema, self.pool_size);
+        let source_key = db::engine_key(&engine_pool, "source-headers").await.map_err(SchemaError::Query)?;
         let store = PgStore::new(self.pool.clone(), &self.schema);
         let fast_path = Arc::new(FastPath::new(&self.redis_url, self.fast_path));
         let stats = Arc::new(Stats::default());
+        let retention = Arc::new(RetentionWatch::default());
+        if let Err(e) = retention.refresh(&engine_pool).await {
+            tracing::warn!(error = %e, "reading the cleanup schedules' retention failed; the scheduler tries again");
+        }
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
         let mut publishers = Publishers::default();
         let mut running = Vec::with_capacity(groups.len());
         for (name, group) in groups {
-            let factory = group.source_factory();
+            let factory = group.source_factory_keyed(Some(&source_key));
             publishers.add(name.as_str(), factory.clone());
             let types = group.handlers.types().into_iter().map(str::to_owned).collect();
             let status = if self.consume {
@@ -162,7 +168,8 @@ impl EngineBuilder {
                         type_policy: s.types.clone(),
                         keep_poison_payload_bytes: s.keep_poison_payload_bytes,
                     },
-                );
+                )
+                .with_retention(retention.clone());
                 let consumer = Consumer::new(pipeline, factory.clone(), s.workers.clone());
                 let status = consumer.status();
                 tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
@@ -184,7 +191,11 @@ impl EngineBuilder {
             publishers.clone(),
             shutdown.clone(),
         )));
-        tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(engine_pool.clone(), shutdown.clone())));
+        tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(
+            engine_pool.clone(),
+            retention,
+            shutdown.clone(),
+        )));
         let handle = EngineHandle {
             pool: engine_pool,
             schema: self.schema,

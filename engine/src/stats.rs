@@ -98,6 +98,8 @@ struct Pending {
     delays: HashMap<(NaiveDate, String, i64), (i64, i64)>,
     /// (group, message id) → (copies, latest arrival)
     fast_path_duplicates: HashMap<(String, String), (i32, DateTime<Utc>)>,
+    /// (day, group) → (count, max age ms) of late first deliveries
+    late: HashMap<(NaiveDate, String), (i64, i64)>,
 }
 
 /// The in-memory side of the aggregates. Shared by all workers.
@@ -155,6 +157,19 @@ impl Stats {
         entry.1 = entry.1.max(delay_ms);
     }
 
+    /// Records a first delivery older than its group's retention
+    /// ([`crate::actions::cleanup::late`]): counted per day, and its age is a duplicate delay
+    /// too (a lower bound of one the histogram could not see).
+    pub fn late_delivery(&self, group: &str, age_ms: i64) {
+        metrics::counter!("dedup_late_deliveries_total", "group" => group.to_owned()).increment(1);
+        self.duplicate_delay(group, age_ms);
+        let day = Utc::now().date_naive();
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = pending.late.entry((day, group.to_owned())).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 = entry.1.max(age_ms);
+    }
+
     /// Notes a duplicate caught by Redis, to be added to its record's `duplicate_count`.
     pub fn fast_path_duplicate(&self, group: &str, message_id: &str) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -179,6 +194,11 @@ impl Stats {
                 e.0 += n;
                 e.1 = e.1.max(max);
             }
+            for (k, (n, max)) in taken.late {
+                let e = pending.late.entry(k).or_insert((0, 0));
+                e.0 += n;
+                e.1 = e.1.max(max);
+            }
             for (k, (n, at)) in taken.fast_path_duplicates {
                 let e = pending.fast_path_duplicates.entry(k).or_insert((0, at));
                 e.0 += n;
@@ -193,6 +213,7 @@ impl Stats {
 async fn write<S: DedupStore>(pool: &PgPool, store: &S, p: &Pending) -> Result<(), StoreError> {
     write_minutes(pool, &p.minutes).await?;
     write_delays(pool, &p.delays).await?;
+    write_late(pool, &p.late).await?;
     if !p.fast_path_duplicates.is_empty() {
         let entries: Vec<(String, String, i32, DateTime<Utc>)> =
             p.fast_path_duplicates.iter().map(|((g, id), (n, at))| (g.clone(), id.clone(), *n, *at)).collect();
@@ -250,6 +271,36 @@ pub(crate) async fn write_minutes<'e>(
         q = q.bind(column);
     }
     q.execute(db).await?;
+    Ok(())
+}
+
+/// Adds (day, consumer group) → (count, max age ms) to `late_deliveries` (one statement, in key
+/// order).
+async fn write_late<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    late: &HashMap<(NaiveDate, String), (i64, i64)>,
+) -> Result<(), sqlx::Error> {
+    if late.is_empty() {
+        return Ok(());
+    }
+    let mut sorted: Vec<_> = late.iter().collect();
+    sorted.sort_unstable_by_key(|(k, _)| *k);
+    let days: Vec<NaiveDate> = sorted.iter().map(|((d, _), _)| *d).collect();
+    let groups: Vec<&str> = sorted.iter().map(|((_, g), _)| g.as_str()).collect();
+    let counts: Vec<i64> = sorted.iter().map(|(_, (n, _))| *n).collect();
+    let ages: Vec<i64> = sorted.iter().map(|(_, (_, a))| *a).collect();
+    sqlx::query(
+        "INSERT INTO late_deliveries AS l (day, consumer_group, count, max_age_ms)
+         SELECT * FROM unnest($1::date[], $2::text[], $3::int8[], $4::int8[])
+         ON CONFLICT (day, consumer_group) DO UPDATE SET
+             count = l.count + EXCLUDED.count, max_age_ms = GREATEST(l.max_age_ms, EXCLUDED.max_age_ms)",
+    )
+    .bind(days)
+    .bind(groups)
+    .bind(counts)
+    .bind(ages)
+    .execute(db)
+    .await?;
     Ok(())
 }
 

@@ -141,7 +141,7 @@ async fn two_scheduler_instances_run_each_tick_once() {
 async fn retention_advice_warns_when_retention_is_shorter_than_the_longest_duplicate_delay() {
     let h = Harness::new().await;
     let pool = h.pool();
-    assert_eq!(retention_advice(pool).await.unwrap().warning(1), None, "no duplicate seen yet");
+    assert!(!retention_advice(pool).await.unwrap().is_too_short(1), "no duplicate seen yet");
     sqlx::query(
         "INSERT INTO duplicate_delays (day, consumer_group, le_ms, count, max_delay_ms)
          VALUES (current_date, 'g', 9223372036854775807, 1, 20 * 86400000::bigint)",
@@ -150,9 +150,9 @@ async fn retention_advice_warns_when_retention_is_shorter_than_the_longest_dupli
     .await
     .unwrap();
     let advice = retention_advice(pool).await.unwrap();
-    assert_eq!(advice.minimum_retention_days, Some(40.0));
-    assert!(advice.warning(30).unwrap().contains("shorter than 40.0 days"));
-    assert_eq!(advice.warning(45), None);
+    assert_eq!(advice.minimum_retention_ms, Some(40 * 86_400_000));
+    assert!(advice.is_too_short(30));
+    assert!(!advice.is_too_short(45));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -405,7 +405,6 @@ async fn poison_messages_are_dead_lettered_once_and_never_retried() {
     for (o, why) in outcomes.iter().zip(["no message id", "unparsable payload", "no handler"]) {
         assert!(matches!(o, Disposition::DeadLetter { reason } if reason.contains(why)), "{o:?} should say {why}");
     }
-    assert_eq!(pipeline.process("w", &[no_id]).await, [Disposition::Ack(AckReason::DuplicateDatabase)]);
     // A type without a handler is dead but not poison: a requeue processes it once the handler
     // exists; its error class names the type.
     let dead: Vec<(String, String, bool, bool)> = sqlx::query_as(
@@ -423,6 +422,36 @@ async fn poison_messages_are_dead_lettered_once_and_never_retried() {
             ("SHIPMENT.SENT".into(), "NO_HANDLER: SHIPMENT.SENT".into(), true, false)
         ]
     );
+}
+
+#[tokio::test]
+async fn poison_messages_with_one_payload_get_a_record_each_with_its_own_reason() {
+    let h = Harness::new().await;
+    let pipeline = h.pipeline(recording(), 5);
+    let payload = br#"{"x":1}"#.to_vec();
+    let newline = raw_message(Some("ORDER.PAY.1\n:1"), payload.clone());
+    let long = raw_message(Some(&"x".repeat(10_000)), payload.clone());
+    let none = raw_message(None, payload.clone());
+    let outcomes = pipeline.process("w", &[newline, long, none.clone(), none]).await;
+    assert!(outcomes.iter().all(|o| matches!(o, Disposition::DeadLetter { .. })), "{outcomes:?}");
+    let dead: Vec<(String, Option<String>, i32)> = sqlx::query_as(
+        "SELECT message_id, last_error, duplicate_count FROM dedup_records WHERE status = 'dead' ORDER BY id",
+    )
+    .fetch_all(h.pool())
+    .await
+    .unwrap();
+    assert_eq!(dead.len(), 4, "four poison messages, four records: {dead:?}");
+    assert!(dead.iter().all(|(_, _, duplicates)| *duplicates == 0), "none counted as a duplicate: {dead:?}");
+    let reasons: std::collections::HashSet<Option<&str>> =
+        dead.iter().map(|(_, reason, _)| reason.as_deref()).collect();
+    assert_eq!(reasons.len(), 3, "the newline, the length and the missing id each keep their reason: {dead:?}");
+    h.stats.flush(h.pool(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
+    let duplicates: Option<i64> =
+        sqlx::query_scalar("SELECT sum(duplicates_db + duplicates_redis)::bigint FROM stats_minute")
+            .fetch_one(h.pool())
+            .await
+            .unwrap();
+    assert_eq!(duplicates.unwrap_or(0), 0, "the overview counts no duplicate");
 }
 
 #[tokio::test]

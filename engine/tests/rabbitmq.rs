@@ -8,13 +8,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use dedup_engine::actions::cleanup::late::{RetentionWatch, late_deliveries};
+use dedup_engine::actions::cleanup::retention_advice;
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
-use dedup_engine::pipeline::PipelineSettings;
+use dedup_engine::pipeline::{Pipeline, PipelineSettings};
 use dedup_engine::retry::Backoff;
 use dedup_engine::source::SourceFactory;
 use dedup_engine::source::rabbitmq::amqp_values::table_to_json;
-use dedup_engine::source::rabbitmq::{DEAD_LETTER_REASON_HEADER, properties_for};
+use dedup_engine::source::rabbitmq::{
+    DEAD_LETTER_REASON_HEADER, SOURCE_ROUTING_KEY_HEADER, SOURCE_SIGNATURE_HEADER, properties_for,
+};
+use dedup_engine::store::postgres::PgStore;
 use dedup_engine::testing::TestBroker as Broker;
 use dedup_engine::testing::amqp_url;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions};
@@ -41,7 +46,11 @@ fn start(
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let settings =
         PipelineSettings { backoff: broker.backoff.clone(), ..settings(max_attempts, Duration::from_secs(30)) };
-    let pipeline = h.pipeline_with(handlers, settings);
+    consume(h.pipeline_with(handlers, settings), broker)
+}
+
+/// Runs `pipeline` on `broker`'s queue; returns its shutdown token and task.
+fn consume(pipeline: Pipeline, broker: &Broker) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let consumer = Consumer::new(pipeline, broker.connector() as Arc<dyn SourceFactory>, consumer_settings());
     let token = CancellationToken::new();
     let task = tokio::spawn(consumer.run(token.clone()));
@@ -197,4 +206,83 @@ async fn the_consumer_reconnects_after_the_broker_closes_its_connection() {
     token.cancel();
     task.await.unwrap();
     assert_eq!(broker.depth(&broker.settings.queue).await, 0);
+}
+
+#[tokio::test]
+async fn source_headers_a_producer_forged_are_ignored_and_the_products_own_copies_keep_the_origin() {
+    let h = Harness::new().await;
+    let broker = Broker::new(&amqp_url(), Backoff { initial_ms: 100, max_ms: 100 });
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(AlwaysFails)));
+    let (token, task) = start(&h, &broker, handlers, 2);
+    // A producer names another exchange and routing key for the retry copy and the dead letter.
+    let mut forged = serde_json::Map::new();
+    forged.insert("x-dedup-source-exchange".into(), json!("amq.topic"));
+    forged.insert(SOURCE_ROUTING_KEY_HEADER.into(), json!("payments.refund"));
+    forged.insert(SOURCE_SIGNATURE_HEADER.into(), json!("00"));
+    let publisher = broker.connector().publisher().await.unwrap();
+    let props = properties_for(Some("ORDER.PAY.9:2"), &forged, Some("application/json"));
+    publisher.publish(&broker.settings.exchange, "order.pay", b"{}", props).await.unwrap();
+
+    // Two attempts: the second ran on the product's own (signed) retry copy.
+    eventually(Duration::from_secs(20), || async { status_count(&h, "dead").await == 1 }).await;
+    let source: (String, String, i32) =
+        sqlx::query_as("SELECT source_exchange, source_routing_key, attempts FROM dedup_records")
+            .fetch_one(h.pool())
+            .await
+            .unwrap();
+    assert_eq!(source, (broker.settings.exchange.clone(), "order.pay".to_owned(), 2), "where it was really published");
+    eventually(Duration::from_secs(5), || async { broker.depth(&broker.settings.dead_letter_queue()).await == 1 })
+        .await;
+    let copy = broker
+        .channel()
+        .await
+        .basic_get(broker.settings.dead_letter_queue().as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("a dead-letter copy");
+    let headers = table_to_json(copy.properties.headers().as_ref().unwrap());
+    assert_eq!(headers[SOURCE_ROUTING_KEY_HEADER], "order.pay", "the dead letter names the real origin");
+    assert_ne!(headers[SOURCE_SIGNATURE_HEADER], "00", "signed by the product");
+    token.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_first_delivery_older_than_the_retention_is_counted_late_by_its_amqp_timestamp() {
+    let h = Harness::new().await;
+    let broker = Broker::new(&amqp_url(), Backoff { initial_ms: 100, max_ms: 100 });
+    sqlx::query(
+        "INSERT INTO cleanup_schedules (name, cron, retention_days, batch_size, statuses, enabled, next_run_at, created_by)
+         VALUES ('daily', '0 3 * * *', 1, 1000, '{succeeded}', true, now() + interval '1 day', 'test')",
+    )
+    .execute(h.pool())
+    .await
+    .unwrap();
+    let retention = Arc::new(RetentionWatch::default());
+    retention.refresh(h.pool()).await.unwrap();
+    assert_eq!(retention.retention_ms(GROUP), Some(86_400_000));
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(RecordEffect)));
+    let pipeline = h.pipeline_with(handlers, settings(5, Duration::from_secs(30))).with_retention(retention);
+    let (token, task) = consume(pipeline, &broker);
+
+    // A copy sent two days ago (its record long deleted by a 1-day retention), and a fresh one.
+    let publisher = broker.connector().publisher().await.unwrap();
+    let two_days_ago = u64::try_from((chrono::Utc::now() - chrono::Duration::days(2)).timestamp()).unwrap();
+    let old = properties_for(Some("ORDER.PAY.1:1"), &Default::default(), None).with_timestamp(two_days_ago);
+    publisher.publish(&broker.settings.exchange, "order.pay", b"{}", old).await.unwrap();
+    let fresh = properties_for(Some("ORDER.PAY.2:1"), &Default::default(), None);
+    publisher.publish(&broker.settings.exchange, "order.pay", b"{}", fresh).await.unwrap();
+    eventually(Duration::from_secs(20), || async { status_count(&h, "succeeded").await == 2 }).await;
+    token.cancel();
+    task.await.unwrap();
+
+    h.stats.flush(h.pool(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
+    let late = late_deliveries(h.pool(), 30).await.unwrap();
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!((late[0].consumer_group.as_str(), late[0].count), (GROUP, 1), "the old copy only");
+    assert!(late[0].max_age_ms >= 2 * 86_400_000 - 60_000, "aged by its own timestamp: {late:?}");
+    let advice = retention_advice(h.pool()).await.unwrap();
+    assert!(advice.is_too_short(1), "the retention advice now says 1 day is too short: {advice:?}");
 }

@@ -166,8 +166,9 @@ pub struct VerifyArgs {
     /// The simulation run to check; the latest when omitted.
     #[arg(long)]
     pub run: Option<i64>,
-    /// Wait up to this many seconds for in-flight messages to settle before judging.
-    #[arg(long, default_value_t = 0)]
+    /// Wait up to this many seconds for the run's messages to be recorded and settle before
+    /// judging (it returns as soon as they have).
+    #[arg(long, default_value_t = 60)]
     pub wait_secs: u64,
     /// Print the report as JSON (an object with a boolean `ok` and the counts).
     #[arg(long)]
@@ -334,6 +335,13 @@ fn print_report(r: &VerifyReport) {
         "  messages: {} ids ({} copies): {} succeeded, {} dead ({} poison), {} failed, {} processing, {} missing",
         r.messages, r.copies, r.succeeded, r.dead, r.poison_dead, r.failed, r.processing, r.missing
     );
+    if r.parked > 0 {
+        println!(
+            "  parked: {} stuck records with a redelivery parked on them (on_lease_expiry = hold): they wait for an \
+             operator (release, mark succeeded or dead-letter on the Stuck page), not for the consumer",
+            r.parked
+        );
+    }
     println!(
         "  double effects: {} reservations, {} payments, {} SMS; {} inconsistent orders; {} inventory mismatches",
         r.double_reservations, r.double_payments, r.double_sms, r.inconsistent_orders, r.inventory_mismatches

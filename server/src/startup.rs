@@ -145,6 +145,7 @@ impl Application {
             base_path: settings.console.base_path.clone(),
             auth,
             read_only: settings.console.read_only,
+            https: false, // `auth.secure_cookies` implies it.
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
             max_body_bytes: settings.max_body_bytes,
             metrics: Some(metrics),

@@ -96,19 +96,32 @@ fn Cleanup(
     editing: RwSignal<Option<(Option<i64>, ScheduleRequest)>>,
     run_now: ServerAction<RunScheduleNow>,
 ) -> impl IntoView {
-    let advice = match (v.longest_duplicate_delay_ms, v.minimum_retention_days) {
-        (Some(ms), Some(days)) => format!(
-            "Longest duplicate delay observed: {}. Keep records at least {:.1} days ({}× that).",
+    let advice = match (v.longest_duplicate_delay_ms, v.minimum_retention_ms) {
+        (Some(ms), Some(minimum)) => format!(
+            "Longest duplicate delay observed: {}. Keep records at least {} ({}× that).",
             millis(ms),
-            days,
+            millis(minimum),
             v.safety_factor
         ),
         _ => "No duplicate seen yet: no delay to keep records for.".to_owned(),
     };
+    let late = v.late_deliveries.into_iter().map(|l| {
+        view! {
+            <li>
+                {format!(
+                    "{}: {} deliveries arrived older than the retention (oldest {} after it was sent) and found no record; their handlers ran again.",
+                    l.consumer_group,
+                    l.count,
+                    millis(l.max_age_ms),
+                )}
+            </li>
+        }
+    }).collect_view();
     view! {
         <section class="panel" aria-labelledby="advice-title">
             <h2 id="advice-title">"Retention advice"</h2>
             <p data-testid="retention-advice">{advice}</p>
+            <ul class="small error" data-testid="late-deliveries">{late}</ul>
         </section>
         <section class="panel" aria-labelledby="schedules-title">
             <h2 id="schedules-title">"Schedules"</h2>
@@ -255,7 +268,7 @@ fn Runs(runs: Vec<CleanupRunView>) -> impl IntoView {
                                 <td>{short_time(&r.started_at)}</td>
                                 <td class="num" data-testid="rows-deleted">{count(r.rows_deleted)}</td>
                                 <td class="num">
-                                    {r.seconds.map(|s| format!("{s:.1} s")).unwrap_or_else(|| "running…".to_owned())}
+                                    {r.seconds.map(|s| millis((s * 1000.0).round() as i64)).unwrap_or_else(|| "running…".to_owned())}
                                 </td>
                                 <td class="error">{r.error.unwrap_or_default()}</td>
                             </tr>

@@ -87,6 +87,15 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
         <h1>
             "Record " {s.id} " " <StatusBadge status=s.status.clone() />
         </h1>
+        {r.possible_double_effect
+            .then(|| {
+                view! {
+                    <p class="error" role="alert" data-testid="double-effect">
+                        "Possible double effect: an attempt's effect ran after its lease was lost ("
+                        {r.takeovers} " takeover(s)). Check the effect (the SMS, the e-mail, the call) before acting."
+                    </p>
+                }
+            })}
         <RecordActions target on_done />
         {succeeded.then(|| view! { <DrillButton record_id /> })}
         <p class="mono" data-testid="record-message-id">
@@ -218,11 +227,15 @@ fn History(attempts: Vec<AttemptView>) -> impl IntoView {
                 .map(|a| {
                     let outcome = a.outcome.clone().unwrap_or_else(|| "running or abandoned".to_owned());
                     let data_outcome = outcome.clone();
+                    let taken_over = a.taken_over_by.map(|by| format!(" (taken over by {by})")).unwrap_or_default();
                     view! {
-                        <li data-outcome=data_outcome>
+                        <li data-outcome=data_outcome data-late-effect=a.late_effect.to_string()>
                             <strong>{format!("Attempt {}", a.attempt)}</strong>
                             " · "
                             {outcome}
+                            {taken_over}
+                            {a.late_effect
+                                .then(|| view! { <span class="badge badge-down">"effect ran after the lease was lost"</span> })}
                             " · "
                             {short_time(&a.started_at)}
                             " → "

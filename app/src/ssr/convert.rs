@@ -59,7 +59,13 @@ impl From<Traffic> for TrafficView {
 
 impl From<LiveSnapshot> for LiveView {
     fn from(s: LiveSnapshot) -> Self {
-        LiveView { at: time(s.at), totals: totals(&s.counts), stuck: s.stuck, last_minute: s.last_minute.into() }
+        LiveView {
+            at: time(s.at),
+            totals: totals(&s.counts),
+            stuck: s.stuck,
+            double_effects: s.double_effects,
+            last_minute: s.last_minute.into(),
+        }
     }
 }
 
@@ -150,6 +156,7 @@ impl From<MarkerState> for MarkerView {
 
 /// A record's detail with its marker (looked up separately, in Redis).
 pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerState) -> RecordDetailView {
+    let (takeovers, possible_double_effect) = (d.takeovers(), d.possible_double_effect());
     RecordDetailView {
         record: d.row.into(),
         reentries: d.reentries,
@@ -185,8 +192,12 @@ pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerSta
                 ended_at: opt_time(a.ended_at),
                 outcome: a.outcome,
                 error: a.error,
+                taken_over_by: a.taken_over_by,
+                late_effect: a.late_effect,
             })
             .collect(),
+        takeovers,
+        possible_double_effect,
         marker_key,
         marker: marker.into(),
     }

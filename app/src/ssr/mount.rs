@@ -123,6 +123,10 @@ pub struct ConsoleConfig {
     pub auth: ConsoleAuth,
     /// Refuse every change (403) whatever the role, and show no action.
     pub read_only: bool,
+    /// Served over HTTPS, directly or behind a TLS-terminating proxy: the CSRF check then takes
+    /// only `https://` origins (a proxy's `X-Forwarded-Proto`, when sent, names the scheme
+    /// instead). With [`ConsoleAuth::Accounts`], `secure_cookies` implies it. Default false.
+    pub https: bool,
     /// Requests slower than this get 408.
     pub request_timeout: Duration,
     /// Larger request bodies get 413.
@@ -132,7 +136,8 @@ pub struct ConsoleConfig {
 }
 
 impl ConsoleConfig {
-    /// A console served from `site_root` under `base_path` with `auth`; not read-only, 30 s
+    /// A console served from `site_root` under `base_path` with `auth`; not read-only, plain
+    /// HTTP, 30 s
     /// request timeout, 1 MiB bodies, no `/metrics`.
     pub fn new(site_root: impl Into<PathBuf>, base_path: &str, auth: ConsoleAuth) -> Self {
         Self {
@@ -140,6 +145,7 @@ impl ConsoleConfig {
             base_path: base_path.to_owned(),
             auth,
             read_only: false,
+            https: false,
             request_timeout: Duration::from_secs(30),
             max_body_bytes: 1024 * 1024,
             metrics: None,

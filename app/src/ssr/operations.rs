@@ -12,10 +12,12 @@ use dedup_engine::record::RecordStatus;
 use super::ConsoleState;
 use super::console::filter_text;
 use super::convert::{opt_time, time};
+use crate::components::format::millis;
 use crate::error::ConsoleError;
 use crate::wire::operations::{
     AuditEntryView, AuditPageView, AuditQuery, CleanupRunView, CleanupView, DrillRequest, DrillView, JobControlKind,
-    RequeueJobView, RequeuePreviewView, RequeueStartRequest, ScheduleRequest, ScheduleView, SkipCountView,
+    LateDeliveriesView, RequeueJobView, RequeuePreviewView, RequeueStartRequest, ScheduleRequest, ScheduleView,
+    SkipCountView,
 };
 use crate::wire::records::RecordsQuery;
 
@@ -115,24 +117,46 @@ fn job_view(j: RequeueJob) -> RequeueJobView {
 /// The cleanup page's data.
 pub async fn cleanup_overview(state: &ConsoleState) -> Result<CleanupView, ConsoleError> {
     let pool = state.pool();
-    let (schedules, runs, advice) = tokio::try_join!(
+    let (schedules, runs, advice, late) = tokio::try_join!(
         cleanup::cleanup_schedules(pool),
         cleanup::cleanup_runs(pool, None, RUNS_SHOWN),
         cleanup::retention_advice(pool),
+        cleanup::late::late_deliveries(pool, LATE_DAYS),
     )?;
     Ok(CleanupView {
         schedules: schedules.into_iter().map(|s| schedule_view(s, &advice)).collect(),
         runs: runs.into_iter().map(run_view).collect(),
         longest_duplicate_delay_ms: advice.longest_delay_ms,
         safety_factor: advice.safety_factor,
-        minimum_retention_days: advice.minimum_retention_days,
+        minimum_retention_ms: advice.minimum_retention_ms,
+        late_deliveries: late
+            .into_iter()
+            .map(|l| LateDeliveriesView { consumer_group: l.consumer_group, count: l.count, max_age_ms: l.max_age_ms })
+            .collect(),
     })
+}
+
+/// Days of late deliveries the cleanup page shows.
+const LATE_DAYS: i32 = 30;
+
+/// The warning of a schedule whose retention is shorter than the advice, durations in the unit
+/// that fits.
+fn retention_warning(retention_days: i32, advice: &cleanup::RetentionAdvice) -> Option<String> {
+    let minimum = advice.minimum_retention_ms.filter(|_| advice.is_too_short(retention_days))?;
+    Some(format!(
+        "retention {} is shorter than {} ({}× the longest duplicate delay seen, {}): a late duplicate of a deleted \
+         record would run its handler again",
+        millis(i64::from(retention_days) * 86_400_000),
+        millis(minimum),
+        advice.safety_factor,
+        millis(advice.longest_delay_ms.unwrap_or_default()),
+    ))
 }
 
 fn schedule_view(s: CleanupSchedule, advice: &cleanup::RetentionAdvice) -> ScheduleView {
     ScheduleView {
         id: s.id,
-        retention_warning: advice.warning(s.retention_days),
+        retention_warning: retention_warning(s.retention_days, advice),
         last_run_for: opt_time(s.last_run_for),
         next_run_at: opt_time(s.next_run_at),
         settings: ScheduleRequest {

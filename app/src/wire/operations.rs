@@ -193,8 +193,24 @@ pub struct CleanupView {
     pub longest_duplicate_delay_ms: Option<i64>,
     /// Retention should be at least this factor × that delay.
     pub safety_factor: f64,
-    /// That minimum, days.
-    pub minimum_retention_days: Option<f64>,
+    /// That minimum, ms.
+    pub minimum_retention_ms: Option<i64>,
+    /// Per group, the deliveries of the last 30 days that arrived older than the retention
+    /// (by their own timestamp) and found no record: most likely duplicates of records cleanup
+    /// had deleted, whose handlers ran again.
+    pub late_deliveries: Vec<LateDeliveriesView>,
+}
+
+/// Late deliveries of one consumer group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct LateDeliveriesView {
+    /// The group.
+    pub consumer_group: String,
+    /// How many.
+    pub count: i64,
+    /// The oldest, ms after it was sent.
+    pub max_age_ms: i64,
 }
 
 /// The body of `POST /api/v1/drills`.

@@ -66,6 +66,9 @@ pub struct LiveView {
     pub totals: StatusTotals,
     /// Processing records whose lease expired.
     pub stuck: i64,
+    /// Records whose effect may have run twice: a leased attempt's effect ran after its lease
+    /// was lost (taken over, or released).
+    pub double_effects: i64,
     /// Traffic of the last minute.
     pub last_minute: TrafficView,
 }

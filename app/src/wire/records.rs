@@ -232,6 +232,10 @@ pub struct AttemptView {
     pub outcome: Option<String>,
     /// The error of a failed attempt.
     pub error: Option<String>,
+    /// For an attempt whose lease another worker took over: that worker.
+    pub taken_over_by: Option<String>,
+    /// The attempt's effect ran after its lease was lost: it may have run twice.
+    pub late_effect: bool,
 }
 
 /// The Redis fast-path marker of a record.
@@ -306,6 +310,11 @@ pub struct RecordDetailView {
     pub parked_at: Option<String>,
     /// Attempt history, oldest first.
     pub attempts: Vec<AttemptView>,
+    /// Attempts whose lease another worker took over.
+    pub takeovers: usize,
+    /// An attempt's effect ran after its lease was lost, so the effect may have run twice: an
+    /// operator should check it.
+    pub possible_double_effect: bool,
     /// The Redis key of the marker.
     pub marker_key: String,
     /// The marker's state.

@@ -128,8 +128,10 @@ pub enum ActionError {
     /// The broker did not confirm the republished copy; the transaction rolled back.
     #[error("the broker did not take the copy, nothing changed: {0}")]
     Publish(String),
-    /// A database failure; details for the log.
-    #[error(transparent)]
+    /// A database failure or a bug. Its text is the whole cause chain (`operator action:
+    /// database error: error returned from database: …`), for the log and the audit entry; the
+    /// console and the API show the operator only that something failed.
+    #[error("{0:#}")]
     Unexpected(#[from] anyhow::Error),
 }
 
@@ -182,13 +184,26 @@ impl From<sqlx::Error> for ActionError {
     }
 }
 
-/// Longest reason kept, in characters.
+/// Longest reason accepted, in characters.
 pub const MAX_REASON_CHARS: usize = 1000;
 
-/// A required reason, trimmed; `Invalid` when missing or blank, cut at [`MAX_REASON_CHARS`].
-pub(crate) fn required_reason(reason: Option<&str>, what: &str) -> Result<String, ActionError> {
-    match reason.map(str::trim).filter(|r| !r.is_empty()) {
-        Some(r) => Ok(r.chars().take(MAX_REASON_CHARS).collect()),
-        None => Err(ActionError::Invalid(format!("a reason is required to {what}"))),
+/// An optional reason, trimmed; `None` when missing or blank.
+///
+/// Errors: [`ActionError::Invalid`] when longer than [`MAX_REASON_CHARS`] (nothing is cut:
+/// the operator shortens it).
+pub(crate) fn optional_reason(reason: Option<&str>) -> Result<Option<&str>, ActionError> {
+    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+    match reason.map(|r| r.chars().count()) {
+        Some(n) if n > MAX_REASON_CHARS => {
+            Err(ActionError::Invalid(format!("a reason is at most {MAX_REASON_CHARS} characters; this one has {n}")))
+        }
+        _ => Ok(reason),
     }
+}
+
+/// A required reason, trimmed.
+///
+/// Errors: [`ActionError::Invalid`] when missing, blank or too long ([`optional_reason`]).
+pub(crate) fn required_reason<'a>(reason: Option<&'a str>, what: &str) -> Result<&'a str, ActionError> {
+    optional_reason(reason)?.ok_or_else(|| ActionError::Invalid(format!("a reason is required to {what}")))
 }

@@ -7,7 +7,7 @@ use sqlx::{FromRow, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::republish::{Publishers, StoredMessage, republish};
-use super::{ActionError, required_reason};
+use super::{ActionError, optional_reason, required_reason};
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
 use crate::record::RecordStatus;
 
@@ -32,8 +32,8 @@ pub struct RecordAction<'a> {
     /// Act on a `processing` record whose lease has not expired yet (its worker may still be
     /// running; a reason is required anyway).
     pub force: bool,
-    /// Why; required by release, mark succeeded and dead-letter, optional for requeue. Cut at
-    /// [`super::MAX_REASON_CHARS`].
+    /// Why; required by release, mark succeeded and dead-letter, optional for requeue; at most
+    /// [`super::MAX_REASON_CHARS`] characters.
     pub reason: Option<&'a str>,
 }
 
@@ -188,7 +188,8 @@ async fn conclude(
         actor,
         action: verb,
         outcome,
-        reason: params.reason.map(str::trim).filter(|r| !r.is_empty()),
+        // A reason too long to accept is not stored either.
+        reason: optional_reason(params.reason).ok().flatten(),
         consumer_group: seen.group.as_deref(),
         message_ids: &message_ids,
         detail,
@@ -367,6 +368,7 @@ pub async fn record_requeue(
     let result = async {
         let row = lock(&mut tx, params.record_id).await?;
         seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
+        optional_reason(params.reason)?;
         let from = guard(&row, "requeue", &[RecordStatus::Failed, RecordStatus::Dead], params)?;
         row.stored.check_republishable()?;
         make_claimable(&mut tx, &[row.stored.id]).await?;

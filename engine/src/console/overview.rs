@@ -34,6 +34,16 @@ pub async fn status_counts<'e>(db: impl PgExecutor<'e>) -> Result<Vec<StatusCoun
     .await?)
 }
 
+/// Records with an attempt whose effect ran after its lease was lost (partial index
+/// `record_attempts_late_effect_idx`).
+///
+/// Errors: [`QueryError::Database`].
+pub async fn double_effect_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, QueryError> {
+    Ok(sqlx::query_scalar("SELECT count(DISTINCT record_id) FROM record_attempts WHERE late_effect")
+        .fetch_one(db)
+        .await?)
+}
+
 /// Stuck records: `processing` with `lease_expires_at < now()` (database clock).
 ///
 /// Errors: [`QueryError::Database`].
@@ -277,6 +287,9 @@ pub struct LiveSnapshot {
     pub counts: Vec<StatusCount>,
     /// Stuck records.
     pub stuck: i64,
+    /// Records whose effect may have run twice (a leased attempt's effect ran after its lease
+    /// was lost).
+    pub double_effects: i64,
     /// Traffic of the last minute.
     pub last_minute: Traffic,
 }
@@ -285,11 +298,12 @@ pub struct LiveSnapshot {
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn live_snapshot(pool: &PgPool) -> Result<LiveSnapshot, QueryError> {
-    let (at, counts, stuck, last_minute) = tokio::try_join!(
+    let (at, counts, stuck, double_effects, last_minute) = tokio::try_join!(
         async { Ok::<DateTime<Utc>, QueryError>(sqlx::query_scalar("SELECT now()").fetch_one(pool).await?) },
         status_counts(pool),
         stuck_count(pool),
+        double_effect_count(pool),
         traffic(pool, 60),
     )?;
-    Ok(LiveSnapshot { at, counts, stuck, last_minute })
+    Ok(LiveSnapshot { at, counts, stuck, double_effects, last_minute })
 }

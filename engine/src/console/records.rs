@@ -172,6 +172,11 @@ pub struct AttemptRow {
     pub outcome: Option<String>,
     /// The error of a failed attempt.
     pub error: Option<String>,
+    /// For a `lease_lost` attempt taken over: the worker that took it.
+    pub taken_over_by: Option<String>,
+    /// Its worker reported the effect done after the lease was lost: the effect may have run
+    /// twice.
+    pub late_effect: bool,
 }
 
 /// Every stored field of one record.
@@ -230,6 +235,19 @@ pub struct RecordDetail {
     pub attempt_history: Vec<AttemptRow>,
 }
 
+impl RecordDetail {
+    /// Whether an attempt's effect ran after its lease was lost, so the effect may have run
+    /// twice (an operator should check it).
+    pub fn possible_double_effect(&self) -> bool {
+        self.attempt_history.iter().any(|a| a.late_effect)
+    }
+
+    /// Attempts whose lease another worker took over.
+    pub fn takeovers(&self) -> usize {
+        self.attempt_history.iter().filter(|a| a.taken_over_by.is_some()).count()
+    }
+}
+
 /// A record with its attempt history; `None` when no record has this id.
 ///
 /// Errors: [`QueryError::Database`].
@@ -247,7 +265,7 @@ pub async fn record_detail(pool: &sqlx::PgPool, id: i64) -> Result<Option<Record
         return Ok(None);
     };
     detail.attempt_history = sqlx::query_as(
-        "SELECT attempt, worker, started_at, ended_at, outcome, error
+        "SELECT attempt, worker, started_at, ended_at, outcome, error, taken_over_by, late_effect
          FROM record_attempts WHERE record_id = $1 ORDER BY attempt, id",
     )
     .bind(id)

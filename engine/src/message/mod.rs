@@ -64,6 +64,10 @@ pub struct InboundMessage {
     pub property_message_id: Option<String>,
     /// The AMQP `type` property, if set (some producers carry the message type there).
     pub type_property: Option<String>,
+    /// When the producer sent it, by the message's own timestamp (AMQP `timestamp` property,
+    /// seconds; Kafka record time), if it has one. A first delivery older than the retention
+    /// is flagged ([`crate::actions::cleanup::late`]).
+    pub published_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The content type property, if set.
     pub content_type: Option<String>,
     /// Which broker.
@@ -213,8 +217,11 @@ pub struct Identified {
 }
 
 /// A poison message, with the id its dead record is stored under: its own id when it had a
-/// valid one, else `POISON.<kind>.<first 32 hex digits of the payload's SHA-256>:0`, so a
-/// redelivery of the same poison finds the same record.
+/// valid one, else `POISON.<kind>.<first 16 hex digits of the payload's SHA-256>.<delivery>:0`,
+/// where `<delivery>` is the Kafka record's `<topic>-<partition>-<offset>` (a redelivery of that
+/// record finds the same dead record) or, from RabbitMQ, a random id. A poison message is never
+/// a duplicate of another: two poison messages with one payload (and ids invalid in different
+/// ways, or none) get a record each, with their own reasons.
 #[derive(Debug, Clone)]
 pub struct Poison {
     /// The id of the dead record.
@@ -328,8 +335,16 @@ impl IdPolicy {
 /// `POISON.<kind>.<hash>:0` for a poison message without a usable id.
 fn synthetic_poison_id(reason: &PoisonReason, message: &InboundMessage) -> MessageId {
     let hash = message.payload_hash();
-    let hex: String = hash.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    MessageId::parse(format!("{POISON_TYPE}.{}.{hex}:0", reason.kind())).expect("synthetic id is valid")
+    let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let s = &message.source;
+    let delivery = match (message.broker, s.exchange.as_deref(), s.queue.as_deref(), s.offset) {
+        (Broker::Kafka, Some(topic), Some(partition), Some(offset)) => {
+            // Topic names are ASCII letters, digits, `.`, `_`, `-`: nothing to escape.
+            format!("{topic}-{partition}-{offset}")
+        }
+        _ => uuid::Uuid::new_v4().simple().to_string(),
+    };
+    MessageId::parse(format!("{POISON_TYPE}.{}.{hex}.{delivery}:0", reason.kind())).expect("synthetic id is valid")
 }
 
 #[cfg(test)]
@@ -342,6 +357,7 @@ mod tests {
             headers: serde_json::Map::new(),
             property_message_id: None,
             type_property: None,
+            published_at: None,
             content_type: None,
             broker: Broker::RabbitMq,
             source: SourceRef::default(),
@@ -363,15 +379,35 @@ mod tests {
     }
 
     #[test]
-    fn a_message_without_id_is_poison_with_a_stable_synthetic_id() {
+    fn poison_messages_never_share_a_record_but_a_kafka_redelivery_does() {
         let policy = IdPolicy::default();
-        let m = message(br#"{"orderNo":"1"}"#);
-        let a = policy.identify(&m, &TypePolicy::default()).unwrap_err();
-        let b = policy.identify(&m, &TypePolicy::default()).unwrap_err();
+        let types = TypePolicy::default();
+        let m = message(br#"{"x":1}"#);
+        let a = policy.identify(&m, &types).unwrap_err();
+        let b = policy.identify(&m, &types).unwrap_err();
         assert!(matches!(a.reason, PoisonReason::NoMessageId { .. }));
-        assert_eq!(a.record_id, b.record_id);
+        assert_ne!(a.record_id, b.record_id, "two deliveries of one payload: two records");
         assert!(a.record_id.as_str().starts_with("POISON.NO_MESSAGE_ID."), "{}", a.record_id);
         assert_eq!(a.message_type, POISON_TYPE);
+        let mut newline = message(br#"{"x":1}"#);
+        newline.property_message_id = Some("a\nb".into());
+        let mut long = newline.clone();
+        long.property_message_id = Some("x".repeat(10_000));
+        let (n, l) = (policy.identify(&newline, &types).unwrap_err(), policy.identify(&long, &types).unwrap_err());
+        assert_ne!(n.record_id, l.record_id, "invalid in different ways: a record each");
+        assert_ne!(n.reason, l.reason, "each with its own reason");
+
+        let mut kafka = message(br#"{"x":1}"#);
+        kafka.broker = Broker::Kafka;
+        kafka.source = SourceRef {
+            exchange: Some("orders".into()),
+            queue: Some("3".into()),
+            offset: Some(17),
+            ..SourceRef::default()
+        };
+        let first = policy.identify(&kafka, &types).unwrap_err();
+        assert_eq!(first.record_id, policy.identify(&kafka, &types).unwrap_err().record_id, "the same Kafka record");
+        assert!(first.record_id.as_str().ends_with(".orders-3-17:0"), "{}", first.record_id);
     }
 
     #[test]

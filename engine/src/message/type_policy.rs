@@ -171,6 +171,7 @@ mod tests {
             headers: serde_json::Map::new(),
             property_message_id: None,
             type_property: None,
+            published_at: None,
             content_type: None,
             broker: Broker::RabbitMq,
             source: SourceRef { routing_key: Some("billing.invoice.paid".into()), ..SourceRef::default() },

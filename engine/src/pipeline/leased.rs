@@ -73,6 +73,9 @@ impl Pipeline {
         self.stats.count(group, Event::Claimed, 1);
         if claim.created {
             self.stats.count(group, Event::Created, 1);
+            let mut tally = Tally::default();
+            self.check_late(item.message, &mut tally);
+            tally.apply(&self.stats, group);
         }
         if claim.took_over {
             self.stats.count(group, Event::LeaseTakeover, 1);
@@ -115,7 +118,14 @@ impl Pipeline {
                     (Disposition::Ack(AckReason::Processed), Some(self.marker(item, claim.first_seen_at)))
                 }
                 Ok(false) => {
-                    tracing::warn!(message_id = %item.identified.id, "lease lost before completion; not marking succeeded");
+                    // The effect ran, but the record is someone else's now (taken over, or
+                    // released by an operator): it may run again there. Say so on the record.
+                    metrics::counter!("dedup_late_effects_total", "group" => group.to_owned()).increment(1);
+                    tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt,
+                        "lease lost before completion; the effect ran and may run twice");
+                    if let Err(e) = self.store.note_late_effect(&mut conn, &claim).await {
+                        tracing::warn!(error = %e, message_id = %item.identified.id, "flagging the late effect failed");
+                    }
                     (Disposition::Ack(AckReason::LeaseLost), None)
                 }
                 Err(e) => {

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
+use crate::actions::cleanup::late::RetentionWatch;
 use crate::fastpath::{FastPath, Lookup, Marker};
 use crate::handler::{Handler, HandlerInput, HandlerRegistry};
 use crate::message::{IdPolicy, Identified, InboundMessage, Poison, PoisonReason, TypePolicy};
@@ -92,6 +93,7 @@ pub struct Pipeline {
     stats: Arc<Stats>,
     handlers: Arc<HandlerRegistry>,
     settings: Arc<PipelineSettings>,
+    retention: Arc<RetentionWatch>,
 }
 
 /// A delivery with its id found and its handler chosen.
@@ -115,7 +117,35 @@ impl Pipeline {
         handlers: HandlerRegistry,
         settings: PipelineSettings,
     ) -> Self {
-        Self { store, fast_path, stats, handlers: Arc::new(handlers), settings: Arc::new(settings) }
+        Self {
+            store,
+            fast_path,
+            stats,
+            handlers: Arc::new(handlers),
+            settings: Arc::new(settings),
+            retention: Arc::default(),
+        }
+    }
+
+    /// Flags first deliveries older than the retention `watch` knows
+    /// ([`crate::actions::cleanup::late`]); without it none is flagged.
+    pub fn with_retention(mut self, watch: Arc<RetentionWatch>) -> Self {
+        self.retention = watch;
+        self
+    }
+
+    /// A new record's delivery: when its own timestamp is older than the group's retention, it
+    /// is late (most likely a duplicate of a record cleanup deleted): counted in `tally`.
+    fn check_late(&self, message: &InboundMessage, tally: &mut Tally) {
+        let (Some(published), Some(retention_ms)) =
+            (message.published_at, self.retention.retention_ms(self.settings.group.as_str()))
+        else {
+            return;
+        };
+        let age_ms = (Utc::now() - published).num_milliseconds();
+        if age_ms > retention_ms {
+            tally.late(age_ms);
+        }
     }
 
     /// The consumer group.

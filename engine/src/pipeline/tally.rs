@@ -20,6 +20,8 @@ pub(super) struct Tally {
     parked: Vec<(String, i64)>,
     /// (record's message id, reason) of poison messages recorded as dead.
     poison: Vec<(String, String)>,
+    /// Ages (ms) of new records' deliveries older than the retention.
+    late: Vec<i64>,
 }
 
 impl Tally {
@@ -46,6 +48,11 @@ impl Tally {
         self.parked.push((message_id.to_owned(), record));
     }
 
+    /// A new record's delivery older than the retention (see [`Stats::late_delivery`]).
+    pub(super) fn late(&mut self, age_ms: i64) {
+        self.late.push(age_ms);
+    }
+
     /// A poison message recorded as `dead`: logged as a warning when applied.
     pub(super) fn poison_dead_lettered(&mut self, message_id: &str, reason: &str) {
         self.poison.push((message_id.to_owned(), reason.to_owned()));
@@ -68,6 +75,17 @@ impl Tally {
         }
         for (message_id, reason) in self.poison {
             tracing::warn!(message_id, reason, "poison message dead-lettered");
+        }
+        if let Some(oldest) = self.late.iter().max() {
+            tracing::warn!(
+                count = self.late.len(),
+                oldest_ms = oldest,
+                "deliveries older than the retention found no record: if they were duplicates of deleted records, \
+                 their handlers ran again; lengthen the retention"
+            );
+        }
+        for age_ms in self.late {
+            stats.late_delivery(group, age_ms);
         }
     }
 }

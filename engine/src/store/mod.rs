@@ -320,6 +320,15 @@ pub trait DedupStore: Send + Sync + 'static {
         lease: &Lease,
     ) -> Result<bool, StoreError>;
 
+    /// Flags the attempt of `claim` as a late effect: its effect ran, but the completion was
+    /// refused (the lease was taken over or released meanwhile), so the effect may have run
+    /// twice.
+    async fn note_late_effect(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        claim: &ClaimedRecord,
+    ) -> Result<(), StoreError>;
+
     /// Stores a poison message as a `dead` record (or counts a duplicate on an existing one).
     /// Returns the row id and whether the record was created.
     async fn record_poison(

@@ -306,6 +306,11 @@ impl DedupStore for PgStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn note_late_effect(&self, conn: &mut PgConnection, claim: &ClaimedRecord) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.late_effect).bind(claim.id).bind(claim.attempt).execute(&mut *conn).await?;
+        Ok(())
+    }
+
     async fn record_poison(&self, conn: &mut PgConnection, p: &PoisonRecord<'_>) -> Result<(i64, bool), StoreError> {
         let m = p.message;
         let truncated = m.payload.len() > p.keep_payload_bytes;

@@ -121,6 +121,7 @@ pub fn raw_message(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
         headers: serde_json::Map::new(),
         property_message_id: id.map(str::to_owned),
         type_property: None,
+        published_at: None,
         content_type: Some("application/json".to_owned()),
         broker: Broker::RabbitMq,
         source: SourceRef {

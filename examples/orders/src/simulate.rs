@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use super::{OrderSettings, sku};
-use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
+use dedup_engine::message::{Broker, IdPolicy, InboundMessage, POISON_TYPE, SourceRef, TypePolicy};
 use dedup_engine::source::{Outbound, Publish};
 
 /// What to publish.
@@ -158,6 +158,10 @@ fn order_events(order_no: &str, rng: &mut StdRng, orders: &OrderSettings) -> [Ou
     ]
 }
 
+/// Prefix of the `message_id` a run records for a poison message without a usable id: such a
+/// message's dead records (one per delivery) are found by the SHA-256 (hex) that follows it.
+pub const POISON_BY_PAYLOAD: &str = "POISON:";
+
 /// Kafka's default limit on one record (`message.max.bytes`, about 1 MB): an oversize poison is
 /// only sent when the payload limit leaves room under it.
 const KAFKA_RECORD_LIMIT_BYTES: usize = 1_000_000;
@@ -185,6 +189,7 @@ fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy, broker: Broker) -
         headers: serde_json::Map::new(),
         property_message_id: message_id.clone(),
         type_property: None,
+        published_at: None,
         content_type: Some("application/json".to_owned()),
         broker,
         source: SourceRef {
@@ -194,6 +199,12 @@ fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy, broker: Broker) -
         redelivered: false,
     };
     let record_id = match policy.identify(&probe, &TypePolicy::default()) {
+        // Without a usable id each delivery gets a dead record of its own: the verifier finds
+        // them by payload.
+        Err(p) if p.message_type == POISON_TYPE => {
+            let hex: String = probe.payload_hash().iter().map(|b| format!("{b:02x}")).collect();
+            format!("{POISON_BY_PAYLOAD}{hex}")
+        }
         Err(p) => p.record_id.to_string(),
         Ok(found) => found.id.to_string(),
     };

@@ -16,6 +16,8 @@ use sqlx::{PgPool, Row};
 use dedup_engine::db::Schema;
 use dedup_engine::source::kafka::KafkaConnector;
 
+use crate::simulate::POISON_BY_PAYLOAD;
+
 /// The verifier's findings.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct VerifyReport {
@@ -45,8 +47,13 @@ pub struct VerifyReport {
     pub poison_dead: i64,
     /// Message ids whose record is `failed` (a retry is due).
     pub failed: i64,
-    /// Message ids whose record is `processing` (in flight, or stuck).
+    /// Message ids whose record is `processing` (in flight, or stuck) and holds no parked
+    /// delivery.
     pub processing: i64,
+    /// Message ids whose record is stuck with a redelivery parked on it (`on_lease_expiry =
+    /// hold`): it waits for an operator (release, mark succeeded, dead-letter), not for the
+    /// consumer.
+    pub parked: i64,
     /// Message ids without a record.
     pub missing: i64,
     /// Orders with more than one reservation.
@@ -66,8 +73,10 @@ pub struct VerifyReport {
     pub violations: Vec<String>,
 }
 
-/// Checks run `run_id` (the latest run when `None`), polling for up to `wait` until nothing is
-/// missing, failed or processing. The dedup records are read from `engine_schema`.
+/// Checks run `run_id` (the latest run when `None`), polling for up to `wait` until the run has
+/// recorded its messages and none is missing, failed or processing (parked ones wait for an
+/// operator, not for the consumer: counted apart). A run that recorded no message is a
+/// violation: there was nothing to check. The dedup records are read from `engine_schema`.
 ///
 /// Errors: no such run, or a database error.
 pub async fn verify(
@@ -91,9 +100,21 @@ pub async fn verify(
     };
     let started = Instant::now();
     loop {
-        let report = check(pool, engine_schema, run_id, orders, &prefix).await?;
+        // A run records its messages when it has published them all (`finished_at`).
+        let finished: bool =
+            sqlx::query_scalar("SELECT finished_at IS NOT NULL FROM shop.simulation_runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_one(pool)
+                .await?;
+        let mut report = check(pool, engine_schema, run_id, orders, &prefix).await?;
         let settled = report.missing == 0 && report.failed == 0 && report.processing == 0;
-        if settled || started.elapsed() >= wait {
+        if (finished && report.messages > 0 && settled) || started.elapsed() >= wait {
+            if !finished || report.messages == 0 {
+                report.violations.push(format!(
+                    "run {run_id} has recorded no message yet (still publishing, or it stopped): nothing was checked"
+                ));
+                report.ok = false;
+            }
             return Ok(report);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -139,18 +160,30 @@ async fn check(
     orders: i64,
     prefix: &str,
 ) -> anyhow::Result<VerifyReport> {
+    // A published message's record: by message id, or — a poison message without a usable id,
+    // one dead record per delivery — by payload.
     let row = sqlx::query(&format!(
         "SELECT count(*) AS messages, COALESCE(sum(m.copies), 0)::bigint AS copies,
-                count(*) FILTER (WHERE r.id IS NULL) AS missing,
+                count(*) FILTER (WHERE r.status IS NULL) AS missing,
                 count(*) FILTER (WHERE r.status = 'succeeded') AS succeeded,
                 count(*) FILTER (WHERE r.status = 'dead') AS dead,
                 count(*) FILTER (WHERE r.status = 'dead' AND m.poison) AS poison_dead,
                 count(*) FILTER (WHERE r.status = 'failed') AS failed,
-                count(*) FILTER (WHERE r.status = 'processing') AS processing
+                count(*) FILTER (WHERE r.status = 'processing' AND NOT r.parked) AS processing,
+                count(*) FILTER (WHERE r.status = 'processing' AND r.parked) AS parked
          FROM shop.simulation_messages m
-         LEFT JOIN {}.dedup_records r ON r.consumer_group = m.consumer_group AND r.message_id = m.message_id
+         LEFT JOIN LATERAL (
+             SELECT status, parked_at IS NOT NULL AS parked FROM {s}.dedup_records
+             WHERE consumer_group = m.consumer_group AND message_id = m.message_id
+             UNION ALL
+             SELECT status, false FROM {s}.dedup_records
+             WHERE m.message_id LIKE '{POISON_BY_PAYLOAD}%' AND consumer_group = m.consumer_group
+               AND message_type = 'POISON' AND payload_hash = decode(substr(m.message_id, {skip}), 'hex')
+             LIMIT 1
+         ) r ON true
          WHERE m.run_id = $1",
-        engine_schema.quoted()
+        s = engine_schema.quoted(),
+        skip = POISON_BY_PAYLOAD.len() + 1,
     ))
     .bind(run_id)
     .fetch_one(pool)
@@ -167,6 +200,7 @@ async fn check(
         poison_dead: row.try_get("poison_dead")?,
         failed: row.try_get("failed")?,
         processing: row.try_get("processing")?,
+        parked: row.try_get("parked")?,
         ..VerifyReport::default()
     };
     r.orders_created = count(pool, "SELECT count(*) FROM shop.orders WHERE order_no LIKE $1", prefix).await?;

@@ -4,6 +4,7 @@
 mod actions;
 mod auth;
 mod console;
+mod faults;
 mod health;
 mod helpers;
 mod mounting;

@@ -59,6 +59,7 @@ pub fn LivePanel(initial: LiveView, live: RwSignal<Option<LiveView>>, paused: Rw
                 <Stat label="failed" testid="live-failed" value=stat(|l| l.totals.failed) />
                 <Stat label="dead" testid="live-dead" value=stat(|l| l.totals.dead) />
                 <Stat label="stuck" testid="live-stuck" value=stat(|l| l.stuck) />
+                <Stat label="possible double effects" testid="live-double-effects" value=stat(|l| l.double_effects) />
                 <Stat
                     label="deliveries, last minute"
                     testid="live-deliveries"

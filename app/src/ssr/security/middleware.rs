@@ -65,6 +65,8 @@ pub struct AuthLayerState {
     base: ConsoleBase,
     /// Refuse every route that changes something.
     read_only: bool,
+    /// The scheme pages are served with is `https` (unless a proxy's `X-Forwarded-Proto` says).
+    https: bool,
     /// Key of the CSRF tokens of host and local users, random per process.
     csrf_key: Arc<[u8; 32]>,
 }
@@ -82,6 +84,7 @@ impl AuthLayerState {
             max_body_bytes: config.max_body_bytes,
             base,
             read_only: config.read_only,
+            https: config.https || matches!(&config.auth, ConsoleAuth::Accounts(s) if s.secure_cookies),
             csrf_key: Arc::new(key),
         }
     }
@@ -314,7 +317,7 @@ async fn check_csrf(ctx: &AuthLayerState, req: Request, rule: Rule, identity: Op
         }
         None => None,
     };
-    if !same_origin(req.headers()) {
+    if !same_origin(req.headers(), ctx.https) {
         return (req, false);
     }
     let Some(expected) = expected.filter(|_| rule.access != Access::Public) else { return (req, true) };
@@ -323,13 +326,20 @@ async fn check_csrf(ctx: &AuthLayerState, req: Request, rule: Rule, identity: Op
     (req, ok)
 }
 
-/// Whether the request comes from this site: `Origin` equal to `<scheme>://<Host>`, or, without
-/// `Origin`, a `Sec-Fetch-Site` of `same-origin` or `none` (or neither header: not a browser).
-fn same_origin(headers: &HeaderMap) -> bool {
+/// Whether the request comes from this site: `Origin` equal to `<scheme>://<Host>` (the scheme
+/// from `X-Forwarded-Proto` when a proxy sent it, else `https` or `http` as configured: an
+/// `http://` page of the same host is another origin), or, without `Origin`, a `Sec-Fetch-Site`
+/// of `same-origin` or `none` (or neither header: not a browser).
+fn same_origin(headers: &HeaderMap, https: bool) -> bool {
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     if let Some(origin) = headers.get(header::ORIGIN) {
-        let authority = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, a)| a);
-        return authority.is_some() && authority == host;
+        let forwarded = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok());
+        let scheme =
+            forwarded.and_then(|v| v.split(',').next()).map(str::trim).unwrap_or(if https { "https" } else { "http" });
+        let Some((origin_scheme, authority)) = origin.to_str().ok().and_then(|o| o.split_once("://")) else {
+            return false;
+        };
+        return origin_scheme.eq_ignore_ascii_case(scheme) && Some(authority) == host;
     }
     match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
         Some(site) => matches!(site, "same-origin" | "none"),

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
-use super::ActionError;
+use super::{ActionError, optional_reason};
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
 use crate::console::filter::RecordFilter;
 use crate::console::records::push_filter;
@@ -185,6 +185,7 @@ pub async fn requeue_jobs(pool: &PgPool, limit: i64) -> Result<Vec<RequeueJob>, 
 
 fn validate(params: &RequeueJobParams<'_>) -> Result<(), ActionError> {
     let bad = |m: String| Err(ActionError::Invalid(m));
+    optional_reason(params.reason)?;
     if !(params.rate_per_sec > 0.0 && params.rate_per_sec <= MAX_RATE) {
         return bad(format!("rate must be more than 0 and at most {MAX_RATE} messages/s, got {}", params.rate_per_sec));
     }
@@ -221,7 +222,7 @@ pub async fn requeue_job_start(
              VALUES ($1, $2, $3, $4, $5, $6, 0) RETURNING id",
         )
         .bind(actor)
-        .bind(params.reason)
+        .bind(optional_reason(params.reason)?)
         .bind(&filter_json)
         .bind(params.rate_per_sec)
         .bind(params.canary_size)
@@ -265,7 +266,8 @@ pub async fn requeue_job_start(
         Ok((id, total, skipped))
     }
     .await;
-    let reason = params.reason.map(str::trim).filter(|r| !r.is_empty());
+    // A reason too long to accept is not stored either.
+    let reason = optional_reason(params.reason).ok().flatten();
     let mut detail = json!({
         "filter": filter_json,
         "rate_per_sec": params.rate_per_sec,
@@ -361,6 +363,7 @@ pub async fn requeue_job_control(
     control: JobControl,
     reason: Option<&str>,
 ) -> Result<RequeueJob, ActionError> {
+    let reason = optional_reason(reason)?;
     let (from, to, note): (&[&str], &str, Option<String>) = match control {
         JobControl::Pause => (&["running"], "paused", Some(format!("paused by {actor}"))),
         JobControl::Resume => (&["paused"], "running", None),

@@ -6,6 +6,7 @@
 //! Age is `completed_at` for `succeeded` records and `updated_at` for `failed` and `dead` ones.
 //! `processing` records are never deleted.
 
+pub mod late;
 pub mod scheduler;
 
 use std::str::FromStr;
@@ -28,6 +29,11 @@ pub const DEFAULT_BATCH_SIZE: i32 = 5000;
 /// Retention should be at least this many times the longest duplicate delay observed.
 pub const RETENTION_SAFETY_FACTOR: f64 = 2.0;
 
+/// Longest schedule name accepted, in characters.
+pub const MAX_NAME_CHARS: usize = 100;
+/// Longest cron expression accepted, in characters (five fields with lists and ranges fit).
+pub const MAX_CRON_CHARS: usize = 200;
+
 /// A validated five-field cron expression (minute hour day-of-month month day-of-week), UTC.
 #[derive(Debug, Clone)]
 pub struct CronSchedule {
@@ -38,10 +44,17 @@ pub struct CronSchedule {
 impl CronSchedule {
     /// Parses `text`.
     ///
-    /// Errors: [`ActionError::Invalid`] naming the expression, the parser's complaint and the
+    /// Errors: [`ActionError::Invalid`] when longer than [`MAX_CRON_CHARS`], or naming the
+    /// expression, the parser's complaint and the
     /// expected shape.
     pub fn parse(text: &str) -> Result<Self, ActionError> {
         let text = text.trim();
+        let chars = text.chars().count();
+        if chars > MAX_CRON_CHARS {
+            return Err(ActionError::Invalid(format!(
+                "a cron expression is at most {MAX_CRON_CHARS} characters; this one has {chars}"
+            )));
+        }
         let invalid = |why: String| {
             ActionError::Invalid(format!(
                 "invalid cron expression {text:?}: {why}; expected five fields (minute hour day-of-month month \
@@ -73,7 +86,7 @@ impl CronSchedule {
 /// What a schedule is made of (create and edit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScheduleInput {
-    /// A unique name.
+    /// A unique name, 1 to [`MAX_NAME_CHARS`] characters.
     pub name: String,
     /// Cron expression, see [`CronSchedule`].
     pub cron: String,
@@ -106,8 +119,12 @@ impl Default for ScheduleInput {
 impl ScheduleInput {
     fn validate(&self) -> Result<CronSchedule, ActionError> {
         let bad = |m: String| Err(ActionError::Invalid(m));
-        if self.name.trim().is_empty() || self.name.len() > 100 {
-            return bad("a schedule needs a name of 1 to 100 characters".to_owned());
+        let name_chars = self.name.trim().chars().count();
+        if !(1..=MAX_NAME_CHARS).contains(&name_chars) {
+            return bad(format!("a schedule needs a name of 1 to {MAX_NAME_CHARS} characters, got {name_chars}"));
+        }
+        if let Some(group) = &self.consumer_group {
+            crate::record::ConsumerGroup::parse(group.as_str()).map_err(|e| ActionError::Invalid(e.to_string()))?;
         }
         if !(1..=3650).contains(&self.retention_days) {
             return bad(format!("retention must be 1 to 3650 days, got {}", self.retention_days));
@@ -411,30 +428,22 @@ pub(crate) async fn execute_run(
 }
 
 /// The retention advice: the longest duplicate arrival delay observed (duplicate-delay
-/// histogram), and the shortest retention that outlasts it by [`RETENTION_SAFETY_FACTOR`].
+/// histogram, late first deliveries included), and the shortest retention that outlasts it by
+/// [`RETENTION_SAFETY_FACTOR`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RetentionAdvice {
     /// Longest delay between a record's first delivery and a duplicate, ms; `None` before any.
     pub longest_delay_ms: Option<i64>,
     /// The factor applied.
     pub safety_factor: f64,
-    /// `longest_delay_ms × safety_factor`, in days (fractional); `None` before any duplicate.
-    pub minimum_retention_days: Option<f64>,
+    /// `longest_delay_ms × safety_factor`, ms; `None` before any duplicate.
+    pub minimum_retention_ms: Option<i64>,
 }
 
 impl RetentionAdvice {
-    /// A warning when `retention_days` is shorter than the advice.
-    pub fn warning(&self, retention_days: i32) -> Option<String> {
-        let minimum = self.minimum_retention_days?;
-        (f64::from(retention_days) < minimum).then(|| {
-            format!(
-                "retention {retention_days} days is shorter than {:.1} days ({}× the longest duplicate delay seen, \
-                 {:.1} days): a late duplicate of a deleted record would run its handler again",
-                minimum,
-                self.safety_factor,
-                self.longest_delay_ms.unwrap_or_default() as f64 / 86_400_000.0
-            )
-        })
+    /// Whether a retention of `retention_days` is shorter than the advice.
+    pub fn is_too_short(&self, retention_days: i32) -> bool {
+        self.minimum_retention_ms.is_some_and(|min| i64::from(retention_days) * 86_400_000 < min)
     }
 }
 
@@ -445,6 +454,6 @@ pub async fn retention_advice(pool: &PgPool) -> Result<RetentionAdvice, ActionEr
     Ok(RetentionAdvice {
         longest_delay_ms: longest,
         safety_factor: RETENTION_SAFETY_FACTOR,
-        minimum_retention_days: longest.map(|ms| ms as f64 * RETENTION_SAFETY_FACTOR / 86_400_000.0),
+        minimum_retention_ms: longest.map(|ms| (ms as f64 * RETENTION_SAFETY_FACTOR).round() as i64),
     })
 }

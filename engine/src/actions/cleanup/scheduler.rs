@@ -3,12 +3,14 @@
 //! compare-and-set on `next_run_at` (plus the unique `(schedule_id, tick_at)` of the runs) makes
 //! a tick that one instance ran invisible to the others. "Run now" takes the same lock.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
+use super::late::RetentionWatch;
 use super::{CleanupSchedule, CronSchedule, SCHEDULE_COLUMNS, cleanup_schedule, execute_run};
 use crate::actions::ActionError;
 use crate::actions::bulk::audit_on_pool;
@@ -146,13 +148,17 @@ pub async fn cleanup_run_now(pool: &PgPool, actor: &str, id: i64) -> Result<i64,
     }
 }
 
-/// Calls [`run_due`] every [`TICK_EVERY`] until `shutdown` (a run in progress finishes first).
-pub async fn supervise(pool: PgPool, shutdown: CancellationToken) {
+/// Calls [`run_due`] every [`TICK_EVERY`] until `shutdown` (a run in progress finishes first),
+/// and refreshes `retention` (the pipelines' view of the schedules' retention) each time.
+pub async fn supervise(pool: PgPool, retention: Arc<RetentionWatch>, shutdown: CancellationToken) {
     let mut ticker = tokio::time::interval(TICK_EVERY);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
+        }
+        if let Err(e) = retention.refresh(&pool).await {
+            tracing::warn!(error = %e, "reading the cleanup schedules' retention failed; retrying next tick");
         }
         if let Err(e) = run_due(&pool).await {
             tracing::warn!(error = %e, "cleanup scheduler pass failed; retrying next tick");

@@ -67,6 +67,7 @@ impl Pipeline {
                     attempt.tally.count(Event::Claimed);
                     if claim.created {
                         attempt.tally.count(Event::Created);
+                        self.check_late(item.message, &mut attempt.tally);
                     }
                     match self.run_handler(tx, attempt, &mut savepoint_open, item, &claim, &lease).await? {
                         None => succeeded.push((item, claim)),

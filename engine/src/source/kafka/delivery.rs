@@ -80,6 +80,7 @@ impl Delivered {
             headers: headers_to_json(&headers),
             property_message_id: None,
             type_property: None,
+            published_at: record.timestamp().to_millis().and_then(chrono::DateTime::from_timestamp_millis),
             content_type: header_text(&headers, CONTENT_TYPE_HEADER).map(str::to_owned),
             broker: Broker::Kafka,
             source: origin(&headers, retry_topic, at, key.as_deref()),

@@ -56,6 +56,47 @@ pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const SOURCE_EXCHANGE_HEADER: &str = "x-dedup-source-exchange";
 /// Header on copies naming the original routing key.
 pub const SOURCE_ROUTING_KEY_HEADER: &str = "x-dedup-source-routing-key";
+/// Header on copies signing the two above ([`SourceKey`]): without a valid signature they are
+/// ignored, so a producer cannot choose where a retry copy, a dead letter or a requeue goes.
+pub const SOURCE_SIGNATURE_HEADER: &str = "x-dedup-source-signature";
+
+/// The key that signs the source headers of the copies this product publishes (HMAC-SHA256 over
+/// exchange, routing key and message id). Every process consuming a queue must share it: the
+/// engine keeps one in its database (`engine_keys`); a connector without one makes its own
+/// (its copies are then trusted by itself only).
+#[derive(Clone)]
+pub struct SourceKey(Arc<[u8; 32]>);
+
+impl SourceKey {
+    /// A key of these bytes.
+    pub fn new(bytes: [u8; 32]) -> Self {
+        Self(Arc::new(bytes))
+    }
+
+    /// The signature (hex) of a copy's original exchange and routing key.
+    pub(crate) fn sign(&self, exchange: &str, routing_key: &str, message_id: Option<&str>) -> String {
+        use hmac::{Hmac, Mac};
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(self.0.as_slice()).expect("any key length");
+        for part in [exchange, routing_key, message_id.unwrap_or_default()] {
+            mac.update(part.as_bytes());
+            mac.update(&[0]);
+        }
+        mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether `signature` is this key's for these values (compared in constant time).
+    pub(crate) fn verify(&self, exchange: &str, routing_key: &str, message_id: Option<&str>, signature: &str) -> bool {
+        let expected = self.sign(exchange, routing_key, message_id);
+        expected.len() == signature.len()
+            && expected.bytes().zip(signature.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
+
+impl std::fmt::Debug for SourceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SourceKey(…)")
+    }
+}
 pub use super::DEAD_LETTER_REASON_HEADER;
 
 pub mod amqp_values;
@@ -143,20 +184,29 @@ pub struct RabbitConnector {
     url: String,
     settings: RabbitSettings,
     backoff: Backoff,
+    source_key: SourceKey,
     connection: Mutex<Option<Arc<Connection>>>,
     connected: Arc<AtomicBool>,
 }
 
 impl RabbitConnector {
-    /// A connector; does not connect until first used.
+    /// A connector; does not connect until first used. It signs its copies' source headers with
+    /// a key of its own; give it the engine's with [`RabbitConnector::with_source_key`].
     pub fn new(url: &str, settings: RabbitSettings, backoff: Backoff) -> Self {
         Self {
             url: url.to_owned(),
             settings,
             backoff,
+            source_key: SourceKey::new(rand::random()),
             connection: Mutex::new(None),
             connected: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Signs and trusts source headers with `key` (shared by every process on the queue).
+    pub fn with_source_key(mut self, key: SourceKey) -> Self {
+        self.source_key = key;
+        self
     }
 
     /// The settings.
@@ -257,7 +307,8 @@ fn disconnected(e: lapin::Error) -> SourceError {
 impl SourceFactory for RabbitConnector {
     async fn open(&self, worker: usize) -> Result<Box<dyn Source>, SourceError> {
         let conn = self.connection().await?;
-        let result = RabbitSource::open(&conn, &self.settings, self.backoff.clone(), worker).await;
+        let result =
+            RabbitSource::open(&conn, &self.settings, self.backoff.clone(), self.source_key.clone(), worker).await;
         if result.is_err() {
             self.invalidate().await;
         }

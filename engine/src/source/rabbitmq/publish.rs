@@ -46,6 +46,13 @@ impl Publisher {
         Ok(Self { channel })
     }
 
+    /// Closes the channel (waiting up to [`super::CLOSE_TIMEOUT`] for the broker). Left to its
+    /// drop, lapin would close it in the background, racing the connection's close: that race
+    /// is logged as an ERROR on a normal shutdown.
+    pub(crate) async fn close(&self) {
+        let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, self.channel.close(200, "closed".into())).await;
+    }
+
     /// Publishes persistently and waits for the broker's confirm. `mandatory`: an unroutable
     /// message is an error.
     pub async fn publish(
@@ -99,13 +106,15 @@ impl Publish for Publisher {
     }
 }
 
-/// Properties for publishing a message with a business message id (simulator, requeue).
+/// Properties for publishing a message with a business message id (simulator, requeue): its
+/// headers and content type, and the AMQP `timestamp` of now.
 pub fn properties_for(
     message_id: Option<&str>,
     headers: &serde_json::Map<String, serde_json::Value>,
     content_type: Option<&str>,
 ) -> BasicProperties {
-    let mut props = BasicProperties::default().with_headers(json_to_table(headers));
+    let sent = u64::try_from(chrono::Utc::now().timestamp()).unwrap_or_default();
+    let mut props = BasicProperties::default().with_headers(json_to_table(headers)).with_timestamp(sent);
     if let Some(id) = message_id {
         props = props.with_message_id(ShortString::from(id));
     }

@@ -13,7 +13,7 @@ use super::amqp_values::table_to_json;
 use super::publish::{PublishError, Publisher};
 use super::{
     CLOSE_TIMEOUT, DEAD_LETTER_REASON_HEADER, RabbitSettings, SOURCE_EXCHANGE_HEADER, SOURCE_ROUTING_KEY_HEADER,
-    broker, disconnected,
+    SOURCE_SIGNATURE_HEADER, SourceKey, broker, disconnected,
 };
 use crate::message::{Broker, InboundMessage, SourceRef};
 use crate::pipeline::Disposition;
@@ -32,6 +32,7 @@ pub struct RabbitSource {
     publisher: Publisher,
     settings: RabbitSettings,
     backoff: Backoff,
+    source_key: SourceKey,
     consumer_tag: String,
     batch: Vec<InboundMessage>,
     held: Vec<Held>,
@@ -43,6 +44,7 @@ impl RabbitSource {
         conn: &Connection,
         settings: &RabbitSettings,
         backoff: Backoff,
+        source_key: SourceKey,
         worker: usize,
     ) -> Result<Self, SourceError> {
         let channel = conn.create_channel().await.map_err(disconnected)?;
@@ -64,6 +66,7 @@ impl RabbitSource {
             publisher,
             settings: settings.clone(),
             backoff,
+            source_key,
             consumer_tag,
             batch: Vec::new(),
             held: Vec::new(),
@@ -74,12 +77,27 @@ impl RabbitSource {
     fn take(&mut self, delivery: lapin::message::Delivery) {
         let props = &delivery.properties;
         let headers = props.headers().as_ref().map(table_to_json).unwrap_or_default();
-        let header_str = |name: &str| headers.get(name).and_then(|v| v.as_str()).map(str::to_owned);
-        // Copies that went through a retry queue carry where the message was first published.
+        let header_str = |name: &str| headers.get(name).and_then(|v| v.as_str());
+        let message_id = props.message_id().as_ref().map(|s| s.as_str());
+        // Copies that went through a retry queue carry where the message was first published,
+        // signed by the product; anyone else's headers of those names are ignored.
+        let signed_origin = match (
+            header_str(SOURCE_EXCHANGE_HEADER),
+            header_str(SOURCE_ROUTING_KEY_HEADER),
+            header_str(SOURCE_SIGNATURE_HEADER),
+        ) {
+            (Some(exchange), Some(routing_key), Some(signature))
+                if self.source_key.verify(exchange, routing_key, message_id, signature) =>
+            {
+                Some((exchange.to_owned(), routing_key.to_owned()))
+            }
+            _ => None,
+        };
+        let (exchange, routing_key) = signed_origin
+            .unwrap_or_else(|| (delivery.exchange.as_str().to_owned(), delivery.routing_key.as_str().to_owned()));
         let source = SourceRef {
-            exchange: header_str(SOURCE_EXCHANGE_HEADER).or_else(|| Some(delivery.exchange.as_str().to_owned())),
-            routing_key: header_str(SOURCE_ROUTING_KEY_HEADER)
-                .or_else(|| Some(delivery.routing_key.as_str().to_owned())),
+            exchange: Some(exchange),
+            routing_key: Some(routing_key),
             queue: Some(self.settings.queue.clone()),
             offset: None,
             key_not_text: false,
@@ -89,6 +107,9 @@ impl RabbitSource {
             headers,
             property_message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
             type_property: props.kind().as_ref().map(|s| s.as_str().to_owned()),
+            published_at: props
+                .timestamp()
+                .and_then(|secs| chrono::DateTime::from_timestamp(i64::try_from(secs).ok()?, 0)),
             content_type: props.content_type().as_ref().map(|s| s.as_str().to_owned()),
             broker: Broker::RabbitMq,
             source,
@@ -97,13 +118,17 @@ impl RabbitSource {
         self.held.push(Held { tag: delivery.delivery_tag, properties: delivery.properties });
     }
 
-    /// The copy's properties: the original's, plus headers naming the original source.
+    /// The copy's properties: the original's, plus headers naming the original source, signed.
     fn copy_properties(&self, index: usize, extra: &[(&str, &str)]) -> BasicProperties {
         let message = &self.batch[index];
         let mut headers = self.held[index].properties.headers().clone().unwrap_or_default();
+        let exchange = message.source.exchange.as_deref().unwrap_or_default();
+        let routing_key = message.source.routing_key.as_deref().unwrap_or_default();
+        let signature = self.source_key.sign(exchange, routing_key, message.property_message_id.as_deref());
         for (name, value) in [
-            (SOURCE_EXCHANGE_HEADER, message.source.exchange.as_deref().unwrap_or_default()),
-            (SOURCE_ROUTING_KEY_HEADER, message.source.routing_key.as_deref().unwrap_or_default()),
+            (SOURCE_EXCHANGE_HEADER, exchange),
+            (SOURCE_ROUTING_KEY_HEADER, routing_key),
+            (SOURCE_SIGNATURE_HEADER, signature.as_str()),
         ]
         .into_iter()
         .chain(extra.iter().copied())
@@ -196,5 +221,6 @@ impl Source for RabbitSource {
         let cancel = self.channel.basic_cancel(self.consumer_tag.as_str().into(), BasicCancelOptions::default());
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, cancel).await;
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.channel.close(200, "worker stopped".into())).await;
+        self.publisher.close().await;
     }
 }

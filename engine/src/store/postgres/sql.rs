@@ -64,10 +64,16 @@ FROM claimed c
     };
 }
 pub(super) const CLAIM_TX_SQL: &str = claim_sql!("");
+/// A leased claim opens its attempt row, and when it took an expired lease over, closes the
+/// superseded attempt as `lease_lost`: when (now) and by whom.
 pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
     r#", attempt AS (
     INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at)
     SELECT id, attempts, $6, now() FROM claimed
+), superseded AS (
+    UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'lease_lost', taken_over_by = $6,
+           error = 'the lease expired; taken over by ' || $6
+    FROM claimed c WHERE a.record_id = c.id AND a.ended_at IS NULL AND a.attempt < c.attempts
 )"#
 );
 
@@ -262,6 +268,13 @@ ON CONFLICT (consumer_group, message_id) DO UPDATE SET
 RETURNING id, (xmax = 0) AS created
 "#;
 
+/// A superseded worker's effect ran although its completion was refused (`$1` record, `$2` its
+/// attempt): flagged, the attempt closed as `lease_lost` if the takeover has not closed it.
+pub(super) const LATE_EFFECT_SQL: &str = "
+UPDATE {s}.record_attempts SET late_effect = true, outcome = COALESCE(outcome, 'lease_lost'),
+       ended_at = COALESCE(ended_at, now())
+WHERE record_id = $1 AND attempt = $2";
+
 /// Heartbeat: the lease extended by its duration from now, fenced by the token.
 pub(super) const EXTEND_LEASE_SQL: &str = "
 UPDATE {s}.dedup_records SET lease_expires_at = now() + $3 * interval '1 millisecond'
@@ -292,6 +305,7 @@ pub(super) struct Statements {
     pub fail_leased: String,
     pub poison: String,
     pub extend_lease: String,
+    pub late_effect: String,
     pub add_fast_path_duplicates: String,
 }
 
@@ -312,6 +326,7 @@ impl Statements {
             fail_leased: render(FAIL_LEASED_SQL),
             poison: render(POISON_SQL),
             extend_lease: render(EXTEND_LEASE_SQL),
+            late_effect: render(LATE_EFFECT_SQL),
             add_fast_path_duplicates: render(ADD_FAST_PATH_DUPLICATES_SQL),
         }
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::{GROUP, Harness, message, settings};
-use dedup_engine::console::records::record_detail;
+use dedup_engine::console::records::{RecordDetail, record_detail};
 use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline};
 use dedup_engine::record::LeaseExpiryPolicy;
@@ -71,8 +71,8 @@ fn registry(handler: Arc<Pausing>) -> HandlerRegistry {
     handlers
 }
 
-/// Runs the frozen-worker story with `handler`; returns worker A's disposition.
-async fn freeze_a_then_take_over(h: &Harness, handler: Arc<Pausing>) -> Disposition {
+/// Runs the frozen-worker story with `handler`; returns worker A's disposition and the record.
+async fn freeze_a_then_take_over(h: &Harness, handler: Arc<Pausing>) -> (Disposition, RecordDetail) {
     let lease = Duration::from_secs(1);
     // Worker A's own small pool: the test takes all its connections to cut A off.
     let pool_a = sqlx::postgres::PgPoolOptions::new()
@@ -101,22 +101,21 @@ async fn freeze_a_then_take_over(h: &Harness, handler: Arc<Pausing>) -> Disposit
     drop(cut_off);
     handler.resume.notify_one();
     let mut a_done = tokio::time::timeout(Duration::from_secs(10), worker_a).await.expect("A finishes").unwrap();
-    a_done.pop().expect("one disposition")
+    let id: i64 = sqlx::query_scalar("SELECT id FROM dedup_records WHERE consumer_group = $1")
+        .bind(GROUP)
+        .fetch_one(h.pool())
+        .await
+        .unwrap();
+    (a_done.pop().expect("one disposition"), record_detail(h.pool(), id).await.unwrap().unwrap())
 }
 
 #[tokio::test]
 async fn a_worker_that_lost_its_lease_before_the_effect_does_not_perform_it() {
     let h = Harness::new().await;
     let handler = Pausing::new(false);
-    let a = freeze_a_then_take_over(&h, handler.clone()).await;
+    let (a, detail) = freeze_a_then_take_over(&h, handler.clone()).await;
     assert_eq!(a, Disposition::Ack(AckReason::LeaseLost), "A gives the record to its new holder");
     assert_eq!(handler.effects.load(Ordering::SeqCst), 1, "one effect: B's; A saw its lease lost");
-    let id: i64 = sqlx::query_scalar("SELECT id FROM dedup_records WHERE consumer_group = $1")
-        .bind(GROUP)
-        .fetch_one(h.pool())
-        .await
-        .unwrap();
-    let detail = record_detail(h.pool(), id).await.unwrap().unwrap();
     assert_eq!(detail.row.status.as_str(), "succeeded");
     let first = &detail.attempt_history[0];
     assert_eq!(first.outcome.as_deref(), Some("lease_lost"), "the superseded attempt is closed");
@@ -130,15 +129,9 @@ async fn a_worker_that_lost_its_lease_before_the_effect_does_not_perform_it() {
 async fn a_worker_whose_effect_ran_before_it_saw_the_loss_flags_a_possible_double_effect() {
     let h = Harness::new().await;
     let handler = Pausing::new(true);
-    let a = freeze_a_then_take_over(&h, handler.clone()).await;
+    let (a, detail) = freeze_a_then_take_over(&h, handler.clone()).await;
     assert_eq!(a, Disposition::Ack(AckReason::LeaseLost), "A's completion is refused");
     assert_eq!(handler.effects.load(Ordering::SeqCst), 2, "A's effect and B's: the double effect a lease cannot stop");
-    let id: i64 = sqlx::query_scalar("SELECT id FROM dedup_records WHERE consumer_group = $1")
-        .bind(GROUP)
-        .fetch_one(h.pool())
-        .await
-        .unwrap();
-    let detail = record_detail(h.pool(), id).await.unwrap().unwrap();
     assert_eq!(detail.row.status.as_str(), "succeeded", "B's completion stands");
     let first = &detail.attempt_history[0];
     assert_eq!((first.outcome.as_deref(), first.late_effect), (Some("lease_lost"), true));

@@ -16,12 +16,6 @@ use dedup_engine::testing::redis_url;
 use serde_json::json;
 use tracing_subscriber::layer::SubscriberExt;
 
-fn recording() -> HandlerRegistry {
-    let mut handlers = HandlerRegistry::new();
-    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(RecordEffect)));
-    handlers
-}
-
 async fn db_counters(h: &Harness) -> (i64, i64) {
     sqlx::query_as("SELECT xact_rollback, deadlocks FROM pg_stat_database WHERE datname = current_database()")
         .fetch_one(h.pool())
@@ -392,82 +386,6 @@ async fn a_large_batch_commits_once_and_a_failure_in_it_fails_alone() {
     assert_eq!(counts, [("failed".into(), 1), ("succeeded".into(), 239)]);
     let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM test_effects").fetch_one(h.pool()).await.unwrap();
     assert_eq!(effects, 239, "every other message applied once");
-}
-
-#[tokio::test]
-async fn poison_messages_are_dead_lettered_once_and_never_retried() {
-    let h = Harness::new().await;
-    let pipeline = h.pipeline(recording(), 5);
-    let no_id = raw_message(None, br#"{"orderNo":"12"}"#.to_vec());
-    let bad_json = raw_message(Some("ORDER.PAY.13:2"), b"{oops".to_vec());
-    let unknown_type = message("SHIPMENT.SENT.14:1", json!({}));
-    let outcomes = pipeline.process("w", &[no_id.clone(), bad_json, unknown_type]).await;
-    for (o, why) in outcomes.iter().zip(["no message id", "unparsable payload", "no handler"]) {
-        assert!(matches!(o, Disposition::DeadLetter { reason } if reason.contains(why)), "{o:?} should say {why}");
-    }
-    // A type without a handler is dead but not poison: a requeue processes it once the handler
-    // exists; its error class names the type.
-    let dead: Vec<(String, String, bool, bool)> = sqlx::query_as(
-        "SELECT message_type, error_class, payload IS NOT NULL, poison FROM dedup_records WHERE status = 'dead'
-         ORDER BY id",
-    )
-    .fetch_all(h.pool())
-    .await
-    .unwrap();
-    assert_eq!(
-        dead,
-        [
-            ("POISON".into(), "NO_MESSAGE_ID".into(), true, true),
-            ("ORDER.PAY".into(), "UNPARSABLE_PAYLOAD".into(), true, true),
-            ("SHIPMENT.SENT".into(), "NO_HANDLER: SHIPMENT.SENT".into(), true, false)
-        ]
-    );
-}
-
-#[tokio::test]
-async fn poison_messages_with_one_payload_get_a_record_each_with_its_own_reason() {
-    let h = Harness::new().await;
-    let pipeline = h.pipeline(recording(), 5);
-    let payload = br#"{"x":1}"#.to_vec();
-    let newline = raw_message(Some("ORDER.PAY.1\n:1"), payload.clone());
-    let long = raw_message(Some(&"x".repeat(10_000)), payload.clone());
-    let none = raw_message(None, payload.clone());
-    let outcomes = pipeline.process("w", &[newline, long, none.clone(), none]).await;
-    assert!(outcomes.iter().all(|o| matches!(o, Disposition::DeadLetter { .. })), "{outcomes:?}");
-    let dead: Vec<(String, Option<String>, i32)> = sqlx::query_as(
-        "SELECT message_id, last_error, duplicate_count FROM dedup_records WHERE status = 'dead' ORDER BY id",
-    )
-    .fetch_all(h.pool())
-    .await
-    .unwrap();
-    assert_eq!(dead.len(), 4, "four poison messages, four records: {dead:?}");
-    assert!(dead.iter().all(|(_, _, duplicates)| *duplicates == 0), "none counted as a duplicate: {dead:?}");
-    let reasons: std::collections::HashSet<Option<&str>> =
-        dead.iter().map(|(_, reason, _)| reason.as_deref()).collect();
-    assert_eq!(reasons.len(), 3, "the newline, the length and the missing id each keep their reason: {dead:?}");
-    h.stats.flush(h.pool(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
-    let duplicates: Option<i64> =
-        sqlx::query_scalar("SELECT sum(duplicates_db + duplicates_redis)::bigint FROM stats_minute")
-            .fetch_one(h.pool())
-            .await
-            .unwrap();
-    assert_eq!(duplicates.unwrap_or(0), 0, "the overview counts no duplicate");
-}
-
-#[tokio::test]
-async fn an_oversize_payload_is_poison_and_kept_truncated() {
-    let h = Harness::new().await;
-    let pipeline = h.pipeline(recording(), 5);
-    let big = raw_message(Some("ORDER.PAY.15:2"), vec![b'x'; 10 * 1024 * 1024]);
-    let outcomes = pipeline.process("w", &[big]).await;
-    assert!(matches!(&outcomes[0], Disposition::DeadLetter { reason } if reason.contains("exceeds the limit")));
-    let (kept, truncated): (i32, bool) = sqlx::query_as(
-        "SELECT length(payload), payload_truncated FROM dedup_records WHERE message_id = 'ORDER.PAY.15:2'",
-    )
-    .fetch_one(h.pool())
-    .await
-    .unwrap();
-    assert_eq!((kept, truncated), (1024, true));
 }
 
 #[tokio::test]

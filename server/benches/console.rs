@@ -1,16 +1,16 @@
 //! Console read benchmark: seeds a database up to N records (`BENCH_RECORDS`, default 1 000 000;
 //! `BENCH_DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/dedup_console_bench`), then
-//! times every page's server-side queries (engine calls) and every API call and page (HTTP, on a
-//! server started with the consumer off), and prints p50 / p95 per item.
+//! times every page's server-side queries (engine calls) and every API call and page (HTTP) on
+//! two servers started with the consumer off, side by side: the build `scripts/run` serves
+//! (profile `serve`, `BENCH_SERVED_BIN`) and the debug build (`BENCH_DEBUG_BIN`); prints p50 /
+//! p95 per item.
 //!
 //! `cargo bench -p dedup-console --bench console` (`BENCH_ITERATIONS`, default 40). Not a test:
-//! it asserts nothing; BENCHMARKS.md records its output.
+//! it asserts nothing but that every page answers 200; BENCHMARKS.md records its output.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use dedup_console::config::Settings;
-use dedup_console::startup::Application;
 use dedup_engine::console::failures::{dead_letter_groups, retries, stuck_records};
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::overview::{
@@ -25,8 +25,8 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Runs `f` `n` times (after 3 warm-ups) and prints p50 and p95 in milliseconds.
-async fn time<F, Fut, T, E>(label: &str, n: usize, mut f: F)
+/// Runs `f` `n` times (after 3 warm-ups); returns p50 and p95 in milliseconds.
+async fn percentiles<F, Fut, T, E>(label: &str, n: usize, mut f: F) -> (f64, f64)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
@@ -44,7 +44,18 @@ where
     samples.sort_unstable();
     let pick = |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1];
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!("| {label:<44} | {:>8.2} | {:>8.2} |", ms(pick(0.50)), ms(pick(0.95)));
+    (ms(pick(0.50)), ms(pick(0.95)))
+}
+
+/// [`percentiles`], printed as a table row.
+async fn time<F, Fut, T, E>(label: &str, n: usize, f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: std::fmt::Debug,
+{
+    let (p50, p95) = percentiles(label, n, f).await;
+    println!("| {label:<44} | {p50:>8.2} | {p95:>8.2} |");
 }
 
 fn list(text: FilterText<'_>) -> RecordListParams {
@@ -134,19 +145,60 @@ async fn bench_queries(pool: &PgPool, n: usize) {
     time("dead letters: groups by error class", n, || dead_letter_groups(pool, 200)).await;
 }
 
+/// A `dedup-console serve` process of one build (consumer off, auth off: loopback only), killed
+/// on drop.
+struct Served {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Served {
+    async fn start(bin: &str, url: &str, port: u16) -> Self {
+        let child = std::process::Command::new(bin)
+            .arg("serve")
+            .env("DEDUP_DATABASE_URL", url)
+            .env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
+            .env("DEDUP_CONSUMER__ENABLED", "false")
+            .env("DEDUP_AUTH__MODE", "off")
+            .env_remove("DEDUP_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{bin}: {e} (build it first: see BENCHMARKS.md)"));
+        let base = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+        for _ in 0..600 {
+            if client.get(format!("{base}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
+                return Self { child, base };
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{bin} did not start on port {port}");
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Times every API call and page on the build `scripts/run` serves (profile `serve`) and on the
+/// debug build, request by request side by side (one client, no redirects: a page that is not
+/// 200 fails the bench).
 async fn bench_http(url: &str, n: usize) {
-    let mut settings =
-        Settings { listen: "127.0.0.1:0".parse().unwrap(), database_url: url.into(), ..Settings::default() };
-    settings.consumer.enabled = false;
-    let app = Application::build(settings, false).await.expect("server starts");
-    let base = format!("http://127.0.0.1:{}", app.port());
-    tokio::spawn(app.run_until_stopped(std::future::pending()));
-    let client = reqwest::Client::new();
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".to_owned());
+    let served_bin = std::env::var("BENCH_SERVED_BIN").unwrap_or_else(|_| format!("{target}/serve/dedup-console"));
+    let debug_bin = std::env::var("BENCH_DEBUG_BIN").unwrap_or_else(|_| format!("{target}/debug/dedup-console"));
+    let served = Served::start(&served_bin, url, 3701).await;
+    let debug = Served::start(&debug_bin, url, 3702).await;
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let record: serde_json::Value =
-        client.get(format!("{base}/api/v1/records?limit=1")).send().await.unwrap().json().await.unwrap();
+        client.get(format!("{}/api/v1/records?limit=1", served.base)).send().await.unwrap().json().await.unwrap();
     let id = record["rows"][0]["id"].as_i64().unwrap_or(1);
-    println!("\nHTTP (API calls and server-rendered pages, one client)\n");
-    println!("| request | p50 ms | p95 ms |\n|---|---:|---:|");
+    println!("\nHTTP (API calls and server-rendered pages, one client; ms)\n");
+    println!("| request | served p50 | served p95 | debug p50 | debug p95 |\n|---|---:|---:|---:|---:|");
     for path in [
         "/api/v1/aggregates".to_owned(),
         "/api/v1/aggregates/growth?range=30d".to_owned(),
@@ -165,14 +217,31 @@ async fn bench_http(url: &str, n: usize) {
         "/stuck".to_owned(),
         "/retries".to_owned(),
         "/dead-letters".to_owned(),
+        "/cleanup".to_owned(),
+        "/audit".to_owned(),
+        "/requeue".to_owned(),
     ] {
-        let client = client.clone();
-        let url = format!("{base}{path}");
-        time(&format!("GET {path}"), n, move || {
-            let request = client.get(url.clone()).send();
-            async move { request.await?.error_for_status()?.bytes().await }
-        })
-        .await;
+        let mut row = Vec::new();
+        for server in [&served, &debug] {
+            let client = client.clone();
+            let url = format!("{}{path}", server.base);
+            let label = format!("GET {url}");
+            row.push(
+                percentiles(&label, n, move || {
+                    let request = client.get(url.clone()).send();
+                    async move {
+                        let response = request.await.map_err(|e| e.to_string())?;
+                        if response.status() != reqwest::StatusCode::OK {
+                            return Err(format!("status {}", response.status()));
+                        }
+                        response.bytes().await.map_err(|e| e.to_string())
+                    }
+                })
+                .await,
+            );
+        }
+        let [(sp50, sp95), (dp50, dp95)] = [row[0], row[1]];
+        println!("| GET {path:<40} | {sp50:>8.2} | {sp95:>8.2} | {dp50:>8.2} | {dp95:>8.2} |");
     }
 }
 

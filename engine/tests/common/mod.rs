@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use dedup_engine::actions::Publishers;
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::handler::{
-    HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
+    Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
 };
 use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
 use dedup_engine::pipeline::{Pipeline, PipelineSettings};
@@ -133,6 +133,13 @@ pub fn raw_message(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
         },
         redelivered: false,
     }
+}
+
+/// `ORDER.PAY` → [`RecordEffect`].
+pub fn recording() -> HandlerRegistry {
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(RecordEffect)));
+    handlers
 }
 
 /// Records one row in `test_effects` per run, in the claim's transaction.

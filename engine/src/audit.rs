@@ -6,6 +6,7 @@
 //! failed logins). Readers use [`list`] (the Audit page, the REST API) and [`for_message`] (a
 //! record's detail page).
 
+use crate::db::storable;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{FromRow, PgExecutor, PgPool, Postgres, QueryBuilder};
@@ -75,13 +76,15 @@ pub async fn record<'e>(db: impl PgExecutor<'e>, entry: &NewAuditEntry<'_>) -> R
         "INSERT INTO audit_log (actor, action, outcome, reason, consumer_group, message_ids, detail, source)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
     )
-    .bind(entry.actor)
+    // What an operator typed or a request carried may hold a NUL, which PostgreSQL refuses: the
+    // entry is kept, with U+FFFD in its place (crate::db::storable).
+    .bind(storable::text(entry.actor))
     .bind(entry.action)
     .bind(entry.outcome.as_str())
-    .bind(entry.reason)
-    .bind(entry.consumer_group)
-    .bind(entry.message_ids)
-    .bind(&entry.detail)
+    .bind(storable::opt(entry.reason))
+    .bind(storable::opt(entry.consumer_group))
+    .bind(entry.message_ids.iter().map(|id| storable::text(id).into_owned()).collect::<Vec<_>>())
+    .bind(storable::json(&entry.detail).as_ref())
     .bind(entry.source)
     .fetch_one(db)
     .await

@@ -75,10 +75,14 @@ impl HandlerError {
         Self { kind: kind.into(), message: message.into(), permanent: true, transient: false, crashed: false }
     }
 
-    /// The lease was lost before the effect (see [`LeaseGuard::check`]): nothing was done, the
-    /// record's new holder settles it.
+    /// The lease was lost before the effect (see [`LeaseGuard::check`]): nothing was done; a
+    /// worker that took the record over settles it, else it is retried.
     pub fn lease_lost() -> Self {
-        Self::retryable(LEASE_LOST, "the lease was lost before the effect; the record's new holder settles it")
+        Self::retryable(
+            LEASE_LOST,
+            "the lease was lost before the effect, which did not run; a worker that took the record over settles it, \
+             else it is retried",
+        )
     }
 
     /// True for [`HandlerError::lease_lost`].

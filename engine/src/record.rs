@@ -142,8 +142,10 @@ pub enum IdError {
         /// The limit in bytes.
         max: usize,
     },
-    /// Contains a control character (newline, NUL, ...).
-    #[error("{what} contains a control character")]
+    /// Contains a control character (newline, NUL, ...) or an invisible formatting one
+    /// (bidirectional overrides and isolates, zero-width spaces and joiners, BOM): two ids that
+    /// look the same must be the same id.
+    #[error("{what} contains a control or invisible formatting character")]
     ControlCharacter {
         /// `message id` or `consumer group`.
         what: &'static str,
@@ -163,10 +165,18 @@ fn validate(what: &'static str, value: &str, max: usize) -> Result<(), IdError> 
     if value.len() > max {
         return Err(IdError::TooLong { what, len: value.len(), max });
     }
-    if value.chars().any(char::is_control) {
+    if value.chars().any(|c| c.is_control() || is_invisible_format(c)) {
         return Err(IdError::ControlCharacter { what });
     }
     Ok(())
+}
+
+/// Unicode format characters that change how text shows without showing themselves: Arabic
+/// letter mark, zero-width space/joiners and marks, bidirectional embeddings, overrides and
+/// isolates, word joiner and invisible operators, byte-order mark.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
 }
 
 impl MessageId {
@@ -267,6 +277,14 @@ mod tests {
     #[test]
     fn bad_ids_are_refused_with_a_reason() {
         assert_eq!(MessageId::parse("  "), Err(IdError::Empty { what: "message id" }));
+        for lookalike in ["ORDER.NOTIFY.ZW\u{200B}:1", "ORDER.NOTIFY.\u{202E}1:1YAP\u{202C}:1", "\u{FEFF}ORDER.PAY.1:1"]
+        {
+            assert_eq!(
+                MessageId::parse(lookalike),
+                Err(IdError::ControlCharacter { what: "message id" }),
+                "{lookalike}"
+            );
+        }
         assert!(matches!(MessageId::parse("x".repeat(513)), Err(IdError::TooLong { len: 513, .. })));
         assert_eq!(MessageId::parse("a\nb"), Err(IdError::ControlCharacter { what: "message id" }));
         assert!(MessageId::parse("x".repeat(512)).is_ok());

@@ -158,11 +158,9 @@ impl Stats {
     }
 
     /// Records a first delivery older than its group's retention
-    /// ([`crate::actions::cleanup::late`]): counted per day, and its age is a duplicate delay
-    /// too (a lower bound of one the histogram could not see).
+    /// ([`crate::actions::cleanup::late`]): counted per day, with the oldest age.
     pub fn late_delivery(&self, group: &str, age_ms: i64) {
         metrics::counter!("dedup_late_deliveries_total", "group" => group.to_owned()).increment(1);
-        self.duplicate_delay(group, age_ms);
         let day = Utc::now().date_naive();
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let entry = pending.late.entry((day, group.to_owned())).or_insert((0, 0));

@@ -85,6 +85,37 @@ async fn a_redelivery_after_success_is_skipped_by_redis_and_by_the_database() {
 }
 
 #[tokio::test]
+async fn a_copy_sent_back_while_the_lease_is_live_counts_once_when_it_is_judged() {
+    let h = Harness::new().await;
+    let pipeline = h.pipeline(recording(), 5);
+    // Another worker holds the record under a live lease.
+    sqlx::query(
+        "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, attempts, max_attempts,
+             lease_owner, lease_token, lease_expires_at, payload_hash, source_broker)
+         VALUES ($1, 'ORDER.PAY.L1:1', 'ORDER.PAY', 'processing', 1, 5, 'other', gen_random_uuid(),
+                 now() + interval '1 minute', '\\x00', 'rabbitmq')",
+    )
+    .bind(GROUP)
+    .execute(h.pool())
+    .await
+    .unwrap();
+    let copy = message("ORDER.PAY.L1:1", json!({"orderNo": "L1"}));
+    for _ in 0..3 {
+        let outcome = pipeline.process("w", std::slice::from_ref(&copy)).await;
+        assert!(matches!(outcome[0], Disposition::Retry { .. }), "sent back to be judged later: {outcome:?}");
+    }
+    let (_, _, duplicate_count, _) = h.record("ORDER.PAY.L1:1").await.unwrap();
+    assert_eq!(duplicate_count, 0, "not counted while sent back");
+    sqlx::query("UPDATE dedup_records SET status = 'succeeded', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, completed_at = now()")
+        .execute(h.pool())
+        .await
+        .unwrap();
+    assert_eq!(pipeline.process("w", &[copy]).await, [Disposition::Ack(AckReason::DuplicateDatabase)]);
+    let (_, _, duplicate_count, _) = h.record("ORDER.PAY.L1:1").await.unwrap();
+    assert_eq!(duplicate_count, 1, "one copy, one duplicate");
+}
+
+#[tokio::test]
 async fn the_marker_is_written_only_after_commit() {
     use dedup_engine::handler::{HandlerError, HandlerInput, TransactionalHandler};
     use sqlx::PgConnection;

@@ -1,5 +1,7 @@
-//! Poison messages in the pipeline (DESIGN.md, "Retries and dead letters"): dead at once, never
-//! retried, never a duplicate of one another, oversize payloads kept truncated.
+//! Poison and hostile messages in the pipeline (DESIGN.md, "Retries and dead letters"): poison
+//! is dead at once, never retried, never a duplicate of another, an oversize payload is kept
+//! truncated; a NUL in a header or property (which PostgreSQL cannot store) does not stop a
+//! message from being recorded.
 
 mod common;
 
@@ -82,4 +84,27 @@ async fn an_oversize_payload_is_poison_and_kept_truncated() {
     .await
     .unwrap();
     assert_eq!((kept, truncated), (1024, true));
+}
+
+#[tokio::test]
+async fn a_nul_in_headers_and_properties_is_stored_replaced_instead_of_looping() {
+    let h = Harness::new().await;
+    let mut handlers = dedup_engine::handler::HandlerRegistry::new();
+    handlers.register("ORDER.PAY", dedup_engine::handler::Handler::Transactional(std::sync::Arc::new(AlwaysFails)));
+    let pipeline = h.pipeline(handlers, 5);
+    let mut hostile = message("ORDER.PAY.N1:1", json!({"orderNo": "N1"}));
+    hostile.headers.insert("note".into(), json!("a\u{0}b"));
+    hostile.type_property = Some("T\u{0}".into());
+    hostile.source.routing_key = Some("order.\u{0}pay".into());
+    let outcome = pipeline.process("w", &[hostile]).await;
+    assert!(matches!(outcome[0], Disposition::Retry { .. }), "the handler's failure, not the store's: {outcome:?}");
+    let stored: (String, serde_json::Value, Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT status, headers, type_property, source_routing_key FROM dedup_records WHERE message_id = 'ORDER.PAY.N1:1'",
+    )
+    .fetch_one(h.pool())
+    .await
+    .unwrap();
+    assert_eq!(stored.0, "failed");
+    assert_eq!(stored.1["note"], "a\u{FFFD}b");
+    assert_eq!((stored.2.as_deref(), stored.3.as_deref()), (Some("T\u{FFFD}"), Some("order.\u{FFFD}pay")));
 }

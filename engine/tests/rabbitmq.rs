@@ -267,14 +267,17 @@ async fn a_first_delivery_older_than_the_retention_is_counted_late_by_its_amqp_t
     let pipeline = h.pipeline_with(handlers, settings(5, Duration::from_secs(30))).with_retention(retention);
     let (token, task) = consume(pipeline, &broker);
 
-    // A copy sent two days ago (its record long deleted by a 1-day retention), and a fresh one.
+    // A copy sent two days ago (its record long deleted by a 1-day retention), a fresh one.
     let publisher = broker.connector().publisher().await.unwrap();
     let two_days_ago = u64::try_from((chrono::Utc::now() - chrono::Duration::days(2)).timestamp()).unwrap();
     let old = properties_for(Some("ORDER.PAY.1:1"), &Default::default(), None).with_timestamp(two_days_ago);
     publisher.publish(&broker.settings.exchange, "order.pay", b"{}", old).await.unwrap();
     let fresh = properties_for(Some("ORDER.PAY.2:1"), &Default::default(), None);
     publisher.publish(&broker.settings.exchange, "order.pay", b"{}", fresh).await.unwrap();
-    eventually(Duration::from_secs(20), || async { status_count(&h, "succeeded").await == 2 }).await;
+    // A timestamp of 0 (a broken producer clock) is not believed: it would ruin the advice.
+    let epoch = properties_for(Some("ORDER.PAY.3:1"), &Default::default(), None).with_timestamp(0);
+    publisher.publish(&broker.settings.exchange, "order.pay", b"{}", epoch).await.unwrap();
+    eventually(Duration::from_secs(20), || async { status_count(&h, "succeeded").await == 3 }).await;
     token.cancel();
     task.await.unwrap();
 
@@ -285,4 +288,5 @@ async fn a_first_delivery_older_than_the_retention_is_counted_late_by_its_amqp_t
     assert!(late[0].max_age_ms >= 2 * 86_400_000 - 60_000, "aged by its own timestamp: {late:?}");
     let advice = retention_advice(h.pool()).await.unwrap();
     assert!(advice.is_too_short(1), "the retention advice now says 1 day is too short: {advice:?}");
+    assert!(advice.longest_delay_ms < Some(3 * 86_400_000), "the epoch timestamp is not in it: {advice:?}");
 }

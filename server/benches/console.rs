@@ -154,7 +154,7 @@ struct Served {
 
 impl Served {
     async fn start(bin: &str, url: &str, port: u16) -> Self {
-        let child = std::process::Command::new(bin)
+        let mut child = std::process::Command::new(bin)
             .arg("serve")
             .env("DEDUP_DATABASE_URL", url)
             .env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
@@ -173,6 +173,8 @@ impl Served {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("{bin} did not start on port {port}");
     }
 }

@@ -15,7 +15,7 @@ use dedup_example_orders::verify::{VerifyReport, check_kafka_lag, verify};
 use crate::cli_users::UserCommand;
 use crate::config::{GroupConfig, Settings};
 use crate::operator::{BulkArgs, CleanupArgs, RecordArgs, RecordCommand, run_bulk, run_cleanup, run_record};
-use crate::startup::{Application, open_database};
+use crate::startup::{Application, open_database, open_database_with_example};
 use crate::telemetry;
 
 /// dedup-console: an idempotent message consumer (RabbitMQ → PostgreSQL dedup table + Redis fast
@@ -191,7 +191,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_stopped(shutdown_signal()).await
         }
         Command::Migrate => {
-            let db = open_database(&settings).await?;
+            let db = open_database_with_example(&settings).await?;
             println!("migrations applied; schema {} verified ({})", settings.schema, settings.database_url.redacted());
             db.close().await;
             Ok(())
@@ -243,7 +243,7 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
     validate_share("poison-rate", args.poison_rate)?;
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 or more");
     let groups = groups_on(settings, args.source)?;
-    let db = open_database(settings).await?;
+    let db = open_database_with_example(settings).await?;
     let first = &groups[0];
     let destination = first.destination();
     let source = first.source_factory(settings.amqp_url.expose());
@@ -302,7 +302,7 @@ fn rand_seed() -> u64 {
 
 async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()> {
     let groups = groups_on(settings, args.source)?;
-    let db = open_database(settings).await?;
+    let db = open_database_with_example(settings).await?;
     let wait = Duration::from_secs(args.wait_secs);
     let mut report = verify(&db.host, &settings.schema, args.run, wait).await?;
     db.close().await;

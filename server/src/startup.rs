@@ -29,6 +29,8 @@ pub struct Application {
     pool: PgPool,
     engine: Engine,
     demo: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    /// The console's shutdown token: cancelled when the shutdown signal comes.
+    console_shutdown: CancellationToken,
 }
 
 /// The server's two pools (see [`dedup_engine::db`]): the host pool (the consumers'
@@ -57,16 +59,26 @@ async fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
     Ok(db::connect(url, &pool).await?)
 }
 
-/// Connects, applies the engine's migrations (in `schema`) and the order example's, verifies
-/// the dedup key, and opens the engine's pool: what the commands that do not serve need.
+/// Connects, applies the engine's migrations (in `schema`), verifies the dedup key, and opens
+/// the engine's pool: what the operator and account commands need. They leave a team's database
+/// without the order example's tables.
 ///
 /// Errors: PostgreSQL unreachable, a failed migration, or a missing dedup UNIQUE constraint.
 pub async fn open_database(settings: &Settings) -> anyhow::Result<Databases> {
     let host = connect(settings).await?;
     db::migrate(&host, &settings.schema).await?;
-    orders::migrate(&host).await?;
     let engine = db::engine_pool(&host, &settings.schema, settings.engine_pool_size());
     Ok(Databases { host, engine })
+}
+
+/// [`open_database`], plus the order example's migrations: what `migrate`, `simulate` and
+/// `verify` need.
+///
+/// Errors: those of [`open_database`], or a failed migration of the example.
+pub async fn open_database_with_example(settings: &Settings) -> anyhow::Result<Databases> {
+    let databases = open_database(settings).await?;
+    orders::migrate(&databases.host).await?;
+    Ok(databases)
 }
 
 /// The health probes: the database on `pool`, Redis, and the broker of the first group.
@@ -149,12 +161,14 @@ impl Application {
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
             max_body_bytes: settings.max_body_bytes,
             metrics: Some(metrics),
+            shutdown: CancellationToken::new(),
         };
+        let console_shutdown = config.shutdown.clone();
         let base = config.base();
         let console = console_router(handle, probes, config).await?;
         let router = mount(Router::new(), base.as_str(), console);
         tracing::info!("console listening on http://{local_addr}{}/", base.as_str());
-        Ok(Self { listener, router, pool, engine, demo })
+        Ok(Self { listener, router, pool, engine, demo, console_shutdown })
     }
 
     /// The port the listener is bound to (useful with port 0).
@@ -170,6 +184,11 @@ impl Application {
     /// decides.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let service = self.router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let console_shutdown = self.console_shutdown.clone();
+        let shutdown = async move {
+            shutdown.await;
+            console_shutdown.cancel(); // open console tabs' event streams end now
+        };
         axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await?;
         if let Some((stop, task)) = self.demo {
             stop.cancel();

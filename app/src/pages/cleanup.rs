@@ -1,6 +1,6 @@
 //! Cleanup (`/cleanup`): the schedules (create, edit, enable/disable), a dry run and "run now"
 //! per schedule, the history of runs (rows deleted, duration, errors), and the retention advice
-//! from the longest duplicate delay observed.
+//! from the longest delay observed (duplicates, late deliveries).
 
 use std::time::Duration;
 
@@ -98,7 +98,7 @@ fn Cleanup(
 ) -> impl IntoView {
     let advice = match (v.longest_duplicate_delay_ms, v.minimum_retention_ms) {
         (Some(ms), Some(minimum)) => format!(
-            "Longest duplicate delay observed: {}. Keep records at least {} ({}× that).",
+            "Longest delay observed (duplicates, late deliveries): {}. Keep records at least {} ({}× that).",
             millis(ms),
             millis(minimum),
             v.safety_factor

@@ -26,6 +26,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 use crate::base::ConsoleBase;
 use crate::ssr::ConsoleState;
@@ -133,11 +134,15 @@ pub struct ConsoleConfig {
     pub max_body_bytes: usize,
     /// When given, `GET /metrics` (public) renders it.
     pub metrics: Option<PrometheusHandle>,
+    /// Cancel it when your app starts shutting down (in its graceful-shutdown future): open
+    /// console tabs' event streams end at once, so the server does not wait for them (each
+    /// ends within 30 s anyway).
+    pub shutdown: CancellationToken,
 }
 
 impl ConsoleConfig {
     /// A console served from `site_root` under `base_path` with `auth`; not read-only, plain
-    /// HTTP, 30 s
+    /// HTTP, a shutdown token of its own, 30 s
     /// request timeout, 1 MiB bodies, no `/metrics`.
     pub fn new(site_root: impl Into<PathBuf>, base_path: &str, auth: ConsoleAuth) -> Self {
         Self {
@@ -149,6 +154,7 @@ impl ConsoleConfig {
             request_timeout: Duration::from_secs(30),
             max_body_bytes: 1024 * 1024,
             metrics: None,
+            shutdown: CancellationToken::new(),
         }
     }
 

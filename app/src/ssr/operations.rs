@@ -121,7 +121,7 @@ pub async fn cleanup_overview(state: &ConsoleState) -> Result<CleanupView, Conso
         cleanup::cleanup_schedules(pool),
         cleanup::cleanup_runs(pool, None, RUNS_SHOWN),
         cleanup::retention_advice(pool),
-        cleanup::late::late_deliveries(pool, LATE_DAYS),
+        cleanup::late::late_deliveries(pool, cleanup::late::WINDOW_DAYS),
     )?;
     Ok(CleanupView {
         schedules: schedules.into_iter().map(|s| schedule_view(s, &advice)).collect(),
@@ -136,15 +136,12 @@ pub async fn cleanup_overview(state: &ConsoleState) -> Result<CleanupView, Conso
     })
 }
 
-/// Days of late deliveries the cleanup page shows.
-const LATE_DAYS: i32 = 30;
-
 /// The warning of a schedule whose retention is shorter than the advice, durations in the unit
 /// that fits.
 fn retention_warning(retention_days: i32, advice: &cleanup::RetentionAdvice) -> Option<String> {
     let minimum = advice.minimum_retention_ms.filter(|_| advice.is_too_short(retention_days))?;
     Some(format!(
-        "retention {} is shorter than {} ({}× the longest duplicate delay seen, {}): a late duplicate of a deleted \
+        "retention {} is shorter than {} ({}× the longest delay a copy was seen to arrive late, {}): a late duplicate of a deleted \
          record would run its handler again",
         millis(i64::from(retention_days) * 86_400_000),
         millis(minimum),

@@ -189,7 +189,8 @@ pub struct CleanupView {
     pub schedules: Vec<ScheduleView>,
     /// The latest runs of all schedules.
     pub runs: Vec<CleanupRunView>,
-    /// Longest duplicate delay observed, ms (`None` before any duplicate).
+    /// Longest delay observed, ms: of a duplicate after the first delivery, or of a late delivery
+    /// (last 30 days) after it was sent; `None` before any.
     pub longest_duplicate_delay_ms: Option<i64>,
     /// Retention should be at least this factor × that delay.
     pub safety_factor: f64,

@@ -190,13 +190,17 @@ pub const MAX_REASON_CHARS: usize = 1000;
 /// An optional reason, trimmed; `None` when missing or blank.
 ///
 /// Errors: [`ActionError::Invalid`] when longer than [`MAX_REASON_CHARS`] (nothing is cut:
-/// the operator shortens it).
+/// the operator shortens it), or holding a control character other than newline and tab.
 pub(crate) fn optional_reason(reason: Option<&str>) -> Result<Option<&str>, ActionError> {
     let reason = reason.map(str::trim).filter(|r| !r.is_empty());
-    match reason.map(|r| r.chars().count()) {
-        Some(n) if n > MAX_REASON_CHARS => {
+    let control = |r: &str| r.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\t'));
+    match reason.map(|r| (r.chars().count(), control(r))) {
+        Some((n, _)) if n > MAX_REASON_CHARS => {
             Err(ActionError::Invalid(format!("a reason is at most {MAX_REASON_CHARS} characters; this one has {n}")))
         }
+        Some((_, true)) => Err(ActionError::Invalid(
+            "a reason cannot hold control characters (other than newlines and tabs)".to_owned(),
+        )),
         _ => Ok(reason),
     }
 }

@@ -14,6 +14,7 @@
 //!   aggregates, accounts, audit, cleanup) runs there and names its tables without a schema.
 
 mod schema;
+pub(crate) mod storable;
 
 use std::time::Duration;
 

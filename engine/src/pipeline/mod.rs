@@ -134,8 +134,9 @@ impl Pipeline {
         self
     }
 
-    /// A new record's delivery: when its own timestamp is older than the group's retention, it
-    /// is late (most likely a duplicate of a record cleanup deleted): counted in `tally`.
+    /// A new record's delivery: when its own timestamp is older than the group's retention (and
+    /// plausible), it is late (most likely a duplicate of a record cleanup deleted): counted in
+    /// `tally`.
     fn check_late(&self, message: &InboundMessage, tally: &mut Tally) {
         let (Some(published), Some(retention_ms)) =
             (message.published_at, self.retention.retention_ms(self.settings.group.as_str()))
@@ -143,7 +144,7 @@ impl Pipeline {
             return;
         };
         let age_ms = (Utc::now() - published).num_milliseconds();
-        if age_ms > retention_ms {
+        if age_ms > retention_ms && age_ms <= crate::actions::cleanup::late::MAX_PLAUSIBLE_AGE_MS {
             tally.late(age_ms);
         }
     }

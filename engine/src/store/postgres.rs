@@ -17,10 +17,11 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 
 use super::{
-    ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord,
-    FailureOutcome, FailureReport, Lease, PoisonRecord, StoreError,
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord, FailureOutcome,
+    FailureReport, Lease, PoisonRecord, StoreError,
 };
 use crate::db::Schema;
+use crate::db::storable::{self, Storable};
 use crate::record::{HandlerMode, RecordStatus};
 
 mod sql;
@@ -109,7 +110,7 @@ impl DedupStore for PgStore {
             HandlerMode::Transactional => &self.sql.claim_tx,
             HandlerMode::Leased => &self.sql.claim_leased,
         };
-        let m = req.message;
+        let m = Storable::of(req.message);
         let row = sqlx::query(sql)
             .bind(req.group.as_str())
             .bind(req.message_id.as_str())
@@ -120,13 +121,13 @@ impl DedupStore for PgStore {
             .bind(req.lease.token)
             .bind(req.lease.millis())
             .bind(req.payload_hash)
-            .bind(&m.payload)
+            .bind(&req.message.payload)
             .bind(Json(&m.headers))
             .bind(m.content_type.as_deref())
-            .bind(m.broker.as_str())
-            .bind(m.source.exchange.as_deref())
-            .bind(m.source.routing_key.as_deref())
-            .bind(m.source.queue.as_deref())
+            .bind(req.message.broker.as_str())
+            .bind(m.exchange.as_deref())
+            .bind(m.routing_key.as_deref())
+            .bind(m.queue.as_deref())
             .bind(req.reclaim_expired)
             .bind(m.type_property.as_deref())
             .fetch_optional(&mut *conn)
@@ -159,8 +160,8 @@ impl DedupStore for PgStore {
                 break;
             }
             let items: Vec<_> = pending.iter().map(|&i| &batch.items[i]).collect();
-            let column =
-                |f: &dyn Fn(&ClaimItem<'_>) -> Option<String>| items.iter().map(|it| f(it)).collect::<Vec<_>>();
+            let stored: Vec<Storable<'_>> = items.iter().map(|it| Storable::of(it.message)).collect();
+            let column = |f: &dyn Fn(&Storable<'_>) -> Option<String>| stored.iter().map(f).collect::<Vec<_>>();
             let sql = match batch.claim_as {
                 ClaimAs::Processing => &self.sql.claim_many,
                 ClaimAs::Succeeded => &self.sql.claim_many_succeeded,
@@ -174,11 +175,11 @@ impl DedupStore for PgStore {
                 .bind(items.iter().map(|it| it.message_id.as_str()).collect::<Vec<_>>())
                 .bind(items.iter().map(|it| it.message_type).collect::<Vec<_>>())
                 .bind(items.iter().map(|it| it.payload_hash).collect::<Vec<_>>())
-                .bind(column(&|it| it.message.content_type.clone()))
+                .bind(column(&|s| s.content_type.as_deref().map(str::to_owned)))
                 .bind(items.iter().map(|it| it.message.broker.as_str()).collect::<Vec<_>>())
-                .bind(column(&|it| it.message.source.exchange.clone()))
-                .bind(column(&|it| it.message.source.routing_key.clone()))
-                .bind(column(&|it| it.message.source.queue.clone()))
+                .bind(column(&|s| s.exchange.as_deref().map(str::to_owned)))
+                .bind(column(&|s| s.routing_key.as_deref().map(str::to_owned)))
+                .bind(column(&|s| s.queue.as_deref().map(str::to_owned)))
                 .fetch_all(&mut *conn)
                 .await?;
             let mut claimed: HashMap<String, ClaimedRecord> = HashMap::with_capacity(rows.len());
@@ -262,7 +263,7 @@ impl DedupStore for PgStore {
         failure: &FailureReport<'_>,
     ) -> Result<FailureOutcome, StoreError> {
         let status = failure_status(failure);
-        let m = failure.message;
+        let m = Storable::of(failure.message);
         let query = match failure.mode {
             HandlerMode::Transactional => sqlx::query_scalar(&self.sql.fail_tx),
             HandlerMode::Leased => sqlx::query_scalar(&self.sql.fail_leased),
@@ -270,12 +271,12 @@ impl DedupStore for PgStore {
         .bind(failure.claim.id)
         .bind(failure.claim.lease_token)
         .bind(status.as_str())
-        .bind(failure.error)
-        .bind(failure.error_class)
+        .bind(storable::text(failure.error))
+        .bind(storable::text(failure.error_class))
         .bind(failure.retry_delay_ms);
         let query = match failure.mode {
             HandlerMode::Transactional => query
-                .bind(&m.payload)
+                .bind(&failure.message.payload)
                 .bind(Json(&m.headers))
                 .bind(m.content_type.as_deref())
                 .bind(&failure.lease.owner)
@@ -312,25 +313,26 @@ impl DedupStore for PgStore {
     }
 
     async fn record_poison(&self, conn: &mut PgConnection, p: &PoisonRecord<'_>) -> Result<(i64, bool), StoreError> {
-        let m = p.message;
-        let truncated = m.payload.len() > p.keep_payload_bytes;
-        let kept = &m.payload[..m.payload.len().min(p.keep_payload_bytes)];
+        let payload = &p.message.payload;
+        let truncated = payload.len() > p.keep_payload_bytes;
+        let kept = &payload[..payload.len().min(p.keep_payload_bytes)];
+        let m = Storable::of(p.message);
         let row = sqlx::query(&self.sql.poison)
             .bind(p.group.as_str())
             .bind(p.message_id.as_str())
             .bind(p.message_type)
             .bind(p.max_attempts)
-            .bind(p.reason)
+            .bind(storable::text(p.reason))
             .bind(p.reason_kind)
             .bind(p.payload_hash)
             .bind(kept)
             .bind(truncated)
             .bind(Json(&m.headers))
             .bind(m.content_type.as_deref())
-            .bind(m.broker.as_str())
-            .bind(m.source.exchange.as_deref())
-            .bind(m.source.routing_key.as_deref())
-            .bind(m.source.queue.as_deref())
+            .bind(p.message.broker.as_str())
+            .bind(m.exchange.as_deref())
+            .bind(m.routing_key.as_deref())
+            .bind(m.queue.as_deref())
             .bind(p.poison)
             .bind(m.type_property.as_deref())
             .fetch_one(&mut *conn)

@@ -200,6 +200,7 @@ async fn serve(pool: sqlx::PgPool, common: &Common, args: ServeArgs) -> anyhow::
     )
     .with_rabbitmq(&common.amqp_url);
     let config = ConsoleConfig::new(&args.site_root, CONSOLE_PATH, ConsoleAuth::Delegated(auth));
+    let console_shutdown = config.shutdown.clone();
     let console = console_router(engine.handle().clone(), probes, config).await?;
     let own = Router::new().route("/", get(page::index)).with_state(pool.clone()).merge(
         Router::new()
@@ -211,7 +212,10 @@ async fn serve(pool: sqlx::PgPool, common: &Common, args: ServeArgs) -> anyhow::
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!("billing listening on http://{}; the dedup console at {CONSOLE_PATH}", listener.local_addr()?);
     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            console_shutdown.cancel(); // open console tabs' event streams end now
+        })
         .await?;
     engine.stop().await;
     pool.close().await;

@@ -84,6 +84,10 @@ async fn long_reasons_names_and_cron_texts_are_refused_with_a_clear_400_not_cut(
     let (status, body) =
         post(app.url(&format!("/api/v1/records/{id}/requeue")), json!({ "reason": long_reason })).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "an optional reason is bounded too: {body}");
+    let (status, body) =
+        post(app.url(&format!("/api/v1/records/{id}/mark-succeeded")), json!({ "reason": "a\u{0}b" })).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "a NUL is refused, not a database error: {body}");
+    assert!(body["message"].as_str().unwrap().contains("control characters"), "{body}");
     let (status, body) = post(
         app.url("/api/v1/requeue/jobs"),
         json!({"filter": {"status": "failed"}, "rate_per_sec": 10.0, "reason": long_reason}),
@@ -121,6 +125,9 @@ async fn long_reasons_names_and_cron_texts_are_refused_with_a_clear_400_not_cut(
     let message = body["message"].as_str().unwrap();
     assert!(message.contains("at most 200 characters"), "{message}");
     assert!(message.len() < 300, "the text is not echoed back: {} bytes", message.len());
+    let (status, body) =
+        post(app.url("/api/v1/cleanup/schedules"), schedule("a\u{0}b".into(), "0 3 * * *".into())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let mut group = schedule("nightly".into(), "0 3 * * *".into());
     group["consumer_group"] = json!("g".repeat(129));
     let (status, body) = post(app.url("/api/v1/cleanup/schedules"), group).await;
@@ -216,7 +223,12 @@ async fn durations_read_in_the_unit_that_fits() {
     .unwrap();
     let html = app.get("/cleanup").await.text().await.unwrap();
     assert!(!html.contains("0.0 days"), "no duration rounds to nothing");
-    assert!(html.contains("Longest duplicate delay observed: 32s. Keep records at least 1m 4s (2× that)."), "{html}");
+    assert!(
+        html.contains(
+            "Longest delay observed (duplicates, late deliveries): 32s. Keep records at least 1m 4s (2× that)."
+        ),
+        "{html}"
+    );
     let api: Value = app.get("/api/v1/cleanup").await.json().await.unwrap();
     assert_eq!(api["minimum_retention_ms"], 64_000, "the API says ms");
 }
@@ -263,4 +275,23 @@ async fn a_possible_double_effect_shows_on_the_record_in_the_api_and_on_the_over
     let overview = app.get("/").await.text().await.unwrap();
     let stat = overview.split("data-testid=\"live-double-effects\"").nth(1).expect("the overview counts them");
     assert!(stat[..200.min(stat.len())].contains(">1<"), "one record: {}", &stat[..200.min(stat.len())]);
+}
+
+#[tokio::test]
+async fn hostile_requests_get_their_own_4xx_and_leave_an_audit_trail() {
+    let app = spawn_app().await;
+    // A console route asked with a method it does not have: 405 naming the ones it has.
+    let wrong = app.anonymous().delete(app.url("/api/v1/records/1")).send().await.unwrap();
+    assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(wrong.headers()["allow"], "GET");
+    let wrong = app.anonymous().get(app.url("/api/fn/save_schedule")).send().await.unwrap();
+    assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED);
+    // A NUL in a sign-in name is a failed sign-in, audited like any other.
+    let (response, _) = app.login_as("ad\0min", "whatever").await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'auth.login_failed'")
+        .fetch_one(&app._db.pool)
+        .await
+        .unwrap();
+    assert_eq!(failed, 1, "the attempt is in the audit log");
 }

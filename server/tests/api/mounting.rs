@@ -149,7 +149,10 @@ async fn delegated_auth_takes_the_hosts_users_roles_and_names() {
     let anonymous = client();
     let page = anonymous.get(format!("{console}/stuck")).send().await.unwrap();
     assert_eq!(page.headers()["location"], "/signin?next=%2Fops%2Fdedup%2Fstuck", "to the host's sign-in");
-    assert_eq!(anonymous.get(format!("{console}/login")).send().await.unwrap().status(), 303);
+    let login = anonymous.get(format!("{console}/login")).send().await.unwrap();
+    assert_eq!(login.headers()["location"], "/signin?next=%2Fops%2Fdedup", "back to the console, not to /login");
+    let logout = as_user("olivia", "operator").get(format!("{console}/logout")).send().await.unwrap();
+    assert_eq!(logout.headers()["location"], "/signout", "the host's sign-out");
     assert_eq!(anonymous.get(format!("{console}/api/v1/stuck")).send().await.unwrap().status(), 401);
     let refused = as_user("mallory", "root").get(format!("{console}/api/v1/stuck")).send().await.unwrap();
     assert_eq!(refused.status(), 403, "the resolver's refusal");
@@ -227,7 +230,7 @@ async fn read_only_refuses_every_route_that_changes_something_and_only_those() {
 }
 
 #[tokio::test]
-async fn without_auth_the_console_serves_loopback_only_and_refuses_to_start_elsewhere() {
+async fn without_auth_the_console_serves_loopback_clients_and_names_only_and_refuses_to_start_elsewhere() {
     let mut settings = local_settings();
     settings.auth.mode = AuthMode::Off;
     settings.listen = "0.0.0.0:0".parse().unwrap();
@@ -240,4 +243,37 @@ async fn without_auth_the_console_serves_loopback_only_and_refuses_to_start_else
     assert_eq!(page.status(), 200, "a loopback client is the local admin");
     let html = page.text().await.unwrap();
     assert!(html.contains("local"), "shown as local");
+    // A page of another site that DNS rebinding points at 127.0.0.1 names its own host.
+    let port = app.address.rsplit(':').next().unwrap().to_owned();
+    let rebound = app.anonymous().get(app.url("/cleanup")).header("host", format!("evil.example:{port}")).send();
+    assert_eq!(rebound.await.unwrap().status(), 403, "only loopback names are served");
+    let by_name = app.anonymous().get(app.url("/cleanup")).header("host", format!("localhost:{port}")).send();
+    assert_eq!(by_name.await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn an_open_console_tab_does_not_hold_the_hosts_shutdown() {
+    let db = TestDatabase::create().await;
+    let engine = Engine::builder(db.pool.clone()).redis(redis_url()).consume(false).start().await.unwrap();
+    let probes = HealthProbes::new(engine.handle().pool().clone(), &db.url, &redis_url(), Duration::from_secs(2));
+    let config = ConsoleConfig::new("target/site", "", ConsoleAuth::Off);
+    let console_shutdown = config.shutdown.clone();
+    let console = console_router(engine.handle().clone(), probes, config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let (signal, signalled) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        axum::serve(listener, console.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move {
+                let _ = signalled.await;
+                console_shutdown.cancel();
+            })
+            .into_future(),
+    );
+    let mut tab = reqwest::get(format!("{address}/api/v1/events")).await.unwrap();
+    assert!(tab.chunk().await.unwrap().is_some(), "the live stream is open");
+    signal.send(()).unwrap();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), server).await;
+    assert!(stopped.is_ok(), "the server stopped within 5 s although a console tab was open");
+    engine.stop().await;
 }

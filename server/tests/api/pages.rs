@@ -48,3 +48,20 @@ async fn the_health_server_function_answers_json() {
         .unwrap();
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
 }
+
+#[tokio::test]
+async fn the_wasm_bundle_answers_under_both_names_leptos_may_ask_for() {
+    // A host built outside this workspace compiles Leptos without LEPTOS_OUTPUT_NAME, and its
+    // pages then ask for `<name>_bg.wasm`; the bundle holds `<name>.wasm`.
+    let site = std::env::temp_dir().join(format!("dedup-site-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(site.join("pkg")).unwrap();
+    std::fs::write(site.join("pkg/dedup-console.wasm"), b"\0asm-test").unwrap();
+    let root = site.clone();
+    let app = crate::helpers::spawn_app_with(move |s| s.site_root = root).await;
+    for name in ["dedup-console.wasm", "dedup-console_bg.wasm"] {
+        let response = app.anonymous().get(app.url(&format!("/pkg/{name}"))).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{name}");
+        assert_eq!(&response.bytes().await.unwrap()[..], b"\0asm-test", "{name}");
+    }
+    std::fs::remove_dir_all(site).unwrap();
+}

@@ -2,8 +2,9 @@
 //!
 //! Each `message` event is a `LiveView` as JSON (counts by status, stuck, last-minute traffic,
 //! database time), read every [`PERIOD`]. A stream ends after [`STREAM_LIFETIME`] and the
-//! browser's `EventSource` reconnects (told to wait [`RECONNECT`]): so a server shutting down
-//! never waits long for open console tabs.
+//! browser's `EventSource` reconnects (told to wait [`RECONNECT`]), and at once when the
+//! console's shutdown token is cancelled: so a server shutting down does not wait for open
+//! console tabs.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -28,23 +29,30 @@ pub const RECONNECT: Duration = Duration::from_millis(500);
         description = "A `LiveView` (JSON) per `message` event, about every second")))]
 pub async fn events(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let console = state.console.clone();
+    let shutdown = state.config.shutdown.clone();
     let ends = Instant::now() + STREAM_LIFETIME;
     let mut ticker = tokio::time::interval(PERIOD);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let stream = futures::stream::unfold((console, ticker, true), move |(console, mut ticker, first)| async move {
-        loop {
-            ticker.tick().await;
-            if Instant::now() >= ends {
-                return None;
+    let stream = futures::stream::unfold(
+        (console, ticker, true, shutdown),
+        move |(console, mut ticker, first, shutdown)| async move {
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    _ = ticker.tick() => {}
+                }
+                if Instant::now() >= ends {
+                    return None;
+                }
+                // A failed read is logged by the conversion; the next tick tries again.
+                let Ok(view) = crate::ssr::console::live(&console).await else { continue };
+                let Ok(mut event) = Event::default().json_data(&view) else { continue };
+                if first {
+                    event = event.retry(RECONNECT);
+                }
+                return Some((Ok(event), (console, ticker, false, shutdown)));
             }
-            // A failed read is logged by the conversion; the next tick tries again.
-            let Ok(view) = crate::ssr::console::live(&console).await else { continue };
-            let Ok(mut event) = Event::default().json_data(&view) else { continue };
-            if first {
-                event = event.retry(RECONNECT);
-            }
-            return Some((Ok(event), (console, ticker, false)));
-        }
-    });
+        },
+    );
     Sse::new(stream).keep_alive(KeepAlive::default())
 }

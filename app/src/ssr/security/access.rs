@@ -72,6 +72,13 @@ impl Policy {
         self.rules.get(&(method.clone(), path.to_owned())).copied()
     }
 
+    /// The methods with a rule for `path`, sorted.
+    pub fn methods(&self, path: &str) -> Vec<Method> {
+        let mut methods: Vec<Method> = self.rules.keys().filter(|(_, p)| p == path).map(|(m, _)| m.clone()).collect();
+        methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        methods
+    }
+
     /// Every rule, sorted by path then method.
     pub fn rules(&self) -> Vec<(Method, String, Rule)> {
         let mut all: Vec<_> = self.rules.iter().map(|((m, p), r)| (m.clone(), p.clone(), *r)).collect();

@@ -95,7 +95,8 @@ async fn sign_in(
         anyhow::bail!("signing in with the console's accounts, but the console does not use them");
     };
     let pool = state.console.pool();
-    let name = form.username.trim().to_owned();
+    // No account name holds a NUL, which PostgreSQL would refuse in the throttle and audit rows.
+    let name = form.username.trim().replace('\0', "\u{FFFD}");
     let window = Duration::from_secs(settings.throttle_window_secs);
     let mut limits = vec![(account_key(&name), settings.max_failures_per_account)];
     if let Some(address) = source {

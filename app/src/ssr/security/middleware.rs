@@ -47,7 +47,7 @@ use tower_sessions::Session;
 use super::access::{Access, Policy, RouteKind, Rule};
 use super::session;
 use super::{client_address, peer_is_loopback};
-use crate::ssr::mount::{ConsoleAuth, ConsoleConfig};
+use crate::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth};
 use crate::ssr::routes::api::ErrorBody;
 
 /// What the layer needs.
@@ -121,13 +121,24 @@ fn unauthorized() -> Refusal {
 pub async fn authorize(State(ctx): State<AuthLayerState>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let pattern = req.extensions().get::<MatchedPath>().map(|m| without_base(m.as_str(), &ctx.base));
-    let Some(rule) = pattern.as_deref().and_then(|p| ctx.policy.rule(&method, p)) else {
-        tracing::error!(?pattern, %method, "no access rule for this route: refused");
-        return refuse(&ctx, RouteKind::Api, &req, Refusal::new(StatusCode::FORBIDDEN, "no access rule"));
-    };
     if let Some(response) = sign_in_elsewhere(&ctx, pattern.as_deref(), &method, &req) {
         return response;
     }
+    let Some(rule) = pattern.as_deref().and_then(|p| ctx.policy.rule(&method, p)) else {
+        let allowed = pattern.as_deref().map(|p| ctx.policy.methods(p)).unwrap_or_default();
+        if !allowed.is_empty() {
+            // A route of the console asked with another method: the caller's mistake, not ours.
+            let allow = allowed.iter().map(Method::as_str).collect::<Vec<_>>().join(", ");
+            let mut response =
+                refuse(&ctx, RouteKind::Api, &req, Refusal::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"));
+            if let Ok(value) = header::HeaderValue::from_str(&allow) {
+                response.headers_mut().insert(header::ALLOW, value);
+            }
+            return response;
+        }
+        tracing::error!(?pattern, %method, "no access rule for this route: refused");
+        return refuse(&ctx, RouteKind::Api, &req, Refusal::new(StatusCode::FORBIDDEN, "no access rule"));
+    };
     let (req, identity) = match identify(&ctx, req).await {
         (req, Ok(identity)) => (req, identity),
         (req, Err(refusal)) => return refuse(&ctx, rule.kind, &req, refusal),
@@ -172,15 +183,20 @@ fn without_base(pattern: &str, base: &ConsoleBase) -> String {
 }
 
 /// Without the console's own accounts, its sign-in and sign-out are the host's (or nobody's):
-/// the sign-in page redirects there (auth off: to the console), posting to them is refused.
+/// `GET /login` goes to the host's sign-in (back to the console's home after it), `GET /logout`
+/// to the host's sign-out when it has one (auth off: both to the console's home), posting to
+/// them is refused.
 fn sign_in_elsewhere(ctx: &AuthLayerState, pattern: Option<&str>, method: &Method, req: &Request) -> Option<Response> {
     if matches!(ctx.auth, ConsoleAuth::Accounts(_)) || !matches!(pattern, Some("/login" | "/logout")) {
         return None;
     }
     if method == Method::GET {
-        let to = match &ctx.auth {
-            ConsoleAuth::Delegated(d) => with_next(&d.sign_in_url, &next_of(req)),
-            _ => ctx.base.join("/"),
+        // Back to the console's home after signing in (not to `/login`: that would loop).
+        let home = ctx.base.join("/");
+        let to = match (&ctx.auth, pattern) {
+            (ConsoleAuth::Delegated(d), Some("/login")) => with_next(&d.sign_in_url, &home),
+            (ConsoleAuth::Delegated(DelegatedAuth { sign_out_url: Some(out), .. }), _) => out.clone(),
+            _ => home,
         };
         return Some(Redirect::to(&to).into_response());
     }
@@ -251,7 +267,9 @@ async fn identify(ctx: &AuthLayerState, req: Request) -> (Request, Result<Option
             (Request::from_parts(parts, body), identity)
         }
         ConsoleAuth::Off => {
-            let identity = if peer_is_loopback(req.extensions()) {
+            // A loopback peer and a loopback Host: a page of another site that a DNS rebinding
+            // points at 127.0.0.1 sends its own name as Host (and Origin), so it is refused.
+            let identity = if peer_is_loopback(req.extensions()) && host_is_loopback(req.headers()) {
                 Ok(Some(Identity {
                     csrf_token: Some(ctx.derived_token("local", "local")),
                     user: CurrentUser { id: 0, name: "local".to_owned(), role: role_view(Role::Admin) },
@@ -260,7 +278,8 @@ async fn identify(ctx: &AuthLayerState, req: Request) -> (Request, Result<Option
             } else {
                 Err(Refusal::new(
                     StatusCode::FORBIDDEN,
-                    "this console has no sign-in configured, so it answers loopback clients only",
+                    "this console has no sign-in configured, so it answers loopback clients only, addressed by a \
+                     loopback name (localhost, 127.0.0.1, [::1])",
                 ))
             };
             (req, identity)
@@ -347,6 +366,17 @@ fn same_origin(headers: &HeaderMap, https: bool) -> bool {
     }
 }
 
+/// Whether the `Host` header names this machine's loopback (`localhost`, `127.x.x.x`, `[::1]`,
+/// with or without a port).
+fn host_is_loopback(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else { return false };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The CSRF token from the header, else from a URL-encoded form body's `csrf_token` field.
 async fn presented_token(req: Request, max_body_bytes: usize) -> (Request, Option<String>) {
     if let Some(token) = req.headers().get(CSRF_HEADER).and_then(|v| v.to_str().ok()) {
@@ -408,6 +438,7 @@ fn refuse(ctx: &AuthLayerState, kind: RouteKind, req: &Request, refusal: Refusal
             let code = match status {
                 StatusCode::UNAUTHORIZED => "unauthorized",
                 StatusCode::FORBIDDEN => "forbidden",
+                StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
                 _ => "internal",
             };
             let mut response =

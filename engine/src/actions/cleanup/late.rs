@@ -4,8 +4,10 @@
 //! and runs its handler again. Its own timestamp gives it away: the pipeline compares a first
 //! delivery's age with the shortest retention of the cleanup schedules that delete that group's
 //! records ([`RetentionWatch`], refreshed by the scheduler), counts those older
-//! ([`crate::stats::Stats::late_delivery`], table `late_deliveries`), and feeds their ages to the
-//! retention advice.
+//! ([`crate::stats::Stats::late_delivery`], table `late_deliveries`), and the retention advice
+//! takes the ages of the last [`WINDOW_DAYS`] days into account. A timestamp older than
+//! [`MAX_PLAUSIBLE_AGE_MS`] (zero, or a producer's broken clock) is ignored: no retention could
+//! outlast it, and one such message must not ruin the advice.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -14,6 +16,12 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::actions::ActionError;
+
+/// Days of late deliveries the Cleanup page shows and the retention advice reads.
+pub const WINDOW_DAYS: i32 = 30;
+
+/// Ages beyond this (the longest retention a schedule may have, 3650 days) are not believed.
+pub const MAX_PLAUSIBLE_AGE_MS: i64 = 3650 * 86_400_000;
 
 /// The shortest retention, in ms, of the enabled cleanup schedules that delete `succeeded`
 /// records: per consumer group, and of the schedules for every group. Shared by the scheduler

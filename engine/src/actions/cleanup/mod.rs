@@ -26,7 +26,8 @@ use crate::record::RecordStatus;
 pub const DEFAULT_RETENTION_DAYS: i32 = 30;
 /// Default records per delete batch.
 pub const DEFAULT_BATCH_SIZE: i32 = 5000;
-/// Retention should be at least this many times the longest duplicate delay observed.
+/// Retention should be at least this many times the longest delay observed (duplicates, late
+/// deliveries).
 pub const RETENTION_SAFETY_FACTOR: f64 = 2.0;
 
 /// Longest schedule name accepted, in characters.
@@ -122,6 +123,9 @@ impl ScheduleInput {
         let name_chars = self.name.trim().chars().count();
         if !(1..=MAX_NAME_CHARS).contains(&name_chars) {
             return bad(format!("a schedule needs a name of 1 to {MAX_NAME_CHARS} characters, got {name_chars}"));
+        }
+        if self.name.chars().any(char::is_control) || self.cron.chars().any(|c| c.is_control() && c != '\t') {
+            return bad("a schedule's name and cron expression cannot hold control characters".to_owned());
         }
         if let Some(group) = &self.consumer_group {
             crate::record::ConsumerGroup::parse(group.as_str()).map_err(|e| ActionError::Invalid(e.to_string()))?;
@@ -427,16 +431,17 @@ pub(crate) async fn execute_run(
     audit_on_pool(pool, actor, "cleanup.run", outcome, None, detail).await;
 }
 
-/// The retention advice: the longest duplicate arrival delay observed (duplicate-delay
-/// histogram, late first deliveries included), and the shortest retention that outlasts it by
+/// The retention advice: the longest delay a copy of a message was seen to arrive after the
+/// first (duplicate-delay histogram) or after it was sent (late deliveries of the last
+/// [`late::WINDOW_DAYS`] days), and the shortest retention that outlasts it by
 /// [`RETENTION_SAFETY_FACTOR`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RetentionAdvice {
-    /// Longest delay between a record's first delivery and a duplicate, ms; `None` before any.
+    /// That longest delay, ms; `None` before any duplicate or late delivery.
     pub longest_delay_ms: Option<i64>,
     /// The factor applied.
     pub safety_factor: f64,
-    /// `longest_delay_ms × safety_factor`, ms; `None` before any duplicate.
+    /// `longest_delay_ms × safety_factor`, ms; `None` before any.
     pub minimum_retention_ms: Option<i64>,
 }
 
@@ -447,10 +452,15 @@ impl RetentionAdvice {
     }
 }
 
-/// Reads the advice from the duplicate-delay histogram.
+/// Reads the advice from the duplicate-delay histogram and the recent late deliveries.
 pub async fn retention_advice(pool: &PgPool) -> Result<RetentionAdvice, ActionError> {
-    let longest: Option<i64> =
-        sqlx::query_scalar("SELECT max(max_delay_ms) FROM duplicate_delays").fetch_one(pool).await?;
+    let longest: Option<i64> = sqlx::query_scalar(
+        "SELECT GREATEST((SELECT max(max_delay_ms) FROM duplicate_delays),
+                         (SELECT max(max_age_ms) FROM late_deliveries WHERE day > current_date - $1))",
+    )
+    .bind(late::WINDOW_DAYS)
+    .fetch_one(pool)
+    .await?;
     Ok(RetentionAdvice {
         longest_delay_ms: longest,
         safety_factor: RETENTION_SAFETY_FACTOR,

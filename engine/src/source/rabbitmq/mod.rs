@@ -61,7 +61,7 @@ pub const SOURCE_ROUTING_KEY_HEADER: &str = "x-dedup-source-routing-key";
 pub const SOURCE_SIGNATURE_HEADER: &str = "x-dedup-source-signature";
 
 /// The key that signs the source headers of the copies this product publishes (HMAC-SHA256 over
-/// exchange, routing key and message id). Every process consuming a queue must share it: the
+/// exchange, routing key, message id property and the payload's SHA-256). Every process consuming a queue must share it: the
 /// engine keeps one in its database (`engine_keys`); a connector without one makes its own
 /// (its copies are then trusted by itself only).
 #[derive(Clone)]
@@ -73,20 +73,30 @@ impl SourceKey {
         Self(Arc::new(bytes))
     }
 
-    /// The signature (hex) of a copy's original exchange and routing key.
-    pub(crate) fn sign(&self, exchange: &str, routing_key: &str, message_id: Option<&str>) -> String {
+    /// The signature (hex) of a copy's original exchange and routing key, bound to the copy's
+    /// message id property and payload: lifted onto another message, it does not verify.
+    pub(crate) fn sign(&self, exchange: &str, routing_key: &str, message_id: Option<&str>, payload: &[u8]) -> String {
         use hmac::{Hmac, Mac};
+        use sha2::Digest;
         let mut mac = Hmac::<sha2::Sha256>::new_from_slice(self.0.as_slice()).expect("any key length");
         for part in [exchange, routing_key, message_id.unwrap_or_default()] {
             mac.update(part.as_bytes());
             mac.update(&[0]);
         }
+        mac.update(&sha2::Sha256::digest(payload));
         mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Whether `signature` is this key's for these values (compared in constant time).
-    pub(crate) fn verify(&self, exchange: &str, routing_key: &str, message_id: Option<&str>, signature: &str) -> bool {
-        let expected = self.sign(exchange, routing_key, message_id);
+    pub(crate) fn verify(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message_id: Option<&str>,
+        payload: &[u8],
+        signature: &str,
+    ) -> bool {
+        let expected = self.sign(exchange, routing_key, message_id, payload);
         expected.len() == signature.len()
             && expected.bytes().zip(signature.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
@@ -351,5 +361,21 @@ impl SourceFactory for RabbitConnector {
 
     fn destination(&self) -> String {
         self.settings.exchange.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SourceKey;
+
+    #[test]
+    fn a_source_signature_fits_only_its_own_message() {
+        let key = SourceKey::new([7; 32]);
+        let signature = key.sign("orders", "order.notify", None, b"{\"orderNo\":\"1\"}");
+        assert!(key.verify("orders", "order.notify", None, b"{\"orderNo\":\"1\"}", &signature));
+        assert!(!key.verify("orders", "order.notify", None, b"{\"orderNo\":\"2\"}", &signature), "another payload");
+        assert!(!key.verify("orders", "order.notify", Some("ORDER.PAY.1:1"), b"{\"orderNo\":\"1\"}", &signature));
+        assert!(!key.verify("orders", "order.pay", None, b"{\"orderNo\":\"1\"}", &signature), "another origin");
+        assert!(!SourceKey::new([8; 32]).verify("orders", "order.notify", None, b"{\"orderNo\":\"1\"}", &signature));
     }
 }

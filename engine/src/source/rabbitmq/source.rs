@@ -87,7 +87,7 @@ impl RabbitSource {
             header_str(SOURCE_SIGNATURE_HEADER),
         ) {
             (Some(exchange), Some(routing_key), Some(signature))
-                if self.source_key.verify(exchange, routing_key, message_id, signature) =>
+                if self.source_key.verify(exchange, routing_key, message_id, &delivery.data, signature) =>
             {
                 Some((exchange.to_owned(), routing_key.to_owned()))
             }
@@ -124,7 +124,8 @@ impl RabbitSource {
         let mut headers = self.held[index].properties.headers().clone().unwrap_or_default();
         let exchange = message.source.exchange.as_deref().unwrap_or_default();
         let routing_key = message.source.routing_key.as_deref().unwrap_or_default();
-        let signature = self.source_key.sign(exchange, routing_key, message.property_message_id.as_deref());
+        let signature =
+            self.source_key.sign(exchange, routing_key, message.property_message_id.as_deref(), &message.payload);
         for (name, value) in [
             (SOURCE_EXCHANGE_HEADER, exchange),
             (SOURCE_ROUTING_KEY_HEADER, routing_key),

@@ -80,12 +80,17 @@ pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
 /// The duplicate check after a claim found nothing claimable (set-based: `$2`/`$3` are the
 /// message ids and payload hashes): counts the delivery on the record, flags a payload
 /// conflict, parks a delivery of a stuck record (the claim would have taken it if reclaim were
-/// allowed) and reports the record's state.
+/// allowed) and reports the record's state. A delivery of a record under a live lease is sent
+/// back to be judged again later, and counted then: not now, or each return would count again.
 pub(super) const NOTE_DUPLICATES_SQL: &str = r#"
 UPDATE {s}.dedup_records r SET
-    duplicate_count = r.duplicate_count + 1,
-    last_duplicate_at = now(),
-    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash THEN 0 ELSE 1 END,
+    duplicate_count = r.duplicate_count + CASE WHEN r.status = 'processing' AND r.lease_expires_at >= now()
+                                               THEN 0 ELSE 1 END,
+    last_duplicate_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at >= now()
+                             THEN r.last_duplicate_at ELSE now() END,
+    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash
+                                                        OR (r.status = 'processing' AND r.lease_expires_at >= now())
+                                                   THEN 0 ELSE 1 END,
     parked_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at < now() THEN now() ELSE r.parked_at END
 FROM unnest($2::text[], $3::bytea[]) AS d(message_id, payload_hash)
 WHERE r.consumer_group = $1 AND r.message_id = d.message_id

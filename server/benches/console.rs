@@ -5,6 +5,9 @@
 //! (profile `serve`, `BENCH_SERVED_BIN`) and the debug build (`BENCH_DEBUG_BIN`); prints p50 /
 //! p95 per item.
 //!
+//! Then, unless `BENCH_BROWSER=0`, the same pages loaded in Chromium on both servers
+//! (`end2end/bench/page-load.mjs`, navigation to `load`).
+//!
 //! `cargo bench -p dedup-console --bench console` (`BENCH_ITERATIONS`, default 40). Not a test:
 //! it asserts nothing but that every page answers 200; BENCHMARKS.md records its output.
 
@@ -140,7 +143,7 @@ async fn bench_queries(pool: &PgPool, n: usize) {
         time(label, n, || records_list(pool, params)).await;
     }
     time("record detail (with attempts)", n, || record_detail(pool, some_id)).await;
-    time("stuck: longest stuck 200 + total", n, || stuck_records(pool, 200)).await;
+    time("stuck: longest stuck 50 + total", n, || stuck_records(pool, 50)).await;
     time("retries: distribution, types, most retried", n, || retries(pool, 50)).await;
     time("dead letters: groups by error class", n, || dead_letter_groups(pool, 200)).await;
 }
@@ -244,6 +247,19 @@ async fn bench_http(url: &str, n: usize) {
         }
         let [(sp50, sp95), (dp50, dp95)] = [row[0], row[1]];
         println!("| GET {path:<40} | {sp50:>8.2} | {sp95:>8.2} | {dp50:>8.2} | {dp95:>8.2} |");
+    }
+    if std::env::var("BENCH_BROWSER").as_deref() != Ok("0") {
+        page_loads(&served.base, &debug.base, id);
+    }
+}
+
+/// The same pages loaded in Chromium (`end2end/bench/page-load.mjs`), while both servers run.
+fn page_loads(served: &str, debug: &str, record_id: i64) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../end2end/bench/page-load.mjs");
+    let status = std::process::Command::new("node").arg(script).args([served, debug, &record_id.to_string()]).status();
+    match status {
+        Ok(s) if s.success() => {}
+        other => eprintln!("page loads in Chromium not measured ({other:?}); BENCH_BROWSER=0 skips them"),
     }
 }
 

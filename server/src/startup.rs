@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
+use axum::serve::ListenerExt;
 use dedup_engine::db::{self, PoolSettings};
 use dedup_engine::health::HealthProbes;
 use dedup_engine::message::Broker;
@@ -189,7 +190,14 @@ impl Application {
             shutdown.await;
             console_shutdown.cancel(); // open console tabs' event streams end now
         };
-        axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await?;
+        // Pages go out in several writes (streamed HTML, compression): with Nagle's algorithm a
+        // client's delayed ACK holds the last one back about 40 ms.
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "TCP_NODELAY not set");
+            }
+        });
+        axum::serve(listener, service).with_graceful_shutdown(shutdown).await?;
         if let Some((stop, task)) = self.demo {
             stop.cancel();
             let _ = task.await;

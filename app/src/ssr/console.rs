@@ -14,8 +14,9 @@ use crate::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
 use crate::wire::overview::{ConsumerView, GroupView, GrowthView, LiveView, OverviewView};
 use crate::wire::records::{RecordDetailView, RecordFilterOptions, RecordPageView, RecordsQuery};
 
-/// Rows on the stuck page.
-const STUCK_ROWS: i64 = 200;
+/// Rows on the stuck page (the longest stuck; the total is shown): each row hydrates its action
+/// buttons, and 200 of them took about 300 ms in Chromium at 10 M records (BENCHMARKS.md).
+const STUCK_ROWS: i64 = 50;
 /// Rows of the retries page's "most retried" list.
 const MOST_RETRIED_ROWS: i64 = 50;
 /// Dead-letter groups shown.

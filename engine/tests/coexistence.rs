@@ -20,6 +20,7 @@ use dedup_engine::db;
 use dedup_engine::handler::{
     Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
 };
+use dedup_engine::message::{Broker, SourceRef};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline};
 use dedup_engine::record::{ConsumerGroup, HandlerMode, LeaseExpiryPolicy, MessageId};
 use dedup_engine::store::postgres::PgStore;
@@ -178,7 +179,11 @@ async fn the_claim_path_names_its_schema_and_runs_beside_tables_of_the_same_name
     let refund = message("ORDER.REFUND.4:1", json!({"orderNo": "4"}));
     let sms_ok = message("SMS.SEND.5:1", json!({"to": "+105"}));
     let sms_down = message("SMS.SEND.6:1", json!({"to": "+106", "fail": true}));
-    let no_id = raw_message(None, br#"{"orderNo":"7"}"#.to_vec());
+    // A Kafka record without an id: its redelivery (same position) finds its dead record.
+    let mut no_id = raw_message(None, br#"{"orderNo":"7"}"#.to_vec());
+    no_id.broker = Broker::Kafka;
+    no_id.source =
+        SourceRef { exchange: Some("orders".into()), queue: Some("0".into()), offset: Some(7), ..SourceRef::default() };
     let no_handler = message("SHIPMENT.SENT.7:1", json!({}));
 
     // New messages that all succeed: the transactional ones claimed straight into succeeded

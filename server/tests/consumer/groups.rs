@@ -9,7 +9,7 @@ use dedup_example_orders::verify::verify;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::{Server, World};
+use crate::support::World;
 
 /// A TOML configuration file of the test, removed with the returned guard.
 struct ConfigFile(std::path::PathBuf);
@@ -30,19 +30,6 @@ impl Drop for ConfigFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-/// `method` on the server's REST API with `token`; returns the JSON body of a 200.
-async fn call(server: &Server, token: &str, method: Method, path: &str, body: Option<Value>) -> Value {
-    let mut builder = reqwest::Client::new().request(method, server.url(path)).bearer_auth(token);
-    if let Some(body) = body {
-        builder = builder.json(&body);
-    }
-    let response = builder.send().await.expect("request sent");
-    let status = response.status();
-    let body: Value = response.json().await.expect("JSON body");
-    assert_eq!(status, 200, "{path}: {body}");
-    body
 }
 
 #[tokio::test]
@@ -100,7 +87,7 @@ rabbitmq.binding_keys = ["order.notify"]
     );
 
     let token = world.operator_token().await;
-    let overview = call(&server, &token, Method::GET, "/api/v1/aggregates", None).await;
+    let overview = server.call(&token, Method::GET, "/api/v1/aggregates", None).await;
     let consumers: Vec<(String, Value)> = overview["consumers"]
         .as_array()
         .expect("consumers")
@@ -115,7 +102,7 @@ rabbitmq.binding_keys = ["order.notify"]
         ],
         "the overview shows both groups with their handlers"
     );
-    let listed = call(&server, &token, Method::GET, "/api/v1/groups", None).await;
+    let listed = server.call(&token, Method::GET, "/api/v1/groups", None).await;
     let names: Vec<&str> = listed.as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["notify-service", "order-service"], "the group filter offers both");
     server.stop().await;
@@ -185,16 +172,16 @@ async fn spring_style_messages_typed_by_header_run_once_and_unmapped_ones_run_on
     let server = world.serve("mapped", &[("DEDUP_CONFIG", mapped.path())]).await;
     let token = world.operator_token().await;
     let filter = json!({"status": "dead", "error_class": "NO_HANDLER: com.example.order.OrderNotifyEvent"});
-    let preview = call(&server, &token, Method::POST, "/api/v1/requeue/preview", Some(filter.clone())).await;
+    let preview = server.call(&token, Method::POST, "/api/v1/requeue/preview", Some(filter.clone())).await;
     assert_eq!(preview["would_requeue"].as_i64(), Some(n), "{preview}");
     let start = json!({"filter": filter, "rate_per_sec": 200.0, "expected_count": n, "reason": "handler added"});
-    let job = call(&server, &token, Method::POST, "/api/v1/requeue/jobs", Some(start)).await;
+    let job = server.call(&token, Method::POST, "/api/v1/requeue/jobs", Some(start)).await;
     let path = format!("/api/v1/requeue/jobs/{}", job["id"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut job = job;
     while job["state"] == "running" && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        job = call(&server, &token, Method::GET, &path, None).await;
+        job = server.call(&token, Method::GET, &path, None).await;
     }
     assert_eq!((job["state"].as_str(), job["done"].as_i64()), (Some("completed"), Some(n)), "{job}");
     let notified = "SELECT count(*) FROM dedup_records WHERE message_type = 'ORDER.NOTIFY' AND status = 'succeeded'";

@@ -8,26 +8,13 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::{Server, World};
+use crate::support::World;
 
 /// One `ORDER.NOTIFY` per order (simulate.rs), so as many dead records.
 const ORDERS: i64 = 10_000;
 /// The bulk requeue's rate, messages per second: below what this 2-core machine sustains while
 /// the server's consumer takes the copies (450–570 msg/s measured with other builds running).
 const RATE: f64 = 300.0;
-
-/// `method` on the server's REST API as the operator; returns the JSON body of a 200.
-async fn call(server: &Server, token: &str, method: Method, path: &str, body: Option<Value>) -> Value {
-    let mut builder = reqwest::Client::new().request(method, server.url(path)).bearer_auth(token);
-    if let Some(body) = body {
-        builder = builder.json(&body);
-    }
-    let response = builder.send().await.expect("request sent");
-    let status = response.status();
-    let body: Value = response.json().await.expect("JSON body");
-    assert_eq!(status, 200, "{path}: {body}");
-    body
-}
 
 #[tokio::test]
 async fn ten_thousand_dead_sms_requeued_at_the_set_rate_after_a_restart_then_verify_passes() {
@@ -65,19 +52,19 @@ async fn ten_thousand_dead_sms_requeued_at_the_set_rate_after_a_restart_then_ver
     let server = world.serve("healthy", &[]).await;
     let token = world.operator_token().await;
     let filter = json!({"status": "dead", "type": "ORDER.NOTIFY"});
-    let preview = call(&server, &token, Method::POST, "/api/v1/requeue/preview", Some(filter.clone())).await;
+    let preview = server.call(&token, Method::POST, "/api/v1/requeue/preview", Some(filter.clone())).await;
     assert_eq!((preview["matched"].as_i64(), preview["would_requeue"].as_i64()), (Some(ORDERS), Some(ORDERS)));
     let start = json!({
         "filter": filter, "rate_per_sec": RATE, "expected_count": preview["would_requeue"],
         "reason": "SMS gateway back",
     });
-    let job = call(&server, &token, Method::POST, "/api/v1/requeue/jobs", Some(start)).await;
+    let job = server.call(&token, Method::POST, "/api/v1/requeue/jobs", Some(start)).await;
     let path = format!("/api/v1/requeue/jobs/{}", job["id"]);
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut job = job;
     while job["state"] == "running" && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        job = call(&server, &token, Method::GET, &path, None).await;
+        job = server.call(&token, Method::GET, &path, None).await;
     }
     let counts = ["done", "skipped", "failed"].map(|k| job[k].as_i64());
     assert_eq!((job["state"].as_str(), counts), (Some("completed"), [Some(ORDERS), Some(0), Some(0)]), "{job}");

@@ -271,6 +271,25 @@ impl Server {
         format!("{}{path}", self.address)
     }
 
+    /// `method` on the server's REST API with `token`; returns the JSON body of a 200.
+    pub async fn call(
+        &self,
+        token: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> serde_json::Value {
+        let mut builder = reqwest::Client::new().request(method, self.url(path)).bearer_auth(token);
+        if let Some(body) = body {
+            builder = builder.json(&body);
+        }
+        let response = builder.send().await.expect("request sent");
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.expect("JSON body");
+        assert_eq!(status, 200, "{path}: {body}");
+        body
+    }
+
     /// The server's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

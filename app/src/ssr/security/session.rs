@@ -36,8 +36,10 @@ pub struct SessionAuth {
     /// The token state-changing requests of this session must carry (header `x-csrf-token` or
     /// form field `csrf_token`).
     pub csrf_token: String,
-    /// Sign-in time, Unix seconds (for the absolute expiry).
-    pub login_at: i64,
+    /// Sign-in time, Unix seconds with milliseconds as the fraction (for the absolute expiry;
+    /// whole seconds would end a session up to a second early). Sessions signed in before it
+    /// had a fraction hold whole seconds, which read the same.
+    pub login_at: f64,
 }
 
 /// Advisory-lock key serialising the session store's migration across server instances
@@ -93,11 +95,8 @@ pub fn layer(store: PostgresStore, settings: &AuthSettings, base: &ConsoleBase) 
 /// The store's error.
 pub async fn start(session: &Session, user_id: i64) -> Result<SessionAuth, tower_sessions::session::Error> {
     session.cycle_id().await?;
-    let auth = SessionAuth {
-        user_id,
-        csrf_token: uuid::Uuid::new_v4().simple().to_string(),
-        login_at: chrono::Utc::now().timestamp(),
-    };
+    let auth =
+        SessionAuth { user_id, csrf_token: uuid::Uuid::new_v4().simple().to_string(), login_at: unix_seconds_now() };
     session.insert(KEY, &auth).await?;
     Ok(auth)
 }
@@ -112,10 +111,19 @@ pub async fn current(
     settings: &AuthSettings,
 ) -> Result<Option<SessionAuth>, tower_sessions::session::Error> {
     let Some(auth) = session.get::<SessionAuth>(KEY).await? else { return Ok(None) };
-    let age = chrono::Utc::now().timestamp() - auth.login_at;
-    if age < 0 || age as u64 >= settings.absolute_timeout_secs {
+    let age = unix_seconds_now() - auth.login_at;
+    if !(-CLOCK_SKEW_SECS..settings.absolute_timeout_secs as f64).contains(&age) {
         session.flush().await?;
         return Ok(None);
     }
     Ok(Some(auth))
+}
+
+/// How far another server's clock may be ahead of this one's before a session it signed in
+/// looks signed in in the future and is ended.
+const CLOCK_SKEW_SECS: f64 = 1.0;
+
+/// Now, in Unix seconds with milliseconds as the fraction.
+fn unix_seconds_now() -> f64 {
+    chrono::Utc::now().timestamp_millis() as f64 / 1000.0
 }

@@ -46,8 +46,10 @@ pub struct TestApp {
     pub _db: TestDatabase,
 }
 
+/// Every test client gives up on a request after a minute: a request the server never answers
+/// fails its test, naming the URL, instead of holding the whole run.
 fn client_builder() -> reqwest::ClientBuilder {
-    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(std::time::Duration::from_secs(60))
 }
 
 impl TestApp {

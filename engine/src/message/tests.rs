@@ -2,7 +2,8 @@
 
 use super::*;
 
-fn message(payload: &[u8]) -> InboundMessage {
+/// A RabbitMQ message with `payload` and nothing else set (for the message module's tests).
+pub(super) fn message(payload: &[u8]) -> InboundMessage {
     InboundMessage {
         payload: payload.to_vec(),
         headers: serde_json::Map::new(),

@@ -167,15 +167,8 @@ mod tests {
 
     fn message() -> InboundMessage {
         InboundMessage {
-            payload: br#"{"eventType":"invoice.paid"}"#.to_vec(),
-            headers: serde_json::Map::new(),
-            property_message_id: None,
-            type_property: None,
-            published_at: None,
-            content_type: None,
-            broker: Broker::RabbitMq,
             source: SourceRef { routing_key: Some("billing.invoice.paid".into()), ..SourceRef::default() },
-            redelivered: false,
+            ..crate::message::tests::message(br#"{"eventType":"invoice.paid"}"#)
         }
     }
 

@@ -166,6 +166,10 @@ impl ConsoleConfig {
 
 /// The console for `engine`, with `probes` for its health panel and `/readyz`.
 ///
+/// May be called again while other consoles serve (a second mount, a rebuild): the console's
+/// page list is generated once per process. A host with its own Leptos app should generate its
+/// route list before serving too: Leptos suspends data loading process-wide while it does.
+///
 /// Errors: with [`ConsoleAuth::Accounts`], creating the session table (in the engine's schema)
 /// failed.
 pub async fn console_router(

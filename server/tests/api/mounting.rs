@@ -2,6 +2,8 @@
 //! host's own auth (delegated), read-only, and without auth (loopback only).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::http::request::Parts;
@@ -275,5 +277,48 @@ async fn an_open_console_tab_does_not_hold_the_hosts_shutdown() {
     signal.send(()).unwrap();
     let stopped = tokio::time::timeout(Duration::from_secs(5), server).await;
     assert!(stopped.is_ok(), "the server stopped within 5 s although a console tab was open");
+    engine.stop().await;
+}
+
+/// Leptos builds a router's page list with resource loading switched off for the whole process
+/// (leptos issue 4773); a page served while a host built another console router waited forever
+/// for its data (this hung a CI run). Pages keep rendering however many routers are built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn building_another_console_router_does_not_stall_pages_being_served() {
+    let (address, db) = host_app(false).await;
+    let engine = Engine::builder(db.pool.clone()).redis(redis_url()).consume(false).start().await.unwrap();
+    let building = Arc::new(AtomicBool::new(true));
+    let builder = tokio::spawn({
+        let building = building.clone();
+        let handle = engine.handle().clone();
+        let url = db.url.clone();
+        async move {
+            let mut built = 0_u32;
+            while building.load(Ordering::Relaxed) {
+                let probes = HealthProbes::new(handle.pool().clone(), &url, &redis_url(), Duration::from_secs(2));
+                let auth = DelegatedAuth::new(gateway, "/signin");
+                let config = ConsoleConfig::new("target/site", "/other", ConsoleAuth::Delegated(auth));
+                drop(console_router(handle.clone(), probes, config).await.unwrap());
+                built += 1;
+                tokio::task::yield_now().await;
+            }
+            built
+        }
+    });
+    let viewer = as_user("vera", "viewer");
+    for (i, page) in ["/records", "/stuck", "/retries", "/dead-letters", ""].iter().cycle().take(40).enumerate() {
+        let url = format!("{address}/ops/dedup{page}");
+        let fetched = tokio::time::timeout(Duration::from_secs(10), async {
+            let response = viewer.get(&url).send().await.unwrap();
+            (response.status(), response.text().await.unwrap())
+        });
+        let (status, body) = fetched.await.unwrap_or_else(|_| panic!("request {i}: {url} stalled for 10 s"));
+        assert_eq!(status, 200, "{url}");
+        // Leptos ends a streamed page with the list of chunks it could not resolve.
+        assert!(body.contains("__INCOMPLETE_CHUNKS=[];"), "request {i}: {url} left data unresolved");
+    }
+    building.store(false, Ordering::Relaxed);
+    let built = builder.await.unwrap();
+    assert!(built >= 10, "only {built} routers were built while pages were served");
     engine.stop().await;
 }

@@ -18,7 +18,7 @@ mod api_operations;
 mod events;
 mod health;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::base::ConsoleBase;
 use crate::ssr::ConsoleState;
@@ -29,7 +29,7 @@ use axum::http::{HeaderName, Method, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use leptos::prelude::{LeptosOptions, provide_context, use_context};
-use leptos_axum::{LeptosRoutes, generate_route_list};
+use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
 use tower_http::compression::CompressionLayer;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -184,11 +184,23 @@ pub const SERVER_FNS: &[(&str, Access, bool)] = &[
 
 /// Leptos pages and server functions that have no rule (must be empty; the matrix test checks).
 pub fn unruled() -> Vec<String> {
-    let pages = generate_route_list(App).into_iter().map(|r| r.path().to_owned());
+    let pages = leptos_routes().iter().map(|r| r.path().to_owned());
     let pages = pages.filter(|p| !PAGES.iter().any(|(path, _)| path == p));
     let fns = leptos::server_fn::axum::server_fn_paths().map(|(p, _)| p.to_owned());
     let fns = fns.filter(|p| !SERVER_FNS.iter().any(|(path, _, _)| path == p));
     pages.chain(fns).collect()
+}
+
+/// The console's Leptos pages, generated once per process.
+///
+/// Leptos generates a route list by rendering the app with resource loading suppressed, and the
+/// switch is one flag for the whole process (`leptos_server::SuppressResourceLoad`, leptos
+/// issue 4773): a page whose resource first polled while any router was being built waited
+/// forever. Generating the list once, before the first console router exists, keeps every later
+/// router (a host's second console, a test's next app) from stalling pages being served.
+fn leptos_routes() -> &'static [AxumRouteListing] {
+    static ROUTES: OnceLock<Vec<AxumRouteListing>> = OnceLock::new();
+    ROUTES.get_or_init(|| generate_route_list(App))
 }
 
 /// Every rule: the route table, the pages and the server functions (with their registered
@@ -213,7 +225,7 @@ pub fn policy() -> Policy {
 /// Builds the console's router (see the module docs); `sessions` is the session store of the
 /// console's own accounts, `None` with another auth.
 pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
-    let routes = generate_route_list(App);
+    let routes = leptos_routes().to_vec();
     let leptos_options = state.leptos_options.clone();
     let pkg_dir = std::path::Path::new(&*leptos_options.site_root).join(&*leptos_options.site_pkg_dir);
     let request_id = HeaderName::from_static(REQUEST_ID_HEADER);

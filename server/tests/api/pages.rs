@@ -50,18 +50,24 @@ async fn the_health_server_function_answers_json() {
 }
 
 #[tokio::test]
-async fn the_wasm_bundle_answers_under_both_names_leptos_may_ask_for() {
-    // A host built outside this workspace compiles Leptos without LEPTOS_OUTPUT_NAME, and its
-    // pages then ask for `<name>_bg.wasm`; the bundle holds `<name>.wasm`.
+async fn pages_load_the_bundle_under_the_base_without_holding_their_load_event() {
     let site = std::env::temp_dir().join(format!("dedup-site-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(site.join("pkg")).unwrap();
     std::fs::write(site.join("pkg/dedup-console.wasm"), b"\0asm-test").unwrap();
     let root = site.clone();
-    let app = crate::helpers::spawn_app_with(move |s| s.site_root = root).await;
-    for name in ["dedup-console.wasm", "dedup-console_bg.wasm"] {
-        let response = app.anonymous().get(app.url(&format!("/pkg/{name}"))).send().await.unwrap();
-        assert_eq!(response.status(), 200, "{name}");
-        assert_eq!(&response.bytes().await.unwrap()[..], b"\0asm-test", "{name}");
-    }
+    let app = crate::helpers::spawn_app_with(move |s| {
+        s.site_root = root;
+        s.console.base_path = "/ops".to_owned();
+    })
+    .await;
+    let html = app.anonymous().get(app.url("/ops/login")).send().await.unwrap().text().await.unwrap();
+    assert!(html.contains(r#"<link rel="modulepreload" href="/ops/pkg/dedup-console.js">"#), "{html}");
+    assert!(html.contains(r#"import("/ops/pkg/dedup-console.js")"#), "the module script imports the glue");
+    assert!(html.contains(r#"module_or_path: "/ops/pkg/dedup-console.wasm""#), "and fetches the wasm");
+    // A `<link rel="preload">` of the wasm would hold `load` until the whole bundle is read.
+    assert!(!html.contains(r#"rel="preload""#), "no preload of the wasm");
+    let wasm = app.anonymous().get(app.url("/ops/pkg/dedup-console.wasm")).send().await.unwrap();
+    assert_eq!(wasm.status(), 200);
+    assert_eq!(&wasm.bytes().await.unwrap()[..], b"\0asm-test", "the bundle's file is served under that name");
     std::fs::remove_dir_all(site).unwrap();
 }

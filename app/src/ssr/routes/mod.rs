@@ -34,7 +34,7 @@ use tower::ServiceBuilder;
 use tower_http::compression::CompressionLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::services::{ServeDir, ServeFile};
+use tower_http::services::ServeDir;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tower_sessions_sqlx_store::PostgresStore;
@@ -251,13 +251,6 @@ pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
     let mut router = router
         .leptos_routes_with_context(&state, routes, context.clone(), move || shell(leptos_options.clone()))
         .route_layer(axum::middleware::from_fn_with_state(auth_state, authorize))
-        // Leptos names the wasm `<name>_bg.wasm` in pages when it was compiled without
-        // LEPTOS_OUTPUT_NAME (a host's build outside this workspace), `<name>.wasm` with it; the
-        // bundle has the second, served under both.
-        .route_service(
-            &format!("/pkg/{}_bg.wasm", state.leptos_options.output_name),
-            ServeFile::new(pkg_dir.join(format!("{}.wasm", state.leptos_options.output_name))),
-        )
         .nest_service("/pkg", ServeDir::new(pkg_dir))
         .fallback(fallback(context))
         .layer(

@@ -128,9 +128,11 @@ pub async fn seed_records(
     sqlx::query(SAMPLES_SQL).bind(plan.start).execute(&mut *tx).await?;
     tx.commit().await?;
     phase.done("aggregates written");
-    // Fresh statistics, and a visibility map for the index-only scans of the overview.
+    // Fresh statistics, and a visibility map for the index-only scans of the overview, the
+    // retries and the dead letters (without it, at 10 M records, the retries page took 200 ms
+    // and the dead letters 130 ms until autovacuum came by; 15-20 ms after).
     sqlx::query("VACUUM ANALYZE stats_minute").execute(pool).await?;
-    sqlx::query("ANALYZE dedup_records").execute(pool).await?;
+    sqlx::query("VACUUM ANALYZE dedup_records").execute(pool).await?;
     phase.done("analyzed");
     let seconds = started.elapsed().as_secs_f64();
     Ok(SeedReport { records: params.records, seconds, rate: params.records as f64 / seconds.max(1e-9) })

@@ -71,3 +71,17 @@ async fn pages_load_the_bundle_under_the_base_without_holding_their_load_event()
     assert_eq!(&wasm.bytes().await.unwrap()[..], b"\0asm-test", "the bundle's file is served under that name");
     std::fs::remove_dir_all(site).unwrap();
 }
+
+#[tokio::test]
+async fn pages_are_sent_whole_not_in_out_of_order_chunks() {
+    let app = spawn_app().await;
+    for page in ["/", "/records", "/stuck", "/retries", "/dead-letters", "/audit"] {
+        let response = app.get(page).await;
+        assert_eq!(response.status(), 200, "{page}");
+        let html = response.text().await.unwrap();
+        // Streamed out of order, each `<Transition>` came as a `<template>` and a script that
+        // searched the document for its place (the user box among them).
+        assert!(!html.contains("<template"), "{page} was streamed in chunks");
+        assert!(html.contains("data-testid=\"userbox\""), "{page} has the user box in place");
+    }
+}

@@ -103,7 +103,9 @@ fn BundleScripts(output_name: String, base: String) -> impl IntoView {
 /// order: the data takes under 21 ms at p95 on 10 M records (BENCHMARKS.md), and streaming sent
 /// each `<Transition>` as a chunk of its own with a script that searched the whole document for
 /// its place: 52 such scripts on the stuck page (one per row's action buttons), which held the
-/// browser's parser for tens of milliseconds.
+/// browser's parser for tens of milliseconds. The overview alone still streams: its dependency
+/// probes wait up to their timeout for a hanging Redis or broker, and the rest of the page must
+/// not wait with them.
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
@@ -114,7 +116,7 @@ pub fn App() -> impl IntoView {
         <Router base=base_path()>
             <ConsoleLayout>
                 <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
-                    <Route path=path!("/") view=OverviewPage ssr=SsrMode::Async />
+                    <Route path=path!("/") view=OverviewPage />
                     <Route path=path!("/records") view=RecordsPage ssr=SsrMode::Async />
                     <Route path=path!("/records/:id") view=RecordPage ssr=SsrMode::Async />
                     <Route path=path!("/stuck") view=StuckPage ssr=SsrMode::Async />

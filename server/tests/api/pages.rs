@@ -1,3 +1,11 @@
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, console_router};
+use dedup_engine::health::HealthProbes;
+use dedup_engine::runtime::Engine;
+use dedup_engine::testing::{TestDatabase, redis_url};
+
 use crate::helpers::spawn_app;
 
 #[tokio::test]
@@ -75,7 +83,7 @@ async fn pages_load_the_bundle_under_the_base_without_holding_their_load_event()
 #[tokio::test]
 async fn pages_are_sent_whole_not_in_out_of_order_chunks() {
     let app = spawn_app().await;
-    for page in ["/", "/records", "/stuck", "/retries", "/dead-letters", "/audit"] {
+    for page in ["/records", "/stuck", "/retries", "/dead-letters", "/audit"] {
         let response = app.get(page).await;
         assert_eq!(response.status(), 200, "{page}");
         let html = response.text().await.unwrap();
@@ -84,4 +92,43 @@ async fn pages_are_sent_whole_not_in_out_of_order_chunks() {
         assert!(!html.contains("<template"), "{page} was streamed in chunks");
         assert!(html.contains("data-testid=\"userbox\""), "{page} has the user box in place");
     }
+}
+
+/// The overview streams: a dependency that accepts connections and never answers holds its
+/// health probe for the whole timeout, and the rest of the page is sent before that.
+#[tokio::test]
+async fn the_overview_is_shown_before_a_hanging_dependencys_probe_times_out() {
+    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let redis = format!("redis://{}", black_hole.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = black_hole.accept().await {
+            held.push(socket);
+        }
+    });
+    let db = TestDatabase::create().await;
+    let engine = Engine::builder(db.pool.clone()).redis(redis_url()).consume(false).start().await.unwrap();
+    let probes = HealthProbes::new(engine.handle().pool().clone(), &db.url, &redis, Duration::from_secs(3));
+    let config = ConsoleConfig::new("target/site", "", ConsoleAuth::Off);
+    let console = console_router(engine.handle().clone(), probes, config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, console.into_make_service_with_connect_info::<SocketAddr>()).into_future());
+
+    let started = Instant::now();
+    let mut page = reqwest::get(&address).await.unwrap();
+    let mut html = String::new();
+    while !html.contains("data-testid=\"live-toggle\"") {
+        let chunk = page.chunk().await.unwrap().expect("the page goes on");
+        html.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let shown = started.elapsed();
+    while let Some(chunk) = page.chunk().await.unwrap() {
+        html.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let whole = started.elapsed();
+    assert!(shown < Duration::from_millis(1500), "the overview waited {shown:?} for the probe");
+    assert!(whole >= Duration::from_millis(2500), "the probe hung for its timeout ({whole:?})");
+    assert!(html.contains("data-dependency=\"redis\" data-state=\"down\""), "and then says so");
+    engine.stop().await;
 }

@@ -48,8 +48,13 @@ test('navigation links work without a full reload after hydration', async () => 
   await page.goto(server.base + '/');
   await waitForHydration(page);
   await page.evaluate(() => { window.__sameDocument = true; });
-  await page.getByRole('link', { name: 'Audit' }).click();
-  await page.getByRole('heading', { name: 'Audit' }).waitFor();
-  assert.equal(new URL(page.url()).pathname, '/audit');
+  // Each page's list comes from its server function, called with no filter (an empty body).
+  for (const [name, path] of [['Audit', '/audit'], ['Records', '/records']]) {
+    await page.getByRole('link', { name, exact: true }).click();
+    await page.getByRole('heading', { name, exact: true }).waitFor();
+    await page.waitForSelector('main table, main .empty, main .error');
+    assert.equal(new URL(page.url()).pathname, path);
+    assert.equal(await page.locator('main .error').count(), 0, await page.locator('main').innerText());
+  }
   assert.equal(await page.evaluate(() => window.__sameDocument), true, 'client-side navigation');
 });

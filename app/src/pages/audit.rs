@@ -12,7 +12,7 @@ use crate::wire::operations::{AuditEntryView, AuditPageView, AuditQuery};
 
 /// One page of the audit log. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "get_audit", client = crate::csrf::CsrfClient)]
-pub async fn get_audit(q: AuditQuery) -> Result<AuditPageView, ConsoleError> {
+pub async fn get_audit(#[server(default)] q: AuditQuery) -> Result<AuditPageView, ConsoleError> {
     crate::ssr::operations::audit_page(&crate::ssr::console_state()?, &q).await
 }
 

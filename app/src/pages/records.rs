@@ -16,7 +16,7 @@ use crate::wire::records::{RecordFilterOptions, RecordPageView, RecordsQuery};
 
 /// One page of records matching `query`.
 #[server(prefix = "/api/fn", endpoint = "list_records", client = crate::csrf::CsrfClient)]
-pub async fn list_records(query: RecordsQuery) -> Result<RecordPageView, ConsoleError> {
+pub async fn list_records(#[server(default)] query: RecordsQuery) -> Result<RecordPageView, ConsoleError> {
     crate::ssr::console::records(&crate::ssr::console_state()?, &query).await
 }
 

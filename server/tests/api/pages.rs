@@ -132,3 +132,22 @@ async fn the_overview_is_shown_before_a_hanging_dependencys_probe_times_out() {
     assert!(html.contains("data-dependency=\"redis\" data-state=\"down\""), "and then says so");
     engine.stop().await;
 }
+
+/// Client-side navigation calls the list functions with no filter at all: an empty body.
+#[tokio::test]
+async fn list_server_functions_take_an_empty_filter() {
+    let app = spawn_app().await;
+    for endpoint in ["list_records", "get_audit", "preview_requeue"] {
+        let response = app
+            .client
+            .post(app.url(&format!("/api/fn/{endpoint}")))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("")
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = response.text().await.unwrap();
+        assert!(!body.contains("missing field"), "{endpoint}: {status} {body}");
+    }
+}

@@ -128,7 +128,7 @@ pub struct ConsoleConfig {
     /// only `https://` origins (a proxy's `X-Forwarded-Proto`, when sent, names the scheme
     /// instead). With [`ConsoleAuth::Accounts`], `secure_cookies` implies it. Default false.
     pub https: bool,
-    /// Requests slower than this get 408.
+    /// Requests slower than this get 503 (not 408, which browsers send again on their own).
     pub request_timeout: Duration,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,

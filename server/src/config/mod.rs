@@ -81,7 +81,7 @@ pub struct Settings {
     /// The PostgreSQL schema of the engine's tables (default `dedup`), next to the business
     /// tables of the same database.
     pub schema: Schema,
-    /// Longest time a request may take before the server answers 408, in milliseconds.
+    /// Longest time a request may take before the server answers 503, in milliseconds.
     pub request_timeout_ms: u64,
     /// Bound on each dependency probe of `/readyz` and the overview, in milliseconds.
     pub probe_timeout_ms: u64,

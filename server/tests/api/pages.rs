@@ -151,3 +151,17 @@ async fn list_server_functions_take_an_empty_filter() {
         assert!(!body.contains("missing field"), "{endpoint}: {status} {body}");
     }
 }
+
+/// A page whose data does not come in time gets 503, not 408: browsers send a 408 again on their
+/// own, and the database would run the page's queries once more each time.
+#[tokio::test]
+async fn a_page_that_times_out_answers_503() {
+    let app = crate::helpers::spawn_app_with(|s| s.request_timeout_ms = 500).await;
+    let mut lock = app._db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE dedup_records IN ACCESS EXCLUSIVE MODE").execute(&mut *lock).await.unwrap();
+    let started = Instant::now();
+    let response = app.get("/records").await;
+    assert_eq!(response.status(), 503);
+    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+    lock.rollback().await.unwrap();
+}

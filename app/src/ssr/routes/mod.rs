@@ -270,7 +270,7 @@ pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
                 )
                 .layer(PropagateRequestIdLayer::new(request_id))
                 .layer(CompressionLayer::new())
-                .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, config.request_timeout))
+                .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, config.request_timeout))
                 .layer(axum::middleware::from_fn(headers::csp))
                 .option_layer(session_layer),
         );

@@ -25,6 +25,23 @@ impl ConsoleBase {
         if trimmed.is_empty() { Self(String::new()) } else { Self(format!("/{trimmed}")) }
     }
 
+    /// Checks a configured base path before it is served: only the characters a URL path carries
+    /// as they are (RFC 3986 `pchar`: letters, digits, `-._~!$&'()*+,;=:@`, `%` escapes, and
+    /// `/`). Others (spaces, non-ASCII, quotes, `{}`) would reach the router encoded and never
+    /// match, or be taken for route parameters.
+    ///
+    /// Errors: the first character that is not allowed, with its position.
+    pub fn validate(path: &str) -> Result<(), String> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@%/".contains(c);
+        match path.trim().char_indices().find(|(_, c)| !allowed(*c)) {
+            None => Ok(()),
+            Some((at, c)) => Err(format!(
+                "the console's base path {path:?} has {c:?} at byte {at}: use letters, digits, `/` and \
+                 -._~!$&'()*+,;=:@ (percent-encode anything else)"
+            )),
+        }
+    }
+
     /// The base path (`""` at the root).
     pub fn as_str(&self) -> &str {
         &self.0

@@ -170,13 +170,15 @@ impl ConsoleConfig {
 /// page list is generated once per process. A host with its own Leptos app should generate its
 /// route list before serving too: Leptos suspends data loading process-wide while it does.
 ///
-/// Errors: with [`ConsoleAuth::Accounts`], creating the session table (in the engine's schema)
-/// failed.
+/// Errors: a base path with characters a URL path cannot carry as they are
+/// ([`ConsoleBase::validate`]); with [`ConsoleAuth::Accounts`], creating the session table (in
+/// the engine's schema) failed.
 pub async fn console_router(
     engine: EngineHandle,
     probes: HealthProbes,
     config: ConsoleConfig,
 ) -> anyhow::Result<Router> {
+    ConsoleBase::validate(&config.base_path).map_err(anyhow::Error::msg)?;
     let base = config.base();
     let sessions = match &config.auth {
         ConsoleAuth::Accounts(_) => {

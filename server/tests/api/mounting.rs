@@ -322,3 +322,23 @@ async fn building_another_console_router_does_not_stall_pages_being_served() {
     assert!(built >= 10, "only {built} routers were built while pages were served");
     engine.stop().await;
 }
+
+/// A base path with characters a URL path cannot carry as they are panicked in the router
+/// (`{id}` is a route parameter) or was served where no browser could reach it (a space).
+#[tokio::test]
+async fn a_base_path_a_url_cannot_carry_is_refused_with_a_clear_error() {
+    let db = TestDatabase::create().await;
+    let engine = Engine::builder(db.pool.clone()).redis(redis_url()).consume(false).start().await.unwrap();
+    let build = |base: &str| {
+        let probes = HealthProbes::new(engine.handle().pool().clone(), &db.url, &redis_url(), Duration::from_secs(2));
+        console_router(engine.handle().clone(), probes, ConsoleConfig::new("target/site", base, ConsoleAuth::Off))
+    };
+    for bad in ["/{id}", "/{*rest}", "/ops dedup", "/ünï", "/a\"b", "/x</script>"] {
+        let err = build(bad).await.err().unwrap_or_else(|| panic!("{bad} was accepted"));
+        assert!(err.to_string().contains("base path"), "{bad}: {err}");
+    }
+    for good in ["", "/", "/ops/dedup/", "/a%20b", "/x-y_z~1.2"] {
+        assert!(build(good).await.is_ok(), "{good} was refused");
+    }
+    engine.stop().await;
+}

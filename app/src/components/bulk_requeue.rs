@@ -16,7 +16,7 @@ use crate::wire::records::RecordsQuery;
 
 /// What a bulk requeue of `filter` would do now. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "preview_requeue", input = leptos::server_fn::codec::Json, client = crate::csrf::CsrfClient)]
-pub async fn preview_requeue(#[server(default)] filter: RecordsQuery) -> Result<RequeuePreviewView, ConsoleError> {
+pub async fn preview_requeue(filter: RecordsQuery) -> Result<RequeuePreviewView, ConsoleError> {
     crate::ssr::operations::requeue_preview(&crate::ssr::console_state()?, &filter).await
 }
 

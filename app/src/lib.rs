@@ -1,7 +1,7 @@
 //! The dedup console's user interface (Leptos 0.8, server-rendered and hydrated).
 //!
 //! - `ssr` (server build): renders pages and runs the server functions, which reach the engine
-//!   through [`ssr::ConsoleState`], provided as Leptos context by the server.
+//!   through [`ssr::service::ConsoleState`], provided as Leptos context by the server.
 //! - `hydrate` (wasm build by cargo-leptos): makes the server-rendered pages interactive.
 //!
 //! The two features are never enabled together.
@@ -14,6 +14,7 @@ pub mod base;
 pub mod components;
 pub mod csrf;
 pub mod error;
+pub mod format;
 pub mod pages;
 #[cfg(feature = "ssr")]
 pub mod ssr;
@@ -46,7 +47,7 @@ use crate::pages::users::UsersPage;
 /// served under in `<meta name="dedup-base">` (see [`base`]); loads the bundle from under it.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     #[cfg(feature = "ssr")]
-    let csrf_token = ssr::auth::request_auth().csrf_token.unwrap_or_default();
+    let csrf_token = ssr::service::auth::request_auth().csrf_token.unwrap_or_default();
     #[cfg(not(feature = "ssr"))]
     let csrf_token = String::new();
     let base = base_path();

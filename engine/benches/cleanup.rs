@@ -39,6 +39,7 @@ fn message(id: &str) -> InboundMessage {
             ..SourceRef::default()
         },
         redelivered: false,
+        headers_too_deep: false,
     }
 }
 

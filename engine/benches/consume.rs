@@ -239,6 +239,7 @@ async fn without_broker(name: &'static str, pipeline: Pipeline, ids: &[String], 
                     broker: Broker::RabbitMq,
                     source: SourceRef::default(),
                     redelivered: false,
+                    headers_too_deep: false,
                 })
                 .collect()
         })

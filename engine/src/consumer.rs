@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::pipeline::{Disposition, Pipeline};
-use crate::source::SourceFactory;
+use crate::source::{SourceError, SourceFactory};
 use crate::worker::worker_name;
 
 /// Consumer settings.
@@ -47,6 +47,7 @@ pub struct ConsumerStatus {
     running_workers: AtomicUsize,
     in_flight: AtomicUsize,
     last_error: std::sync::Mutex<Option<(DateTime<Utc>, String)>>,
+    refused: std::sync::Mutex<Option<String>>,
 }
 
 impl ConsumerStatus {
@@ -65,8 +66,23 @@ impl ConsumerStatus {
         self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn set_error(&self, error: String) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some((Utc::now(), error));
+    /// Why the broker refuses the group's topology ([`SourceError::Topology`]), while it
+    /// does: the group consumes nothing, and is unhealthy on `/readyz`. Cleared when a worker's
+    /// source opens.
+    pub fn topology_refused(&self) -> Option<String> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_error(&self, error: &SourceError) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some((Utc::now(), error.to_string()));
+        if let SourceError::Topology(_) = error {
+            *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(error.to_string());
+        }
+    }
+
+    fn opened(&self) {
+        self.running_workers.fetch_add(1, Ordering::Relaxed);
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -160,7 +176,7 @@ async fn run_worker(
             Ok(source) => source,
             Err(e) => {
                 tracing::warn!(worker = %name, error = %e, "cannot open the source; retrying");
-                status.set_error(e.to_string());
+                status.set_error(&e);
                 if !pause.sleep(&shutdown).await {
                     break;
                 }
@@ -168,7 +184,7 @@ async fn run_worker(
             }
         };
         pause.reset();
-        status.running_workers.fetch_add(1, Ordering::Relaxed);
+        status.opened();
         let error = loop {
             let next = tokio::select! {
                 biased;
@@ -200,7 +216,7 @@ async fn run_worker(
         status.running_workers.fetch_sub(1, Ordering::Relaxed);
         if let Some(e) = error {
             tracing::warn!(worker = %name, error = %e, "source failed; reconnecting");
-            status.set_error(e.to_string());
+            status.set_error(&e);
             if !pause.sleep(&shutdown).await {
                 break;
             }

@@ -26,7 +26,8 @@ pub struct DependencyHealth {
     pub up: bool,
     /// Wall time of the probe in milliseconds (up to the timeout when it failed).
     pub latency_ms: f64,
-    /// Why the probe failed, with the start hint; `None` when up.
+    /// Why the probe failed (and how to start the service, when the host gave
+    /// [`HealthProbes::with_start_hints`]); `None` when up.
     pub error: Option<String>,
 }
 
@@ -55,6 +56,19 @@ impl HealthReport {
     }
 }
 
+/// Whether a running consumer group can consume ([`crate::runtime::EngineHandle::groups_health`]):
+/// not when its broker refuses its topology. `/readyz` is not ready while any group is not.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GroupHealth {
+    /// The consumer group.
+    pub group: String,
+    /// False while the broker refuses the group's topology.
+    pub ready: bool,
+    /// Why not, e.g. `the broker refused the consumer group's topology: declaring the Topic
+    /// exchange "billing.events": … PRECONDITION_FAILED - inequivalent arg 'type' …`.
+    pub error: Option<String>,
+}
+
 /// Probes the dependencies. Cheap to clone.
 ///
 /// Each probe is a real round trip: `SELECT 1` on a pooled PostgreSQL connection, `PING` on a
@@ -68,6 +82,7 @@ pub struct HealthProbes {
     redis_url: String,
     broker: BrokerProbe,
     timeout: Duration,
+    start_hints: Option<fn(Service) -> Option<&'static str>>,
 }
 
 /// Which broker the broker probe asks.
@@ -92,7 +107,15 @@ impl HealthProbes {
             redis_url: redis_url.to_owned(),
             broker: BrokerProbe::None,
             timeout,
+            start_hints: None,
         }
+    }
+
+    /// Adds `hints(service)` to the error of a dependency that is down: how to start it on the
+    /// host's machines (e.g. `dedup-console`'s `pg_ctlcluster …`). The engine knows none.
+    pub fn with_start_hints(mut self, hints: fn(Service) -> Option<&'static str>) -> Self {
+        self.start_hints = Some(hints);
+        self
     }
 
     /// Probes RabbitMQ at `amqp_url` as the broker.
@@ -158,7 +181,7 @@ impl HealthProbes {
             #[cfg(feature = "rabbitmq")]
             BrokerProbe::RabbitMq(url) => {
                 self.timed(Service::RabbitMq, url, async {
-                    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+                    let conn = crate::source::rabbitmq::connect(url, lapin::ConnectionProperties::default()).await?;
                     conn.close(200, "health probe".into()).await?;
                     Ok(())
                 })
@@ -185,7 +208,10 @@ impl HealthProbes {
             url: redact_url(url),
             up: outcome.is_none(),
             latency_ms: started.elapsed().as_secs_f64() * 1000.0,
-            error: outcome.map(|cause| format!("{service} is down: {cause}. {}", service.start_hint())),
+            error: outcome.map(|cause| {
+                let hint = self.start_hints.and_then(|hints| hints(service));
+                format!("{service} is down: {cause}{}", hint.map(|h| format!(". {h}")).unwrap_or_default())
+            }),
         }
     }
 }

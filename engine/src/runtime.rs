@@ -28,7 +28,8 @@ use crate::actions::republish::Publishers;
 use crate::consumer::{Consumer, ConsumerStatus};
 use crate::db::{self, Schema, SchemaError};
 use crate::fastpath::{FastPath, FastPathSettings};
-use crate::group::Group;
+use crate::group::{Group, GroupSource};
+use crate::health::GroupHealth;
 use crate::message::Broker;
 use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::record::{ConsumerGroup, IdError};
@@ -50,6 +51,14 @@ pub enum EngineError {
     /// Two groups share a name (they would share dedup records).
     #[error("consumer group {0:?} is declared twice")]
     DuplicateGroup(String),
+    /// A group's source names no queue or topics to read.
+    #[error("consumer group {name:?}: {error}")]
+    GroupSource {
+        /// The group's name.
+        name: String,
+        /// What is missing.
+        error: String,
+    },
     /// Migrating or verifying the engine's schema failed.
     #[error(transparent)]
     Schema(#[from] SchemaError),
@@ -129,6 +138,14 @@ impl EngineBuilder {
             if !names.insert(name.clone()) {
                 return Err(EngineError::DuplicateGroup(group.name));
             }
+            let source = match &group.source {
+                #[cfg(feature = "rabbitmq")]
+                GroupSource::RabbitMq { settings, .. } => settings.check(),
+                #[cfg(feature = "kafka")]
+                GroupSource::Kafka(settings) => settings.check(),
+                GroupSource::Custom(_) => Ok(()),
+            };
+            source.map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
             if group.handlers.is_empty() {
                 tracing::warn!(group = %name, "consumer group without handlers: every message becomes a NO_HANDLER dead letter");
             }
@@ -268,6 +285,18 @@ impl EngineHandle {
     /// The consumer groups, in the order they were declared.
     pub fn groups(&self) -> &[RunningGroup] {
         &self.groups
+    }
+
+    /// Each group's health: not ready while its broker refuses its topology (see
+    /// [`ConsumerStatus::topology_refused`]; a group that does not consume is ready).
+    pub fn groups_health(&self) -> Vec<GroupHealth> {
+        self.groups
+            .iter()
+            .map(|g| {
+                let error = g.status.as_ref().and_then(|s| s.topology_refused());
+                GroupHealth { group: g.name.as_str().to_owned(), ready: error.is_none(), error }
+            })
+            .collect()
     }
 }
 

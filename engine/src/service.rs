@@ -1,5 +1,6 @@
-//! The external services the engine depends on, named the way an operator knows them, with the
-//! command that starts each one locally. Used in start-up errors and health reports.
+//! The external services the engine depends on, named the way an operator knows them. Used in
+//! start-up errors and health reports. How to start a service is the host's to say (it knows
+//! its machines): [`crate::health::HealthProbes::with_start_hints`].
 
 use std::fmt;
 
@@ -24,25 +25,6 @@ impl Service {
             Service::PostgreSql => "database",
             Service::Redis => "redis",
             Service::RabbitMq | Service::Kafka => "broker",
-        }
-    }
-
-    /// How to start the service on a Debian machine like the development one
-    /// (from `shared/SERVICES.md`).
-    pub fn start_hint(self) -> &'static str {
-        match self {
-            Service::PostgreSql => {
-                "check with `pg_isready -h 127.0.0.1`; start with \
-                 `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`"
-            }
-            Service::Redis => {
-                "check with `redis-cli -h 127.0.0.1 ping`; start with \
-                 `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save \"\" --appendonly no`"
-            }
-            Service::RabbitMq => "check with `rabbitmq-diagnostics -q ping`; start with `rabbitmq-server -detached`",
-            Service::Kafka => {
-                "check with `scripts/kafka-broker status`; start the local test broker with `scripts/kafka-broker`"
-            }
         }
     }
 }
@@ -75,10 +57,10 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// A dependency could not be reached. Its `Display` names the service, the redacted URL, the
-/// cause and how to start the service.
+/// A dependency could not be reached. Its `Display` names the service, the redacted URL and the
+/// cause.
 #[derive(Debug, thiserror::Error)]
-#[error("{service} is unreachable at {url}: {cause}. {hint}", hint = service.start_hint())]
+#[error("{service} is unreachable at {url}: {cause}")]
 pub struct Unreachable {
     /// Which dependency.
     pub service: Service,
@@ -107,12 +89,11 @@ mod tests {
     }
 
     #[test]
-    fn unreachable_names_service_url_and_hint() {
+    fn unreachable_names_service_and_url_and_hides_the_password() {
         let err = Unreachable::new(Service::Redis, "redis://:pw@127.0.0.1:6390", anyhow::anyhow!("connection refused"));
         let text = err.to_string();
         assert!(text.starts_with("Redis is unreachable at redis://:***@127.0.0.1:6390"), "{text}");
         assert!(text.contains("connection refused"), "{text}");
-        assert!(text.contains("redis-server"), "{text}");
         assert!(!text.contains("pw@"), "{text}");
     }
 }

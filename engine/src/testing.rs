@@ -5,6 +5,8 @@
 //! to use is `DEDUP_TEST_DATABASE_URL` (any database on it; default
 //! `postgres://postgres@127.0.0.1:5432/postgres`).
 
+#[cfg(feature = "rabbitmq")]
+pub mod amqp;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 

@@ -58,11 +58,11 @@ async fn connect_creates_a_missing_database() {
 }
 
 #[tokio::test]
-async fn an_unreachable_database_is_named_with_a_redacted_url_and_a_hint() {
+async fn an_unreachable_database_is_named_with_a_redacted_url() {
     let settings = PoolSettings { acquire_timeout: std::time::Duration::from_secs(2), ..PoolSettings::default() };
     let err = db::connect("postgres://app:s3cret@127.0.0.1:1/x", &settings).await.unwrap_err();
     let text = err.to_string();
     assert!(text.starts_with("PostgreSQL is unreachable at postgres://app:***@127.0.0.1:1/x"), "{text}");
     assert!(!text.contains("s3cret"), "{text}");
-    assert!(text.contains("pg_ctlcluster"), "{text}");
+    assert!(!text.contains("pg_ctlcluster"), "how to start it is the host's to say: {text}");
 }

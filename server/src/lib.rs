@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod cli_users;
 pub mod config;
+pub mod hints;
 pub mod operator;
 pub mod startup;
 pub mod telemetry;

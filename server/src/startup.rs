@@ -20,8 +20,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{GroupConfig, Settings};
+use dedup_app::ssr::mount::AuthMode;
 use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, console_router, mount};
-use dedup_app::ssr::security::AuthMode;
 
 /// A built, not yet running server.
 pub struct Application {
@@ -57,7 +57,7 @@ impl Databases {
 async fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
     let pool = PoolSettings { max_connections: settings.db_max_connections, ..PoolSettings::default() };
     let url = settings.database_url.expose();
-    Ok(db::connect(url, &pool).await?)
+    db::connect(url, &pool).await.map_err(crate::hints::with_hint)
 }
 
 /// Connects, applies the engine's migrations (in `schema`), verifies the dedup key, and opens
@@ -91,7 +91,8 @@ fn probes(settings: &Settings, pool: PgPool, groups: &[GroupConfig]) -> anyhow::
         settings.database_url.expose(),
         settings.redis_url.expose(),
         Duration::from_millis(settings.probe_timeout_ms),
-    );
+    )
+    .with_start_hints(crate::hints::start_hint);
     Ok(match groups.first() {
         Some(g) if g.source == Broker::Kafka => probes.with_kafka(&g.kafka.brokers)?,
         _ => probes.with_rabbitmq(settings.amqp_url.expose()),

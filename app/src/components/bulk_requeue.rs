@@ -7,9 +7,9 @@ use leptos::prelude::*;
 use leptos_router::components::A;
 
 use crate::base::href;
-use crate::components::format::count;
 use crate::components::session::IfRole;
 use crate::error::ConsoleError;
+use crate::format::count;
 use crate::wire::account::RoleView;
 use crate::wire::operations::{RequeueJobView, RequeuePreviewView, RequeueStartRequest};
 use crate::wire::records::RecordsQuery;
@@ -17,14 +17,15 @@ use crate::wire::records::RecordsQuery;
 /// What a bulk requeue of `filter` would do now. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "preview_requeue", input = leptos::server_fn::codec::Json, client = crate::csrf::CsrfClient)]
 pub async fn preview_requeue(filter: RecordsQuery) -> Result<RequeuePreviewView, ConsoleError> {
-    crate::ssr::operations::requeue_preview(&crate::ssr::console_state()?, &filter).await
+    crate::ssr::service::operations::requeue_preview(&crate::ssr::service::console_state()?, &filter).await
 }
 
 /// Freezes the selection and starts the job. Role: operator.
 #[server(prefix = "/api/fn", endpoint = "start_requeue", input = leptos::server_fn::codec::Json, client = crate::csrf::CsrfClient)]
 pub async fn start_requeue(request: RequeueStartRequest) -> Result<RequeueJobView, ConsoleError> {
-    let state = crate::ssr::console_state()?;
-    crate::ssr::operations::requeue_start(&state, &crate::ssr::auth::request_auth().actor(), &request).await
+    let state = crate::ssr::service::console_state()?;
+    crate::ssr::service::operations::requeue_start(&state, &crate::ssr::service::auth::request_auth().actor(), &request)
+        .await
 }
 
 /// The button and its dialog for `filter`; `label` names the selection ("dead letters of class X").

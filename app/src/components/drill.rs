@@ -15,14 +15,15 @@ use crate::wire::operations::{DrillRequest, DrillView};
 /// Publishes a drill copy. Role: operator.
 #[server(prefix = "/api/fn", endpoint = "start_drill", input = leptos::server_fn::codec::Json, client = crate::csrf::CsrfClient)]
 pub async fn start_drill(request: DrillRequest) -> Result<DrillView, ConsoleError> {
-    let state = crate::ssr::console_state()?;
-    crate::ssr::operations::drill_start(&state, &crate::ssr::auth::request_auth().actor(), &request).await
+    let state = crate::ssr::service::console_state()?;
+    crate::ssr::service::operations::drill_start(&state, &crate::ssr::service::auth::request_auth().actor(), &request)
+        .await
 }
 
 /// A drill's state. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "get_drill", client = crate::csrf::CsrfClient)]
 pub async fn get_drill(id: i64) -> Result<DrillView, ConsoleError> {
-    crate::ssr::operations::drill(&crate::ssr::console_state()?, id).await
+    crate::ssr::service::operations::drill(&crate::ssr::service::console_state()?, id).await
 }
 
 /// The drill button and its dialog for record `record_id` (a succeeded one).

@@ -1,9 +1,9 @@
 //! Widgets shared by several pages.
 
+pub mod badge;
 pub mod bulk_requeue;
 pub mod chart;
 pub mod drill;
-pub mod format;
 pub mod live;
 pub mod record_actions;
 pub mod records_table;

@@ -17,8 +17,9 @@ pub async fn act_on_record(
     action: RecordActionKind,
     request: RecordActionRequest,
 ) -> Result<ActionResultView, ConsoleError> {
-    let state = crate::ssr::console_state()?;
-    crate::ssr::actions::act(&state, &crate::ssr::auth::request_auth().actor(), id, action, &request).await
+    let state = crate::ssr::service::console_state()?;
+    crate::ssr::service::actions::act(&state, &crate::ssr::service::auth::request_auth().actor(), id, action, &request)
+        .await
 }
 
 /// What the buttons act on: the record as the page showed it.

@@ -6,8 +6,9 @@ use std::collections::BTreeSet;
 use leptos::prelude::*;
 use leptos_router::components::A;
 
-use super::format::{StatusBadge, short_time};
+use super::badge::StatusBadge;
 use crate::base::href;
+use crate::format::short_time;
 use crate::wire::records::RecordSummary;
 
 /// A table of records. With `selected`, each row gets a checkbox and the header one that

@@ -15,9 +15,9 @@ use crate::wire::account::{RoleView, SessionView, SignOutView};
 /// visitors get no user and no token).
 #[server(prefix = "/api/fn", endpoint = "get_session", client = crate::csrf::CsrfClient)]
 pub async fn get_session() -> Result<SessionView, ConsoleError> {
-    use crate::ssr::auth::SignIn;
-    let auth = crate::ssr::auth::request_auth();
-    let state = crate::ssr::console_state()?;
+    use crate::ssr::service::auth::SignIn;
+    let auth = crate::ssr::service::auth::request_auth();
+    let state = crate::ssr::service::console_state()?;
     let sign_out = match auth.sign_in {
         _ if auth.user.is_none() => None,
         SignIn::Account => Some(SignOutView::Console),

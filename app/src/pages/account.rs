@@ -4,22 +4,22 @@
 
 use leptos::prelude::*;
 
-use crate::components::format::opt_time;
 use crate::components::session::use_session;
 use crate::error::ConsoleError;
+use crate::format::opt_time;
 use crate::wire::account::{NewTokenView, TokenView};
 
 /// The signed-in user's tokens, newest first.
 #[server(prefix = "/api/fn", endpoint = "list_tokens", client = crate::csrf::CsrfClient)]
 pub async fn list_tokens() -> Result<Vec<TokenView>, ConsoleError> {
-    let (user, _) = crate::ssr::auth::require_account(crate::wire::account::RoleView::Viewer)?;
-    crate::ssr::accounts::list_tokens(&crate::ssr::console_state()?, &user).await
+    let (user, _) = crate::ssr::service::auth::require_account(crate::wire::account::RoleView::Viewer)?;
+    crate::ssr::service::accounts::list_tokens(&crate::ssr::service::console_state()?, &user).await
 }
 
 /// Creates a token named `name`; the answer holds its secret, shown once.
 #[server(prefix = "/api/fn", endpoint = "create_token", client = crate::csrf::CsrfClient)]
 pub async fn create_token(name: String) -> Result<NewTokenView, ConsoleError> {
-    let (user, auth) = crate::ssr::auth::require_account(crate::wire::account::RoleView::Viewer)?;
+    let (user, auth) = crate::ssr::service::auth::require_account(crate::wire::account::RoleView::Viewer)?;
     // Only a signed-in session (which has a CSRF token) mints tokens: a leaked API token must
     // not outlive its own revocation by minting another.
     if auth.csrf_token.is_none() {
@@ -27,14 +27,14 @@ pub async fn create_token(name: String) -> Result<NewTokenView, ConsoleError> {
             "API tokens are created from a signed-in session, not with a token".to_owned(),
         ));
     }
-    crate::ssr::accounts::create_token(&crate::ssr::console_state()?, &auth, &user, &name).await
+    crate::ssr::service::accounts::create_token(&crate::ssr::service::console_state()?, &auth, &user, &name).await
 }
 
 /// Revokes one of the signed-in user's tokens.
 #[server(prefix = "/api/fn", endpoint = "revoke_token", client = crate::csrf::CsrfClient)]
 pub async fn revoke_token(id: i64) -> Result<TokenView, ConsoleError> {
-    let (user, auth) = crate::ssr::auth::require_account(crate::wire::account::RoleView::Viewer)?;
-    crate::ssr::accounts::revoke_token(&crate::ssr::console_state()?, &auth, &user, id).await
+    let (user, auth) = crate::ssr::service::auth::require_account(crate::wire::account::RoleView::Viewer)?;
+    crate::ssr::service::accounts::revoke_token(&crate::ssr::service::console_state()?, &auth, &user, id).await
 }
 
 /// The Account page.

@@ -6,14 +6,14 @@ use leptos_router::components::{A, Form};
 use leptos_router::hooks::use_query_map;
 
 use crate::base::href;
-use crate::components::format::short_time;
 use crate::error::ConsoleError;
+use crate::format::short_time;
 use crate::wire::operations::{AuditEntryView, AuditPageView, AuditQuery};
 
 /// One page of the audit log. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "get_audit", client = crate::csrf::CsrfClient)]
 pub async fn get_audit(#[server(default)] q: AuditQuery) -> Result<AuditPageView, ConsoleError> {
-    crate::ssr::operations::audit_page(&crate::ssr::console_state()?, &q).await
+    crate::ssr::service::operations::audit_page(&crate::ssr::service::console_state()?, &q).await
 }
 
 fn query_href(q: &AuditQuery) -> String {

@@ -6,37 +6,44 @@ use std::time::Duration;
 
 use leptos::prelude::*;
 
-use crate::components::format::{count, millis, opt_time, short_time};
 use crate::components::session::IfRole;
 use crate::components::ticker::use_ticker;
 use crate::error::ConsoleError;
+use crate::format::{count, millis, opt_time, short_time};
 use crate::wire::account::RoleView;
 use crate::wire::operations::{CleanupRunView, CleanupView, ScheduleRequest, ScheduleView};
 
 /// The cleanup page's data. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "get_cleanup", client = crate::csrf::CsrfClient)]
 pub async fn get_cleanup() -> Result<CleanupView, ConsoleError> {
-    crate::ssr::operations::cleanup_overview(&crate::ssr::console_state()?).await
+    crate::ssr::service::operations::cleanup_overview(&crate::ssr::service::console_state()?).await
 }
 
 /// Creates (`id` none) or edits a schedule. Role: admin.
 #[server(prefix = "/api/fn", endpoint = "save_schedule", input = leptos::server_fn::codec::Json, client = crate::csrf::CsrfClient)]
 pub async fn save_schedule(id: Option<i64>, schedule: ScheduleRequest) -> Result<ScheduleView, ConsoleError> {
-    let state = crate::ssr::console_state()?;
-    crate::ssr::operations::schedule_save(&state, &crate::ssr::auth::request_auth().actor(), id, &schedule).await
+    let state = crate::ssr::service::console_state()?;
+    crate::ssr::service::operations::schedule_save(
+        &state,
+        &crate::ssr::service::auth::request_auth().actor(),
+        id,
+        &schedule,
+    )
+    .await
 }
 
 /// Records a schedule would delete now. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "dry_run_schedule", client = crate::csrf::CsrfClient)]
 pub async fn dry_run_schedule(id: i64) -> Result<i64, ConsoleError> {
-    crate::ssr::operations::schedule_dry_run(&crate::ssr::console_state()?, id).await
+    crate::ssr::service::operations::schedule_dry_run(&crate::ssr::service::console_state()?, id).await
 }
 
 /// Starts a manual run; returns its id. Role: admin.
 #[server(prefix = "/api/fn", endpoint = "run_schedule_now", client = crate::csrf::CsrfClient)]
 pub async fn run_schedule_now(id: i64) -> Result<i64, ConsoleError> {
-    let state = crate::ssr::console_state()?;
-    crate::ssr::operations::schedule_run_now(&state, &crate::ssr::auth::request_auth().actor(), id).await
+    let state = crate::ssr::service::console_state()?;
+    crate::ssr::service::operations::schedule_run_now(&state, &crate::ssr::service::auth::request_auth().actor(), id)
+        .await
 }
 
 /// The cleanup page.

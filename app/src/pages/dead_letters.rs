@@ -6,15 +6,15 @@ use leptos_router::components::A;
 
 use crate::base::href;
 use crate::components::bulk_requeue::BulkRequeue;
-use crate::components::format::{count, short_time};
 use crate::error::ConsoleError;
+use crate::format::{count, short_time};
 use crate::wire::failures::DeadLetterGroupView;
 use crate::wire::records::RecordsQuery;
 
 /// Dead letters grouped by error class, largest group first.
 #[server(prefix = "/api/fn", endpoint = "list_dead_letter_groups", client = crate::csrf::CsrfClient)]
 pub async fn list_dead_letter_groups() -> Result<Vec<DeadLetterGroupView>, ConsoleError> {
-    crate::ssr::console::dead_letters(&crate::ssr::console_state()?).await
+    crate::ssr::service::console::dead_letters(&crate::ssr::service::console_state()?).await
 }
 
 /// The dead-letters page.

@@ -16,20 +16,20 @@ use crate::wire::{DependencyView, HealthView};
 /// Probes PostgreSQL, Redis and RabbitMQ (concurrently, each bounded by the probe timeout).
 #[server(prefix = "/api/fn", endpoint = "get_health", client = crate::csrf::CsrfClient)]
 pub async fn get_health() -> Result<HealthView, ConsoleError> {
-    let state = crate::ssr::console_state()?;
+    let state = crate::ssr::service::console_state()?;
     Ok(state.probes.check().await.into())
 }
 
 /// Counts, traffic, consumer state and duplicate delays.
 #[server(prefix = "/api/fn", endpoint = "get_overview", client = crate::csrf::CsrfClient)]
 pub async fn get_overview() -> Result<OverviewView, ConsoleError> {
-    crate::ssr::console::overview(&crate::ssr::console_state()?).await
+    crate::ssr::service::console::overview(&crate::ssr::service::console_state()?).await
 }
 
 /// The growth chart over `range` (`1h`, `24h`, `7d`, `30d`; default `24h`).
 #[server(prefix = "/api/fn", endpoint = "get_growth", client = crate::csrf::CsrfClient)]
 pub async fn get_growth(range: Option<String>) -> Result<GrowthView, ConsoleError> {
-    crate::ssr::console::growth(&crate::ssr::console_state()?, range.as_deref()).await
+    crate::ssr::service::console::growth(&crate::ssr::service::console_state()?, range.as_deref()).await
 }
 
 /// The overview page. The chart's range is the `range` query parameter.

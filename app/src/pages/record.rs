@@ -5,10 +5,11 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
+use crate::components::badge::StatusBadge;
 use crate::components::drill::DrillButton;
-use crate::components::format::{StatusBadge, duration, millis, opt_time, short_time};
 use crate::components::record_actions::{ActionTarget, RecordActions};
 use crate::error::ConsoleError;
+use crate::format::{duration, millis, opt_time, short_time};
 use crate::pages::audit::AuditTable;
 use crate::wire::operations::AuditEntryView;
 use crate::wire::records::{AttemptView, MarkerView, PayloadView, RecordDetailView, SourceView};
@@ -16,13 +17,13 @@ use crate::wire::records::{AttemptView, MarkerView, PayloadView, RecordDetailVie
 /// One record with its history and marker.
 #[server(prefix = "/api/fn", endpoint = "get_record", client = crate::csrf::CsrfClient)]
 pub async fn get_record(id: i64) -> Result<RecordDetailView, ConsoleError> {
-    crate::ssr::console::record(&crate::ssr::console_state()?, id).await
+    crate::ssr::service::console::record(&crate::ssr::service::console_state()?, id).await
 }
 
 /// The audit entries naming a record. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "get_record_audit", client = crate::csrf::CsrfClient)]
 pub async fn get_record_audit(group: String, message_id: String) -> Result<Vec<AuditEntryView>, ConsoleError> {
-    crate::ssr::operations::record_audit(&crate::ssr::console_state()?, &group, &message_id).await
+    crate::ssr::service::operations::record_audit(&crate::ssr::service::console_state()?, &group, &message_id).await
 }
 
 /// The record detail page.

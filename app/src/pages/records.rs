@@ -17,13 +17,13 @@ use crate::wire::records::{RecordFilterOptions, RecordPageView, RecordsQuery};
 /// One page of records matching `query`.
 #[server(prefix = "/api/fn", endpoint = "list_records", client = crate::csrf::CsrfClient)]
 pub async fn list_records(#[server(default)] query: RecordsQuery) -> Result<RecordPageView, ConsoleError> {
-    crate::ssr::console::records(&crate::ssr::console_state()?, &query).await
+    crate::ssr::service::console::records(&crate::ssr::service::console_state()?, &query).await
 }
 
 /// The consumer groups and message types the filter offers.
 #[server(prefix = "/api/fn", endpoint = "get_record_filters", client = crate::csrf::CsrfClient)]
 pub async fn get_record_filters() -> Result<RecordFilterOptions, ConsoleError> {
-    crate::ssr::console::filter_options(&crate::ssr::console_state()?).await
+    crate::ssr::service::console::filter_options(&crate::ssr::service::console_state()?).await
 }
 
 /// The records page.

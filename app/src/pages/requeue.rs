@@ -5,24 +5,30 @@ use std::time::Duration;
 
 use leptos::prelude::*;
 
-use crate::components::format::{count, duration, opt_time, short_time};
 use crate::components::session::IfRole;
 use crate::components::ticker::use_ticker;
 use crate::error::ConsoleError;
+use crate::format::{count, duration, opt_time, short_time};
 use crate::wire::account::RoleView;
 use crate::wire::operations::{JobControlKind, RequeueJobView};
 
 /// The latest bulk requeue jobs. Role: viewer.
 #[server(prefix = "/api/fn", endpoint = "list_requeue_jobs", client = crate::csrf::CsrfClient)]
 pub async fn list_requeue_jobs() -> Result<Vec<RequeueJobView>, ConsoleError> {
-    crate::ssr::operations::requeue_jobs(&crate::ssr::console_state()?).await
+    crate::ssr::service::operations::requeue_jobs(&crate::ssr::service::console_state()?).await
 }
 
 /// Pauses, resumes or cancels a job. Role: operator.
 #[server(prefix = "/api/fn", endpoint = "control_requeue_job", input = leptos::server_fn::codec::Json, client = crate::csrf::CsrfClient)]
 pub async fn control_requeue_job(id: i64, control: JobControlKind) -> Result<RequeueJobView, ConsoleError> {
-    let state = crate::ssr::console_state()?;
-    crate::ssr::operations::requeue_control(&state, &crate::ssr::auth::request_auth().actor(), id, control).await
+    let state = crate::ssr::service::console_state()?;
+    crate::ssr::service::operations::requeue_control(
+        &state,
+        &crate::ssr::service::auth::request_auth().actor(),
+        id,
+        control,
+    )
+    .await
 }
 
 /// The requeues page.

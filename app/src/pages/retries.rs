@@ -6,16 +6,16 @@ use leptos_router::components::A;
 
 use crate::base::href;
 use crate::components::bulk_requeue::BulkRequeue;
-use crate::components::format::{count, opt_time};
 use crate::components::records_table::RecordsTable;
 use crate::error::ConsoleError;
+use crate::format::{count, opt_time};
 use crate::wire::failures::RetriesView;
 use crate::wire::records::RecordsQuery;
 
 /// The retries page's data.
 #[server(prefix = "/api/fn", endpoint = "get_retries", client = crate::csrf::CsrfClient)]
 pub async fn get_retries() -> Result<RetriesView, ConsoleError> {
-    crate::ssr::console::retries(&crate::ssr::console_state()?).await
+    crate::ssr::service::console::retries(&crate::ssr::service::console_state()?).await
 }
 
 /// The retries page.

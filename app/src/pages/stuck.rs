@@ -6,15 +6,15 @@ use leptos::prelude::*;
 use leptos_router::components::A;
 
 use crate::base::href;
-use crate::components::format::{count, duration, opt_time, short_time};
 use crate::components::record_actions::{ActionTarget, RecordActions};
 use crate::error::ConsoleError;
+use crate::format::{count, duration, opt_time, short_time};
 use crate::wire::failures::{StuckRecordView, StuckView};
 
 /// The stuck records.
 #[server(prefix = "/api/fn", endpoint = "list_stuck", client = crate::csrf::CsrfClient)]
 pub async fn list_stuck() -> Result<StuckView, ConsoleError> {
-    crate::ssr::console::stuck(&crate::ssr::console_state()?).await
+    crate::ssr::service::console::stuck(&crate::ssr::service::console_state()?).await
 }
 
 /// The stuck page.

@@ -3,46 +3,48 @@
 
 use leptos::prelude::*;
 
-use crate::components::format::opt_time;
 use crate::error::ConsoleError;
+use crate::format::opt_time;
 use crate::wire::account::{RoleView, UserView};
 
 /// Every user.
 #[server(prefix = "/api/fn", endpoint = "list_users", client = crate::csrf::CsrfClient)]
 pub async fn list_users() -> Result<Vec<UserView>, ConsoleError> {
-    crate::ssr::auth::require(RoleView::Admin)?;
-    crate::ssr::accounts::list_users(&crate::ssr::console_state()?).await
+    crate::ssr::service::auth::require(RoleView::Admin)?;
+    crate::ssr::service::accounts::list_users(&crate::ssr::service::console_state()?).await
 }
 
 /// Adds a user with a role and an initial password (at least 10 characters).
 #[server(prefix = "/api/fn", endpoint = "add_user", client = crate::csrf::CsrfClient)]
 pub async fn add_user(name: String, role: String, password: String) -> Result<UserView, ConsoleError> {
-    let (_, auth) = crate::ssr::auth::require(RoleView::Admin)?;
-    let role = crate::ssr::accounts::parse_role(&role)?;
-    crate::ssr::accounts::add_user(&crate::ssr::console_state()?, &auth, &name, role, password).await
+    let (_, auth) = crate::ssr::service::auth::require(RoleView::Admin)?;
+    let role = crate::ssr::service::accounts::parse_role(&role)?;
+    crate::ssr::service::accounts::add_user(&crate::ssr::service::console_state()?, &auth, &name, role, password).await
 }
 
 /// Changes a user's role.
 #[server(prefix = "/api/fn", endpoint = "set_user_role", client = crate::csrf::CsrfClient)]
 pub async fn set_user_role(id: i64, role: String) -> Result<UserView, ConsoleError> {
-    let (_, auth) = crate::ssr::auth::require(RoleView::Admin)?;
-    let role = crate::ssr::accounts::parse_role(&role)?;
-    crate::ssr::accounts::update_user(&crate::ssr::console_state()?, &auth, id, Some(role), None).await
+    let (_, auth) = crate::ssr::service::auth::require(RoleView::Admin)?;
+    let role = crate::ssr::service::accounts::parse_role(&role)?;
+    crate::ssr::service::accounts::update_user(&crate::ssr::service::console_state()?, &auth, id, Some(role), None)
+        .await
 }
 
 /// Disables (`true`) or enables (`false`) a user; a disabled user's sessions and tokens stop
 /// working at once.
 #[server(prefix = "/api/fn", endpoint = "set_user_disabled", client = crate::csrf::CsrfClient)]
 pub async fn set_user_disabled(id: i64, disabled: bool) -> Result<UserView, ConsoleError> {
-    let (_, auth) = crate::ssr::auth::require(RoleView::Admin)?;
-    crate::ssr::accounts::update_user(&crate::ssr::console_state()?, &auth, id, None, Some(disabled)).await
+    let (_, auth) = crate::ssr::service::auth::require(RoleView::Admin)?;
+    crate::ssr::service::accounts::update_user(&crate::ssr::service::console_state()?, &auth, id, None, Some(disabled))
+        .await
 }
 
 /// Sets a new password for a user.
 #[server(prefix = "/api/fn", endpoint = "reset_user_password", client = crate::csrf::CsrfClient)]
 pub async fn reset_user_password(name: String, password: String) -> Result<(), ConsoleError> {
-    let (_, auth) = crate::ssr::auth::require(RoleView::Admin)?;
-    crate::ssr::accounts::reset_password(&crate::ssr::console_state()?, &auth, &name, password).await
+    let (_, auth) = crate::ssr::service::auth::require(RoleView::Admin)?;
+    crate::ssr::service::accounts::reset_password(&crate::ssr::service::console_state()?, &auth, &name, password).await
 }
 
 /// The Users page.

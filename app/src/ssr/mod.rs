@@ -1,83 +1,19 @@
-//! The server side of the console: [`console_router`] (the whole console as an axum router a
-//! host mounts, [`mount`]), the routes and their access rules ([`routes`]), sign-in, sessions,
-//! authorisation and security headers ([`security`]), the state server functions get, and
-//! conversions from engine types to [`crate::wire`] types.
+//! The server side of the console, in two layers that import downward only:
+//!
+//! - [`web`]: the HTTP side — [`web::mount::console_router`] (the whole console as an axum
+//!   router a host mounts, [`web::mount::mount`]), the route table and access rules
+//!   ([`web::router`]), the REST API ([`web::api`]), sign-in, sessions, authorisation and
+//!   security headers ([`web::security`]). It renders the app's pages and calls the service
+//!   layer.
+//! - [`service`]: what server functions and REST handlers call — the engine behind a
+//!   [`service::ConsoleState`], returning [`crate::wire`] views. The pages' server functions
+//!   call it too.
+//!
+//! A host needs only [`mount`] (re-exported from the web layer): `console_router`, `mount`,
+//! `ConsoleConfig`, `ConsoleAuth`, `DelegatedAuth`, `HostUser`, `AuthResolver`, `AuthSettings`.
 
-pub mod accounts;
-pub mod actions;
-pub mod auth;
-pub mod console;
-mod convert;
-pub mod mount;
-pub mod operations;
-pub mod routes;
-pub mod security;
+pub mod service;
+pub mod web;
 
-pub use mount::{AuthResolver, ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser, console_router};
-
-use dedup_engine::actions::Publishers;
-use dedup_engine::fastpath::FastPath;
-use dedup_engine::health::{HealthProbes, HealthReport};
-use dedup_engine::runtime::EngineHandle;
-use leptos::prelude::use_context;
-use sqlx::PgPool;
-
-use crate::error::ConsoleError;
-use crate::wire::{DependencyView, HealthView};
-
-/// Everything server functions need, provided by the server as Leptos context for each request.
-#[derive(Clone)]
-pub struct ConsoleState {
-    /// Probes of PostgreSQL, Redis and the broker.
-    pub probes: HealthProbes,
-    /// The running engine: its pool, fast path, publishers and consumer groups.
-    pub engine: EngineHandle,
-    /// Every change is refused (the server's layer answers 403) and no action is shown.
-    pub read_only: bool,
-    /// The host's sign-out page, when the host signs users in (delegated auth).
-    pub host_sign_out: Option<String>,
-}
-
-impl ConsoleState {
-    /// The engine's pool (the console's queries and the operator actions run there).
-    pub fn pool(&self) -> &PgPool {
-        self.engine.pool()
-    }
-
-    /// The Redis fast path (marker state on record pages).
-    pub fn fast_path(&self) -> &FastPath {
-        self.engine.fast_path()
-    }
-
-    /// The publishers operator actions republish through.
-    pub fn publishers(&self) -> &Publishers {
-        self.engine.publishers()
-    }
-}
-
-/// The [`ConsoleState`] of the current request.
-///
-/// Errors: [`ConsoleError::Internal`] when the server did not provide it (a wiring bug).
-pub fn console_state() -> Result<ConsoleState, ConsoleError> {
-    use_context::<ConsoleState>().ok_or_else(|| ConsoleError::internal("ConsoleState missing from context"))
-}
-
-impl From<HealthReport> for HealthView {
-    fn from(report: HealthReport) -> Self {
-        HealthView {
-            checked_at: report.checked_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            dependencies: report
-                .dependencies()
-                .into_iter()
-                .map(|d| DependencyView {
-                    key: d.service.to_owned(),
-                    name: d.name.clone(),
-                    url: d.url.clone(),
-                    up: d.up,
-                    latency_ms: d.latency_ms,
-                    error: d.error.clone(),
-                })
-                .collect(),
-        }
-    }
-}
+pub use web::mount;
+pub use web::mount::{AuthResolver, ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser, console_router};

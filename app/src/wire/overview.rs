@@ -96,6 +96,11 @@ pub struct ConsumerView {
     pub queue_depth: Option<u64>,
     /// The last connection or settlement error, with its time.
     pub last_error: Option<String>,
+    /// Why the broker refuses the group's topology, while it does (an exchange of another
+    /// type, a queue with other arguments, a missing one): it consumes nothing meanwhile and
+    /// `/readyz` is not ready.
+    #[serde(default)]
+    pub topology_refused: Option<String>,
 }
 
 /// One bucket of the duplicate-delay histogram.

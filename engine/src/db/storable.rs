@@ -97,6 +97,7 @@ mod tests {
             broker: crate::message::Broker::RabbitMq,
             source: crate::message::SourceRef { routing_key: Some("order.pay".to_owned()), ..Default::default() },
             redelivered: false,
+            headers_too_deep: false,
         };
         let stored = Storable::of(&message);
         assert_eq!(stored.type_property.as_deref(), Some("T\u{FFFD}"));

@@ -77,7 +77,16 @@ pub struct InboundMessage {
     /// The broker flagged this as a redelivery (informational only; attempts are counted in the
     /// dedup table, never inferred from broker counters).
     pub redelivered: bool,
+    /// The broker's headers nest deeper than [`MAX_HEADER_DEPTH`] levels (AMQP tables and arrays;
+    /// Kafka headers are flat): the message is poison, and `headers` keeps what is not deeper.
+    pub headers_too_deep: bool,
 }
+
+/// Deepest nesting of header tables and arrays a message may have (the headers table itself is
+/// level 1); a message nested deeper is poison, `HEADERS_TOO_DEEP`. Real producers nest two or
+/// three levels (RabbitMQ's own `x-death` is an array of tables); a hostile one can nest
+/// thousands, which every recursive parser, converter and `Drop` pays for in stack.
+pub const MAX_HEADER_DEPTH: usize = 32;
 
 impl InboundMessage {
     /// SHA-256 of the payload, stored as `payload_hash` to detect payload conflicts.
@@ -153,6 +162,12 @@ pub enum PoisonReason {
         /// The limit in bytes.
         max: usize,
     },
+    /// The headers nest deeper than [`MAX_HEADER_DEPTH`] levels.
+    #[error("headers nested deeper than {max} levels (the deeper values are not kept)")]
+    HeadersTooDeep {
+        /// The limit, [`MAX_HEADER_DEPTH`].
+        max: usize,
+    },
     /// No handler is registered for the message's type in this consumer group. Not poison: a
     /// requeue processes it once the handler exists.
     #[error("no handler for message type {message_type:?}{}", raw_note(message_type, raw.as_deref()))]
@@ -187,6 +202,7 @@ impl PoisonReason {
             PoisonReason::InvalidMessageId(_) => "INVALID_MESSAGE_ID",
             PoisonReason::UnparsablePayload(_) => "UNPARSABLE_PAYLOAD",
             PoisonReason::TooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            PoisonReason::HeadersTooDeep { .. } => "HEADERS_TOO_DEEP",
             PoisonReason::NoHandler { .. } => "NO_HANDLER",
         }
     }
@@ -239,7 +255,7 @@ fn is_binary(content_type: Option<&str>) -> bool {
 
 impl IdPolicy {
     /// Finds the message id, parses the payload and finds the type with `types`. Order: size
-    /// limit, property, header, Kafka key, JSON pointer, Kafka offset. A payload that is not JSON
+    /// limit, header depth, property, header, Kafka key, JSON pointer, Kafka offset. A payload that is not JSON
     /// is poison unless its content type is binary (then it is passed through as bytes). A
     /// poison message with a usable id keeps it, typed from its envelope; one without is typed
     /// [`POISON_TYPE`].
@@ -260,6 +276,10 @@ impl IdPolicy {
                 PoisonReason::TooLarge { bytes: message.payload.len(), max: self.max_payload_bytes },
                 id,
             ));
+        }
+        if message.headers_too_deep {
+            let id = self.id_from_envelope(message).and_then(Result::ok);
+            return Err(poison(PoisonReason::HeadersTooDeep { max: MAX_HEADER_DEPTH }, id));
         }
         let json = if is_binary(message.content_type.as_deref()) {
             None

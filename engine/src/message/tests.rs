@@ -14,6 +14,7 @@ pub(super) fn message(payload: &[u8]) -> InboundMessage {
         broker: Broker::RabbitMq,
         source: SourceRef::default(),
         redelivered: false,
+        headers_too_deep: false,
     }
 }
 

@@ -40,9 +40,15 @@ pub enum SourceError {
     /// The connection or channel is gone; open a new source (after a back-off).
     #[error("broker connection lost: {0}")]
     Disconnected(String),
-    /// The broker refused an operation (bad topology, permissions).
+    /// The broker refused an operation (permissions, limits).
     #[error("broker error: {0}")]
     Broker(String),
+    /// The broker refused the group's topology: an exchange or queue that exists with other
+    /// settings (RabbitMQ's 406 PRECONDITION_FAILED, e.g. a `direct` exchange declared as
+    /// `topic`), one that is missing where it should exist, or no permission to declare it. The
+    /// workers keep trying (someone may fix it), and the group is unhealthy meanwhile.
+    #[error("the broker refused the consumer group's topology: {0}")]
+    Topology(String),
 }
 
 /// One worker's stream of deliveries.

@@ -132,6 +132,7 @@ pub fn raw_message(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
             key_not_text: false,
         },
         redelivered: false,
+        headers_too_deep: false,
     }
 }
 

@@ -64,11 +64,16 @@ pub struct BillingQueue {
     pub lease: Duration,
 }
 
+/// The billing group's topology: `queue` bound to the topic exchange `exchange` with
+/// `invoice.#`.
+pub fn rabbit_settings(exchange: &str, queue: &str) -> RabbitSettings {
+    RabbitSettings::for_queue(exchange, queue, ["invoice.#"])
+}
+
 /// The billing consumer group: its queue, the type from `__TypeId__` mapped to handler types,
 /// and its two handlers.
 pub fn group(queue: &BillingQueue, mail: MailClient) -> Group {
-    let settings = RabbitSettings::for_queue(&queue.exchange, &queue.queue, ["invoice.#"]);
-    Group::rabbitmq(GROUP, &queue.amqp_url, settings)
+    Group::rabbitmq(GROUP, &queue.amqp_url, rabbit_settings(&queue.exchange, &queue.queue))
         .types(
             TypePolicy::from_sources([TypeSource::Header("__TypeId__".into())])
                 .map(PAID_EVENT, "INVOICE.PAID")

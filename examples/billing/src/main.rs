@@ -17,11 +17,11 @@ use dedup_engine::fastpath::FastPathSettings;
 use dedup_engine::health::HealthProbes;
 use dedup_engine::runtime::Engine;
 use dedup_engine::source::SourceFactory;
-use dedup_engine::source::rabbitmq::{MIN_THREAD_STACK_BYTES, RabbitConnector, RabbitSettings};
+use dedup_engine::source::rabbitmq::RabbitConnector;
 use dedup_example_billing::mail::{self, MailClient};
 use dedup_example_billing::producer::{PublishParams, publish_invoices};
 use dedup_example_billing::staff::{self, StaffAuth};
-use dedup_example_billing::{BillingQueue, group, migrate, page};
+use dedup_example_billing::{BillingQueue, group, migrate, page, rabbit_settings};
 
 /// Where the dedup console is mounted.
 const CONSOLE_PATH: &str = "/ops/dedup";
@@ -53,6 +53,9 @@ struct Common {
     /// The exchange invoice events are published to.
     #[arg(long, global = true, env = "BILLING_EXCHANGE", default_value = "billing.events")]
     exchange: String,
+    /// The consumer group's queue (declared, bound to the exchange, by `serve` and `publish`).
+    #[arg(long, global = true, env = "BILLING_QUEUE", default_value = "billing.invoices")]
+    queue: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -93,9 +96,6 @@ struct ServeArgs {
     /// Key prefix of the fast path's markers.
     #[arg(long, env = "BILLING_REDIS_PREFIX", default_value = "billing")]
     redis_prefix: String,
-    /// The consumer group's queue.
-    #[arg(long, env = "BILLING_QUEUE", default_value = "billing.invoices")]
-    queue: String,
     /// The mail service.
     #[arg(long, env = "MAIL_URL", default_value = "http://127.0.0.1:3101")]
     mail_url: String,
@@ -124,20 +124,15 @@ impl ServeArgs {
     }
 }
 
-fn main() -> ExitCode {
-    if std::env::var_os("RUST_MIN_STACK").is_none() {
-        // SAFETY: no other thread exists yet (the runtime is built below).
-        unsafe { std::env::set_var("RUST_MIN_STACK", MIN_THREAD_STACK_BYTES.to_string()) };
-    }
+#[tokio::main]
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "warn,dedup_example_billing=info,billing=info,dedup_engine=info".into()),
         )
         .init();
-    let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match runtime.block_on(run(cli)) {
+    match run(Cli::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -157,7 +152,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Publish { invoices, duplicate_rate, seed } => {
             let connector = RabbitConnector::new(
                 &cli.common.amqp_url,
-                RabbitSettings { exchange: cli.common.exchange.clone(), ..RabbitSettings::default() },
+                rabbit_settings(&cli.common.exchange, &cli.common.queue),
                 Default::default(),
             );
             let publisher = connector.publisher().await?;
@@ -178,7 +173,7 @@ async fn serve(pool: sqlx::PgPool, common: &Common, args: ServeArgs) -> anyhow::
     let queue = BillingQueue {
         amqp_url: common.amqp_url.clone(),
         exchange: common.exchange.clone(),
-        queue: args.queue.clone(),
+        queue: common.queue.clone(),
         lease: Duration::from_millis(args.lease_ms),
     };
     // A call that hangs must end well within the lease.

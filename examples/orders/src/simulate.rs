@@ -197,6 +197,7 @@ fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy, broker: Broker) -
             ..SourceRef::default()
         },
         redelivered: false,
+        headers_too_deep: false,
     };
     let record_id = match policy.identify(&probe, &TypePolicy::default()) {
         // Without a usable id each delivery gets a dead record of its own: the verifier finds

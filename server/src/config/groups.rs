@@ -51,8 +51,12 @@ impl Default for GroupConfig {
             group: "order-service".to_owned(),
             handlers: None,
             source: Broker::RabbitMq,
-            rabbitmq: RabbitSettings::default(),
-            kafka: KafkaSettings::default(),
+            // The order example's topology: the demo's defaults, not the engine's.
+            rabbitmq: RabbitSettings {
+                connection_name: "dedup-console".to_owned(),
+                ..RabbitSettings::for_queue("orders.events", "orders.order-service", ["order.#"])
+            },
+            kafka: KafkaSettings { topics: vec!["orders.events".to_owned()], ..KafkaSettings::default() },
             settings: GroupSettings::default(),
             unknown: Default::default(),
         }

@@ -18,7 +18,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
 pub use self::groups::{GroupConfig, publishers};
-use dedup_app::ssr::security::AuthSettings;
+use dedup_app::ssr::mount::AuthSettings;
 
 /// A URL that may carry a password. Printed and serialised with the password redacted;
 /// [`SecretUrl::expose`] gives the real value to the code that connects.

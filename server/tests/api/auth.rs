@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use dedup_app::ssr::routes::{policy, unruled};
-use dedup_app::ssr::security::access::{Access, RouteKind};
+use dedup_app::ssr::web::router::{policy, unruled};
+use dedup_app::ssr::web::security::access::{Access, RouteKind};
 use dedup_engine::accounts::Role;
 use reqwest::Method;
 use serde_json::Value;

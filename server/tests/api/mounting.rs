@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::http::request::Parts;
+use dedup_app::ssr::mount::AuthMode;
 use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser, console_router, mount};
-use dedup_app::ssr::routes::policy;
-use dedup_app::ssr::security::AuthMode;
+use dedup_app::ssr::web::router::policy;
 use dedup_console::startup::Application;
 use dedup_engine::accounts::Role;
 use dedup_engine::health::HealthProbes;

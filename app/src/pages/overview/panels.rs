@@ -5,8 +5,8 @@ use leptos_router::components::A;
 
 use crate::base::href;
 use crate::components::chart::{ChartKind, ChartPoint, TimeChart};
-use crate::components::format::{bytes, count, millis, opt_time, percent, short_time};
 use crate::error::ConsoleError;
+use crate::format::{bytes, count, millis, opt_time, percent, short_time};
 use crate::wire::overview::{
     ConsumerView, DelayBucketView, GROWTH_RANGES, GroupView, GrowthView, LiveView, TrafficView,
 };
@@ -146,10 +146,11 @@ pub fn ConsumersPanel(consumers: Vec<ConsumerView>) -> impl IntoView {
 /// One group's row: its name and types, then its broker state and numbers; the last error,
 /// when there is one, under the name.
 fn consumer_row(c: ConsumerView) -> impl IntoView {
-    let state = match (c.enabled, c.connected) {
-        (false, _) => "disabled",
-        (true, true) => "connected",
-        (true, false) => "disconnected",
+    let state = match (c.enabled, c.connected, &c.topology_refused) {
+        (false, ..) => "disabled",
+        (true, _, Some(_)) => "topology refused",
+        (true, true, None) => "connected",
+        (true, false, None) => "disconnected",
     };
     let badge = if state == "connected" { "badge badge-up" } else { "badge badge-down" };
     let (broker, waiting) = if c.broker == "kafka" { ("Kafka", "lag") } else { ("RabbitMQ", "queued") };
@@ -161,7 +162,10 @@ fn consumer_row(c: ConsumerView) -> impl IntoView {
             <td>
                 <span class="mono">{group}</span>
                 <div class="small muted">{types}</div>
-                {c.last_error.map(|e| view! { <div class="small error">"Last error: " {e}</div> })}
+                {match c.topology_refused {
+                    Some(why) => view! { <div class="small error" data-testid="topology-refused">{why}</div> }.into_any(),
+                    None => c.last_error.map(|e| view! { <div class="small error">"Last error: " {e}</div> }).into_any(),
+                }}
             </td>
             <td>
                 {broker} " "

@@ -85,6 +85,7 @@ impl Delivered {
             broker: Broker::Kafka,
             source: origin(&headers, retry_topic, at, key.as_deref()),
             redelivered: retry_topic,
+            headers_too_deep: false,
         };
         let tp = TopicPartition { topic: record.topic().to_owned(), partition: record.partition() };
         Self { message, meta: RecordMeta { tp, offset: record.offset(), epoch: 0, key, headers, due_ms } }

@@ -61,7 +61,7 @@ pub struct KafkaSettings {
     pub brokers: String,
     /// The Kafka consumer group (`group.id`). Default: the dedup consumer group (`consumer.group`).
     pub group_id: Option<String>,
-    /// Topics consumed. Default `["orders.events"]`.
+    /// Topics consumed; no default (an engine refuses to start a group without any).
     pub topics: Vec<String>,
     /// Group session timeout, in ms (`session.timeout.ms`): a member silent this long (a crashed
     /// process) loses its partitions to the others. Default 10000.
@@ -104,7 +104,7 @@ impl Default for KafkaSettings {
         Self {
             brokers: "127.0.0.1:9092".to_owned(),
             group_id: None,
-            topics: vec!["orders.events".to_owned()],
+            topics: Vec::new(),
             session_timeout_ms: 10_000,
             fetch_max_bytes: 1024 * 1024,
             max_partition_fetch_bytes: 1024 * 1024,
@@ -123,6 +123,13 @@ impl Default for KafkaSettings {
 }
 
 impl KafkaSettings {
+    /// What keeps these settings from naming a source: no topics.
+    ///
+    /// Errors: the reason, naming the setting.
+    pub fn check(&self) -> Result<(), String> {
+        if self.topics.is_empty() { Err("Kafka: no topics to consume (`topics`)".to_owned()) } else { Ok(()) }
+    }
+
     /// The retry topic of `topic` for copies delayed by `level` (a back-off level):
     /// `<topic>.<group id>.retry.<ms>`. The group id keeps two groups reading one topic from
     /// consuming each other's retries.

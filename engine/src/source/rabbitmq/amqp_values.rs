@@ -5,10 +5,10 @@ use serde_json::{Map, Number, Value};
 
 use crate::source::bytes_to_json;
 
-/// Deepest nesting of header tables and arrays kept on a record; deeper values are replaced by
-/// the string [`TOO_DEEP`]. A hostile producer can nest thousands of levels within one frame,
-/// and the conversion, JSON serialisation and PostgreSQL's `jsonb` all recurse.
-pub const MAX_HEADER_DEPTH: usize = 32;
+/// A message nested deeper than this is poison (`HEADERS_TOO_DEEP`); its record keeps the
+/// headers with deeper values replaced by the string [`TOO_DEEP`]: the conversion, JSON
+/// serialisation and PostgreSQL's `jsonb` all recurse (lapin's parser too: `header_depth.rs`).
+pub use crate::message::MAX_HEADER_DEPTH;
 
 /// What stands in for a header value nested deeper than [`MAX_HEADER_DEPTH`].
 pub const TOO_DEEP: &str = "(nested deeper than 32 levels; not kept)";
@@ -17,16 +17,24 @@ pub const TOO_DEEP: &str = "(nested deeper than 32 levels; not kept)";
 /// become arrays of numbers; decimals become numbers; timestamps their Unix seconds; values
 /// nested deeper than [`MAX_HEADER_DEPTH`] the string [`TOO_DEEP`].
 pub fn table_to_json(table: &FieldTable) -> Map<String, Value> {
-    table_at(table, 1)
+    headers_to_json(table).0
 }
 
-fn table_at(table: &FieldTable, depth: usize) -> Map<String, Value> {
-    table.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_to_json(v, depth))).collect()
+/// [`table_to_json`], and whether some value was nested deeper than [`MAX_HEADER_DEPTH`].
+pub fn headers_to_json(table: &FieldTable) -> (Map<String, Value>, bool) {
+    let mut too_deep = false;
+    let map = table_at(table, 1, &mut too_deep);
+    (map, too_deep)
 }
 
-fn value_to_json(value: &AMQPValue, depth: usize) -> Value {
+fn table_at(table: &FieldTable, depth: usize, too_deep: &mut bool) -> Map<String, Value> {
+    table.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_to_json(v, depth, too_deep))).collect()
+}
+
+fn value_to_json(value: &AMQPValue, depth: usize, too_deep: &mut bool) -> Value {
     let nested = matches!(value, AMQPValue::FieldArray(_) | AMQPValue::FieldTable(_));
     if nested && depth >= MAX_HEADER_DEPTH {
+        *too_deep = true;
         return Value::String(TOO_DEEP.to_owned());
     }
     match value {
@@ -45,9 +53,11 @@ fn value_to_json(value: &AMQPValue, depth: usize) -> Value {
         }
         AMQPValue::ShortString(s) => Value::String(s.as_str().to_owned()),
         AMQPValue::LongString(s) => bytes_to_json(s.as_bytes()),
-        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(|v| value_to_json(v, depth + 1)).collect()),
+        AMQPValue::FieldArray(a) => {
+            Value::Array(a.as_slice().iter().map(|v| value_to_json(v, depth + 1, too_deep)).collect())
+        }
         AMQPValue::Timestamp(t) => Value::from(*t),
-        AMQPValue::FieldTable(t) => Value::Object(table_at(t, depth + 1)),
+        AMQPValue::FieldTable(t) => Value::Object(table_at(t, depth + 1, too_deep)),
         AMQPValue::ByteArray(b) => Value::Array(b.as_slice().iter().map(|x| Value::from(*x)).collect()),
         AMQPValue::Void => Value::Null,
     }
@@ -119,7 +129,9 @@ mod tests {
         }
         let mut table = FieldTable::default();
         table.insert("h".into(), value);
-        let mut json = &Value::Object(table_to_json(&table));
+        let (map, too_deep) = headers_to_json(&table);
+        assert!(too_deep);
+        let mut json = &Value::Object(map);
         let mut depth = 0;
         while let Some(inner) = json.get("h").or_else(|| json.get("n")) {
             json = inner;

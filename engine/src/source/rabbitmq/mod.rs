@@ -2,8 +2,12 @@
 //! queues, a dead-letter queue, and reconnection.
 //!
 //! Topology, declared at start (idempotent):
-//! - the exchange messages are published to (`exchange`, default `orders.events`, topic);
-//! - the work queue (`queue`) bound to it with `binding_keys`;
+//! - the exchange messages are published to (`exchange`, of `exchange_type`: topic by default,
+//!   direct or fanout), and the work queue (`queue`) bound to it with `binding_keys` — or, with
+//!   `topology = "existing"`, both made by the team's own tooling and only checked (passively);
+//!   a broker refusing them (an exchange of another type, a queue with other arguments, one that
+//!   is missing, no permission) is a [`SourceError::Topology`]: the group is unhealthy on
+//!   `/readyz` and the console's overview until it is fixed;
 //! - one retry queue per back-off delay, `<queue>.retry.<ms>`, whose `x-message-ttl` is the
 //!   delay and whose dead-letter target is the work queue (through the default exchange): a
 //!   copy published there comes back after the delay. This is RabbitMQ's standard delayed
@@ -17,7 +21,9 @@
 //! and `basic.nack(requeue)` when some must be redelivered.
 //!
 //! This file: settings, connection and topology ([`RabbitConnector`]); `publish.rs`: the
-//! confirm-mode [`Publisher`]; `source.rs`: a worker's consumer ([`RabbitSource`]).
+//! confirm-mode [`Publisher`]; `source.rs`: a worker's consumer ([`RabbitSource`]);
+//! `header_depth.rs`: the connections' bound on how deeply a message's header tables nest, so
+//! that no thread needs more than the default stack.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,24 +31,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::{Publish, Source, SourceError, SourceFactory};
 use crate::retry::Backoff;
 use crate::service::{Service, Unreachable};
-
-/// Stack size for threads spawned without an explicit one that a process consuming from RabbitMQ
-/// should set (`RUST_MIN_STACK`, before its async runtime starts), in bytes: a virtual
-/// reservation, pages are committed only when touched.
-///
-/// lapin parses each AMQP frame recursively on its own thread (`lapin-io-loop`), spawned with
-/// the default 2 MiB stack: a producer's content header of deeply nested header tables (up to
-/// RabbitMQ's `frame_max` of 128 KiB, about 18 000 levels) overflows it and aborts the whole
-/// process, again at every restart while the message stays queued.
-pub const MIN_THREAD_STACK_BYTES: usize = 512 << 20;
 
 /// How long a shutdown waits for the broker to confirm a consumer cancel, a channel's close or
 /// the connection's close. lapin's futures wait for the broker's reply; a reply that never came
@@ -110,66 +107,129 @@ impl std::fmt::Debug for SourceKey {
 pub use super::DEAD_LETTER_REASON_HEADER;
 
 pub mod amqp_values;
+mod header_depth;
 mod publish;
 mod source;
 
+pub use header_depth::MAX_PARSED_DEPTH;
+pub(crate) use header_depth::connect;
 pub use publish::{PublishError, Publisher, properties_for};
 pub use source::RabbitSource;
 
-/// RabbitMQ settings of a consumer.
+/// RabbitMQ settings of a consumer. The exchange, queue and binding keys have no default (an
+/// engine refuses to start a group without a queue): name them ([`RabbitSettings::for_queue`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RabbitSettings {
-    /// Exchange the messages are published to (declared as a durable topic exchange).
+    /// Exchange the messages are published to.
     pub exchange: String,
+    /// The type the exchange is declared with: `topic` (default), `direct` or `fanout`. A
+    /// declare of an exchange that exists with another type is refused by the broker.
+    pub exchange_type: ExchangeType,
+    /// Whether the exchange, the work queue and its bindings are declared at start (`declare`,
+    /// default) or exist already (`existing`: checked, never declared nor bound).
+    pub topology: Topology,
     /// The work queue (durable).
     pub queue: String,
-    /// Binding keys of the work queue on `exchange`.
+    /// Binding keys of the work queue on `exchange` (a fanout exchange ignores them; without
+    /// any the queue is bound once with the key `""`).
     pub binding_keys: Vec<String>,
-    /// Unacknowledged deliveries per worker channel (`basic.qos`).
+    /// Unacknowledged deliveries per worker channel (`basic.qos`). Default 200.
     pub prefetch: u16,
-    /// Exchange of dead-letter copies; `""` is the default exchange.
+    /// Exchange of dead-letter copies; `""` (default) is the default exchange.
     pub dead_letter_exchange: String,
     /// Routing key of dead-letter copies; default `<queue>.dead` (the queue declared for them).
     pub dead_letter_routing_key: Option<String>,
     /// Tries to publish one dead-letter copy before giving up (the record stays `dead` in the
-    /// database, with its payload, either way).
+    /// database, with its payload, either way). Default 3.
     pub dead_letter_publish_attempts: u32,
-    /// Name shown for the connection in RabbitMQ's management tools (`<name> <host>:<pid>`).
+    /// Name shown for the connection in RabbitMQ's management tools (`<name> <host>:<pid>`);
+    /// `""` (default): the queue's name.
     pub connection_name: String,
 }
 
 impl Default for RabbitSettings {
     fn default() -> Self {
         Self {
-            exchange: "orders.events".to_owned(),
-            queue: "orders.order-service".to_owned(),
-            binding_keys: vec!["order.#".to_owned()],
+            exchange: String::new(),
+            exchange_type: ExchangeType::Topic,
+            topology: Topology::Declare,
+            queue: String::new(),
+            binding_keys: Vec::new(),
             prefetch: 200,
             dead_letter_exchange: String::new(),
             dead_letter_routing_key: None,
             dead_letter_publish_attempts: 3,
-            connection_name: "dedup-console".to_owned(),
+            connection_name: String::new(),
         }
     }
 }
 
+/// The type of a declared exchange ([`RabbitSettings::exchange_type`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeType {
+    /// Routes by binding patterns (`order.#`).
+    #[default]
+    Topic,
+    /// Routes by exact routing key.
+    Direct,
+    /// Routes every message to every bound queue.
+    Fanout,
+}
+
+impl ExchangeType {
+    fn kind(self) -> ExchangeKind {
+        match self {
+            ExchangeType::Topic => ExchangeKind::Topic,
+            ExchangeType::Direct => ExchangeKind::Direct,
+            ExchangeType::Fanout => ExchangeKind::Fanout,
+        }
+    }
+}
+
+/// Who makes a group's exchange, work queue and bindings ([`RabbitSettings::topology`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    /// The engine, at start (idempotent declares).
+    #[default]
+    Declare,
+    /// The team's own tooling: the engine checks that the exchange and the queue exist
+    /// (passive declares) and binds nothing. Its own retry and dead-letter queues are declared
+    /// as usual.
+    Existing,
+}
+
 impl RabbitSettings {
     /// Defaults, with messages published to `exchange` (a durable topic exchange) and consumed
-    /// from `queue`, bound with `binding_keys`; the connection named after the queue.
+    /// from `queue`, bound with `binding_keys`.
     pub fn for_queue(
         exchange: impl Into<String>,
         queue: impl Into<String>,
         binding_keys: impl IntoIterator<Item = impl Into<String>>,
     ) -> Self {
-        let queue = queue.into();
         Self {
             exchange: exchange.into(),
             binding_keys: binding_keys.into_iter().map(Into::into).collect(),
-            connection_name: queue.clone(),
-            queue,
+            queue: queue.into(),
             ..Self::default()
         }
+    }
+
+    /// What keeps these settings from naming a topology: no queue, or no exchange to declare.
+    ///
+    /// Errors: the reason, naming the setting.
+    pub fn check(&self) -> Result<(), String> {
+        if self.queue.is_empty() {
+            return Err("RabbitMQ: no queue (`queue`)".to_owned());
+        }
+        if self.exchange.is_empty() && self.topology == Topology::Declare {
+            return Err(
+                "RabbitMQ: no exchange to declare (`exchange`; the default exchange cannot be bound)".to_owned()
+            );
+        }
+        Ok(())
     }
 
     /// The name of the retry queue for `delay`.
@@ -185,6 +245,10 @@ impl RabbitSettings {
     fn dead_letter_target(&self) -> (String, String) {
         let key = self.dead_letter_routing_key.clone().unwrap_or_else(|| self.dead_letter_queue());
         (self.dead_letter_exchange.clone(), key)
+    }
+
+    fn connection_name(&self) -> &str {
+        if self.connection_name.is_empty() { &self.queue } else { &self.connection_name }
     }
 }
 
@@ -234,8 +298,8 @@ impl RabbitConnector {
             return Ok(conn.clone());
         }
         self.connected.store(false, Ordering::Relaxed);
-        let name = format!("{} {}:{}", self.settings.connection_name, crate::worker::hostname(), std::process::id());
-        let conn = Connection::connect(&self.url, ConnectionProperties::default().with_connection_name(name.into()))
+        let name = format!("{} {}:{}", self.settings.connection_name(), crate::worker::hostname(), std::process::id());
+        let conn = header_depth::connect(&self.url, ConnectionProperties::default().with_connection_name(name.into()))
             .await
             .map_err(|e| SourceError::Disconnected(Unreachable::new(Service::RabbitMq, &self.url, e).to_string()))?;
         let conn = Arc::new(conn);
@@ -251,27 +315,57 @@ impl RabbitConnector {
     async fn declare_topology(&self, channel: &Channel) -> Result<(), SourceError> {
         let s = &self.settings;
         let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
-        channel
-            .exchange_declare(
-                s.exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(broker)?;
-        channel.queue_declare(s.queue.as_str().into(), durable, FieldTable::default()).await.map_err(broker)?;
-        for key in &s.binding_keys {
-            channel
-                .queue_bind(
-                    s.queue.as_str().into(),
-                    s.exchange.as_str().into(),
-                    key.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(broker)?;
+        match s.topology {
+            Topology::Declare => {
+                let kind = s.exchange_type.kind();
+                let options = ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() };
+                channel
+                    .exchange_declare(s.exchange.as_str().into(), kind, options, FieldTable::default())
+                    .await
+                    .map_err(|e| {
+                        topology(e, &format!("declaring the {:?} exchange {:?}", s.exchange_type, s.exchange))
+                    })?;
+                channel
+                    .queue_declare(s.queue.as_str().into(), durable, FieldTable::default())
+                    .await
+                    .map_err(|e| topology(e, &format!("declaring the queue {:?}", s.queue)))?;
+                let keys: Vec<&str> = if s.binding_keys.is_empty() {
+                    vec![""]
+                } else {
+                    s.binding_keys.iter().map(String::as_str).collect()
+                };
+                for key in keys {
+                    channel
+                        .queue_bind(
+                            s.queue.as_str().into(),
+                            s.exchange.as_str().into(),
+                            key.into(),
+                            QueueBindOptions::default(),
+                            FieldTable::default(),
+                        )
+                        .await
+                        .map_err(|e| topology(e, &format!("binding {:?} to {:?} with {key:?}", s.queue, s.exchange)))?;
+                }
+            }
+            Topology::Existing => {
+                if !s.exchange.is_empty() {
+                    let passive = ExchangeDeclareOptions { passive: true, ..ExchangeDeclareOptions::default() };
+                    channel
+                        .exchange_declare(
+                            s.exchange.as_str().into(),
+                            ExchangeKind::Topic,
+                            passive,
+                            FieldTable::default(),
+                        )
+                        .await
+                        .map_err(|e| topology(e, &format!("checking the existing exchange {:?}", s.exchange)))?;
+                }
+                let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
+                channel
+                    .queue_declare(s.queue.as_str().into(), passive, FieldTable::default())
+                    .await
+                    .map_err(|e| topology(e, &format!("checking the existing queue {:?}", s.queue)))?;
+            }
         }
         for delay in self.backoff.levels() {
             let mut args = FieldTable::default();
@@ -281,13 +375,18 @@ impl RabbitConnector {
             );
             args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(LongString::from("")));
             args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(LongString::from(s.queue.as_str())));
-            channel.queue_declare(s.retry_queue(delay).as_str().into(), durable, args).await.map_err(broker)?;
+            let queue = s.retry_queue(delay);
+            channel
+                .queue_declare(queue.as_str().into(), durable, args)
+                .await
+                .map_err(|e| topology(e, &format!("declaring the retry queue {queue:?}")))?;
         }
         if s.dead_letter_exchange.is_empty() && s.dead_letter_routing_key.is_none() {
+            let queue = s.dead_letter_queue();
             channel
-                .queue_declare(s.dead_letter_queue().as_str().into(), durable, FieldTable::default())
+                .queue_declare(queue.as_str().into(), durable, FieldTable::default())
                 .await
-                .map_err(broker)?;
+                .map_err(|e| topology(e, &format!("declaring the dead-letter queue {queue:?}")))?;
         }
         Ok(())
     }
@@ -307,6 +406,20 @@ impl RabbitConnector {
 
 fn broker(e: lapin::Error) -> SourceError {
     SourceError::Broker(e.to_string())
+}
+
+/// A failed declare while `doing`: [`SourceError::Topology`] when the broker refused it (406
+/// PRECONDITION_FAILED: it exists otherwise; 404 NOT_FOUND; 403 ACCESS_REFUSED), else a broker
+/// error.
+fn topology(e: lapin::Error, doing: &str) -> SourceError {
+    let refused = matches!(
+        e.kind(),
+        ErrorKind::ProtocolError(amqp) if matches!(
+            amqp.kind(),
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED | AMQPSoftError::NOTFOUND | AMQPSoftError::ACCESSREFUSED)
+        )
+    );
+    if refused { SourceError::Topology(format!("{doing}: {e}")) } else { SourceError::Broker(format!("{doing}: {e}")) }
 }
 
 fn disconnected(e: lapin::Error) -> SourceError {

@@ -9,7 +9,7 @@ use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, B
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
 
-use super::amqp_values::table_to_json;
+use super::amqp_values::headers_to_json;
 use super::publish::{PublishError, Publisher};
 use super::{
     CLOSE_TIMEOUT, DEAD_LETTER_REASON_HEADER, RabbitSettings, SOURCE_EXCHANGE_HEADER, SOURCE_ROUTING_KEY_HEADER,
@@ -76,7 +76,7 @@ impl RabbitSource {
 
     fn take(&mut self, delivery: lapin::message::Delivery) {
         let props = &delivery.properties;
-        let headers = props.headers().as_ref().map(table_to_json).unwrap_or_default();
+        let (headers, headers_too_deep) = props.headers().as_ref().map(headers_to_json).unwrap_or_default();
         let header_str = |name: &str| headers.get(name).and_then(|v| v.as_str());
         let message_id = props.message_id().as_ref().map(|s| s.as_str());
         // Copies that went through a retry queue carry where the message was first published,
@@ -114,6 +114,7 @@ impl RabbitSource {
             broker: Broker::RabbitMq,
             source,
             redelivered: delivery.redelivered,
+            headers_too_deep,
         });
         self.held.push(Held { tag: delivery.delivery_tag, properties: delivery.properties });
     }

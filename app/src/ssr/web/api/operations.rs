@@ -4,8 +4,8 @@
 //! starting and controlling requeues and drills `operator`; editing and running cleanup
 //! schedules `admin`.
 
-use crate::ssr::auth::RequestAuth;
-use crate::ssr::operations as ops;
+use crate::ssr::service::auth::RequestAuth;
+use crate::ssr::service::operations as ops;
 use crate::wire::operations::{
     AuditPageView, AuditQuery, CleanupView, DrillRequest, DrillView, JobControlKind, RequeueJobView,
     RequeuePreviewView, RequeueStartRequest, ScheduleRequest, ScheduleView,
@@ -17,10 +17,9 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json};
 use serde::Serialize;
 
-use super::RouteSpec;
-use super::api::{ApiResult, ErrorBody, rejected};
-use crate::ssr::routes::AppState;
-use crate::ssr::security::access::Access;
+use crate::ssr::web::error::{ApiResult, ErrorBody, rejected};
+use crate::ssr::web::security::access::Access;
+use crate::ssr::web::state::{AppState, RouteSpec};
 
 type JsonBody<T> = Result<Json<T>, JsonRejection>;
 type IdPath = Result<Path<i64>, PathRejection>;

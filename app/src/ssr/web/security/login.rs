@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::ssr::auth::RequestAuth;
+use crate::ssr::service::auth::RequestAuth;
 use axum::Form;
 use axum::Json;
 use axum::extract::{FromRequest, Request, State};
@@ -24,10 +24,11 @@ use serde::Deserialize;
 use serde_json::json;
 use tower_sessions::Session;
 
-use super::{client_address, session};
-use crate::ssr::mount::ConsoleAuth;
-use crate::ssr::routes::AppState;
-use crate::ssr::routes::api::ErrorBody;
+use super::client::client_address;
+use super::session;
+use crate::ssr::web::config::ConsoleAuth;
+use crate::ssr::web::error::ErrorBody;
+use crate::ssr::web::state::AppState;
 
 /// The sign-in form.
 #[derive(Debug, Deserialize)]

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use crate::base::ConsoleBase;
 use crate::csrf::{CSRF_FIELD, CSRF_HEADER};
 use crate::error::ConsoleError;
-use crate::ssr::accounts::{current_user, role_view};
-use crate::ssr::auth::{RequestAuth, SignIn};
+use crate::ssr::service::accounts::{current_user, role_view};
+use crate::ssr::service::auth::{RequestAuth, SignIn};
 use crate::wire::account::CurrentUser;
 use axum::Json;
 use axum::body::{Body, to_bytes};
@@ -45,10 +45,10 @@ use sqlx::PgPool;
 use tower_sessions::Session;
 
 use super::access::{Access, Policy, RouteKind, Rule};
+use super::client::{client_address, peer_is_loopback};
 use super::session;
-use super::{client_address, peer_is_loopback};
-use crate::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth};
-use crate::ssr::routes::api::ErrorBody;
+use crate::ssr::web::config::{AuthSettings, ConsoleAuth, ConsoleConfig, DelegatedAuth};
+use crate::ssr::web::error::ErrorBody;
 
 /// What the layer needs.
 #[derive(Clone)]
@@ -289,7 +289,7 @@ async fn identify(ctx: &AuthLayerState, req: Request) -> (Request, Result<Option
 
 async fn identify_account(
     ctx: &AuthLayerState,
-    settings: &crate::ssr::security::AuthSettings,
+    settings: &AuthSettings,
     session: Option<&Session>,
     headers: &HeaderMap,
 ) -> Result<Option<Identity>, Refusal> {

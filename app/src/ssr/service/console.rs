@@ -7,8 +7,8 @@ use std::time::Duration;
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::{failures, overview, records};
 
-use super::ConsoleState;
 use super::convert::{record_detail_view, totals};
+use super::state::ConsoleState;
 use crate::error::ConsoleError;
 use crate::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
 use crate::wire::overview::{ConsumerView, GroupView, GrowthView, LiveView, OverviewView};
@@ -45,6 +45,7 @@ pub async fn consumers(state: &ConsoleState) -> Vec<ConsumerView> {
             in_flight: status.map_or(0, |s| s.in_flight() as u64),
             queue_depth,
             last_error: status.and_then(|s| s.last_error()).map(|(at, e)| format!("{}: {e}", super::convert::time(at))),
+            topology_refused: status.and_then(|s| s.topology_refused()),
         }
     });
     futures::future::join_all(views).await

@@ -9,26 +9,16 @@
 //! the route changes anything: a read-only console refuses those.
 //!
 //! The router is built for a base path ([`AppState::base`]) and nested there by its host
-//! ([`crate::ssr::mount::mount`]): routes are declared without it (axum strips it), while links,
+//! ([`super::mount::mount`]): routes are declared without it (axum strips it), while links,
 //! redirects and the page the Leptos router renders carry it.
 
-pub mod api;
-mod api_actions;
-mod api_operations;
-mod events;
-mod health;
+use std::sync::OnceLock;
 
-use std::sync::{Arc, OnceLock};
-
-use crate::base::ConsoleBase;
-use crate::ssr::ConsoleState;
-use crate::ssr::auth::RequestAuth;
-use crate::{App, shell};
 use axum::Router;
 use axum::http::{HeaderName, Method, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{MethodRouter, get, post};
-use leptos::prelude::{LeptosOptions, provide_context, use_context};
+use axum::routing::{get, post};
+use leptos::prelude::{provide_context, use_context};
 use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
 use tower_http::compression::CompressionLayer;
@@ -40,74 +30,22 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tower_sessions_sqlx_store::PostgresStore;
 use tracing::Level;
 
-use crate::ssr::mount::{ConsoleAuth, ConsoleConfig};
-use crate::ssr::security::access::{Access, Policy, RouteKind, Rule};
-use crate::ssr::security::headers::{self, CspNonce};
-use crate::ssr::security::middleware::{AuthLayerState, authorize};
-use crate::ssr::security::{login, session};
-
-/// State shared by the axum handlers of one console.
-#[derive(Clone)]
-pub struct AppState {
-    /// Leptos rendering options (site root, output name).
-    pub leptos_options: LeptosOptions,
-    /// What the console's server functions get as context.
-    pub console: ConsoleState,
-    /// The base path the console is served under.
-    pub base: ConsoleBase,
-    /// How the console is served.
-    pub config: Arc<ConsoleConfig>,
-    /// The session store's cleanup, stopped with the last router.
-    pub(crate) _cleanup: Option<Arc<crate::ssr::mount::TaskGuard>>,
-}
-
-impl axum::extract::FromRef<AppState> for LeptosOptions {
-    fn from_ref(state: &AppState) -> Self {
-        state.leptos_options.clone()
-    }
-}
+use super::api;
+use super::config::ConsoleAuth;
+use super::health;
+use super::security::access::{Access, Policy, RouteKind, Rule};
+use super::security::headers::{self, CspNonce};
+use super::security::middleware::{AuthLayerState, authorize};
+use super::security::{login, session};
+use super::state::{AppState, RouteSpec};
+use crate::base::ConsoleBase;
+use crate::ssr::service::ConsoleState;
+use crate::ssr::service::auth::RequestAuth;
+use crate::{App, shell};
 
 /// Header carrying the request id (generated when the client sent none, echoed in the response
 /// and recorded in every log line of the request).
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
-
-/// One axum route, who may call it and whether it changes anything.
-pub struct RouteSpec {
-    /// The method the rule is for.
-    pub method: Method,
-    /// The route pattern (axum syntax, `{param}`).
-    pub path: &'static str,
-    /// Who may call it.
-    pub access: Access,
-    /// Whether it changes anything (a read-only console refuses it).
-    pub mutates: bool,
-    /// The handler.
-    pub handler: MethodRouter<AppState>,
-}
-
-impl RouteSpec {
-    /// A `GET` route (changes nothing).
-    pub fn get(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
-        RouteSpec { method: Method::GET, path, access, mutates: false, handler }
-    }
-
-    /// A `POST` route that changes something.
-    pub fn post(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
-        RouteSpec { method: Method::POST, path, access, mutates: true, handler }
-    }
-
-    /// A `PUT` route that changes something.
-    pub fn put(path: &'static str, access: Access, handler: MethodRouter<AppState>) -> Self {
-        RouteSpec { method: Method::PUT, path, access, mutates: true, handler }
-    }
-
-    /// This route changes no data (a preview, a dry run, signing in or out): a read-only
-    /// console serves it.
-    pub fn changes_nothing(mut self) -> Self {
-        self.mutates = false;
-        self
-    }
-}
 
 /// The axum routes: probes and metrics (public: load balancers and Prometheus do not sign in),
 /// sign-in and sign-out, and the REST API.

@@ -1,7 +1,5 @@
-//! Text formats shared by the pages: times, counts, sizes, ratios, durations, and the status
-//! badge.
-
-use leptos::prelude::*;
+//! Text formats shared by the pages and the server's service layer: times, counts, sizes,
+//! ratios, durations. Plain functions (no component), so both sides may use them.
 
 /// An RFC 3339 UTC time as `YYYY-MM-DD HH:MM:SS` (the zone is UTC throughout the console).
 pub fn short_time(rfc3339: &str) -> String {
@@ -58,12 +56,6 @@ pub fn duration(secs: i64) -> String {
 /// Milliseconds as a duration (`850 ms` below a second).
 pub fn millis(ms: i64) -> String {
     if ms < 1000 { format!("{ms} ms") } else { duration(ms / 1000) }
-}
-
-/// A record status as a coloured badge.
-#[component]
-pub fn StatusBadge(#[prop(into)] status: String) -> impl IntoView {
-    view! { <span class=format!("badge badge-{status}")>{status.clone()}</span> }
 }
 
 #[cfg(test)]

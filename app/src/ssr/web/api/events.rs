@@ -14,7 +14,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::ssr::routes::AppState;
+use crate::ssr::web::state::AppState;
 
 /// Time between two snapshots.
 pub const PERIOD: Duration = Duration::from_millis(1000);
@@ -45,7 +45,7 @@ pub async fn events(State(state): State<AppState>) -> Sse<impl Stream<Item = Res
                     return None;
                 }
                 // A failed read is logged by the conversion; the next tick tries again.
-                let Ok(view) = crate::ssr::console::live(&console).await else { continue };
+                let Ok(view) = crate::ssr::service::console::live(&console).await else { continue };
                 let Ok(mut event) = Event::default().json_data(&view) else { continue };
                 if first {
                     event = event.retry(RECONNECT);

@@ -9,11 +9,11 @@ use dedup_engine::console::QueryError;
 use dedup_engine::console::filter::{RecordFilter, parse_time};
 use dedup_engine::record::RecordStatus;
 
-use super::ConsoleState;
 use super::console::filter_text;
 use super::convert::{opt_time, time};
-use crate::components::format::millis;
+use super::state::ConsoleState;
 use crate::error::ConsoleError;
+use crate::format::millis;
 use crate::wire::operations::{
     AuditEntryView, AuditPageView, AuditQuery, CleanupRunView, CleanupView, DrillRequest, DrillView, JobControlKind,
     LateDeliveriesView, RequeueJobView, RequeuePreviewView, RequeueStartRequest, ScheduleRequest, ScheduleView,

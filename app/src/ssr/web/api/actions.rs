@@ -1,19 +1,18 @@
 //! Operator actions of the REST API (`POST /api/v1/...`, JSON bodies). Each handler calls the
-//! same function as the console's server function (`crate::ssr::actions`), acting as
+//! same function as the console's server function (`crate::ssr::service::actions`), acting as
 //! the signed-in user (or API token owner). Role: every route here needs `operator`.
 
-use crate::ssr::actions::act;
-use crate::ssr::auth::RequestAuth;
+use crate::ssr::service::actions::act;
+use crate::ssr::service::auth::RequestAuth;
 use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Extension, Json};
 
-use super::RouteSpec;
-use super::api::{ApiResult, ErrorBody, rejected};
-use crate::ssr::routes::AppState;
-use crate::ssr::security::access::Access;
+use crate::ssr::web::error::{ApiResult, ErrorBody, rejected};
+use crate::ssr::web::security::access::Access;
+use crate::ssr::web::state::{AppState, RouteSpec};
 
 async fn run(
     state: &AppState,

@@ -9,9 +9,9 @@ use dedup_engine::accounts::{AccountError, Role, User, UserName};
 use dedup_engine::audit::{AuditOutcome, NewAuditEntry};
 use serde_json::json;
 
-use super::ConsoleState;
 use super::auth::RequestAuth;
 use super::convert::time;
+use super::state::ConsoleState;
 use crate::error::ConsoleError;
 use crate::wire::account::{CurrentUser, NewTokenView, RoleView, TokenView, UserView};
 

@@ -1,46 +1,19 @@
-//! The console as a library: [`console_router`] returns the whole console — pages, server
-//! functions, REST API, server-sent events, OpenAPI document, static assets — as an
-//! [`axum::Router`] for a running engine, to serve at the root or nest under any prefix of a
-//! host application ([`mount`]). The prefix is chosen at run time ([`ConsoleConfig::base_path`]):
-//! one build serves any.
-//!
-//! ```no_run
-//! # async fn host(engine: &dedup_engine::runtime::Engine, probes: dedup_engine::health::HealthProbes,
-//! #               resolver: impl dedup_app::ssr::AuthResolver) -> anyhow::Result<()> {
-//! use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, console_router, mount};
-//!
-//! let auth = ConsoleAuth::Delegated(DelegatedAuth::new(resolver, "/login"));
-//! let config = ConsoleConfig::new("target/site", "/ops/dedup", auth);
-//! let console = console_router(engine.handle().clone(), probes, config).await?;
-//! let app = mount(axum::Router::new() /* the host's routes */, "/ops/dedup", console);
-//! # Ok(()) }
-//! ```
-//!
-//! Who may do what: the console's own accounts ([`ConsoleAuth::Accounts`], sessions and API
-//! tokens), the host's ([`ConsoleAuth::Delegated`]: a resolver from the request to a user and a
-//! role), or none ([`ConsoleAuth::Off`], answered to loopback clients only). Roles, CSRF checks
-//! and the audit log work the same in all three. The console installs no global state: no
-//! tracing subscriber (it logs through the host's), no metrics recorder (give it a Prometheus
-//! handle to serve `/metrics`, or collect the engine's `dedup_*` metrics with the host's own).
+//! How a console is served, and who may use it: the settings a host gives
+//! [`super::mount::console_router`]. The bottom of the web layer: everything else in it may
+//! import this, this imports nothing of it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::http::request::Parts;
+use dedup_engine::accounts::Role;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::base::ConsoleBase;
-use crate::ssr::ConsoleState;
-use async_trait::async_trait;
-use axum::Router;
-use axum::http::request::Parts;
-use dedup_engine::accounts::Role;
-use dedup_engine::health::HealthProbes;
-use dedup_engine::runtime::EngineHandle;
-use leptos::prelude::LeptosOptions;
-use metrics_exporter_prometheus::PrometheusHandle;
-
-use crate::ssr::routes;
-use crate::ssr::security::AuthSettings;
 
 /// A user of the host application, as its [`AuthResolver`] vouches for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,66 +137,51 @@ impl ConsoleConfig {
     }
 }
 
-/// The console for `engine`, with `probes` for its health panel and `/readyz`.
-///
-/// May be called again while other consoles serve (a second mount, a rebuild): the console's
-/// page list is generated once per process. A host with its own Leptos app should generate its
-/// route list before serving too: Leptos suspends data loading process-wide while it does.
-///
-/// Errors: a base path with characters a URL path cannot carry as they are
-/// ([`ConsoleBase::validate`]); with [`ConsoleAuth::Accounts`], creating the session table (in
-/// the engine's schema) failed.
-pub async fn console_router(
-    engine: EngineHandle,
-    probes: HealthProbes,
-    config: ConsoleConfig,
-) -> anyhow::Result<Router> {
-    ConsoleBase::validate(&config.base_path).map_err(anyhow::Error::msg)?;
-    let base = config.base();
-    let sessions = match &config.auth {
-        ConsoleAuth::Accounts(_) => {
-            Some(crate::ssr::security::session::store(engine.pool(), engine.schema().as_str()).await?)
+/// `[auth]`: who signs in (the console's accounts, or nobody), sessions and sign-in throttling.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSettings {
+    /// `accounts` (default): the console's own accounts. `off`: no sign-in, every request acts
+    /// as a local admin — allowed on a loopback `listen` address only (the server refuses to
+    /// start otherwise) and answered to loopback clients only.
+    pub mode: AuthMode,
+    /// Mark the session cookie `Secure` (set it when the console is served over HTTPS, directly
+    /// or behind a TLS-terminating proxy). Default false.
+    pub secure_cookies: bool,
+    /// A session unused for this long ends, in seconds. Default 1800 (30 minutes).
+    pub idle_timeout_secs: u64,
+    /// A session ends this long after sign-in however active, in seconds. Default 43200 (12 h).
+    pub absolute_timeout_secs: u64,
+    /// Failed sign-ins per account name within the window before further attempts are refused
+    /// (429). Default 5.
+    pub max_failures_per_account: u32,
+    /// Failed sign-ins per client address within the window. Default 50.
+    pub max_failures_per_address: u32,
+    /// The throttle window, in seconds. Default 900 (15 minutes).
+    pub throttle_window_secs: u64,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            mode: AuthMode::Accounts,
+            secure_cookies: false,
+            idle_timeout_secs: 1800,
+            absolute_timeout_secs: 43_200,
+            max_failures_per_account: 5,
+            max_failures_per_address: 50,
+            throttle_window_secs: 900,
         }
-        _ => None,
-    };
-    let cleanup = sessions
-        .clone()
-        .map(|store| Arc::new(TaskGuard(tokio::spawn(crate::ssr::security::session::delete_expired(store)))));
-    let leptos_options = LeptosOptions::builder()
-        .output_name("dedup-console")
-        .site_root(config.site_root.to_string_lossy().into_owned())
-        .site_pkg_dir("pkg")
-        .env(leptos::config::Env::PROD)
-        .build();
-    let host_sign_out = match &config.auth {
-        ConsoleAuth::Delegated(d) => d.sign_out_url.clone(),
-        _ => None,
-    };
-    let console = ConsoleState { probes, engine, read_only: config.read_only, host_sign_out };
-    let state = routes::AppState { leptos_options, console, base, config: Arc::new(config), _cleanup: cleanup };
-    Ok(routes::router(state, sessions))
-}
-
-/// Aborts its task when the last router holding it is dropped (the session store's cleanup).
-pub(crate) struct TaskGuard(tokio::task::JoinHandle<()>);
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
-/// `console` served by `host` under `base_path`: nested there (`<base>/` redirects to
-/// `<base>`, the console's root), or merged at the root.
-pub fn mount(host: Router, base_path: &str, console: Router) -> Router {
-    let base = ConsoleBase::new(base_path);
-    if base.as_str().is_empty() {
-        return host.merge(console);
-    }
-    let root = base.as_str().to_owned();
-    host.route(
-        &format!("{root}/"),
-        axum::routing::get(move || async move { axum::response::Redirect::permanent(&root) }),
-    )
-    .nest(base.as_str(), console)
+/// Who signs in to the console of `dedup-console` (a host application may also delegate to its
+/// own sign-in: [`ConsoleAuth::Delegated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// The console's own accounts.
+    Accounts,
+    /// Nobody: loopback only.
+    Off,
 }

@@ -1,11 +1,12 @@
 //! The operator actions as the web layer calls them (server functions and the REST API): parse
 //! the request, open a publisher when the action republishes, one engine call, convert.
 
+use dedup_engine::actions::RecordActionKind as Kind;
 use dedup_engine::actions::{self, ActionOutcome, RecordAction};
 use dedup_engine::record::RecordStatus;
 use uuid::Uuid;
 
-use super::ConsoleState;
+use super::state::ConsoleState;
 use crate::error::ConsoleError;
 use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
 
@@ -32,9 +33,6 @@ pub async fn act(
     kind: RecordActionKind,
     request: &RecordActionRequest,
 ) -> Result<ActionResultView, ConsoleError> {
-    if request.requeue && kind != RecordActionKind::Release {
-        return Err(ConsoleError::BadRequest("requeue: true only applies to release".to_owned()));
-    }
     let params = RecordAction {
         record_id: id,
         expected_status: parse_status(request.expected_status.as_deref())?,
@@ -47,18 +45,15 @@ pub async fn act(
         },
         force: request.force,
         reason: request.reason.as_deref(),
+        requeue: request.requeue,
     };
-    let pool = state.pool();
-    let publishers = state.publishers();
-    let outcome = match kind {
-        RecordActionKind::Release => {
-            actions::record_release(pool, actor, &params, request.requeue.then_some(publishers)).await
-        }
-        RecordActionKind::MarkSucceeded => actions::record_mark_succeeded(pool, actor, &params).await,
-        RecordActionKind::DeadLetter => actions::record_dead_letter(pool, actor, &params).await,
-        RecordActionKind::Requeue => actions::record_requeue(pool, actor, &params, publishers).await,
-    }?;
-    Ok(outcome.into())
+    let kind = match kind {
+        RecordActionKind::Release => Kind::Release,
+        RecordActionKind::MarkSucceeded => Kind::MarkSucceeded,
+        RecordActionKind::DeadLetter => Kind::DeadLetter,
+        RecordActionKind::Requeue => Kind::Requeue,
+    };
+    Ok(actions::record_action(state.pool(), actor, kind, &params, state.publishers()).await?.into())
 }
 
 impl From<ActionOutcome> for ActionResultView {

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use dedup_engine::health::HealthReport;
 
-use crate::ssr::routes::AppState;
+use super::state::AppState;
 
 /// `GET /healthz`: 200 `ok` while the process serves requests. Touches no dependency.
 pub async fn healthz() -> &'static str {
@@ -13,16 +13,22 @@ pub async fn healthz() -> &'static str {
 }
 
 /// `GET /readyz`: probes PostgreSQL, Redis and the broker (RabbitMQ, or Kafka when
-/// `consumer.source = "kafka"`) concurrently.
+/// `consumer.source = "kafka"`) concurrently, and asks each consumer group whether its broker
+/// takes its topology.
 ///
 /// Body (JSON): `{ "ready": bool, "checked_at": RFC 3339, "database" | "redis" | "broker": {
-/// "service", "name", "url" (redacted), "up", "latency_ms", "error" } }`. Status 200 when all are
-/// up, 503 when any is down (the body names which, and how to start it).
+/// "service", "name", "url" (redacted), "up", "latency_ms", "error" }, "groups": [{ "group",
+/// "ready", "error" }] }`. Status 200 when all are up and every group is ready, 503 otherwise
+/// (the body names which, and why: a dependency down, or a group whose exchange or queue the
+/// broker refuses).
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_json::Value>) {
     let report: HealthReport = state.console.probes.check().await;
-    let status = if report.all_up() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let groups = state.console.engine.groups_health();
+    let ready = report.all_up() && groups.iter().all(|g| g.ready);
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let mut body = serde_json::to_value(&report).unwrap_or_default();
-    body["ready"] = serde_json::Value::Bool(report.all_up());
+    body["ready"] = serde_json::Value::Bool(ready);
+    body["groups"] = serde_json::to_value(&groups).unwrap_or_default();
     (status, Json(body))
 }
 

@@ -20,7 +20,7 @@ use tower_sessions_sqlx_store::PostgresStore;
 
 use crate::base::ConsoleBase;
 
-use super::AuthSettings;
+use crate::ssr::web::config::AuthSettings;
 
 /// The session cookie's name.
 pub const COOKIE_NAME: &str = "dedup_session";

@@ -1,0 +1,89 @@
+//! The console as a library: [`console_router`] returns the whole console — pages, server
+//! functions, REST API, server-sent events, OpenAPI document, static assets — as an
+//! [`axum::Router`] for a running engine, to serve at the root or nest under any prefix of a
+//! host application ([`mount`]). The prefix is chosen at run time ([`ConsoleConfig::base_path`]):
+//! one build serves any.
+//!
+//! ```no_run
+//! # async fn host(engine: &dedup_engine::runtime::Engine, probes: dedup_engine::health::HealthProbes,
+//! #               resolver: impl dedup_app::ssr::AuthResolver) -> anyhow::Result<()> {
+//! use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, console_router, mount};
+//!
+//! let auth = ConsoleAuth::Delegated(DelegatedAuth::new(resolver, "/login"));
+//! let config = ConsoleConfig::new("target/site", "/ops/dedup", auth);
+//! let console = console_router(engine.handle().clone(), probes, config).await?;
+//! let app = mount(axum::Router::new() /* the host's routes */, "/ops/dedup", console);
+//! # Ok(()) }
+//! ```
+//!
+//! Who may do what: the console's own accounts ([`ConsoleAuth::Accounts`], sessions and API
+//! tokens), the host's ([`ConsoleAuth::Delegated`]: a resolver from the request to a user and a
+//! role), or none ([`ConsoleAuth::Off`], answered to loopback clients only). Roles, CSRF checks
+//! and the audit log work the same in all three. The console installs no global state: no
+//! tracing subscriber (it logs through the host's), no metrics recorder (give it a Prometheus
+//! handle to serve `/metrics`, or collect the engine's `dedup_*` metrics with the host's own).
+
+use std::sync::Arc;
+
+use axum::Router;
+use dedup_engine::health::HealthProbes;
+use dedup_engine::runtime::EngineHandle;
+use leptos::prelude::LeptosOptions;
+
+pub use super::config::{AuthMode, AuthResolver, AuthSettings, ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser};
+use super::router;
+use super::security::session;
+use super::state::{AppState, TaskGuard};
+use crate::base::ConsoleBase;
+use crate::ssr::service::ConsoleState;
+
+/// The console for `engine`, with `probes` for its health panel and `/readyz`.
+///
+/// May be called again while other consoles serve (a second mount, a rebuild): the console's
+/// page list is generated once per process. A host with its own Leptos app should generate its
+/// route list before serving too: Leptos suspends data loading process-wide while it does.
+///
+/// Errors: a base path with characters a URL path cannot carry as they are
+/// ([`ConsoleBase::validate`]); with [`ConsoleAuth::Accounts`], creating the session table (in
+/// the engine's schema) failed.
+pub async fn console_router(
+    engine: EngineHandle,
+    probes: HealthProbes,
+    config: ConsoleConfig,
+) -> anyhow::Result<Router> {
+    ConsoleBase::validate(&config.base_path).map_err(anyhow::Error::msg)?;
+    let base = config.base();
+    let sessions = match &config.auth {
+        ConsoleAuth::Accounts(_) => Some(session::store(engine.pool(), engine.schema().as_str()).await?),
+        _ => None,
+    };
+    let cleanup = sessions.clone().map(|store| Arc::new(TaskGuard(tokio::spawn(session::delete_expired(store)))));
+    let leptos_options = LeptosOptions::builder()
+        .output_name("dedup-console")
+        .site_root(config.site_root.to_string_lossy().into_owned())
+        .site_pkg_dir("pkg")
+        .env(leptos::config::Env::PROD)
+        .build();
+    let host_sign_out = match &config.auth {
+        ConsoleAuth::Delegated(d) => d.sign_out_url.clone(),
+        _ => None,
+    };
+    let console = ConsoleState { probes, engine, read_only: config.read_only, host_sign_out };
+    let state = AppState { leptos_options, console, base, config: Arc::new(config), _cleanup: cleanup };
+    Ok(router::router(state, sessions))
+}
+
+/// `console` served by `host` under `base_path`: nested there (`<base>/` redirects to
+/// `<base>`, the console's root), or merged at the root.
+pub fn mount(host: Router, base_path: &str, console: Router) -> Router {
+    let base = ConsoleBase::new(base_path);
+    if base.as_str().is_empty() {
+        return host.merge(console);
+    }
+    let root = base.as_str().to_owned();
+    host.route(
+        &format!("{root}/"),
+        axum::routing::get(move || async move { axum::response::Redirect::permanent(&root) }),
+    )
+    .nest(base.as_str(), console)
+}

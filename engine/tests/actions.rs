@@ -3,10 +3,8 @@
 //! refusal, an audit entry for every outcome, and two operators racing on one record (a stuck one,
 //! and a failed one both requeue).
 
-use dedup_engine::actions::{
-    self, ActionError, Publishers, RecordAction, record_dead_letter, record_mark_succeeded, record_release,
-    record_requeue,
-};
+use dedup_engine::actions::RecordActionKind::{DeadLetter, MarkSucceeded, Release, Requeue};
+use dedup_engine::actions::{self, ActionError, Publishers, RecordAction, record_action};
 use dedup_engine::audit::{self, AuditFilter};
 use dedup_engine::record::RecordStatus;
 use dedup_engine::retry::Backoff;
@@ -15,6 +13,9 @@ use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicGetOptions};
 use sqlx::PgPool;
 use uuid::Uuid;
+
+/// No broker: for the actions that publish nothing.
+static NONE: std::sync::LazyLock<Publishers> = std::sync::LazyLock::new(Publishers::default);
 
 /// A record inserted as the engine would have left it.
 struct Rec {
@@ -90,29 +91,30 @@ async fn release_refuses_bad_requests_and_changes_nothing() {
     let stuck = insert(pool, "ORDER.PAY.1:1", "processing", -5, "x").await;
     let before = snapshot(pool, stuck.id).await;
 
-    let err = record_release(pool, "cli:test", &params(&stuck, None), None).await.unwrap_err();
+    let err = record_action(pool, "cli:test", Release, &params(&stuck, None), &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::Invalid(ref m) if m.contains("reason")), "{err}");
-    let err = record_release(
+    let err = record_action(
         pool,
         "cli:test",
+        Release,
         &RecordAction { record_id: 999_999, reason: Some("x"), ..Default::default() },
-        None,
+        &NONE,
     )
     .await
     .unwrap_err();
     assert!(matches!(err, ActionError::UnknownRecord(999_999)), "{err}");
     let no_token = RecordAction { lease_token: None, ..params(&stuck, Some("worker died")) };
-    let err = record_release(pool, "cli:test", &no_token, None).await.unwrap_err();
+    let err = record_action(pool, "cli:test", Release, &no_token, &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::Invalid(ref m) if m.contains("lease token")), "{err}");
     let stale = RecordAction { lease_token: Some(Uuid::new_v4()), ..params(&stuck, Some("worker died")) };
-    let err = record_release(pool, "cli:test", &stale, None).await.unwrap_err();
+    let err = record_action(pool, "cli:test", Release, &stale, &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::StaleLease { .. }), "{err}");
     let expected = RecordAction { expected_status: Some(RecordStatus::Failed), ..params(&stuck, Some("x")) };
-    let err = record_release(pool, "cli:test", &expected, None).await.unwrap_err();
+    let err = record_action(pool, "cli:test", Release, &expected, &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Processing, .. }), "{err}");
 
     let failed = insert(pool, "ORDER.PAY.2:1", "failed", 0, "x").await;
-    let err = record_release(pool, "cli:test", &params(&failed, Some("x")), None).await.unwrap_err();
+    let err = record_action(pool, "cli:test", Release, &params(&failed, Some("x")), &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Failed, .. }), "{err}");
     assert_eq!(err.to_string(), format!("record {} is failed; release applies to processing records", failed.id));
 
@@ -127,12 +129,12 @@ async fn release_of_a_live_lease_needs_force_and_makes_the_record_claimable() {
     let db = TestDatabase::create().await;
     let pool = &db.pool;
     let live = insert(pool, "ORDER.PAY.1:1", "processing", 60, "x").await;
-    let err = record_release(pool, "user:ann", &params(&live, Some("looks hung")), None).await.unwrap_err();
+    let err = record_action(pool, "user:ann", Release, &params(&live, Some("looks hung")), &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::LiveLease { ref owner, .. } if owner == "host:1:0"), "{err}");
     assert_eq!(status(pool, live.id).await, "processing");
 
     let forced = RecordAction { force: true, ..params(&live, Some("worker host:1 is gone")) };
-    let done = record_release(pool, "user:ann", &forced, None).await.unwrap();
+    let done = record_action(pool, "user:ann", Release, &forced, &NONE).await.unwrap();
     assert_eq!((done.from, done.status, done.republished), (RecordStatus::Processing, RecordStatus::Failed, false));
     let (lease, attempts, max, outcome): (Option<Uuid>, i32, i32, Option<String>) = sqlx::query_as(
         "SELECT r.lease_token, r.attempts, r.max_attempts, a.outcome FROM dedup_records r
@@ -160,7 +162,10 @@ async fn two_operators_racing_on_one_stuck_record_exactly_one_wins() {
     for round in 0..5 {
         let stuck = insert(pool, &format!("ORDER.PAY.{round}:1"), "processing", -1, "x").await;
         let p = params(&stuck, Some("race"));
-        let (a, b) = tokio::join!(record_release(pool, "user:a", &p, None), record_mark_succeeded(pool, "user:b", &p),);
+        let (a, b) = tokio::join!(
+            record_action(pool, "user:a", Release, &p, &NONE),
+            record_action(pool, "user:b", MarkSucceeded, &p, &NONE),
+        );
         assert!(a.is_ok() != b.is_ok(), "exactly one wins: {a:?} / {b:?}");
         let loser = a.err().or(b.err()).unwrap();
         assert!(matches!(loser, ActionError::WrongStatus { .. } | ActionError::StaleLease { .. }), "{loser}");
@@ -175,7 +180,9 @@ async fn mark_succeeded_and_dead_letter_follow_their_status_rules() {
     let pool = &db.pool;
     let stuck = insert(pool, "ORDER.PAY.1:1", "processing", -1, "x").await;
     let done =
-        record_mark_succeeded(pool, "cli:op", &params(&stuck, Some("SMS gateway log shows it sent"))).await.unwrap();
+        record_action(pool, "cli:op", MarkSucceeded, &params(&stuck, Some("SMS gateway log shows it sent")), &NONE)
+            .await
+            .unwrap();
     assert_eq!(done.status, RecordStatus::Succeeded);
     let (payload, completed): (Option<Vec<u8>>, bool) =
         sqlx::query_as("SELECT payload, completed_at IS NOT NULL FROM dedup_records WHERE id = $1")
@@ -185,13 +192,14 @@ async fn mark_succeeded_and_dead_letter_follow_their_status_rules() {
             .unwrap();
     assert_eq!((payload, completed), (None, true));
     let again = RecordAction { lease_token: None, ..params(&stuck, Some("again")) };
-    let err = record_mark_succeeded(pool, "cli:op", &again).await.unwrap_err();
+    let err = record_action(pool, "cli:op", MarkSucceeded, &again, &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Succeeded, .. }), "{err}");
-    let err = record_dead_letter(pool, "cli:op", &again).await.unwrap_err();
+    let err = record_action(pool, "cli:op", DeadLetter, &again, &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Succeeded, .. }), "{err}");
 
     let failed = insert(pool, "ORDER.PAY.2:1", "failed", 0, "x").await;
-    let done = record_dead_letter(pool, "cli:op", &params(&failed, Some("customer cancelled"))).await.unwrap();
+    let done =
+        record_action(pool, "cli:op", DeadLetter, &params(&failed, Some("customer cancelled")), &NONE).await.unwrap();
     assert_eq!((done.from, done.status), (RecordStatus::Failed, RecordStatus::Dead));
     let (class, error): (String, String) =
         sqlx::query_as("SELECT error_class, last_error FROM dedup_records WHERE id = $1")
@@ -201,7 +209,7 @@ async fn mark_succeeded_and_dead_letter_follow_their_status_rules() {
             .unwrap();
     assert_eq!(class, actions::HAND_DEAD_LETTER_CLASS);
     assert_eq!(error, "dead-lettered by cli:op: customer cancelled");
-    let err = record_dead_letter(pool, "cli:op", &params(&failed, Some("x"))).await.unwrap_err();
+    let err = record_action(pool, "cli:op", DeadLetter, &params(&failed, Some("x")), &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Dead, .. }), "{err}");
 }
 
@@ -224,7 +232,7 @@ async fn requeue_republishes_the_stored_message_and_makes_the_record_claimable()
     let dead = insert(pool, "ORDER.PAY.7:1", "dead", 0, &broker.settings.exchange).await;
 
     let p = RecordAction { expected_status: Some(RecordStatus::Dead), ..params(&dead, None) };
-    let done = record_requeue(pool, "user:ann", &p, &publisher).await.unwrap();
+    let done = record_action(pool, "user:ann", Requeue, &p, &publisher).await.unwrap();
     assert_eq!((done.from, done.status, done.republished), (RecordStatus::Dead, RecordStatus::Failed, true));
     let (attempts, max): (i32, i32) = sqlx::query_as("SELECT attempts, max_attempts FROM dedup_records WHERE id = $1")
         .bind(dead.id)
@@ -246,7 +254,7 @@ async fn requeue_republishes_the_stored_message_and_makes_the_record_claimable()
     assert!(headers.inner().contains_key("x-trace"), "stored headers are sent again: {headers:?}");
 
     // The same request again: the record is failed now, not dead as shown.
-    let err = record_requeue(pool, "user:bob", &p, &publisher).await.unwrap_err();
+    let err = record_action(pool, "user:bob", Requeue, &p, &publisher).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Failed, .. }), "{err}");
     assert_eq!(broker.depth(&broker.settings.queue).await, 0, "no second copy");
 }
@@ -271,8 +279,8 @@ async fn two_operators_requeueing_one_failed_record_at_once_publish_one_copy() {
             ..params(&failed, None)
         };
         let (a, b) = tokio::join!(
-            record_requeue(pool, "user:a", &shown, &publisher),
-            record_requeue(pool, "user:b", &shown, &publisher)
+            record_action(pool, "user:a", Requeue, &shown, &publisher),
+            record_action(pool, "user:b", Requeue, &shown, &publisher)
         );
         assert!(a.is_ok() != b.is_ok(), "exactly one wins: {a:?} / {b:?}");
         let loser = a.err().or(b.err()).unwrap();
@@ -292,7 +300,7 @@ async fn requeue_never_touches_succeeded_poison_or_payloadless_records() {
     let (broker, publisher) = broker().await;
     let exchange = broker.settings.exchange.clone();
     let succeeded = insert(pool, "ORDER.PAY.1:1", "succeeded", 0, &exchange).await;
-    let err = record_requeue(pool, "cli:op", &params(&succeeded, None), &publisher).await.unwrap_err();
+    let err = record_action(pool, "cli:op", Requeue, &params(&succeeded, None), &publisher).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Succeeded, .. }), "{err}");
 
     let poison = insert(pool, "POISON.1", "dead", 0, &exchange).await;
@@ -301,13 +309,13 @@ async fn requeue_never_touches_succeeded_poison_or_payloadless_records() {
         .execute(pool)
         .await
         .unwrap();
-    let err = record_requeue(pool, "cli:op", &params(&poison, None), &publisher).await.unwrap_err();
+    let err = record_action(pool, "cli:op", Requeue, &params(&poison, None), &publisher).await.unwrap_err();
     assert!(matches!(err, ActionError::Poison(_)), "{err}");
 
     let bare = insert(pool, "ORDER.PAY.3:1", "dead", 0, &exchange).await;
     sqlx::query("UPDATE dedup_records SET payload = NULL WHERE id = $1").bind(bare.id).execute(pool).await.unwrap();
     let before = snapshot(pool, bare.id).await;
-    let err = record_requeue(pool, "cli:op", &params(&bare, None), &publisher).await.unwrap_err();
+    let err = record_action(pool, "cli:op", Requeue, &params(&bare, None), &publisher).await.unwrap_err();
     assert!(matches!(err, ActionError::MissingPayload { .. }), "{err}");
     assert_eq!(snapshot(pool, bare.id).await, before);
     assert_eq!(broker.depth(&broker.settings.queue).await, 0);
@@ -331,7 +339,7 @@ async fn requeue_publishes_through_a_source_of_the_records_broker_and_takes_reco
     .execute(pool)
     .await
     .unwrap();
-    let done = record_requeue(pool, "cli:op", &params(&no_handler, None), &publishers).await.unwrap();
+    let done = record_action(pool, "cli:op", Requeue, &params(&no_handler, None), &publishers).await.unwrap();
     assert_eq!((done.status, done.republished), (RecordStatus::Failed, true));
     assert_eq!(broker.depth(&broker.settings.queue).await, 1);
 
@@ -341,7 +349,7 @@ async fn requeue_publishes_through_a_source_of_the_records_broker_and_takes_reco
         .execute(pool)
         .await
         .unwrap();
-    let done = record_requeue(pool, "cli:op", &params(&other_group, None), &publishers).await.unwrap();
+    let done = record_action(pool, "cli:op", Requeue, &params(&other_group, None), &publishers).await.unwrap();
     assert!(done.republished, "through group g's RabbitMQ connection");
     assert_eq!(broker.depth(&broker.settings.queue).await, 2);
 
@@ -352,7 +360,7 @@ async fn requeue_publishes_through_a_source_of_the_records_broker_and_takes_reco
         .await
         .unwrap();
     let before = snapshot(pool, from_kafka.id).await;
-    let err = record_requeue(pool, "cli:op", &params(&from_kafka, None), &publishers).await.unwrap_err();
+    let err = record_action(pool, "cli:op", Requeue, &params(&from_kafka, None), &publishers).await.unwrap_err();
     assert!(
         matches!(err, ActionError::NoPublisher { id, ref broker } if id == from_kafka.id && broker == "kafka"),
         "{err}"
@@ -377,7 +385,7 @@ async fn a_copy_the_broker_does_not_take_rolls_the_requeue_back_and_is_audited_a
         .await
         .unwrap();
     let before = snapshot(pool, dead.id).await;
-    let err = record_requeue(pool, "cli:op", &params(&dead, None), &publisher).await.unwrap_err();
+    let err = record_action(pool, "cli:op", Requeue, &params(&dead, None), &publisher).await.unwrap_err();
     assert!(matches!(err, ActionError::Publish(ref m) if m.contains("unroutable")), "{err}");
     assert_eq!(snapshot(pool, dead.id).await, before);
     assert_eq!(audit_trail(pool).await, vec![("record.requeue".to_owned(), "failed".to_owned())]);
@@ -389,7 +397,15 @@ async fn release_with_requeue_publishes_the_parked_payload_and_a_consumer_gets_i
     let pool = &db.pool;
     let (broker, publisher) = broker().await;
     let stuck = insert(pool, "ORDER.PAY.9:1", "processing", -1, &broker.settings.exchange).await;
-    let done = record_release(pool, "user:ann", &params(&stuck, Some("worker died")), Some(&publisher)).await.unwrap();
+    let done = record_action(
+        pool,
+        "user:ann",
+        Release,
+        &RecordAction { requeue: true, ..params(&stuck, Some("worker died")) },
+        &publisher,
+    )
+    .await
+    .unwrap();
     assert!(done.republished);
     let channel = broker.channel().await;
     let mut consumer = channel

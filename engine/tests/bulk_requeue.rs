@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use dedup_engine::actions::RecordActionKind::Requeue;
 use dedup_engine::actions::bulk::runner::{CHANGED_SINCE_FREEZE, RUNNER_LOCK_KEY, run_job};
 use dedup_engine::actions::bulk::{
     JobControl, RequeueJob, RequeueJobParams, requeue_job, requeue_job_control, requeue_job_start, requeue_preview,
 };
-use dedup_engine::actions::{ActionError, Publishers, RecordAction, record_requeue};
+use dedup_engine::actions::{ActionError, Publishers, RecordAction, record_action};
 use dedup_engine::console::filter::RecordFilter;
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
@@ -332,7 +333,7 @@ async fn overlapping_jobs_and_a_requeue_by_hand_publish_each_record_once() {
         .unwrap();
     let source = publishers(broker.connector());
     let by_hand = RecordAction { record_id: one, ..RecordAction::default() };
-    record_requeue(pool, "user:cy", &by_hand, &source).await.unwrap();
+    record_action(pool, "user:cy", Requeue, &by_hand, &source).await.unwrap();
 
     let (ja, jb) = tokio::join!(run(pool, &source, a.id), run(pool, &source, b.id));
     assert_eq!((ja.state.as_str(), jb.state.as_str()), ("completed", "completed"));

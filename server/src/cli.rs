@@ -14,9 +14,10 @@ use dedup_example_orders::verify::{VerifyReport, check_kafka_lag, verify};
 
 use crate::cli_users::UserCommand;
 use crate::config::{GroupConfig, Settings};
-use crate::operator::{BulkArgs, CleanupArgs, RecordArgs, RecordCommand, run_bulk, run_cleanup, run_record};
+use crate::operator::{BulkArgs, CleanupArgs, RecordArgs, run_bulk, run_cleanup, run_record};
 use crate::startup::{Application, open_database, open_database_with_example};
 use crate::telemetry;
+use dedup_engine::actions::RecordActionKind;
 
 /// dedup-console: an idempotent message consumer (RabbitMQ → PostgreSQL dedup table + Redis fast
 /// path) and the web console to watch and repair it.
@@ -205,10 +206,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             db.close().await;
             result
         }
-        Command::Release(args) => run_record(&settings, RecordCommand::Release, args).await,
-        Command::MarkSucceeded(args) => run_record(&settings, RecordCommand::MarkSucceeded, args).await,
-        Command::DeadLetter(args) => run_record(&settings, RecordCommand::DeadLetter, args).await,
-        Command::Requeue(args) => run_record(&settings, RecordCommand::Requeue, args).await,
+        Command::Release(args) => run_record(&settings, RecordActionKind::Release, args).await,
+        Command::MarkSucceeded(args) => run_record(&settings, RecordActionKind::MarkSucceeded, args).await,
+        Command::DeadLetter(args) => run_record(&settings, RecordActionKind::DeadLetter, args).await,
+        Command::Requeue(args) => run_record(&settings, RecordActionKind::Requeue, args).await,
         Command::RequeueBulk(args) => run_bulk(&settings, args).await,
         Command::Cleanup(args) => run_cleanup(&settings, args).await,
     }

@@ -2,25 +2,12 @@
 //! the same engine calls as the console and the REST API, audited as `cli:<$USER>`.
 
 use clap::Args;
-use dedup_engine::actions::{self, ActionError, ActionOutcome, RecordAction};
+use dedup_engine::actions::{ActionError, RecordAction, RecordActionKind, record_action};
 use dedup_engine::record::RecordStatus;
 use uuid::Uuid;
 
 use crate::config::{Settings, publishers};
 use crate::startup::open_database;
-
-/// Which single-record action.
-#[derive(Debug, Clone, Copy)]
-pub enum RecordCommand {
-    /// `release`.
-    Release,
-    /// `mark-succeeded`.
-    MarkSucceeded,
-    /// `dead-letter`.
-    DeadLetter,
-    /// `requeue`.
-    Requeue,
-}
 
 /// Options of the single-record commands.
 #[derive(Debug, Args)]
@@ -58,8 +45,7 @@ pub fn cli_actor() -> String {
 ///
 /// Errors: the action's refusal or failure (nothing changed then), an unreachable database or
 /// broker.
-pub async fn run_record(settings: &Settings, command: RecordCommand, args: RecordArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(!args.requeue || matches!(command, RecordCommand::Release), "--requeue only applies to release");
+pub async fn run_record(settings: &Settings, kind: RecordActionKind, args: RecordArgs) -> anyhow::Result<()> {
     let db = open_database(settings).await?;
     let pool = &db.engine;
     let actor = cli_actor();
@@ -70,16 +56,10 @@ pub async fn run_record(settings: &Settings, command: RecordCommand, args: Recor
         expected_version: args.expect_version,
         force: args.force,
         reason: args.reason.as_deref(),
+        requeue: args.requeue,
     };
     let publishers = publishers(&settings.consumer_groups()?, settings.amqp_url.expose());
-    let outcome: Result<ActionOutcome, _> = match command {
-        RecordCommand::Release => {
-            actions::record_release(pool, &actor, &params, args.requeue.then_some(&publishers)).await
-        }
-        RecordCommand::MarkSucceeded => actions::record_mark_succeeded(pool, &actor, &params).await,
-        RecordCommand::DeadLetter => actions::record_dead_letter(pool, &actor, &params).await,
-        RecordCommand::Requeue => actions::record_requeue(pool, &actor, &params, &publishers).await,
-    };
+    let outcome = record_action(pool, &actor, kind, &params, &publishers).await;
     publishers.close().await;
     db.close().await;
     let o = outcome?;

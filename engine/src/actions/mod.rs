@@ -25,10 +25,7 @@ pub(crate) mod republish;
 
 use uuid::Uuid;
 
-pub use record::{
-    ActionOutcome, HAND_DEAD_LETTER_CLASS, RecordAction, record_dead_letter, record_mark_succeeded, record_release,
-    record_requeue,
-};
+pub use record::{ActionOutcome, HAND_DEAD_LETTER_CLASS, RecordAction, RecordActionKind, record_action};
 pub use republish::{Publishers, StoredMessage, republish};
 
 use crate::record::RecordStatus;

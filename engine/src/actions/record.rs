@@ -1,5 +1,6 @@
-//! Single-record actions: release, mark succeeded, dead-letter, requeue. See the module docs of
-//! [`crate::actions`] for the guard protocol they share.
+//! Single-record actions: release, mark succeeded, dead-letter, requeue, one skeleton
+//! ([`record_action`]) for all four. See the module docs of [`crate::actions`] for the guard
+//! protocol they share.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::json;
@@ -35,6 +36,8 @@ pub struct RecordAction<'a> {
     /// Why; required by release, mark succeeded and dead-letter, optional for requeue; at most
     /// [`super::MAX_REASON_CHARS`] characters.
     pub reason: Option<&'a str>,
+    /// Release only: also publish the stored message again at once (refused for the others).
+    pub requeue: bool,
 }
 
 /// A completed action.
@@ -183,6 +186,7 @@ async fn conclude(
         "lease_token": params.lease_token,
         "expected_version": params.expected_version,
         "force": params.force,
+        "requeue": params.requeue,
     });
     let entry = |outcome, detail| NewAuditEntry {
         actor,
@@ -226,158 +230,179 @@ async fn conclude(
     }
 }
 
-/// Releases a stuck record (DESIGN.md, "Operator actions"): `processing` → `failed` with the
-/// lease cleared and the open attempt closed as `released`, so the next delivery or a requeue
-/// can claim it. Guards: the shown lease token, an expired lease unless `force`; a reason is
-/// required. With `requeue_with` the stored message is also published again at once (in the
-/// same transaction: if the broker does not confirm it, nothing changes).
+/// A single-record operator action (DESIGN.md, "Operator actions"). [`record_action`] runs
+/// each through the same guarded compare-and-set; they differ in the statuses they accept,
+/// whether a reason is required, and the transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordActionKind {
+    /// Releases a stuck record: `processing` → `failed` with the lease cleared and the open
+    /// attempt closed as `released`, so the next delivery or a requeue can claim it. Guards: the
+    /// shown lease token, an expired lease unless `force`; a reason is required. With
+    /// [`RecordAction::requeue`] the stored message is also published again at once (in the same
+    /// transaction: if the broker does not confirm it, nothing changes).
+    Release,
+    /// Marks a record `succeeded` because the operator verified its effect happened: a stuck
+    /// `processing` record (lease token guard, expired unless `force`), or a `failed` or `dead`
+    /// one. The lease and the stored payload are cleared (as on any success); further deliveries
+    /// are skipped as duplicates. A reason is required.
+    MarkSucceeded,
+    /// Dead-letters a record by hand: a stuck `processing` one (lease token guard, expired
+    /// unless `force`) or a `failed` one becomes `dead` with its payload kept, `last_error`
+    /// naming the operator and the reason, and error class [`HAND_DEAD_LETTER_CLASS`]. A reason
+    /// is required.
+    DeadLetter,
+    /// Requeues a `failed` or `dead` record: publishes its stored payload, headers and the same
+    /// message id to its original exchange and routing key (Kafka: topic and key) and makes it
+    /// claimable (`failed`, one more attempt if it had used them all, due now), in one
+    /// transaction held until the broker confirmed the copy. A `succeeded` record is never
+    /// requeued; poison messages and records without a complete payload are refused. The
+    /// reason is optional.
+    Requeue,
+}
+
+impl RecordActionKind {
+    /// The audit log's action, e.g. `record.release`.
+    pub fn audit_action(self) -> &'static str {
+        match self {
+            RecordActionKind::Release => "record.release",
+            RecordActionKind::MarkSucceeded => "record.mark_succeeded",
+            RecordActionKind::DeadLetter => "record.dead_letter",
+            RecordActionKind::Requeue => "record.requeue",
+        }
+    }
+
+    /// How refusals name it, e.g. `mark succeeded`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordActionKind::Release => "release",
+            RecordActionKind::MarkSucceeded => "mark succeeded",
+            RecordActionKind::DeadLetter => "dead-letter",
+            RecordActionKind::Requeue => "requeue",
+        }
+    }
+
+    /// The statuses it applies to.
+    pub fn applies_to(self) -> &'static [RecordStatus] {
+        use RecordStatus::{Dead, Failed, Processing};
+        match self {
+            RecordActionKind::Release => &[Processing],
+            RecordActionKind::MarkSucceeded => &[Processing, Failed, Dead],
+            RecordActionKind::DeadLetter => &[Processing, Failed],
+            RecordActionKind::Requeue => &[Failed, Dead],
+        }
+    }
+
+    /// What a reason is required for (`None`: it is optional), as refusals say it.
+    fn reason_required_to(self) -> Option<&'static str> {
+        match self {
+            RecordActionKind::Release => Some("release a record"),
+            RecordActionKind::MarkSucceeded => Some("mark a record succeeded"),
+            RecordActionKind::DeadLetter => Some("dead-letter a record"),
+            RecordActionKind::Requeue => None,
+        }
+    }
+}
+
+/// Runs `kind` on one record as `actor` (`user:<name>`, `cli:<user>`, ...): locks the row,
+/// checks the guards of `params` against it (what the operator was shown), makes the
+/// transition with one conditional `UPDATE`, republishes the stored message through
+/// `publishers` where the action does, and writes the audit entry in the same transaction. A
+/// refusal or failure rolls back and is audited on its own (see the module docs of
+/// [`crate::actions`]). The console, the REST API and the CLI all come here.
 ///
 /// Errors: see [`ActionError`]; every refusal leaves the record as it was.
-#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err(level = "warn"))]
-pub async fn record_release(
+#[tracing::instrument(skip_all, fields(record_id = params.record_id, action = kind.name(), actor), err(level = "warn"))]
+pub async fn record_action(
     pool: &PgPool,
     actor: &str,
-    params: &RecordAction<'_>,
-    requeue_with: Option<&Publishers>,
-) -> Result<ActionOutcome, ActionError> {
-    let mut tx = pool.begin().await?;
-    let mut seen = Seen::default();
-    let result = async {
-        let reason = required_reason(params.reason, "release a record")?;
-        let row = lock(&mut tx, params.record_id).await?;
-        seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
-        let from = guard(&row, "release", &[RecordStatus::Processing], params)?;
-        if requeue_with.is_some() {
-            row.stored.check_republishable()?;
-        }
-        sqlx::query(
-            "UPDATE dedup_records SET status = 'failed', version = version + 1, lease_owner = NULL, lease_token = NULL,
-                    lease_expires_at = NULL, max_attempts = GREATEST(max_attempts, attempts + 1),
-                    next_attempt_at = CASE WHEN $2 THEN now() END,
-                    parked_at = CASE WHEN $2 THEN NULL ELSE parked_at END, updated_at = now()
-             WHERE id = $1 AND status = 'processing'",
-        )
-        .bind(row.stored.id)
-        .bind(requeue_with.is_some())
-        .execute(&mut *tx)
-        .await?;
-        close_attempt(&mut tx, row.stored.id, "released", &format!("released by {actor}: {reason}")).await?;
-        if let Some(publisher) = requeue_with {
-            republish(publisher, &row.stored).await?;
-        }
-        Ok(Done { from, to: RecordStatus::Failed, republished: requeue_with.is_some() })
-    }
-    .await;
-    conclude(pool, tx, actor, "record.release", params, seen, result).await
-}
-
-/// Marks a record `succeeded` because the operator verified its effect happened: a stuck
-/// `processing` record (lease token guard, expired unless `force`), or a `failed` or `dead`
-/// one. The lease and the stored payload are cleared (as on any success); further deliveries
-/// are skipped as duplicates. A reason is required.
-///
-/// Errors: see [`ActionError`].
-#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err(level = "warn"))]
-pub async fn record_mark_succeeded(
-    pool: &PgPool,
-    actor: &str,
-    params: &RecordAction<'_>,
-) -> Result<ActionOutcome, ActionError> {
-    let mut tx = pool.begin().await?;
-    let mut seen = Seen::default();
-    let result = async {
-        let reason = required_reason(params.reason, "mark a record succeeded")?;
-        let row = lock(&mut tx, params.record_id).await?;
-        seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
-        let allowed = [RecordStatus::Processing, RecordStatus::Failed, RecordStatus::Dead];
-        let from = guard(&row, "mark succeeded", &allowed, params)?;
-        sqlx::query(
-            "UPDATE dedup_records SET status = 'succeeded', version = version + 1, lease_owner = NULL, lease_token = NULL,
-                    lease_expires_at = NULL, completed_at = now(), next_attempt_at = NULL, parked_at = NULL,
-                    payload = NULL, headers = NULL, updated_at = now()
-             WHERE id = $1 AND status = $2",
-        )
-        .bind(row.stored.id)
-        .bind(from.as_str())
-        .execute(&mut *tx)
-        .await?;
-        close_attempt(&mut tx, row.stored.id, "succeeded", &format!("marked succeeded by {actor}: {reason}")).await?;
-        Ok(Done { from, to: RecordStatus::Succeeded, republished: false })
-    }
-    .await;
-    conclude(pool, tx, actor, "record.mark_succeeded", params, seen, result).await
-}
-
-/// Error class of records dead-lettered by hand (the dead-letters page groups by it).
-pub const HAND_DEAD_LETTER_CLASS: &str = "OPERATOR: dead-lettered by hand";
-
-/// Dead-letters a record by hand: a stuck `processing` one (lease token guard, expired unless
-/// `force`) or a `failed` one becomes `dead` with its payload kept, `last_error` naming the
-/// operator and the reason, and error class [`HAND_DEAD_LETTER_CLASS`]. A reason is required.
-///
-/// Errors: see [`ActionError`].
-#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err(level = "warn"))]
-pub async fn record_dead_letter(
-    pool: &PgPool,
-    actor: &str,
-    params: &RecordAction<'_>,
-) -> Result<ActionOutcome, ActionError> {
-    let mut tx = pool.begin().await?;
-    let mut seen = Seen::default();
-    let result = async {
-        let reason = required_reason(params.reason, "dead-letter a record")?;
-        let row = lock(&mut tx, params.record_id).await?;
-        seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
-        let from = guard(&row, "dead-letter", &[RecordStatus::Processing, RecordStatus::Failed], params)?;
-        let note = format!("dead-lettered by {actor}: {reason}");
-        sqlx::query(
-            "UPDATE dedup_records SET status = 'dead', version = version + 1, lease_owner = NULL, lease_token = NULL,
-                    lease_expires_at = NULL, next_attempt_at = NULL, last_error = $3, error_class = $4,
-                    updated_at = now()
-             WHERE id = $1 AND status = $2",
-        )
-        .bind(row.stored.id)
-        .bind(from.as_str())
-        .bind(&note)
-        .bind(HAND_DEAD_LETTER_CLASS)
-        .execute(&mut *tx)
-        .await?;
-        close_attempt(&mut tx, row.stored.id, "dead", &note).await?;
-        Ok(Done { from, to: RecordStatus::Dead, republished: false })
-    }
-    .await;
-    conclude(pool, tx, actor, "record.dead_letter", params, seen, result).await
-}
-
-/// Requeues a `failed` or `dead` record: publishes its stored payload, headers and the same
-/// message id to its original exchange and routing key (Kafka: topic and key) and makes it
-/// claimable (`failed`, one more attempt if it had used them all, due now), in one transaction
-/// held until the broker confirmed the copy. A `succeeded` record is never requeued; poison
-/// messages and records without a complete payload are refused. The reason is optional.
-///
-/// Errors: see [`ActionError`].
-#[tracing::instrument(skip_all, fields(record_id = params.record_id, actor), err(level = "warn"))]
-pub async fn record_requeue(
-    pool: &PgPool,
-    actor: &str,
+    kind: RecordActionKind,
     params: &RecordAction<'_>,
     publishers: &Publishers,
 ) -> Result<ActionOutcome, ActionError> {
     let mut tx = pool.begin().await?;
     let mut seen = Seen::default();
     let result = async {
+        if params.requeue && kind != RecordActionKind::Release {
+            return Err(ActionError::Invalid("requeue only applies to release".to_owned()));
+        }
+        let reason = match kind.reason_required_to() {
+            Some(what) => Some(required_reason(params.reason, what)?),
+            None => optional_reason(params.reason)?,
+        };
         let row = lock(&mut tx, params.record_id).await?;
         seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
-        optional_reason(params.reason)?;
-        let from = guard(&row, "requeue", &[RecordStatus::Failed, RecordStatus::Dead], params)?;
-        row.stored.check_republishable()?;
-        make_claimable(&mut tx, &[row.stored.id]).await?;
-        republish(publishers, &row.stored).await?;
-        Ok(Done { from, to: RecordStatus::Failed, republished: true })
+        let from = guard(&row, kind.name(), kind.applies_to(), params)?;
+        let note = |done: &str| format!("{done} by {actor}: {}", reason.unwrap_or_default());
+        let id = row.stored.id;
+        let (to, republished) = match kind {
+            RecordActionKind::Release => {
+                if params.requeue {
+                    row.stored.check_republishable()?;
+                }
+                sqlx::query(
+                    "UPDATE dedup_records SET status = 'failed', version = version + 1, lease_owner = NULL,
+                            lease_token = NULL, lease_expires_at = NULL,
+                            max_attempts = GREATEST(max_attempts, attempts + 1),
+                            next_attempt_at = CASE WHEN $2 THEN now() END,
+                            parked_at = CASE WHEN $2 THEN NULL ELSE parked_at END, updated_at = now()
+                     WHERE id = $1 AND status = 'processing'",
+                )
+                .bind(id)
+                .bind(params.requeue)
+                .execute(&mut *tx)
+                .await?;
+                close_attempt(&mut tx, id, "released", &note("released")).await?;
+                (RecordStatus::Failed, params.requeue)
+            }
+            RecordActionKind::MarkSucceeded => {
+                sqlx::query(
+                    "UPDATE dedup_records SET status = 'succeeded', version = version + 1, lease_owner = NULL,
+                            lease_token = NULL, lease_expires_at = NULL, completed_at = now(),
+                            next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL,
+                            updated_at = now()
+                     WHERE id = $1 AND status = $2",
+                )
+                .bind(id)
+                .bind(from.as_str())
+                .execute(&mut *tx)
+                .await?;
+                close_attempt(&mut tx, id, "succeeded", &note("marked succeeded")).await?;
+                (RecordStatus::Succeeded, false)
+            }
+            RecordActionKind::DeadLetter => {
+                let note = note("dead-lettered");
+                sqlx::query(
+                    "UPDATE dedup_records SET status = 'dead', version = version + 1, lease_owner = NULL,
+                            lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
+                            last_error = $3, error_class = $4, updated_at = now()
+                     WHERE id = $1 AND status = $2",
+                )
+                .bind(id)
+                .bind(from.as_str())
+                .bind(&note)
+                .bind(HAND_DEAD_LETTER_CLASS)
+                .execute(&mut *tx)
+                .await?;
+                close_attempt(&mut tx, id, "dead", &note).await?;
+                (RecordStatus::Dead, false)
+            }
+            RecordActionKind::Requeue => {
+                row.stored.check_republishable()?;
+                make_claimable(&mut tx, &[id]).await?;
+                (RecordStatus::Failed, true)
+            }
+        };
+        if republished {
+            republish(publishers, &row.stored).await?;
+        }
+        Ok(Done { from, to, republished })
     }
     .await;
-    conclude(pool, tx, actor, "record.requeue", params, seen, result).await
+    conclude(pool, tx, actor, kind.audit_action(), params, seen, result).await
 }
+
+/// Error class of records dead-lettered by hand (the dead-letters page groups by it).
+pub const HAND_DEAD_LETTER_CLASS: &str = "OPERATOR: dead-lettered by hand";
 
 /// `failed`/`dead` → `failed`, claimable now (one more attempt when none is left), for rows the
 /// caller has locked and checked. Shared by the single and the bulk requeue.

@@ -8,7 +8,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_engine::actions::{Publishers, RecordAction, record_mark_succeeded, record_release};
+use dedup_engine::actions::RecordActionKind::{MarkSucceeded, Release};
+use dedup_engine::actions::{Publishers, RecordAction, record_action};
 use dedup_engine::retry::Backoff;
 use dedup_engine::source::SourceFactory;
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
@@ -161,9 +162,17 @@ async fn every_invoice_is_paid_booked_and_receipted_once_despite_duplicates_and_
             ..RecordAction::default()
         };
         if sent {
-            record_mark_succeeded(&engine_pool, "test:operator", &action).await.unwrap();
+            record_action(&engine_pool, "test:operator", MarkSucceeded, &action, &Publishers::default()).await.unwrap();
         } else {
-            record_release(&engine_pool, "test:operator", &action, Some(&publishers)).await.unwrap();
+            record_action(
+                &engine_pool,
+                "test:operator",
+                Release,
+                &RecordAction { requeue: true, ..action },
+                &publishers,
+            )
+            .await
+            .unwrap();
         }
     }
     let receipted = world

@@ -31,9 +31,13 @@ pub struct GroupConfig {
     pub handlers: Option<Vec<String>>,
     /// The broker consumed from: `rabbitmq` (default) or `kafka`.
     pub source: Broker,
-    /// Exchange, queue, binding keys, prefetch, dead letters (when `source = "rabbitmq"`).
+    /// Exchange, queue, binding keys, prefetch, dead letters (when `source = "rabbitmq"`); keys
+    /// not given are the order example's ([`GroupConfig::default`]), not the engine's.
+    #[serde(deserialize_with = "over_demo::rabbitmq")]
     pub rabbitmq: RabbitSettings,
-    /// Brokers, Kafka group, topics, fetch limits, back-pressure (when `source = "kafka"`).
+    /// Brokers, Kafka group, topics, fetch limits, back-pressure (when `source = "kafka"`); keys
+    /// not given are the order example's.
+    #[serde(deserialize_with = "over_demo::kafka")]
     pub kafka: KafkaSettings,
     /// Attempts, lease, workers, back-off, ids, types.
     #[serde(flatten)]
@@ -188,6 +192,31 @@ pub fn resolve(consumer: &GroupConfig, groups: &[Value]) -> anyhow::Result<Vec<G
 }
 
 /// Lays `over` on `base`: tables merge key by key, anything else replaces.
+/// A partial `rabbitmq` or `kafka` table laid over the order example's defaults, key by key
+/// (serde alone would fill the missing keys from the engine's defaults, which name no topology).
+mod over_demo {
+    use serde::de::{DeserializeOwned, Deserializer, Error};
+    use serde::{Deserialize, Serialize};
+    use serde_json::Value;
+
+    use super::{GroupConfig, KafkaSettings, RabbitSettings};
+
+    fn laid_over<'de, D: Deserializer<'de>, T: Serialize + DeserializeOwned>(default: &T, d: D) -> Result<T, D::Error> {
+        let given = Value::deserialize(d)?;
+        let mut value = serde_json::to_value(default).map_err(D::Error::custom)?;
+        super::merge(&mut value, &given);
+        serde_json::from_value(value).map_err(D::Error::custom)
+    }
+
+    pub fn rabbitmq<'de, D: Deserializer<'de>>(d: D) -> Result<RabbitSettings, D::Error> {
+        laid_over(&GroupConfig::default().rabbitmq, d)
+    }
+
+    pub fn kafka<'de, D: Deserializer<'de>>(d: D) -> Result<KafkaSettings, D::Error> {
+        laid_over(&GroupConfig::default().kafka, d)
+    }
+}
+
 fn merge(base: &mut Value, over: &Value) {
     match (base, over) {
         (Value::Object(b), Value::Object(o)) => {
@@ -204,6 +233,16 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_partial_rabbitmq_table_keeps_the_examples_other_keys() {
+        let config: GroupConfig = serde_json::from_value(json!({"rabbitmq": {"queue": "q1"}})).unwrap();
+        assert_eq!(config.rabbitmq.queue, "q1");
+        assert_eq!(config.rabbitmq.exchange, "orders.events");
+        assert_eq!(config.rabbitmq.binding_keys, ["order.#"]);
+        let config: GroupConfig = serde_json::from_value(json!({"kafka": {"brokers": "b:1"}})).unwrap();
+        assert_eq!(config.kafka.topics, ["orders.events"]);
+    }
 
     #[test]
     fn groups_inherit_consumer_keys_they_do_not_set() {

@@ -191,7 +191,6 @@ pub fn resolve(consumer: &GroupConfig, groups: &[Value]) -> anyhow::Result<Vec<G
     Ok(resolved)
 }
 
-/// Lays `over` on `base`: tables merge key by key, anything else replaces.
 /// A partial `rabbitmq` or `kafka` table laid over the order example's defaults, key by key
 /// (serde alone would fill the missing keys from the engine's defaults, which name no topology).
 mod over_demo {
@@ -217,6 +216,7 @@ mod over_demo {
     }
 }
 
+/// Lays `over` on `base`: tables merge key by key, anything else replaces.
 fn merge(base: &mut Value, over: &Value) {
     match (base, over) {
         (Value::Object(b), Value::Object(o)) => {

@@ -30,7 +30,7 @@ use async_rs::util::RuntimeParts;
 use async_rs::{Runtime, Tokio};
 use futures::io::{AsyncRead, AsyncWrite};
 use futures::{Stream, ready};
-use lapin::uri::AMQPUri;
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{AsyncTcpStream, Connection, ConnectionProperties};
 
 use super::amqp_values::MAX_HEADER_DEPTH;
@@ -56,9 +56,12 @@ const CLASS_BASIC: u16 = 60;
 /// Connects to RabbitMQ at `url` with every content header bounded (see the module docs).
 /// Must be called within a tokio runtime.
 ///
-/// Errors: as [`Connection::connect`] (an invalid URL, the broker unreachable or refusing).
+/// Errors: as [`Connection::connect`] (an invalid URL, the broker unreachable or refusing),
+/// and an `amqps://` URL: the bound reads the socket's bytes, which TLS would encrypt, and TLS
+/// is done inside lapin, below any stream the engine could wrap (the engine builds lapin without
+/// a TLS backend anyway).
 pub(crate) async fn connect(url: &str, properties: ConnectionProperties) -> lapin::Result<Connection> {
-    let uri: AMQPUri = url.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let uri = plain_uri(url)?;
     let tokio = Tokio::current();
     let runtime = Runtime::new(RuntimeParts::new(tokio.clone(), BoundedReactor(tokio)));
     Connection::connector(
@@ -72,6 +75,19 @@ pub(crate) async fn connect(url: &str, properties: ConnectionProperties) -> lapi
         properties,
     )
     .await
+}
+
+/// `url` parsed, refused unless it is plain `amqp://` (see [`connect`]).
+fn plain_uri(url: &str) -> io::Result<AMQPUri> {
+    let uri: AMQPUri = url.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    if uri.scheme != AMQPScheme::AMQP {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "amqps:// is not supported: the engine bounds header nesting on the plain socket; \
+             terminate TLS in front of the process (e.g. a local stunnel or sidecar) and connect with amqp://",
+        ));
+    }
+    Ok(uri)
 }
 
 /// The runtime the engine's lapin connections run on: tokio, with [`BoundedStream`] sockets.
@@ -390,6 +406,14 @@ mod tests {
         assert!(tags[..kept].iter().all(|t| *t == b'A'), "arrays kept: {tags:?}");
         assert_eq!(tags[kept], b'x', "the next one is bytes");
         assert!(tags[kept + 1..].iter().all(|t| *t == b'A'), "whose content is left as it was");
+    }
+
+    #[test]
+    fn only_plain_amqp_urls_are_taken() {
+        assert!(plain_uri("amqp://guest:guest@127.0.0.1:5672/%2f").is_ok());
+        let err = plain_uri("amqps://guest:guest@broker:5671/%2f").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::Unsupported);
+        assert!(err.to_string().contains("amqps:// is not supported"), "{err}");
     }
 
     #[test]

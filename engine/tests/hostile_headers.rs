@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
@@ -18,15 +18,6 @@ use dedup_engine::testing::amqp::{RawMessage, nested_table, publish_raw, wide_ta
 use dedup_engine::testing::{TestBroker, amqp_url};
 use lapin::options::BasicGetOptions;
 use tokio_util::sync::CancellationToken;
-
-/// Polls `check` every 100 ms until it is true or `within` passes.
-async fn eventually<F: Future<Output = bool>>(within: Duration, mut check: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < within, "condition not met within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// A `headers` entry `a` holding arrays nested `depth` levels (5 bytes a level).
 fn nested_arrays(depth: usize) -> Vec<u8> {

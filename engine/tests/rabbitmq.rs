@@ -5,7 +5,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use dedup_engine::actions::cleanup::late::{RetentionWatch, late_deliveries};
@@ -70,15 +70,6 @@ async fn publish(broker: &Broker, ids: &[String]) {
             )
             .await
             .unwrap();
-    }
-}
-
-/// Polls `check` every 100 ms until it is true or `within` passes.
-async fn eventually<F: Future<Output = bool>>(within: Duration, mut check: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < within, "condition not met within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use dedup_engine::fastpath::FastPathSettings;
@@ -16,15 +16,6 @@ use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
 use lapin::ExchangeKind;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use serde_json::json;
-
-/// Polls `check` every 100 ms until it is true or `within` passes.
-async fn eventually<F: Future<Output = bool>>(within: Duration, mut check: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < within, "condition not met within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn engine(db: &TestDatabase, broker: &TestBroker, settings: RabbitSettings) -> Engine {
     let group = Group::rabbitmq(GROUP, amqp_url(), settings)

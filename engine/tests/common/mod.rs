@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_engine::actions::Publishers;
@@ -204,5 +204,14 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarnCounter {
             eprintln!("unexpected {} from {}", event.metadata().level(), event.metadata().target());
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+}
+
+/// Polls `check` every 100 ms until it is true or `within` passes.
+pub async fn eventually<F: Future<Output = bool>>(within: Duration, mut check: impl FnMut() -> F) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < within, "condition not met within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

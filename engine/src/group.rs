@@ -187,6 +187,15 @@ impl Group {
         self.handler(message_type, Handler::Leased { handler: Arc::new(handler), on_lease_expiry })
     }
 
+    /// Registers an HTTP handler for `message_type` (feature `http`): a leased handler that calls
+    /// a team's service, with the handler's own `on_lease_expiry`. The group's lease must be
+    /// longer than its timeout (checked when the engine starts).
+    #[cfg(feature = "http")]
+    pub fn http(self, message_type: impl Into<String>, handler: crate::http::HttpHandler) -> Self {
+        let on_lease_expiry = handler.on_lease_expiry();
+        self.leased(message_type, handler, on_lease_expiry)
+    }
+
     /// Registers any [`Handler`] for `message_type`, replacing an earlier one.
     pub fn handler(mut self, message_type: impl Into<String>, handler: Handler) -> Self {
         self.handlers.register(message_type, handler);

@@ -10,11 +10,14 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
 
-use crate::record::{HandlerMode, LeaseExpiryPolicy, MessageId};
+use crate::message::InboundMessage;
+use crate::record::{ConsumerGroup, HandlerMode, LeaseExpiryPolicy, MessageId};
 
 /// What a handler gets to see of a message.
 #[derive(Debug, Clone, Copy)]
 pub struct HandlerInput<'a> {
+    /// The consumer group the record belongs to.
+    pub group: &'a ConsumerGroup,
     /// The message id.
     pub message_id: &'a MessageId,
     /// The handler type the group's type policy found (e.g. `ORDER.PAY`).
@@ -27,6 +30,17 @@ pub struct HandlerInput<'a> {
     pub headers: &'a serde_json::Map<String, Value>,
     /// This attempt's number (1-based), from the dedup table.
     pub attempt: i32,
+    /// Leased handlers: runs of the effect for this record so far, this one included — counted
+    /// attempts, and also the ones not counted ([`HandlerError::in_progress`]) and the ones whose
+    /// lease was lost. Transactional handlers: the attempt.
+    pub calls: i32,
+    /// Leased handlers: the status the previous run's far side answered
+    /// ([`LeaseGuard::answered`]), if it reported one. `None` on the first run and for
+    /// transactional handlers.
+    pub previous_status: Option<u16>,
+    /// The delivery as received: content type, broker, where it came from (exchange and routing
+    /// key, or topic, partition and offset).
+    pub message: &'a InboundMessage,
 }
 
 impl HandlerInput<'_> {
@@ -62,17 +76,55 @@ pub struct HandlerError {
     /// away exactly as a killed process would — no completion, no failure recorded, the lease
     /// left to expire, the delivery given back to the broker unacknowledged.
     pub crashed: bool,
+    /// Retry after this delay instead of the group's back-off (a service's `Retry-After`, already
+    /// clamped by the handler). Leased handlers only; ignored for permanent errors.
+    pub retry_after: Option<Duration>,
+    /// Leased handlers: the far side is still working on this message (an HTTP 409 for its
+    /// `Idempotency-Key`): the record is given back without counting the attempt while the run
+    /// of such answers is younger than this; after that the attempt counts like any retryable
+    /// failure. See [`HandlerError::in_progress`].
+    pub uncounted_within: Option<Duration>,
 }
 
 impl HandlerError {
     /// A failure worth retrying after a back-off.
     pub fn retryable(kind: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Self { kind: kind.into(), message: message.into(), permanent: false, transient: false, crashed: false }
+        Self::new(kind, message, false)
     }
 
     /// A failure that retrying cannot fix.
     pub fn permanent(kind: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Self { kind: kind.into(), message: message.into(), permanent: true, transient: false, crashed: false }
+        Self::new(kind, message, true)
+    }
+
+    fn new(kind: impl Into<Cow<'static, str>>, message: impl Into<String>, permanent: bool) -> Self {
+        Self {
+            kind: kind.into(),
+            message: message.into(),
+            permanent,
+            transient: false,
+            crashed: false,
+            retry_after: None,
+            uncounted_within: None,
+        }
+    }
+
+    /// The far side is still working on this message (leased handlers): try again later
+    /// without counting the attempt, as long as the first of an unbroken run of such answers
+    /// (no counted attempt between them) is younger than `within`, by the database clock.
+    /// After that each one counts as a retryable failure, so a service that always answers so
+    /// still ends in a dead letter.
+    pub fn in_progress(kind: impl Into<Cow<'static, str>>, message: impl Into<String>, within: Duration) -> Self {
+        Self { uncounted_within: Some(within), ..Self::new(kind, message, false) }
+    }
+
+    /// The same failure, retried after `delay` instead of the group's back-off (leased
+    /// handlers). On RabbitMQ the retry copy waits in the back-off level queue not shorter than
+    /// `delay` (the longest one when none is).
+    #[must_use]
+    pub fn retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
     }
 
     /// The lease was lost before the effect (see [`LeaseGuard::check`]): nothing was done; a
@@ -92,7 +144,7 @@ impl HandlerError {
 
     /// A simulated crash (see [`HandlerError::crashed`]).
     pub fn crash(message: impl Into<String>) -> Self {
-        Self { kind: "CRASH".into(), message: message.into(), permanent: false, transient: false, crashed: true }
+        Self { crashed: true, ..Self::new("CRASH", message, false) }
     }
 
     /// The dead-letter grouping key: kind plus the message's first line, with numbers and long
@@ -139,7 +191,7 @@ pub fn error_class(kind: &str, message: &str) -> String {
 impl From<sqlx::Error> for HandlerError {
     fn from(e: sqlx::Error) -> Self {
         let transient = crate::store::is_transient(&e);
-        Self { kind: "DATABASE".into(), message: e.to_string(), permanent: false, transient, crashed: false }
+        Self { transient, ..Self::new("DATABASE", e.to_string(), false) }
     }
 }
 
@@ -173,6 +225,29 @@ pub trait LeasedHandler: Send + Sync + 'static {
     /// effect too. The engine checks it before calling the handler, and extends the lease every
     /// third of its duration while the handler runs.
     async fn handle(&self, input: &HandlerInput<'_>, lease: &LeaseGuard) -> Result<(), HandlerError>;
+
+    /// The longest one run of the effect may take (the HTTP handler's timeout), if it is
+    /// bounded. The engine refuses to start a group whose lease is not longer: a worker that
+    /// stops extending its lease (frozen, cut off from the database) has then finished its run
+    /// before the lease can run out and another worker take the record over.
+    fn longest_run(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// What the far side of a leased handler's effect answered (an HTTP status and body, an SMS
+/// gateway's reply), kept on the attempt row: the record's history shows it, and a run whose
+/// lease was lost meanwhile keeps its late answer there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectAnswer {
+    /// A status code, when the far side has them (HTTP); `None` for a timeout or a connection
+    /// error.
+    pub status: Option<u16>,
+    /// From the start of the call to its answer (or its failure).
+    pub latency: Duration,
+    /// What it said, for the operator: the body's first 2 KiB, or the transport error. No
+    /// secrets: it is shown in the console and the API.
+    pub summary: String,
 }
 
 /// The lease a leased handler runs under, as far as this worker can tell.
@@ -181,17 +256,37 @@ pub trait LeasedHandler: Send + Sync + 'static {
 /// also when the last confirmed extension is older than the lease itself (this worker may have
 /// been frozen or cut off: the database may have handed the record to someone else meanwhile,
 /// so this worker must not assume it still holds it). A lost lease never comes back.
+///
+/// It also carries what the effect's far side answered ([`LeaseGuard::answered`]) back to the
+/// engine, which writes it on the attempt row.
 #[derive(Debug, Clone)]
 pub struct LeaseGuard {
     lost: CancellationToken,
     /// When the lease runs out unless extended again (local monotonic clock).
     valid_until: Arc<Mutex<Instant>>,
+    answer: Arc<Mutex<Option<EffectAnswer>>>,
 }
 
 impl LeaseGuard {
     /// A guard for a lease of `duration` confirmed (claimed or extended) at `confirmed_at`.
     pub fn new(duration: Duration, confirmed_at: Instant) -> Self {
-        Self { lost: CancellationToken::new(), valid_until: Arc::new(Mutex::new(confirmed_at + duration)) }
+        Self {
+            lost: CancellationToken::new(),
+            valid_until: Arc::new(Mutex::new(confirmed_at + duration)),
+            answer: Arc::default(),
+        }
+    }
+
+    /// Reports what the effect's far side answered (the last report of a run wins); the engine
+    /// keeps it on the attempt row, whatever the run's outcome — a late answer after the lease
+    /// was lost included.
+    pub fn answered(&self, answer: EffectAnswer) {
+        *self.answer.lock().unwrap_or_else(|e| e.into_inner()) = Some(answer);
+    }
+
+    /// The answer reported by the run, taken out.
+    pub(crate) fn take_answer(&self) -> Option<EffectAnswer> {
+        self.answer.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Whether the lease is lost (see [`LeaseGuard`]).
@@ -268,6 +363,14 @@ impl Handler {
     /// Whether an expired lease may be claimed again automatically.
     pub fn reclaims_expired(&self) -> bool {
         matches!(self, Handler::Leased { on_lease_expiry: LeaseExpiryPolicy::Reclaim, .. })
+    }
+
+    /// [`LeasedHandler::longest_run`]; `None` for transactional handlers.
+    pub fn longest_run(&self) -> Option<Duration> {
+        match self {
+            Handler::Transactional(_) => None,
+            Handler::Leased { handler, .. } => handler.longest_run(),
+        }
     }
 }
 

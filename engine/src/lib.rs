@@ -14,7 +14,8 @@
 //!
 //! Features: `rabbitmq` and `kafka` (both default) pick the brokers compiled in; a
 //! RabbitMQ-only service builds without librdkafka. `testing`: fresh databases, queues and
-//! topics per test.
+//! topics per test. `http`: HTTP handlers ([`http`]), which call a team's service for each
+//! message.
 
 pub mod accounts;
 pub mod actions;
@@ -26,6 +27,8 @@ pub mod fastpath;
 pub mod group;
 pub mod handler;
 pub mod health;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod message;
 pub mod pipeline;
 pub mod record;

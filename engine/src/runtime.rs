@@ -59,6 +59,22 @@ pub enum EngineError {
         /// What is missing.
         error: String,
     },
+    /// A leased handler's run can outlast the group's lease ([`crate::handler::LeasedHandler::longest_run`]):
+    /// a worker that stopped extending it could still be calling when another takes the record over.
+    #[error(
+        "consumer group {name:?}: the handler of {message_type:?} may run {longest_ms} ms (its timeout), \
+         not shorter than the group's lease of {lease_ms} ms; raise lease_ms above it"
+    )]
+    LeaseTooShort {
+        /// The group's name.
+        name: String,
+        /// The handler's message type.
+        message_type: String,
+        /// The group's lease, in ms.
+        lease_ms: u64,
+        /// The handler's longest run, in ms.
+        longest_ms: u64,
+    },
     /// Migrating or verifying the engine's schema failed.
     #[error(transparent)]
     Schema(#[from] SchemaError),
@@ -146,6 +162,17 @@ impl EngineBuilder {
                 GroupSource::Custom(_) => Ok(()),
             };
             source.map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
+            let lease = Duration::from_millis(group.settings.lease_ms).max(crate::store::MIN_LEASE);
+            for (message_type, handler) in group.handlers.iter() {
+                if let Some(longest) = handler.longest_run().filter(|longest| *longest >= lease) {
+                    return Err(EngineError::LeaseTooShort {
+                        name: group.name.clone(),
+                        message_type: message_type.to_owned(),
+                        lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                        longest_ms: u64::try_from(longest.as_millis()).unwrap_or(u64::MAX),
+                    });
+                }
+            }
             if group.handlers.is_empty() {
                 tracing::warn!(group = %name, "consumer group without handlers: every message becomes a NO_HANDLER dead letter");
             }

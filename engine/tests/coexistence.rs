@@ -242,7 +242,7 @@ async fn the_claim_path_names_its_schema_and_runs_beside_tables_of_the_same_name
         .execute(&mut *tx)
         .await
         .unwrap();
-    assert!(store.complete(&mut tx, &claim, &lease, HandlerMode::Transactional).await.unwrap());
+    assert!(store.complete(&mut tx, &claim, &lease, HandlerMode::Transactional, None).await.unwrap());
     tx.commit().await.unwrap();
 
     // The fast path's duplicate counts reach the records through the store; the aggregates

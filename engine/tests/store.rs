@@ -63,7 +63,7 @@ impl Case {
 
     async fn complete(&self, claim: &ClaimedRecord, lease: &Lease) -> bool {
         let mut conn = self.h.pool().acquire().await.unwrap();
-        self.store.complete(&mut conn, claim, lease, HandlerMode::Leased).await.unwrap()
+        self.store.complete(&mut conn, claim, lease, HandlerMode::Leased, None).await.unwrap()
     }
 }
 
@@ -124,6 +124,8 @@ async fn an_expired_lease_is_reclaimed_only_when_allowed_and_the_old_holder_is_f
         error_class: "LATE",
         permanent: false,
         retry_delay_ms: 1000,
+        answer: None,
+        in_progress: false,
     };
     let mut conn = case.h.pool().acquire().await.unwrap();
     assert_eq!(case.store.fail_claimed(&mut conn, &failure).await.unwrap(), FailureOutcome::Superseded);
@@ -159,6 +161,8 @@ async fn a_failed_record_is_claimable_until_its_attempts_run_out() {
             error_class: "BOOM",
             permanent: false,
             retry_delay_ms: 10,
+            answer: None,
+            in_progress: false,
         };
         let mut conn = case.h.pool().acquire().await.unwrap();
         let expected = if attempt == 3 { FailureOutcome::Dead } else { FailureOutcome::Failed };

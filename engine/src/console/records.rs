@@ -168,7 +168,8 @@ pub struct AttemptRow {
     pub started_at: DateTime<Utc>,
     /// End; `None` while a leased attempt runs or after its worker died.
     pub ended_at: Option<DateTime<Utc>>,
-    /// `succeeded`, `failed`, `dead`, `lease_lost`, `released`; `None` while open.
+    /// `succeeded`, `failed`, `dead`, `lease_lost`, `released`, `deferred` (not counted: the far
+    /// side was still working on it); `None` while open.
     pub outcome: Option<String>,
     /// The error of a failed attempt.
     pub error: Option<String>,
@@ -177,6 +178,13 @@ pub struct AttemptRow {
     /// Its worker reported the effect done after the lease was lost: the effect may have run
     /// twice.
     pub late_effect: bool,
+    /// Leased handlers that report it (HTTP): the status the far side answered; `None` for no
+    /// answer (timeout, connection error).
+    pub answer_status: Option<i16>,
+    /// Leased handlers that report it: the call's latency, in ms.
+    pub latency_ms: Option<i32>,
+    /// Leased handlers that report it: the answer's first 2 KiB, or the transport error.
+    pub answer: Option<String>,
 }
 
 /// Every stored field of one record.
@@ -265,7 +273,8 @@ pub async fn record_detail(pool: &sqlx::PgPool, id: i64) -> Result<Option<Record
         return Ok(None);
     };
     detail.attempt_history = sqlx::query_as(
-        "SELECT attempt, worker, started_at, ended_at, outcome, error, taken_over_by, late_effect
+        "SELECT attempt, worker, started_at, ended_at, outcome, error, taken_over_by, late_effect,
+                answer_status, latency_ms, answer
          FROM record_attempts WHERE record_id = $1 ORDER BY attempt, id",
     )
     .bind(id)

@@ -15,7 +15,7 @@ use futures::future::join_all;
 
 use super::tally::Tally;
 use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
-use crate::handler::{Handler, LeaseGuard};
+use crate::handler::{Handler, HandlerInput, LeaseGuard};
 use crate::record::HandlerMode;
 use crate::stats::Event;
 use crate::store::{ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease};
@@ -87,10 +87,18 @@ impl Pipeline {
             tokio::spawn(self.clone().extend_lease_while_running(claim.clone(), lease.clone(), guard.clone()));
         let started = Instant::now();
         let result = match guard.check() {
-            Ok(()) => handler.handle(&Self::input(item, claim.attempt), &guard).await,
+            Ok(()) => {
+                let input = HandlerInput {
+                    calls: claim.calls,
+                    previous_status: claim.previous_status,
+                    ..self.input(item, claim.attempt)
+                };
+                handler.handle(&input, &guard).await
+            }
             Err(lost) => Err(lost),
         };
         heartbeat.abort();
+        let answer = guard.take_answer();
         if let Err(error) = &result
             && error.is_lease_lost()
         {
@@ -112,30 +120,31 @@ impl Pipeline {
             return (Disposition::Redeliver, None);
         };
         match result {
-            Ok(()) => match self.store.complete(&mut conn, &claim, &lease, HandlerMode::Leased).await {
-                Ok(true) => {
-                    self.stats.count(group, Event::Succeeded, 1);
-                    (Disposition::Ack(AckReason::Processed), Some(self.marker(item, claim.first_seen_at)))
-                }
-                Ok(false) => {
-                    // The effect ran, but the record is someone else's now (taken over, or
-                    // released by an operator): it may run again there. Say so on the record.
-                    metrics::counter!("dedup_late_effects_total", "group" => group.to_owned()).increment(1);
-                    tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt,
-                        "lease lost before completion; the effect ran and may run twice");
-                    if let Err(e) = self.store.note_late_effect(&mut conn, &claim).await {
-                        tracing::warn!(error = %e, message_id = %item.identified.id, "flagging the late effect failed");
+            Ok(()) => {
+                match self.store.complete(&mut conn, &claim, &lease, HandlerMode::Leased, answer.as_ref()).await {
+                    Ok(true) => {
+                        self.stats.count(group, Event::Succeeded, 1);
+                        (Disposition::Ack(AckReason::Processed), Some(self.marker(item, claim.first_seen_at)))
                     }
-                    (Disposition::Ack(AckReason::LeaseLost), None)
+                    Ok(false) => {
+                        // The effect ran, but the record is someone else's now (taken over, or
+                        // released by an operator): it may run again there. Say so on the record.
+                        metrics::counter!("dedup_late_effects_total", "group" => group.to_owned()).increment(1);
+                        tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt,
+                        "lease lost before completion; the effect ran and may run twice");
+                        if let Err(e) = self.store.note_late_effect(&mut conn, &claim, answer.as_ref()).await {
+                            tracing::warn!(error = %e, message_id = %item.identified.id, "flagging the late effect failed");
+                        }
+                        (Disposition::Ack(AckReason::LeaseLost), None)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, message_id = %item.identified.id, "completion failed; redelivering");
+                        (Disposition::Redeliver, None)
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, message_id = %item.identified.id, "completion failed; redelivering");
-                    (Disposition::Redeliver, None)
-                }
-            },
+            }
             Err(error) => {
-                self.stats.count(group, Event::Failed, 1);
-                let delay = self.settings.backoff.delay_after(claim.attempt);
+                let delay = error.retry_after.unwrap_or_else(|| self.settings.backoff.delay_after(claim.attempt));
                 let text = error.to_string();
                 let failure = FailureReport {
                     claim: &claim,
@@ -146,7 +155,27 @@ impl Pipeline {
                     error_class: &error.error_class(),
                     permanent: error.permanent,
                     retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+                    answer: answer.as_ref(),
+                    in_progress: error.uncounted_within.is_some(),
                 };
+                if let Some(within) = error.uncounted_within.filter(|_| !error.permanent) {
+                    match self.store.defer_claimed(&mut conn, &failure, within).await {
+                        Ok(true) => {
+                            tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text,
+                                "the far side is still working on it; retried without counting the attempt");
+                            self.stats.count(group, Event::Retry, 1);
+                            return (Disposition::Retry { delay }, None);
+                        }
+                        // The lease was lost (the failure below finds it superseded) or the run
+                        // of such answers is older than `within`: the attempt counts.
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "recording a deferral failed; redelivering");
+                            return (Disposition::Redeliver, None);
+                        }
+                    }
+                }
+                self.stats.count(group, Event::Failed, 1);
                 tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text, "handler failed");
                 match self.store.fail_claimed(&mut conn, &failure).await {
                     Ok(FailureOutcome::Failed) => {

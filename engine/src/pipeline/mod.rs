@@ -279,14 +279,18 @@ impl Pipeline {
         }
     }
 
-    fn input<'a>(r: &'a Routed<'_>, attempt: i32) -> HandlerInput<'a> {
+    fn input<'a>(&'a self, r: &'a Routed<'_>, attempt: i32) -> HandlerInput<'a> {
         HandlerInput {
+            group: &self.settings.group,
             message_id: &r.identified.id,
             message_type: &r.identified.message_type,
             json: r.identified.json.as_ref(),
             payload: &r.message.payload,
             headers: &r.message.headers,
             attempt,
+            calls: attempt,
+            previous_status: None,
+            message: r.message,
         }
     }
 

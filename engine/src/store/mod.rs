@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::handler::EffectAnswer;
 use crate::message::InboundMessage;
 use crate::record::{ConsumerGroup, HandlerMode, MessageId, RecordStatus};
 
@@ -160,6 +161,11 @@ pub struct ClaimedRecord {
     pub claimed_at: DateTime<Utc>,
     /// The lease token written.
     pub lease_token: Uuid,
+    /// Leased claims: runs of the effect for this record, this one included (its attempt rows,
+    /// deferred and lease-lost ones too); transactional claims: the attempt.
+    pub calls: i32,
+    /// Leased claims: the status the previous attempt's far side answered, if it reported one.
+    pub previous_status: Option<u16>,
 }
 
 /// An existing record that could not be claimed, as the duplicate check saw it.
@@ -210,6 +216,12 @@ pub struct FailureReport<'a> {
     pub permanent: bool,
     /// When the retry copy is due back (for `next_attempt_at`), in ms from now.
     pub retry_delay_ms: i64,
+    /// Leased mode: what the effect's far side answered, kept on the attempt row.
+    pub answer: Option<&'a EffectAnswer>,
+    /// Leased mode: the far side said it is still working on the message
+    /// ([`crate::handler::HandlerError::in_progress`]); the attempt is marked so, which keeps
+    /// the run of such answers going ([`DedupStore::defer_claimed`]).
+    pub in_progress: bool,
 }
 
 /// What a failure turned the record into.
@@ -273,13 +285,15 @@ pub trait DedupStore: Send + Sync + 'static {
     ) -> Result<ClaimOutcome, StoreError>;
 
     /// Marks a claimed record `succeeded`, fenced by status and lease token, clears the lease
-    /// and the stored payload, and closes the attempt. False when the lease was lost.
+    /// and the stored payload, and closes the attempt (leased mode: with the effect's `answer`).
+    /// False when the lease was lost.
     async fn complete(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         claim: &ClaimedRecord,
         lease: &Lease,
         mode: HandlerMode,
+        answer: Option<&EffectAnswer>,
     ) -> Result<bool, StoreError>;
 
     /// Claims a batch of messages for transactional handlers in one statement (DESIGN.md,
@@ -312,6 +326,19 @@ pub trait DedupStore: Send + Sync + 'static {
         failure: &FailureReport<'_>,
     ) -> Result<FailureOutcome, StoreError>;
 
+    /// Gives a leased claim back without counting its attempt (the far side is still working on
+    /// the message, [`crate::handler::HandlerError::in_progress`]), fenced by the lease token:
+    /// `failed` with the retry due time, `attempts` one less, the attempt closed as `deferred`.
+    /// Only while the run of such answers — the attempts marked in progress since the last one
+    /// that was not — started less than `within` ago (database clock). False when not done — the lease was lost, or the run is older:
+    /// then the caller records an ordinary failure ([`DedupStore::fail_claimed`]).
+    async fn defer_claimed(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        failure: &FailureReport<'_>,
+        within: Duration,
+    ) -> Result<bool, StoreError>;
+
     /// Extends a held lease by its duration from now (database clock). False when lost.
     async fn extend_lease(
         &self,
@@ -322,11 +349,12 @@ pub trait DedupStore: Send + Sync + 'static {
 
     /// Flags the attempt of `claim` as a late effect: its effect ran, but the completion was
     /// refused (the lease was taken over or released meanwhile), so the effect may have run
-    /// twice.
+    /// twice. The effect's late `answer` is kept on the attempt.
     async fn note_late_effect(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         claim: &ClaimedRecord,
+        answer: Option<&EffectAnswer>,
     ) -> Result<(), StoreError>;
 
     /// Stores a poison message as a `dead` record (or counts a duplicate on an existing one).

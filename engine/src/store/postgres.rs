@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -22,6 +23,7 @@ use super::{
 };
 use crate::db::Schema;
 use crate::db::storable::{self, Storable};
+use crate::handler::EffectAnswer;
 use crate::record::{HandlerMode, RecordStatus};
 
 mod sql;
@@ -46,6 +48,18 @@ impl PgStore {
     }
 }
 
+/// The attempt row's answer columns: status, latency in ms, summary (text as stored).
+fn answer_columns(answer: Option<&EffectAnswer>) -> (Option<i16>, Option<i32>, Option<String>) {
+    match answer {
+        None => (None, None, None),
+        Some(a) => (
+            a.status.and_then(|s| i16::try_from(s).ok()),
+            Some(i32::try_from(a.latency.as_millis()).unwrap_or(i32::MAX)),
+            Some(storable::text(&a.summary).into_owned()),
+        ),
+    }
+}
+
 /// Whether a failure makes the record dead.
 fn failure_status(failure: &FailureReport<'_>) -> RecordStatus {
     if failure.permanent || failure.claim.attempt >= failure.claim.max_attempts {
@@ -65,6 +79,8 @@ fn claimed_from_row(row: &PgRow, lease: &Lease, took_over: bool) -> Result<Claim
         first_seen_at: row.try_get("first_seen_at")?,
         claimed_at: row.try_get("claimed_at")?,
         lease_token: lease.token,
+        calls: row.try_get("attempts")?,
+        previous_status: None,
     })
 }
 
@@ -134,7 +150,13 @@ impl DedupStore for PgStore {
             .await?;
         if let Some(row) = row {
             let took_over = row.try_get("took_over")?;
-            return Ok(ClaimOutcome::Claimed(claimed_from_row(&row, req.lease, took_over)?));
+            let mut claimed = claimed_from_row(&row, req.lease, took_over)?;
+            if req.mode == HandlerMode::Leased {
+                claimed.calls = row.try_get("calls")?;
+                claimed.previous_status =
+                    row.try_get::<Option<i16>, _>("previous_status")?.and_then(|s| u16::try_from(s).ok());
+            }
+            return Ok(ClaimOutcome::Claimed(claimed));
         }
         let mut seen =
             self.note_duplicates(conn, req.group.as_str(), &[req.message_id.as_str()], &[req.payload_hash]).await?;
@@ -227,6 +249,7 @@ impl DedupStore for PgStore {
         claim: &ClaimedRecord,
         lease: &Lease,
         mode: HandlerMode,
+        answer: Option<&EffectAnswer>,
     ) -> Result<bool, StoreError> {
         let query = match mode {
             HandlerMode::Transactional => sqlx::query_scalar(&self.sql.complete_tx)
@@ -234,7 +257,15 @@ impl DedupStore for PgStore {
                 .bind(claim.lease_token)
                 .bind(&lease.owner)
                 .bind(claim.claimed_at),
-            HandlerMode::Leased => sqlx::query_scalar(&self.sql.complete_leased).bind(claim.id).bind(claim.lease_token),
+            HandlerMode::Leased => {
+                let (status, latency, summary) = answer_columns(answer);
+                sqlx::query_scalar(&self.sql.complete_leased)
+                    .bind(claim.id)
+                    .bind(claim.lease_token)
+                    .bind(status)
+                    .bind(latency)
+                    .bind(summary)
+            }
         };
         let count: i64 = query.fetch_one(&mut *conn).await?;
         Ok(count == 1)
@@ -282,7 +313,10 @@ impl DedupStore for PgStore {
                 .bind(&failure.lease.owner)
                 .bind(failure.claim.claimed_at)
                 .bind(m.type_property.as_deref()),
-            HandlerMode::Leased => query,
+            HandlerMode::Leased => {
+                let (status, latency, summary) = answer_columns(failure.answer);
+                query.bind(status).bind(latency).bind(summary).bind(failure.in_progress)
+            }
         };
         let count: i64 = query.fetch_one(&mut *conn).await?;
         Ok(match (count, status) {
@@ -290,6 +324,28 @@ impl DedupStore for PgStore {
             (_, RecordStatus::Dead) => FailureOutcome::Dead,
             _ => FailureOutcome::Failed,
         })
+    }
+
+    async fn defer_claimed(
+        &self,
+        conn: &mut PgConnection,
+        failure: &FailureReport<'_>,
+        within: Duration,
+    ) -> Result<bool, StoreError> {
+        let (status, latency, summary) = answer_columns(failure.answer);
+        let count: i64 = sqlx::query_scalar(&self.sql.defer)
+            .bind(failure.claim.id)
+            .bind(failure.claim.lease_token)
+            .bind(storable::text(failure.error))
+            .bind(storable::text(failure.error_class))
+            .bind(failure.retry_delay_ms)
+            .bind(i64::try_from(within.as_millis()).unwrap_or(i64::MAX))
+            .bind(status)
+            .bind(latency)
+            .bind(summary)
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(count == 1)
     }
 
     async fn extend_lease(
@@ -307,8 +363,21 @@ impl DedupStore for PgStore {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn note_late_effect(&self, conn: &mut PgConnection, claim: &ClaimedRecord) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.late_effect).bind(claim.id).bind(claim.attempt).execute(&mut *conn).await?;
+    async fn note_late_effect(
+        &self,
+        conn: &mut PgConnection,
+        claim: &ClaimedRecord,
+        answer: Option<&EffectAnswer>,
+    ) -> Result<(), StoreError> {
+        let (status, latency, summary) = answer_columns(answer);
+        sqlx::query(&self.sql.late_effect)
+            .bind(claim.id)
+            .bind(claim.attempt)
+            .bind(status)
+            .bind(latency)
+            .bind(summary)
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 

@@ -157,7 +157,7 @@ impl Pipeline {
                 *savepoint_open = true;
             }
             let started = Instant::now();
-            let result = handler.handle(&Self::input(item, claim.attempt), tx).await;
+            let result = handler.handle(&self.input(item, claim.attempt), tx).await;
             metrics::histogram!("dedup_handler_duration_seconds", "type" => item.identified.message_type.clone())
                 .record(started.elapsed().as_secs_f64());
             let Err(error) = result else { return Ok(None) };
@@ -183,6 +183,8 @@ impl Pipeline {
                 error_class: &error.error_class(),
                 permanent: error.permanent,
                 retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+                answer: None,
+                in_progress: false,
             };
             let outcome = self
                 .store

@@ -34,7 +34,7 @@ macro_rules! take_over {
 /// `$17` says whether an expired lease may be reclaimed; `$18` is the AMQP `type` property. `prior` reads the status the statement
 /// started from, only to tell a lease takeover apart for metrics.
 macro_rules! claim_sql {
-    ($attempt_cte:literal) => {
+    ($attempt_cte:literal, $columns:literal) => {
         concat!(
             r#"
 WITH prior AS (
@@ -57,15 +57,19 @@ WITH prior AS (
             $attempt_cte,
             r#"
 SELECT c.id, c.attempts, c.max_attempts, c.created, c.first_seen_at, now() AS claimed_at,
-       COALESCE((SELECT status FROM prior) = 'processing', false) AS took_over
+       COALESCE((SELECT status FROM prior) = 'processing', false) AS took_over"#,
+            $columns,
+            r#"
 FROM claimed c
 "#
         )
     };
 }
-pub(super) const CLAIM_TX_SQL: &str = claim_sql!("");
+pub(super) const CLAIM_TX_SQL: &str = claim_sql!("", "");
 /// A leased claim opens its attempt row, and when it took an expired lease over, closes the
-/// superseded attempt as `lease_lost`: when (now) and by whom.
+/// superseded attempt as `lease_lost`: when (now) and by whom. It reports the runs so far, this
+/// one included (`calls`: the attempt rows, which the statement's snapshot shows without the
+/// one it opens), and what the last one's far side answered (`previous_status`).
 pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
     r#", attempt AS (
     INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at)
@@ -74,7 +78,11 @@ pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
     UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'lease_lost', taken_over_by = $6,
            error = 'the lease expired; taken over by ' || $6
     FROM claimed c WHERE a.record_id = c.id AND a.ended_at IS NULL AND a.attempt < c.attempts
-)"#
+)"#,
+    r#",
+       (SELECT count(*) FROM {s}.record_attempts a WHERE a.record_id = c.id)::int + 1 AS calls,
+       (SELECT a.answer_status FROM {s}.record_attempts a WHERE a.record_id = c.id
+        ORDER BY a.id DESC LIMIT 1) AS previous_status"#
 );
 
 /// The duplicate check after a claim found nothing claimable (set-based: `$2`/`$3` are the
@@ -213,9 +221,11 @@ pub(super) const COMPLETE_TX_SQL: &str = complete_sql!(
     "INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
      SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done"
 );
-/// Leased attempts were opened by the claim.
+/// Leased attempts were opened by the claim; `$3`..`$5` the effect's answer (status, latency in
+/// ms, summary).
 pub(super) const COMPLETE_LEASED_SQL: &str = complete_sql!(
-    "UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'succeeded'
+    "UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'succeeded',
+            answer_status = $3, latency_ms = $4, answer = $5
      FROM done WHERE a.record_id = done.id AND a.attempt = done.attempts AND a.ended_at IS NULL"
 );
 
@@ -250,12 +260,43 @@ pub(super) const FAIL_TX_SQL: &str = fail_sql!(
     "INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error)
      SELECT id, attempts, $10, $11, now(), $3, $4 FROM failed"
 );
-/// Leased: the claim opened the attempt row.
+/// Leased: the claim opened the attempt row; `$7`..`$9` the effect's answer, `$10` whether the
+/// far side said it was still working on it.
 pub(super) const FAIL_LEASED_SQL: &str = fail_sql!(
     "",
-    "UPDATE {s}.record_attempts a SET ended_at = now(), outcome = $3, error = $4
+    "UPDATE {s}.record_attempts a SET ended_at = now(), outcome = $3, error = $4,
+            answer_status = $7, latency_ms = $8, answer = $9, in_progress = $10
      FROM failed WHERE a.record_id = failed.id AND a.attempt = failed.attempts AND a.ended_at IS NULL"
 );
+
+/// A leased claim given back without counting its attempt (`$1` record, `$2` lease token, `$3`
+/// error, `$4` its class, `$5` retry delay in ms, `$6` how long a run of such answers stays
+/// uncounted, in ms, `$7`..`$9` the answer): `failed`, one attempt less, the attempt closed as
+/// `deferred` — while the run of such answers (attempts `in_progress`, deferred or counted,
+/// since the last closed attempt that was not) started less than `$6` ago. Its first one is
+/// this very attempt when there is none before.
+pub(super) const DEFER_SQL: &str = r#"
+WITH streak AS (
+    SELECT min(a.started_at) AS since FROM {s}.record_attempts a
+    WHERE a.record_id = $1 AND a.in_progress
+      AND a.started_at > COALESCE((SELECT max(b.ended_at) FROM {s}.record_attempts b
+                                   WHERE b.record_id = $1 AND NOT b.in_progress), '-infinity')
+), deferred AS (
+    UPDATE {s}.dedup_records SET
+        status = 'failed', version = version + 1, attempts = attempts - 1,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        last_error = $3, error_class = $4,
+        next_attempt_at = now() + $5 * interval '1 millisecond', updated_at = now()
+    WHERE id = $1 AND status = 'processing' AND lease_token = $2
+      AND COALESCE((SELECT since FROM streak), now()) > now() - $6 * interval '1 millisecond'
+    RETURNING id, attempts
+), attempt AS (
+    UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'deferred', error = $3,
+           answer_status = $7, latency_ms = $8, answer = $9, in_progress = true
+    FROM deferred d WHERE a.record_id = d.id AND a.attempt = d.attempts + 1 AND a.ended_at IS NULL
+)
+SELECT count(*) FROM deferred
+"#;
 
 /// A message that never reaches a handler, stored `dead` at once: poison (`$16` true), or a
 /// type without a handler (false: requeueable once the handler exists). A copy of one already
@@ -274,11 +315,14 @@ RETURNING id, (xmax = 0) AS created
 "#;
 
 /// A superseded worker's effect ran although its completion was refused (`$1` record, `$2` its
-/// attempt): flagged, the attempt closed as `lease_lost` if the takeover has not closed it.
+/// attempt, `$3`..`$5` its late answer): flagged, the attempt closed as `lease_lost` if the
+/// takeover has not closed it. Deferred rows of the same number are earlier runs.
 pub(super) const LATE_EFFECT_SQL: &str = "
 UPDATE {s}.record_attempts SET late_effect = true, outcome = COALESCE(outcome, 'lease_lost'),
-       ended_at = COALESCE(ended_at, now())
-WHERE record_id = $1 AND attempt = $2";
+       ended_at = COALESCE(ended_at, now()),
+       answer_status = COALESCE($3, answer_status), latency_ms = COALESCE($4, latency_ms),
+       answer = COALESCE($5, answer)
+WHERE record_id = $1 AND attempt = $2 AND outcome IS DISTINCT FROM 'deferred'";
 
 /// Heartbeat: the lease extended by its duration from now, fenced by the token.
 pub(super) const EXTEND_LEASE_SQL: &str = "
@@ -308,6 +352,7 @@ pub(super) struct Statements {
     pub complete_leased: String,
     pub fail_tx: String,
     pub fail_leased: String,
+    pub defer: String,
     pub poison: String,
     pub extend_lease: String,
     pub late_effect: String,
@@ -329,6 +374,7 @@ impl Statements {
             complete_leased: render(COMPLETE_LEASED_SQL),
             fail_tx: render(FAIL_TX_SQL),
             fail_leased: render(FAIL_LEASED_SQL),
+            defer: render(DEFER_SQL),
             poison: render(POISON_SQL),
             extend_lease: render(EXTEND_LEASE_SQL),
             late_effect: render(LATE_EFFECT_SQL),

@@ -121,11 +121,15 @@ impl Application {
             ),
         };
         let pool = connect(&settings).await?;
-        orders::migrate(&pool).await?;
+        // Groups with HTTP handlers alone need none of the order example's tables.
+        let example_used = demo || groups.iter().any(GroupConfig::uses_example);
+        if example_used {
+            orders::migrate(&pool).await?;
+        }
         let order_settings =
             if demo { orders::demo::demo_order_settings(&settings.orders) } else { settings.orders.clone() };
         let consume = settings.consumer.enabled;
-        if consume {
+        if consume && example_used {
             orders::stock_inventory(&pool, &order_settings).await?;
         }
         let example = orders::handlers(pool.clone(), &order_settings);

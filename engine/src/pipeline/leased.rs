@@ -131,7 +131,7 @@ impl Pipeline {
                         // released by an operator): it may run again there. Say so on the record.
                         metrics::counter!("dedup_late_effects_total", "group" => group.to_owned()).increment(1);
                         tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt,
-                        "lease lost before completion; the effect ran and may run twice");
+                            "lease lost before completion; the effect ran and may run twice");
                         if let Err(e) = self.store.note_late_effect(&mut conn, &claim, answer.as_ref()).await {
                             tracing::warn!(error = %e, message_id = %item.identified.id, "flagging the late effect failed");
                         }

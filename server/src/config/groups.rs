@@ -1,14 +1,16 @@
 //! The consumer groups `serve` runs: `[consumer]` alone (one group, today's single-group
 //! configuration), or each entry of `[[groups]]` laid over `[consumer]` (keys a group does not
-//! set are `[consumer]`'s), bound to the order example's handlers by message type.
+//! set are `[consumer]`'s), bound to the order example's handlers by message type, and to HTTP
+//! handlers calling a team's service (`[consumer.http."<TYPE>"]`, `[groups.http."<TYPE>"]`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use anyhow::Context;
 use dedup_engine::actions::Publishers;
 use dedup_engine::group::{Group, GroupSettings, GroupSource};
 use dedup_engine::handler::HandlerRegistry;
+use dedup_engine::http::{HttpHandler, HttpSettings};
 use dedup_engine::message::Broker;
 use dedup_engine::source::SourceFactory;
 use dedup_engine::source::kafka::KafkaSettings;
@@ -27,8 +29,14 @@ pub struct GroupConfig {
     /// The consumer group's name: its records are scoped to it. Default `order-service`.
     pub group: String,
     /// The message types of the order example this group handles (`ORDER.CREATE`,
-    /// `ORDER.PAY`, `ORDER.NOTIFY`). Default: all of them.
+    /// `ORDER.PAY`, `ORDER.NOTIFY`). Default: all of them — none when the group has `http`
+    /// handlers.
     pub handlers: Option<Vec<String>>,
+    /// HTTP handlers by message type (`[consumer.http."ORDER.PAID"]`, or
+    /// `[groups.http."ORDER.PAID"]` after a `[[groups]]` entry): each message of the type is
+    /// sent to a team's service ([`HttpSettings`]: `url`, `timeout_ms`, `headers`,
+    /// `concurrency`, …). A `[[groups]]` entry does not inherit those of `[consumer]`.
+    pub http: BTreeMap<String, HttpSettings>,
     /// The broker consumed from: `rabbitmq` (default) or `kafka`.
     pub source: Broker,
     /// Exchange, queue, binding keys, prefetch, dead letters (when `source = "rabbitmq"`); keys
@@ -54,6 +62,7 @@ impl Default for GroupConfig {
             enabled: true,
             group: "order-service".to_owned(),
             handlers: None,
+            http: BTreeMap::new(),
             source: Broker::RabbitMq,
             // The order example's topology: the demo's defaults, not the engine's.
             rabbitmq: RabbitSettings {
@@ -79,18 +88,41 @@ impl GroupConfig {
         anyhow::bail!("unknown key(s) in {place}: {}", keys.join(", "))
     }
 
+    /// Whether the group runs handlers of the order example: those `handlers` names, or all of
+    /// them when it names none and has no `http` handlers.
+    pub fn uses_example(&self) -> bool {
+        match &self.handlers {
+            None => self.http.is_empty(),
+            Some(types) => !types.is_empty(),
+        }
+    }
+
     /// The engine's group: its source at `amqp_url` (RabbitMQ) or its Kafka settings, its
-    /// settings, and the handlers of `example` it names.
+    /// settings, the handlers of `example` it names, and its HTTP handlers.
     ///
-    /// Errors: a handler type the example does not have.
+    /// Errors: a handler type the example does not have; a type with both an example and an
+    /// HTTP handler; HTTP settings that [`HttpHandler::new`] refuses (never with a secret).
     pub fn engine_group(&self, amqp_url: &str, example: &HandlerRegistry) -> anyhow::Result<Group> {
         let handlers = match &self.handlers {
+            None if !self.uses_example() => HandlerRegistry::new(),
             None => example.clone(),
             Some(types) => {
                 example.only(types).map_err(|e| anyhow::anyhow!("consumer group {:?}: handlers: {e}", self.group))?
             }
         };
-        Ok(Group::new(self.group.clone(), self.source(amqp_url)).settings(self.settings.clone()).handlers(&handlers))
+        let mut group =
+            Group::new(self.group.clone(), self.source(amqp_url)).settings(self.settings.clone()).handlers(&handlers);
+        for (message_type, settings) in &self.http {
+            anyhow::ensure!(
+                handlers.get(message_type).is_none(),
+                "consumer group {:?}: {message_type:?} has both an example handler and an HTTP handler",
+                self.group
+            );
+            let handler = HttpHandler::new(settings)
+                .with_context(|| format!("consumer group {:?}: http.{message_type:?}", self.group))?;
+            group = group.http(message_type.clone(), handler);
+        }
+        Ok(group)
     }
 
     /// The group's source factory (it connects when first used).
@@ -129,6 +161,41 @@ impl GroupConfig {
     }
 }
 
+/// The `[[groups]]` entries as written, each laid over `[consumer]` by [`resolve`]. Printed
+/// and serialised with their HTTP handlers as [`HttpSettings`] print them: header values and
+/// signing secrets redacted (an entry that is not valid settings is not shown at all).
+#[derive(Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct GroupEntries(pub Vec<Value>);
+
+impl GroupEntries {
+    fn redacted(&self) -> Vec<Value> {
+        let mut entries = self.0.clone();
+        for entry in &mut entries {
+            let handlers = entry.get_mut("http").and_then(Value::as_object_mut);
+            for handler in handlers.into_iter().flat_map(|h| h.values_mut()) {
+                *handler = serde_json::from_value::<HttpSettings>(handler.clone())
+                    .ok()
+                    .and_then(|settings| serde_json::to_value(settings).ok())
+                    .unwrap_or_else(|| Value::String("[not valid HTTP handler settings]".to_owned()));
+            }
+        }
+        entries
+    }
+}
+
+impl std::fmt::Debug for GroupEntries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.redacted().fmt(f)
+    }
+}
+
+impl Serialize for GroupEntries {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.redacted().serialize(serializer)
+    }
+}
+
 /// The publishers of `groups` (operator commands republish through them without an engine).
 pub fn publishers(groups: &[GroupConfig], amqp_url: &str) -> Publishers {
     let mut publishers = Publishers::default();
@@ -148,7 +215,11 @@ pub fn resolve(consumer: &GroupConfig, groups: &[Value]) -> anyhow::Result<Vec<G
     let resolved = if groups.is_empty() {
         vec![consumer.clone()]
     } else {
-        let base = serde_json::to_value(consumer).context("the [consumer] settings do not serialise")?;
+        let mut base = serde_json::to_value(consumer).context("the [consumer] settings do not serialise")?;
+        // Each group declares its own HTTP handlers (and serialised secrets are redacted).
+        if let Value::Object(fields) = &mut base {
+            fields.remove("http");
+        }
         groups
             .iter()
             .enumerate()

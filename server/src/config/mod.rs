@@ -17,7 +17,7 @@ use figment::providers::{Env, Format, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
-pub use self::groups::{GroupConfig, publishers};
+pub use self::groups::{GroupConfig, GroupEntries, publishers};
 use dedup_app::ssr::mount::AuthSettings;
 
 /// A URL that may carry a password. Printed and serialised with the password redacted;
@@ -95,7 +95,7 @@ pub struct Settings {
     pub consumer: GroupConfig,
     /// Consumer groups (`[[groups]]`), each laid over `[consumer]`; none: `[consumer]` alone.
     /// See [`Settings::consumer_groups`].
-    pub groups: Vec<serde_json::Value>,
+    pub groups: GroupEntries,
     /// The Redis fast path (`[fast_path]`).
     pub fast_path: FastPathSettings,
     /// The order domain (`[orders]`).
@@ -166,7 +166,7 @@ impl Default for Settings {
             log_format: LogFormat::Text,
             stats_flush_ms: 1000,
             consumer: GroupConfig::default(),
-            groups: Vec::new(),
+            groups: GroupEntries::default(),
             fast_path: FastPathSettings::default(),
             orders: OrderSettings::default(),
             auth: AuthSettings::default(),
@@ -216,7 +216,7 @@ impl Settings {
     /// Errors: an unknown key, an entry that is not a valid group, two groups with one name,
     /// queue or Kafka group; the message names the entry and the key.
     pub fn consumer_groups(&self) -> anyhow::Result<Vec<GroupConfig>> {
-        groups::resolve(&self.consumer, &self.groups)
+        groups::resolve(&self.consumer, &self.groups.0)
     }
 
     /// Connections of the engine's own pool: half of [`Settings::db_max_connections`], at
@@ -256,6 +256,42 @@ mod tests {
             assert!(!printed.contains("hunter2"), "{printed}");
             assert!(printed.contains("amqp://user:***@broker:5672/%2f"), "{printed}");
             assert!(!format!("{s:?}").contains("hunter2"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn http_handlers_are_read_per_group_and_their_secrets_never_printed() {
+        figment::Jail::expect_with(|jail| {
+            let toml = r#"
+[consumer.http."ORDER.PAID"]
+url = "http://127.0.0.1:8080/consumer"
+headers = { Authorization = "Bearer consumer-s3cret" }
+
+[[groups]]
+group = "billing"
+rabbitmq.queue = "q.billing"
+[groups.http."ORDER.PAID"]
+url = "http://127.0.0.1:8080/charge"
+timeout_ms = 5000
+headers = { Authorization = "Bearer group-s3cret", X-Key = { env = "BILLING_KEY" } }
+signing_secret = "whsec_c2VjcmV0LXNpZ25pbmc="
+"#;
+            jail.create_file("http.toml", toml)?;
+            let s = Settings::load(Some(Path::new("http.toml"))).map_err(|e| e.to_string())?;
+            let printed = format!("{} {s:?}", s.redacted_json());
+            for secret in ["consumer-s3cret", "group-s3cret", "c2VjcmV0LXNpZ25pbmc"] {
+                assert!(!printed.contains(secret), "{secret}: {printed}");
+            }
+            assert!(printed.contains("BILLING_KEY"), "a variable's name is shown: {printed}");
+            let groups = s.consumer_groups().map_err(|e| e.to_string())?;
+            let billing = &groups[0].http["ORDER.PAID"];
+            assert_eq!((billing.url.as_str(), billing.timeout_ms), ("http://127.0.0.1:8080/charge", 5000));
+            assert_eq!(groups[0].http.len(), 1, "not [consumer]'s");
+            assert!(!groups[0].uses_example(), "a group of HTTP handlers runs none of the example's");
+            jail.create_file("typo.toml", "[consumer.http.\"ORDER.PAID\"]\nurl = \"http://x/\"\ntimout_ms = 5\n")?;
+            let err = Settings::load(Some(Path::new("typo.toml"))).unwrap_err().to_string();
+            assert!(err.contains("timout_ms"), "{err}");
             Ok(())
         });
     }

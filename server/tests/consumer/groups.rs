@@ -9,28 +9,7 @@ use dedup_example_orders::verify::verify;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::World;
-
-/// A TOML configuration file of the test, removed with the returned guard.
-struct ConfigFile(std::path::PathBuf);
-
-impl ConfigFile {
-    fn new(world: &World, text: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("{}-{}.toml", world.db.name, uuid::Uuid::new_v4().simple()));
-        std::fs::write(&path, text).unwrap();
-        Self(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for ConfigFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use crate::support::{ConfigFile, World};
 
 #[tokio::test]
 async fn the_order_example_split_into_two_groups_on_two_queues_passes_verify_and_shows_both() {

@@ -295,3 +295,24 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
+
+/// A TOML configuration file of the test, removed with the returned guard.
+pub struct ConfigFile(std::path::PathBuf);
+
+impl ConfigFile {
+    pub fn new(world: &World, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("{}-{}.toml", world.db.name, uuid::Uuid::new_v4().simple()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

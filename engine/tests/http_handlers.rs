@@ -6,6 +6,7 @@ mod common;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::slice;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -167,7 +168,7 @@ async fn one(reply: Reply) -> (Disposition, String, i32, Option<String>, Option<
     s.timeout_ms = 2_000;
     s.retry_after_max_ms = 60_000;
     let msg = paid("T1");
-    let disposition = pipeline(&h, &s).process("host:1:0", &[msg.clone()]).await.remove(0);
+    let disposition = pipeline(&h, &s).process("host:1:0", slice::from_ref(&msg)).await.remove(0);
     let (status, attempts, error, class, history) = outcome(&h, &msg).await;
     (disposition, status, attempts, error, class, history)
 }
@@ -190,7 +191,7 @@ async fn the_call_carries_the_payload_the_key_and_the_gateways_headers() {
     let mut msg = paid("H1");
     msg.headers.insert("X-Trace-Id".into(), json!("trace-7"));
     msg.headers.insert("x-private".into(), json!("not forwarded"));
-    let done = pipeline(&h, &s).process("host:1:0", &[msg.clone()]).await;
+    let done = pipeline(&h, &s).process("host:1:0", slice::from_ref(&msg)).await;
     assert_eq!(done, [Disposition::Ack(AckReason::Processed)]);
 
     let calls = service.calls();
@@ -236,8 +237,8 @@ async fn a_retry_tells_the_service_its_attempt_calls_and_previous_status() {
     let s = HttpSettings::new(service.url());
     let p = pipeline(&h, &s);
     let msg = paid("R1");
-    assert!(retried(&p.process("host:1:0", &[msg.clone()]).await[0]));
-    assert_eq!(p.process("host:1:0", &[msg.clone()]).await, [Disposition::Ack(AckReason::Processed)]);
+    assert!(retried(&p.process("host:1:0", slice::from_ref(&msg)).await[0]));
+    assert_eq!(p.process("host:1:0", slice::from_ref(&msg)).await, [Disposition::Ack(AckReason::Processed)]);
     let second = &service.calls()[1];
     assert_eq!(second.headers["dedup-attempt"], "2");
     assert_eq!(second.headers["dedup-delivery-count"], "2");
@@ -348,7 +349,7 @@ async fn timeouts_and_connection_errors_are_retried() {
     s.timeout_ms = 300;
     let msg = paid("TO1");
     let started = Instant::now();
-    let d = pipeline(&h, &s).process("host:1:0", &[msg.clone()]).await.remove(0);
+    let d = pipeline(&h, &s).process("host:1:0", slice::from_ref(&msg)).await.remove(0);
     assert!(retried(&d), "{d:?}");
     assert!(started.elapsed() < Duration::from_secs(2), "the timeout ended the call");
     let (status, attempts, error, _, history) = outcome(&h, &msg).await;
@@ -360,7 +361,7 @@ async fn timeouts_and_connection_errors_are_retried() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let s = HttpSettings::new(format!("http://{closed}/hook"));
     let msg = paid("CE1");
-    let d = pipeline(&h, &s).process("host:1:0", &[msg.clone()]).await.remove(0);
+    let d = pipeline(&h, &s).process("host:1:0", slice::from_ref(&msg)).await.remove(0);
     assert!(retried(&d), "{d:?}");
     let (status, _, error, ..) = outcome(&h, &msg).await;
     assert_eq!(status, "failed");
@@ -380,7 +381,7 @@ async fn a_409_storm_burns_no_attempt_until_its_wall_clock_limit() {
     let started = Instant::now();
     let mut uncounted = 0;
     while started.elapsed() < Duration::from_millis(1_200) {
-        let d = p.process("host:1:0", &[msg.clone()]).await.remove(0);
+        let d = p.process("host:1:0", slice::from_ref(&msg)).await.remove(0);
         assert!(retried(&d), "{d:?}");
         let (status, attempts, ..) = outcome(&h, &msg).await;
         assert_eq!((status.as_str(), attempts), ("failed", 0), "not counted");
@@ -398,9 +399,9 @@ async fn a_409_storm_burns_no_attempt_until_its_wall_clock_limit() {
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
     // Past the limit: each 409 counts, and the record ends dead at max_attempts (2).
-    assert!(retried(&p.process("host:1:0", &[msg.clone()]).await[0]));
+    assert!(retried(&p.process("host:1:0", slice::from_ref(&msg)).await[0]));
     assert_eq!(outcome(&h, &msg).await.1, 1, "counted");
-    let d = p.process("host:1:0", &[msg.clone()]).await.remove(0);
+    let d = p.process("host:1:0", slice::from_ref(&msg)).await.remove(0);
     assert!(matches!(d, Disposition::DeadLetter { .. }), "{d:?}");
     let (status, attempts, _, class, _) = outcome(&h, &msg).await;
     assert_eq!((status.as_str(), attempts), ("dead", 2));
@@ -439,7 +440,11 @@ async fn a_late_200_after_the_lease_was_lost_is_recorded_and_completes_nothing()
     let cut_off = [pool_a.acquire().await.unwrap(), pool_a.acquire().await.unwrap()];
     tokio::time::sleep(lease + Duration::from_millis(500)).await;
 
-    assert_eq!(b.process("host-b:2:0", &[msg.clone()]).await, [Disposition::Ack(AckReason::Processed)], "B took over");
+    assert_eq!(
+        b.process("host-b:2:0", slice::from_ref(&msg)).await,
+        [Disposition::Ack(AckReason::Processed)],
+        "B took over"
+    );
     drop(cut_off);
     service.inner.release.notify_one();
     let a_done = tokio::time::timeout(Duration::from_secs(10), worker_a).await.expect("A finishes").unwrap();
@@ -552,8 +557,8 @@ async fn secrets_never_reach_logs_debug_output_or_the_records() {
     let handler = HttpHandler::new(&s).unwrap();
     let p = pipeline(&h, &s);
     let msg = paid("SEC1");
-    assert!(retried(&p.process("host:1:0", &[msg.clone()]).await[0]));
-    assert_eq!(p.process("host:1:0", &[msg.clone()]).await, [Disposition::Ack(AckReason::Processed)]);
+    assert!(retried(&p.process("host:1:0", slice::from_ref(&msg)).await[0]));
+    assert_eq!(p.process("host:1:0", slice::from_ref(&msg)).await, [Disposition::Ack(AckReason::Processed)]);
     assert_eq!(service.calls()[0].headers["authorization"], TOKEN, "the secret was sent");
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut down = s.clone();

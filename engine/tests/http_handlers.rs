@@ -335,23 +335,24 @@ async fn retry_after_is_honoured_between_the_floor_and_the_cap() {
     assert_eq!(d, Disposition::Retry { delay: Duration::from_secs(60) }, "capped (retry_after_max_ms)");
     let (d, ..) = one(Reply::status(503).header("retry-after", "0")).await;
     assert_eq!(d, Disposition::Retry { delay: Duration::from_secs(1) }, "floored (retry_after_min_ms)");
-    let in_10_s = (chrono::Utc::now() + chrono::Duration::seconds(10)).to_rfc2822().replace("+0000", "GMT");
-    let (d, ..) = one(Reply::status(503).header("retry-after", in_10_s)).await;
+    // An HTTP-date 30 s ahead, in whole seconds; the test database is created in between.
+    let in_30_s = (chrono::Utc::now() + chrono::Duration::seconds(30)).to_rfc2822().replace("+0000", "GMT");
+    let (d, ..) = one(Reply::status(503).header("retry-after", in_30_s)).await;
     let Disposition::Retry { delay } = d else { panic!("{d:?}") };
-    assert!((8..=10).contains(&delay.as_secs()), "an HTTP-date: {delay:?}");
+    assert!((15..=30).contains(&delay.as_secs()), "an HTTP-date: {delay:?}");
 }
 
 #[tokio::test]
 async fn timeouts_and_connection_errors_are_retried() {
     let h = Harness::new().await;
-    let service = Service::start([Reply::status(200).delay(Duration::from_secs(3))]).await;
+    let service = Service::start([Reply::status(200).delay(Duration::from_secs(6))]).await;
     let mut s = HttpSettings::new(service.url());
     s.timeout_ms = 300;
     let msg = paid("TO1");
     let started = Instant::now();
     let d = pipeline(&h, &s).process("host:1:0", slice::from_ref(&msg)).await.remove(0);
     assert!(retried(&d), "{d:?}");
-    assert!(started.elapsed() < Duration::from_secs(2), "the timeout ended the call");
+    assert!(started.elapsed() < Duration::from_secs(5), "the timeout ended the call, not the answer");
     let (status, attempts, error, _, history) = outcome(&h, &msg).await;
     assert_eq!((status.as_str(), attempts), ("failed", 1));
     assert!(error.unwrap().starts_with("HTTP_TIMEOUT: no answer within 300 ms"));
@@ -375,12 +376,12 @@ async fn a_409_storm_burns_no_attempt_until_its_wall_clock_limit() {
     let h = Harness::new().await;
     let service = Service::start([Reply::status(409).body("busy")]).await;
     let mut s = HttpSettings::new(service.url());
-    s.in_progress_limit_ms = 1_500;
+    s.in_progress_limit_ms = 3_000;
     let p = h.pipeline(registry(&s), 2);
     let msg = paid("S1");
     let started = Instant::now();
     let mut uncounted = 0;
-    while started.elapsed() < Duration::from_millis(1_200) {
+    while started.elapsed() < Duration::from_millis(1_000) {
         let d = p.process("host:1:0", slice::from_ref(&msg)).await.remove(0);
         assert!(retried(&d), "{d:?}");
         let (status, attempts, ..) = outcome(&h, &msg).await;
@@ -388,7 +389,7 @@ async fn a_409_storm_burns_no_attempt_until_its_wall_clock_limit() {
         uncounted += 1;
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    assert!(uncounted >= 4, "{uncounted}");
+    assert!(uncounted >= 2, "{uncounted}");
     let (.., history) = outcome(&h, &msg).await;
     assert!(history.iter().all(|a| a.outcome.as_deref() == Some("deferred") && a.attempt == 1));
     assert_eq!(service.calls().last().unwrap().headers["dedup-attempt"], "1", "the attempt number stays");
@@ -397,7 +398,7 @@ async fn a_409_storm_burns_no_attempt_until_its_wall_clock_limit() {
         uncounted.to_string().as_str(),
         "the calls grow"
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(3_500).saturating_sub(started.elapsed())).await;
     // Past the limit: each 409 counts, and the record ends dead at max_attempts (2).
     assert!(retried(&p.process("host:1:0", slice::from_ref(&msg)).await[0]));
     assert_eq!(outcome(&h, &msg).await.1, 1, "counted");
@@ -463,7 +464,7 @@ async fn a_late_200_after_the_lease_was_lost_is_recorded_and_completes_nothing()
 #[tokio::test]
 async fn concurrency_bounds_the_calls_in_flight_and_the_rate_spaces_them() {
     let h = Harness::new().await;
-    let service = Service::start([Reply::status(200).delay(Duration::from_millis(200))]).await;
+    let service = Service::start([Reply::status(200).delay(Duration::from_millis(500))]).await;
     let mut s = HttpSettings::new(service.url());
     s.concurrency = 2;
     let batch: Vec<_> = (0..6).map(|i| paid(&format!("C{i}"))).collect();
@@ -478,9 +479,9 @@ async fn concurrency_bounds_the_calls_in_flight_and_the_rate_spaces_them() {
     pipeline(&h, &s).process("host:1:0", &batch).await;
     let mut at: Vec<Instant> = service.calls().iter().map(|c| c.at).collect();
     at.sort();
-    for pair in at.windows(2) {
-        assert!(pair[1] - pair[0] >= Duration::from_millis(80), "spaced ~100 ms: {:?}", pair[1] - pair[0]);
-    }
+    // Starts 100 ms apart: the fourth at least 300 ms after the first (arrivals jitter a little).
+    let spread = at[3] - at[0];
+    assert!(spread >= Duration::from_millis(250), "4 calls at 10 per second within {spread:?}");
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::pipeline::{Disposition, Pipeline};
 use crate::source::{SourceError, SourceFactory};
@@ -198,8 +199,10 @@ async fn run_worker(
             };
             status.in_flight.fetch_add(batch.len(), Ordering::Relaxed);
             let size = batch.len();
-            let dispositions = pipeline.process(&name, batch).await;
-            let settled = source.settle(&dispositions).await;
+            // One span for the batch, its settlement included (`pipeline/spans.rs`).
+            let span = pipeline.batch_span(&name, size);
+            let dispositions = pipeline.process_in(&span, &name, batch).await;
+            let settled = source.settle(&dispositions).instrument(span).await;
             status.in_flight.fetch_sub(size, Ordering::Relaxed);
             if let Err(e) = settled {
                 break Some(e);

@@ -156,7 +156,8 @@ impl FastPath {
     }
 
     /// Looks up markers for `keys` in one round trip (`MGET`). On any failure every key is
-    /// [`Lookup::Unavailable`].
+    /// [`Lookup::Unavailable`]. In a `DEBUG` span `redis_lookup` (`count`: keys).
+    #[tracing::instrument(level = "debug", name = "redis_lookup", skip_all, fields(count = keys.len()))]
     pub async fn lookup_many(&self, keys: &[String]) -> Vec<Lookup> {
         if keys.is_empty() {
             return Vec::new();
@@ -187,7 +188,9 @@ impl FastPath {
 
     /// Writes markers (`SET key <marker> NX EX ttl`), pipelined in one round trip. Call only
     /// after the commit that made the records `succeeded`. Returns false when Redis did not take
-    /// them (the records are still protected by the database).
+    /// them (the records are still protected by the database). In a `DEBUG` span `redis_mark`
+    /// (`count`: markers).
+    #[tracing::instrument(level = "debug", name = "redis_mark", skip_all, fields(count = markers.len()))]
     pub async fn mark_many(&self, markers: &[(String, Marker)]) -> bool {
         if markers.is_empty() {
             return true;

@@ -12,6 +12,7 @@
 use std::time::Instant;
 
 use futures::future::join_all;
+use tracing::Instrument;
 
 use super::tally::Tally;
 use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
@@ -83,20 +84,24 @@ impl Pipeline {
         }
 
         let guard = LeaseGuard::new(lease.duration, asked_at);
-        let heartbeat =
-            tokio::spawn(self.clone().extend_lease_while_running(claim.clone(), lease.clone(), guard.clone()));
-        let started = Instant::now();
-        let result = match guard.check() {
-            Ok(()) => {
-                let input = HandlerInput {
-                    calls: claim.calls,
-                    previous_status: claim.previous_status,
-                    ..self.input(item, claim.attempt)
-                };
-                handler.handle(&input, &guard).await
+        // In the batch's span, so that its lease extensions show under the batch.
+        let heartbeat = tokio::spawn(
+            self.clone().extend_lease_while_running(claim.clone(), lease.clone(), guard.clone()).in_current_span(),
+        );
+        let call = async {
+            match guard.check() {
+                Ok(()) => {
+                    let input = HandlerInput {
+                        calls: claim.calls,
+                        previous_status: claim.previous_status,
+                        ..self.input(item, claim.attempt)
+                    };
+                    handler.handle(&input, &guard).await
+                }
+                Err(lost) => Err(lost),
             }
-            Err(lost) => Err(lost),
         };
+        let result = Self::call_handler(item, claim.attempt, HandlerMode::Leased, call).await;
         heartbeat.abort();
         let answer = guard.take_answer();
         if let Err(error) = &result
@@ -105,8 +110,6 @@ impl Pipeline {
             metrics::counter!("dedup_lease_lost_before_effect_total", "group" => group.to_owned()).increment(1);
             tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "lease lost before the effect; the effect was not performed");
         }
-        metrics::histogram!("dedup_handler_duration_seconds", "type" => item.identified.message_type.clone())
-            .record(started.elapsed().as_secs_f64());
 
         if let Err(error) = &result
             && error.crashed

@@ -10,6 +10,7 @@
 //! or offset commits. The pipeline itself never acks.
 
 mod leased;
+mod spans;
 mod tally;
 mod transactional;
 
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use tracing::{Instrument, Span};
 
 use crate::actions::cleanup::late::RetentionWatch;
 use crate::fastpath::{FastPath, Lookup, Marker};
@@ -27,6 +29,7 @@ use crate::retry::Backoff;
 use crate::stats::{Event, Stats};
 use crate::store::ExistingRecord;
 use crate::store::postgres::PgStore;
+use spans::Outcomes;
 use tally::Tally;
 
 /// What the source must do with a delivery once the pipeline is done with it.
@@ -160,8 +163,24 @@ impl Pipeline {
     }
 
     /// Processes a batch and returns one disposition per delivery, in order. `worker` names the
-    /// caller (`<host>:<pid>:<n>`); it becomes the lease owner.
+    /// caller (`<host>:<pid>:<n>`); it becomes the lease owner. Runs in a `batch` span (see
+    /// `pipeline/spans.rs`).
     pub async fn process(&self, worker: &str, batch: &[InboundMessage]) -> Vec<Disposition> {
+        self.process_in(&self.batch_span(worker, batch.len()), worker, batch).await
+    }
+
+    /// [`Pipeline::process`] in `span` (from [`Pipeline::batch_span`]), which gets the batch's
+    /// outcome counts at the end; the consumer settles the batch in the same span.
+    pub(crate) async fn process_in(&self, span: &Span, worker: &str, batch: &[InboundMessage]) -> Vec<Disposition> {
+        let (dispositions, poison) = self.judge(worker, batch).instrument(span.clone()).await;
+        if !span.is_disabled() {
+            Outcomes::of(&dispositions, &poison).record(span);
+        }
+        dispositions
+    }
+
+    /// The body of [`Pipeline::process`]; also returns the indexes of the poison deliveries.
+    async fn judge(&self, worker: &str, batch: &[InboundMessage]) -> (Vec<Disposition>, Vec<usize>) {
         let group = self.settings.group.as_str();
         self.stats.count(group, Event::Delivery, batch.len() as i64);
         let mut dispositions: Vec<Option<Disposition>> = vec![None; batch.len()];
@@ -191,6 +210,7 @@ impl Pipeline {
             }
         }
 
+        let poison_indexes = poison.iter().filter(|p| p.2.reason.is_poison()).map(|p| p.0).collect();
         let routed = self.check_fast_path(routed, &mut dispositions).await;
         let (tx_items, leased_items): (Vec<_>, Vec<_>) =
             routed.into_iter().partition(|r| matches!(r.handler, Handler::Transactional(_)));
@@ -208,7 +228,7 @@ impl Pipeline {
                 "Redis markers not written; the database still protects these records"
             );
         }
-        dispositions.into_iter().map(|d| d.unwrap_or(Disposition::Redeliver)).collect()
+        (dispositions.into_iter().map(|d| d.unwrap_or(Disposition::Redeliver)).collect(), poison_indexes)
     }
 
     /// Drops deliveries whose Redis marker exists (duplicates), returns the rest.

@@ -17,6 +17,8 @@
 mod round;
 
 use sqlx::{Acquire, PgConnection};
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::tally::Tally;
 use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
@@ -75,7 +77,26 @@ enum AttemptEnd {
     Lost,
 }
 
+impl AttemptEnd {
+    /// Its name in the `transaction` span.
+    fn as_str(&self) -> &'static str {
+        match self {
+            AttemptEnd::Committed(_) => "committed",
+            AttemptEnd::RolledBack => "rolled_back",
+            AttemptEnd::Lost => "lost",
+        }
+    }
+}
+
 impl Isolation {
+    /// Its name in the `transaction` span.
+    fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Optimistic => "optimistic",
+            Isolation::Savepoints => "savepoints",
+        }
+    }
+
     /// Logs why an attempt is aborted — a warning when the batch will be redelivered, a debug
     /// line when it will only run again with savepoints — and returns the [`Abort`].
     fn abort(self, what: &str, error: &dyn std::fmt::Display) -> Abort {
@@ -178,9 +199,30 @@ impl Pipeline {
             .collect()
     }
 
+    /// One attempt at the transaction, in a `DEBUG` span `transaction` (`isolation`: optimistic
+    /// or savepoints; `messages`, `poison`; `end`: committed, rolled back or lost).
+    async fn attempt(
+        &self,
+        isolation: Isolation,
+        worker: &str,
+        rounds: &[Vec<&Routed<'_>>],
+        poison: &[PoisonItem<'_>],
+    ) -> AttemptEnd {
+        let span = tracing::debug_span!(
+            "transaction",
+            isolation = isolation.as_str(),
+            messages = rounds.iter().map(Vec::len).sum::<usize>(),
+            poison = poison.len(),
+            end = Empty,
+        );
+        let end = self.attempt_in_transaction(isolation, worker, rounds, poison).instrument(span.clone()).await;
+        span.record("end", end.as_str());
+        end
+    }
+
     /// One attempt at the transaction: begin, poison records, the rounds, commit. Its stats are
     /// counted only if it commits.
-    async fn attempt(
+    async fn attempt_in_transaction(
         &self,
         isolation: Isolation,
         worker: &str,

@@ -118,6 +118,16 @@ pub enum ClaimAs {
     Succeeded,
 }
 
+impl ClaimAs {
+    /// The status it writes, as stored.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ClaimAs::Processing => "processing",
+            ClaimAs::Succeeded => "succeeded",
+        }
+    }
+}
+
 /// What a claim needs to know.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {

@@ -5,6 +5,12 @@
 //! ... WHERE <claimable> RETURNING`. `ON CONFLICT DO UPDATE` locks the conflicting row even when
 //! the `WHERE` is false, so a concurrent duplicate waits for the holder's transaction and then
 //! judges the committed state.
+//!
+//! Each statement group of the hot path runs in a `DEBUG` span named by what it does (`claim`,
+//! `complete`, `record_failure`, `defer`, `record_poison`, `extend_lease`, `note_late_effect`), with how
+//! many records it covers (`count`) or which (`record`, `message_id`) and the handler mode; a
+//! batch's `claim` also records how many it `claimed` (the others exist already: duplicates, or
+//! held by someone else).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,6 +22,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
+use tracing::field::Empty;
 
 use super::{
     ClaimAs, ClaimBatch, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord, FailureOutcome,
@@ -121,6 +128,7 @@ impl DedupStore for PgStore {
         &self.pool
     }
 
+    #[tracing::instrument(level = "debug", name = "claim", skip_all, fields(count = 1, mode = req.mode.as_str()))]
     async fn claim(&self, conn: &mut PgConnection, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let sql = match req.mode {
             HandlerMode::Transactional => &self.sql.claim_tx,
@@ -168,6 +176,12 @@ impl DedupStore for PgStore {
         }
     }
 
+    #[tracing::instrument(
+        level = "debug",
+        name = "claim",
+        skip_all,
+        fields(count = batch.items.len(), mode = "transactional", into = batch.claim_as.as_str(), claimed = Empty)
+    )]
     async fn claim_many(
         &self,
         conn: &mut PgConnection,
@@ -233,6 +247,8 @@ impl DedupStore for PgStore {
                 }
             }
         }
+        let claimed = outcomes.iter().filter(|o| matches!(o, Some(ClaimOutcome::Claimed(_)))).count();
+        tracing::Span::current().record("claimed", claimed);
         outcomes
             .into_iter()
             .map(|o| {
@@ -243,6 +259,7 @@ impl DedupStore for PgStore {
             .collect()
     }
 
+    #[tracing::instrument(level = "debug", name = "complete", skip_all, fields(count = 1, mode = mode.as_str()))]
     async fn complete(
         &self,
         conn: &mut PgConnection,
@@ -271,6 +288,7 @@ impl DedupStore for PgStore {
         Ok(count == 1)
     }
 
+    #[tracing::instrument(level = "debug", name = "complete", skip_all, fields(count = claims.len(), mode = "transactional"))]
     async fn complete_many(
         &self,
         conn: &mut PgConnection,
@@ -288,6 +306,12 @@ impl DedupStore for PgStore {
             .await?)
     }
 
+    #[tracing::instrument(
+        level = "debug",
+        name = "record_failure",
+        skip_all,
+        fields(record = failure.claim.id, mode = failure.mode.as_str())
+    )]
     async fn fail_claimed(
         &self,
         conn: &mut PgConnection,
@@ -326,6 +350,7 @@ impl DedupStore for PgStore {
         })
     }
 
+    #[tracing::instrument(level = "debug", name = "defer", skip_all, fields(record = failure.claim.id))]
     async fn defer_claimed(
         &self,
         conn: &mut PgConnection,
@@ -348,6 +373,7 @@ impl DedupStore for PgStore {
         Ok(count == 1)
     }
 
+    #[tracing::instrument(level = "debug", name = "extend_lease", skip_all, fields(record = claim.id))]
     async fn extend_lease(
         &self,
         conn: &mut PgConnection,
@@ -363,6 +389,7 @@ impl DedupStore for PgStore {
         Ok(done.rows_affected() == 1)
     }
 
+    #[tracing::instrument(level = "debug", name = "note_late_effect", skip_all, fields(record = claim.id))]
     async fn note_late_effect(
         &self,
         conn: &mut PgConnection,
@@ -381,6 +408,7 @@ impl DedupStore for PgStore {
         Ok(())
     }
 
+    #[tracing::instrument(level = "debug", name = "record_poison", skip_all, fields(message_id = %p.message_id, poison = p.poison))]
     async fn record_poison(&self, conn: &mut PgConnection, p: &PoisonRecord<'_>) -> Result<(i64, bool), StoreError> {
         let payload = &p.message.payload;
         let truncated = payload.len() > p.keep_payload_bytes;

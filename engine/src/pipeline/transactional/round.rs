@@ -6,7 +6,6 @@
 //! needs no completion statement.
 
 use std::collections::HashSet;
-use std::time::Instant;
 
 use sqlx::{Acquire, Executor, PgConnection};
 
@@ -78,6 +77,7 @@ impl Pipeline {
         }
         let completed: HashSet<i64> = match batch.claim_as {
             ClaimAs::Succeeded => succeeded.iter().map(|(_, c)| c.id).collect(),
+            ClaimAs::Processing if succeeded.is_empty() => HashSet::new(),
             ClaimAs::Processing => {
                 let claims: Vec<&ClaimedRecord> = succeeded.iter().map(|(_, c)| c).collect();
                 match self.store.complete_many(tx, &claims, &lease).await {
@@ -156,10 +156,9 @@ impl Pipeline {
                 tx.execute(open).await.map_err(|e| isolation.abort("opening a savepoint failed", &e))?;
                 *savepoint_open = true;
             }
-            let started = Instant::now();
-            let result = handler.handle(&self.input(item, claim.attempt), tx).await;
-            metrics::histogram!("dedup_handler_duration_seconds", "type" => item.identified.message_type.clone())
-                .record(started.elapsed().as_secs_f64());
+            let input = self.input(item, claim.attempt);
+            let call = handler.handle(&input, tx);
+            let result = Self::call_handler(item, claim.attempt, HandlerMode::Transactional, call).await;
             let Err(error) = result else { return Ok(None) };
             if isolation == Isolation::Optimistic {
                 tracing::debug!(message_id = %item.identified.id, error = %error, "handler failed; running the batch again with savepoints");

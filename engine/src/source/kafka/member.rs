@@ -452,7 +452,8 @@ impl Poller {
         true
     }
 
-    /// Commits every offset that moved.
+    /// Commits every offset that moved, in a `DEBUG` span `commit_offsets` (`partitions`,
+    /// `mode`: sync or async).
     fn commit(&self, shared: &Shared, mode: CommitMode) {
         let (due, in_flight) = {
             let mut offsets = shared.offsets();
@@ -462,6 +463,7 @@ impl Poller {
         if due.is_empty() {
             return;
         }
+        let _span = tracing::debug_span!("commit_offsets", partitions = due.len(), mode = ?mode).entered();
         if let Err(e) = self.consumer.commit(&offset_list(&due), mode) {
             tracing::warn!(error = %e, "Kafka offset commit failed; will commit again");
             shared.offsets().commit_failed();

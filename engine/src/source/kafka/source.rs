@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::join_all;
+use tracing::field::Empty;
 
 use super::KafkaSettings;
 use super::delivery::{Delivered, RETRY_DUE_HEADER, RecordMeta, copy_headers};
@@ -148,9 +149,28 @@ impl Source for KafkaSource {
         Ok(Some(&self.batch))
     }
 
+    /// In a `DEBUG` span `settle`: `count` records, the `retry_copies` and
+    /// `dead_letter_copies` to publish, then how many were `finished` (their offsets may be
+    /// committed) and `requeued` (to be judged again). The commit itself is the member's
+    /// (`commit_offsets`).
+    #[tracing::instrument(
+        level = "debug",
+        name = "settle",
+        skip_all,
+        fields(
+            broker = "kafka",
+            count = dispositions.len(),
+            retry_copies = dispositions.iter().filter(|d| matches!(d, Disposition::Retry { .. })).count(),
+            dead_letter_copies = dispositions.iter().filter(|d| matches!(d, Disposition::DeadLetter { .. })).count(),
+            finished = Empty,
+            requeued = Empty,
+        )
+    )]
     async fn settle(&mut self, dispositions: &[Disposition]) -> Result<(), SourceError> {
         debug_assert_eq!(dispositions.len(), self.batch.len());
         let again = join_all(dispositions.iter().enumerate().map(|(i, d)| self.carry_out(i, d))).await;
+        let span = tracing::Span::current();
+        span.record("finished", again.iter().filter(|a| !**a).count());
         let mut requeued = Vec::new();
         let mut offsets = self.shared.offsets();
         for ((message, meta), again) in self.batch.iter().zip(&self.held).zip(again) {
@@ -162,6 +182,7 @@ impl Source for KafkaSource {
             }
         }
         drop(offsets);
+        span.record("requeued", requeued.len());
         self.batch.clear();
         self.held.clear();
         for delivered in requeued {

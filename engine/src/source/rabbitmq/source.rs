@@ -8,6 +8,7 @@ use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
+use tracing::field::Empty;
 
 use super::amqp_values::headers_to_json;
 use super::publish::{PublishError, Publisher};
@@ -181,30 +182,58 @@ impl Source for RabbitSource {
         Ok(Some(&self.batch))
     }
 
+    /// In a `DEBUG` span `settle`: `count` deliveries, the `retry_copies` and
+    /// `dead_letter_copies` published, then `acks` and `requeues` (nacks with requeue), and
+    /// whether one `multiple` ack covered the batch.
+    #[tracing::instrument(
+        level = "debug",
+        name = "settle",
+        skip_all,
+        fields(
+            broker = "rabbitmq",
+            count = dispositions.len(),
+            retry_copies = Empty,
+            dead_letter_copies = Empty,
+            acks = Empty,
+            requeues = Empty,
+            multiple = Empty,
+        )
+    )]
     async fn settle(&mut self, dispositions: &[Disposition]) -> Result<(), SourceError> {
         debug_assert_eq!(dispositions.len(), self.batch.len());
+        let span = tracing::Span::current();
         let mut requeue = vec![false; self.batch.len()];
+        let (mut retry_copies, mut dead_letter_copies) = (0, 0);
         for (index, disposition) in dispositions.iter().enumerate() {
             match disposition {
                 Disposition::Retry { delay } => {
+                    retry_copies += 1;
                     if let Err(e) = self.publish_retry(index, *delay).await {
                         // Without a confirmed copy the original must stay with the broker.
                         tracing::warn!(error = %e, "retry copy not published; redelivering the original now");
                         requeue[index] = true;
                     }
                 }
-                Disposition::DeadLetter { reason } => self.publish_dead_letter(index, reason).await,
+                Disposition::DeadLetter { reason } => {
+                    dead_letter_copies += 1;
+                    self.publish_dead_letter(index, reason).await;
+                }
                 Disposition::Redeliver => requeue[index] = true,
                 Disposition::Ack(_) => {}
             }
         }
-        if !requeue.contains(&true) {
+        span.record("retry_copies", retry_copies).record("dead_letter_copies", dead_letter_copies);
+        let requeues = requeue.iter().filter(|r| **r).count();
+        span.record("acks", self.held.len() - requeues).record("requeues", requeues);
+        if requeues == 0 {
             if let Some(last) = self.held.last() {
                 // Every delivery of this channel up to `last` belongs to this batch.
+                span.record("multiple", true);
                 self.channel.basic_ack(last.tag, BasicAckOptions { multiple: true }).await.map_err(disconnected)?;
             }
             return Ok(());
         }
+        span.record("multiple", false);
         for (held, requeue) in self.held.iter().zip(requeue) {
             if requeue {
                 self.channel

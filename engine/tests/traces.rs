@@ -48,12 +48,13 @@ impl Captured {
     }
 }
 
-/// Records every span (fields as they are recorded, parent, duration) in creation order.
+/// Records every span it is let see (fields as they are recorded, parent, duration) in creation
+/// order. `N` tells the captures of one registry apart.
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Captured>>>);
+struct Capture<const N: usize>(Arc<Mutex<Vec<Captured>>>);
 
-/// The capture index of a span, kept in the registry's extensions (span ids are reused).
-struct Index(usize);
+/// A span's index in capture `N`, kept in the registry's extensions (span ids are reused).
+struct Index<const N: usize>(usize);
 
 struct Fields<'a>(&'a mut BTreeMap<&'static str, String>);
 
@@ -66,10 +67,10 @@ impl Visit for Fields<'_> {
     }
 }
 
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+impl<S: Subscriber + for<'a> LookupSpan<'a>, const N: usize> Layer<S> for Capture<N> {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let span = ctx.span(id).expect("a new span is in the registry");
-        let parent = span.parent().and_then(|p| p.extensions().get::<Index>().map(|i| i.0));
+        let parent = span.parent().and_then(|p| p.extensions().get::<Index<N>>().map(|i| i.0));
         let mut fields = BTreeMap::new();
         attrs.record(&mut Fields(&mut fields));
         let mut spans = self.0.lock().unwrap();
@@ -82,22 +83,22 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
             opened: Instant::now(),
             duration: None,
         });
-        span.extensions_mut().insert(Index(spans.len() - 1));
+        span.extensions_mut().insert(Index::<N>(spans.len() - 1));
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        let Some(index) = ctx.span(id).and_then(|s| s.extensions().get::<Index>().map(|i| i.0)) else { return };
+        let Some(index) = ctx.span(id).and_then(|s| s.extensions().get::<Index<N>>().map(|i| i.0)) else { return };
         values.record(&mut Fields(&mut self.0.lock().unwrap()[index].fields));
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let Some(index) = ctx.span(&id).and_then(|s| s.extensions().get::<Index>().map(|i| i.0)) else { return };
+        let Some(index) = ctx.span(&id).and_then(|s| s.extensions().get::<Index<N>>().map(|i| i.0)) else { return };
         let mut spans = self.0.lock().unwrap();
         spans[index].duration = Some(spans[index].opened.elapsed());
     }
 }
 
-impl Capture {
+impl<const N: usize> Capture<N> {
     fn spans(&self) -> Vec<Captured> {
         self.0.lock().unwrap().clone()
     }
@@ -155,9 +156,11 @@ async fn publish(broker: &TestBroker, messages: &[(&str, &[u8])]) {
 
 #[tokio::test] // current-thread: every task of the consumer reports to this thread's subscriber
 async fn one_batch_through_the_consumer_makes_one_trace_with_its_outcomes_handlers_statements_and_settle() {
-    let capture = Capture::default();
+    // Everything the engine opens, and what a host filtering at `info` would see.
+    let (capture, info) = (Capture::<0>::default(), Capture::<1>::default());
     let subscriber = tracing_subscriber::registry()
-        .with(capture.clone().with_filter(Targets::new().with_target("dedup_engine", Level::TRACE)));
+        .with(capture.clone().with_filter(Targets::new().with_target("dedup_engine", Level::TRACE)))
+        .with(info.clone().with_filter(Targets::new().with_target("dedup_engine", Level::INFO)));
     let _scope = tracing::subscriber::set_default(subscriber);
 
     let h = Harness::new().await;
@@ -283,4 +286,12 @@ async fn one_batch_through_the_consumer_makes_one_trace_with_its_outcomes_handle
         assert_eq!(settle[0].field(field), value, "settle field {field}");
     }
     assert_eq!(h.effects("ORDER.PAY.1:1").await, 1, "the duplicate changed nothing");
+
+    // At `info`: the batch and its handler calls, straight under it.
+    let info = info.spans();
+    let info_batch = (0..info.len()).find(|&i| info[i].name == "batch").expect("the batch at info");
+    let info_tree: Vec<&Captured> = subtree(&info, info_batch)[1..].iter().map(|&(i, _)| &info[i]).collect();
+    assert_eq!(info_tree.len(), handlers.len(), "only the handler calls under the batch: {info_tree:?}");
+    assert!(info_tree.iter().all(|s| s.name == "handler" && s.parent == Some(info_batch)));
+    assert_eq!(info[info_batch].fields, batch.fields, "the same outcome counts");
 }

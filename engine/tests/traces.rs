@@ -44,7 +44,7 @@ struct Captured {
 
 impl Captured {
     fn field(&self, name: &str) -> &str {
-        self.fields.get(name).map_or_else(|| panic!("{} has no field {name}: {:?}", self.name, self.fields), |v| v)
+        self.fields.get(name).unwrap_or_else(|| panic!("{} has no field {name}: {:?}", self.name, self.fields))
     }
 }
 

@@ -155,13 +155,13 @@ impl Pipeline {
                     message: item.message,
                     lease: &lease,
                     error: &text,
-                    error_class: &error.error_class(),
-                    permanent: error.permanent,
+                    error_class: error.class(),
+                    permanent: error.is_permanent(),
                     retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
                     answer: answer.as_ref(),
                     in_progress: error.uncounted_within.is_some(),
                 };
-                if let Some(within) = error.uncounted_within.filter(|_| !error.permanent) {
+                if let Some(within) = error.uncounted_within.filter(|_| !error.is_permanent()) {
                     match self.store.defer_claimed(&mut conn, &failure, within).await {
                         Ok(true) => {
                             tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text,

@@ -308,7 +308,7 @@ async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()>
     let mut report = verify(&db.host, &settings.schema, args.run, wait).await?;
     db.close().await;
     for group in groups.iter().filter(|g| g.source == Broker::Kafka) {
-        let id_header = group.settings.ids.header.as_deref().unwrap_or("x-message-id");
+        let id_header = group.settings.ids.header().unwrap_or("x-message-id");
         let connector = dedup_engine::source::kafka::KafkaConnector::new(
             group.kafka.clone(),
             &group.group,

@@ -82,10 +82,6 @@ pub struct HandlerError {
     detail: String,
     permanent: bool,
     transient: bool,
-    /// The worker "crashed" mid-effect (leased handlers; the demo's chaos): the engine walks
-    /// away exactly as a killed process would — no completion, no failure recorded, the lease
-    /// left to expire, the delivery given back to the broker unacknowledged.
-    pub crashed: bool,
     /// Retry after this delay instead of the group's back-off (a service's `Retry-After`, already
     /// clamped by the handler). Leased handlers only; ignored for permanent errors.
     pub retry_after: Option<Duration>,
@@ -118,7 +114,6 @@ impl HandlerError {
             detail: detail.into(),
             permanent,
             transient: false,
-            crashed: false,
             retry_after: None,
             uncounted_within: None,
         }
@@ -168,11 +163,6 @@ impl HandlerError {
             "the lease was lost before the effect, which did not run; a worker that took the record over settles it, \
              else it is retried",
         )
-    }
-
-    /// A simulated crash (see [`HandlerError::crashed`]).
-    pub fn crash(message: impl Into<String>) -> Self {
-        Self { crashed: true, ..Self::retryable("CRASH", message) }
     }
 
     /// The class: the dead-letter grouping key, stored as `error_class`.

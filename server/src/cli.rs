@@ -89,8 +89,8 @@ pub struct SeedArgs {
 #[derive(Debug, Args, Default)]
 pub struct ServeArgs {
     /// Demo mode: publish a gentle simulated order stream (with duplicates and poison messages)
-    /// in the background and let a share of SMS sends "crash", so every console page has
-    /// something to show. Off unless given; `scripts/run` gives it.
+    /// in the background and run a worker that is killed mid-SMS now and then, so every console
+    /// page has something to show. Off unless given; `scripts/run` gives it.
     #[arg(long)]
     pub demo: bool,
 }

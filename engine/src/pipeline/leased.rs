@@ -111,12 +111,6 @@ impl Pipeline {
             tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "lease lost before the effect; the effect was not performed");
         }
 
-        if let Err(error) = &result
-            && error.crashed
-        {
-            tracing::warn!(message_id = %item.identified.id, "worker crashed mid-effect (simulated); the record will be stuck");
-            return (Disposition::Redeliver, None);
-        }
         let Ok(mut conn) = self.store.pool().acquire().await else {
             // The effect may have happened; the record stays processing and, once its lease
             // expires, stuck: an operator decides. The redelivery is judged then.

@@ -225,7 +225,8 @@ async fn run_seed(settings: &Settings, args: SeedArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let params = SeedParams { records: args.records, days: args.days, batch: args.batch };
-    let report = seed_records(&db.engine, &params, |done, _| bar.set_position(done)).await?;
+    let domain = dedup_example_orders::seed::order_domain();
+    let report = seed_records(&db.engine, &params, &domain, |done, _| bar.set_position(done)).await?;
     bar.finish_and_clear();
     db.close().await;
     if args.json {

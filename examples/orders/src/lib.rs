@@ -1,8 +1,8 @@
 //! The order example, one of the engine's two examples: `ORDER.CREATE`, `ORDER.PAY` and
 //! `ORDER.NOTIFY` handlers, an SMS gateway stand-in, a simulator that produces duplicate-laden
-//! traffic, a verifier that proves every effect happened once, and the demo's crashing worker
-//! (the seeds' domain). The `dedup-console` binary runs it (`serve --demo`, `simulate`,
-//! `verify`).
+//! traffic, a verifier that proves every effect happened once, the domain of the console's
+//! synthetic records ([`seed`]) and the demo's crashing worker. The `dedup-console` binary runs
+//! it (`serve --demo`, `simulate`, `verify`, `seed`).
 //!
 //! Message ids: `ORDER.<EVENT>.<order no>:<version>`; CREATE is version 1, PAY 2, NOTIFY 3.
 //! Its tables live in the schema `shop` ([`SCHEMA`]), with a migration history of their own
@@ -11,6 +11,7 @@
 pub mod crashing_worker;
 pub mod demo;
 mod handlers;
+pub mod seed;
 pub mod simulate;
 mod sms;
 pub mod verify;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dedup_engine::actions::cleanup::{ScheduleInput, cleanup_runs, cleanup_schedule_save, scheduler};
-use dedup_engine::console::seed::{SeedParams, seed_records};
+use dedup_engine::console::seed::{SeedDomain, SeedParams, seed_records};
 use dedup_engine::db::{self, PoolSettings};
 use dedup_engine::message::{Broker, InboundMessage, SourceRef};
 use dedup_engine::record::{ConsumerGroup, MessageId};
@@ -108,7 +108,8 @@ async fn main() {
     db::migrate(&pool, &schema).await.unwrap();
     let engine = db::engine_pool(&pool, &schema, PoolSettings::default().max_connections);
     let started = Instant::now();
-    seed_records(&engine, &SeedParams { records, days: 60, batch: 50_000 }, |_, _| {}).await.unwrap();
+    let domain = SeedDomain::new(&["group-a", "group-b", "group-c"], &["TYPE.ONE", "TYPE.TWO", "TYPE.THREE"]);
+    seed_records(&engine, &SeedParams { records, days: 60, batch: 50_000 }, &domain, |_, _| {}).await.unwrap();
     sqlx::query("VACUUM ANALYZE dedup_records").execute(&engine).await.unwrap();
     eprintln!("seeded {records} records in {:.0} s", started.elapsed().as_secs_f64());
 

@@ -11,11 +11,19 @@
 //!
 //! `cargo bench -p dedup-engine --bench seed`. Not a test: BENCHMARKS.md records its output.
 
-use dedup_engine::console::seed::{SeedParams, seed_records};
+use dedup_engine::console::seed::{SeedDomain, SeedParams, seed_records};
 use dedup_engine::db::{self, PoolSettings};
 use futures::StreamExt;
 use sqlx::PgPool;
 use std::time::Instant;
+
+/// Three groups, five message types (the shape of the console's demo data, without its domain).
+fn bench_domain() -> SeedDomain {
+    SeedDomain::new(
+        &["group-a", "group-b", "group-c"],
+        &["TYPE.ONE", "TYPE.TWO", "TYPE.THREE", "TYPE.FOUR", "TYPE.FIVE"],
+    )
+}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -72,7 +80,8 @@ async fn main() {
         db::migrate(&host, &schema).await.unwrap();
         // The engine's pool: seeding runs there, as in the engine.
         let pool = db::engine_pool(&host, &schema, PoolSettings::default().max_connections);
-        let report = seed_records(&pool, &SeedParams { records, days: 60, batch: 50_000 }, |_, _| {}).await.unwrap();
+        let params = SeedParams { records, days: 60, batch: 50_000 };
+        let report = seed_records(&pool, &params, &bench_domain(), |_, _| {}).await.unwrap();
         println!("run {run}: {records} records in {:.1} s = {:.0} records/s", report.seconds, report.rate);
         if run == runs {
             let seconds = bare_copy(&pool).await;

@@ -249,7 +249,7 @@ impl Group {
             }
             #[cfg(feature = "kafka")]
             GroupSource::Kafka(settings) => {
-                let id_header = self.settings.ids.header.as_deref().unwrap_or("x-message-id");
+                let id_header = self.settings.ids.header().unwrap_or("x-message-id");
                 Arc::new(crate::source::kafka::KafkaConnector::new(
                     settings.clone(),
                     &self.name,

@@ -59,23 +59,29 @@ impl HandlerInput<'_> {
     }
 }
 
-/// A handler failure.
+/// A handler failure: its **class**, the dead-letter grouping key, and its **detail**, the
+/// free text of this one failure (DESIGN.md, "Retries and dead letters").
+///
+/// The class is stored as the record's `error_class`: the Dead letters page groups `dead`
+/// records by it, and a bulk requeue picks them by it. Keep it a short stable code naming the
+/// cause (`MEMBER_NOT_FOUND`, `SMS_GATEWAY_UNAVAILABLE`), with no member id, amount or time in
+/// it, which belong in the detail: one cause is then one group, however many members it hit.
+/// The record's `last_error` is both, `<class>: <detail>` (this type's `Display`).
+///
+/// ```
+/// use dedup_engine::handler::HandlerError;
+/// let member = 4711;
+/// let error = HandlerError::permanent("MEMBER_NOT_FOUND", format!("member {member} has no account"));
+/// assert_eq!(error.class(), "MEMBER_NOT_FOUND");
+/// assert_eq!(error.to_string(), "MEMBER_NOT_FOUND: member 4711 has no account");
+/// ```
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{kind}: {message}")]
+#[error("{class}: {detail}")]
 pub struct HandlerError {
-    /// Short code of the failure (`ORDER_NOT_FOUND`, `SMS_GATEWAY_UNAVAILABLE`, `DATABASE`).
-    pub kind: Cow<'static, str>,
-    /// What went wrong, for the operator.
-    pub message: String,
-    /// Retrying cannot help (bad payload, business rule violated): the record goes dead at once.
-    pub permanent: bool,
-    /// A database conflict (deadlock, serialization failure, lost connection): the attempt is
-    /// retried at once without counting it.
-    pub transient: bool,
-    /// The worker "crashed" mid-effect (leased handlers; the demo's chaos): the engine walks
-    /// away exactly as a killed process would — no completion, no failure recorded, the lease
-    /// left to expire, the delivery given back to the broker unacknowledged.
-    pub crashed: bool,
+    class: Cow<'static, str>,
+    detail: String,
+    permanent: bool,
+    transient: bool,
     /// Retry after this delay instead of the group's back-off (a service's `Retry-After`, already
     /// clamped by the handler). Leased handlers only; ignored for permanent errors.
     pub retry_after: Option<Duration>,
@@ -86,36 +92,58 @@ pub struct HandlerError {
     pub uncounted_within: Option<Duration>,
 }
 
+/// Longest error class kept, in characters; a longer one is cut.
+pub const MAX_ERROR_CLASS_CHARS: usize = 200;
+
 impl HandlerError {
-    /// A failure worth retrying after a back-off.
-    pub fn retryable(kind: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Self::new(kind, message, false)
+    /// A failure worth retrying after a back-off, of class `class` (cut to
+    /// [`MAX_ERROR_CLASS_CHARS`]) with `detail`.
+    pub fn retryable(class: impl Into<Cow<'static, str>>, detail: impl Into<String>) -> Self {
+        Self::new(class, detail, false)
     }
 
-    /// A failure that retrying cannot fix.
-    pub fn permanent(kind: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Self::new(kind, message, true)
+    /// A failure that retrying cannot fix (bad payload, business rule violated): the record goes
+    /// dead at once. Class and detail as for [`HandlerError::retryable`].
+    pub fn permanent(class: impl Into<Cow<'static, str>>, detail: impl Into<String>) -> Self {
+        Self::new(class, detail, true)
     }
 
-    fn new(kind: impl Into<Cow<'static, str>>, message: impl Into<String>, permanent: bool) -> Self {
+    fn new(class: impl Into<Cow<'static, str>>, detail: impl Into<String>, permanent: bool) -> Self {
         Self {
-            kind: kind.into(),
-            message: message.into(),
+            class: cut_class(class.into()),
+            detail: detail.into(),
             permanent,
             transient: false,
-            crashed: false,
             retry_after: None,
             uncounted_within: None,
         }
+    }
+
+    /// A retryable failure whose text comes from outside the handler's own code (a driver, a
+    /// client library), so no class was chosen for it: the class is `kind`, a colon and the
+    /// text's first line with its numbers and long hex runs replaced by `#`, so that
+    /// "connection to 10.0.0.7 refused" and "connection to 10.0.0.8 refused" group together;
+    /// the detail is the whole text. Database errors become such failures of kind `DATABASE`
+    /// (`From<sqlx::Error>`). Prefer [`HandlerError::retryable`] with a class of your own where
+    /// you know the cause.
+    ///
+    /// ```
+    /// use dedup_engine::handler::HandlerError;
+    /// let error = HandlerError::unclassified("LOYALTY_API", "status 503 from 10.0.0.7:8080\nretry later");
+    /// assert_eq!(error.class(), "LOYALTY_API: status # from #");
+    /// ```
+    pub fn unclassified(kind: &str, text: impl Into<String>) -> Self {
+        let text = text.into();
+        Self::retryable(class_from_text(kind, &text), text)
     }
 
     /// The far side is still working on this message (leased handlers): try again later
     /// without counting the attempt, as long as the first of an unbroken run of such answers
     /// (no counted attempt between them) is younger than `within`, by the database clock.
     /// After that each one counts as a retryable failure, so a service that always answers so
-    /// still ends in a dead letter.
-    pub fn in_progress(kind: impl Into<Cow<'static, str>>, message: impl Into<String>, within: Duration) -> Self {
-        Self { uncounted_within: Some(within), ..Self::new(kind, message, false) }
+    /// still ends in a dead letter. Class and detail as for [`HandlerError::retryable`].
+    pub fn in_progress(class: impl Into<Cow<'static, str>>, detail: impl Into<String>, within: Duration) -> Self {
+        Self { uncounted_within: Some(within), ..Self::new(class, detail, false) }
     }
 
     /// The same failure, retried after `delay` instead of the group's back-off (leased
@@ -137,30 +165,46 @@ impl HandlerError {
         )
     }
 
+    /// The class: the dead-letter grouping key, stored as `error_class`.
+    pub fn class(&self) -> &str {
+        &self.class
+    }
+
+    /// The free text of this failure.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// True when retrying cannot help: the record goes dead at once.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+
+    /// True for a database conflict (deadlock, serialization failure, lost connection): the
+    /// attempt is retried at once without counting it.
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+
     /// True for [`HandlerError::lease_lost`].
     pub fn is_lease_lost(&self) -> bool {
-        self.kind == LEASE_LOST
-    }
-
-    /// A simulated crash (see [`HandlerError::crashed`]).
-    pub fn crash(message: impl Into<String>) -> Self {
-        Self { crashed: true, ..Self::new("CRASH", message, false) }
-    }
-
-    /// The dead-letter grouping key: kind plus the message's first line, with numbers and long
-    /// hex runs replaced by `#` so that "order 42 not found" and "order 43 not found" group
-    /// together. At most 200 characters.
-    pub fn error_class(&self) -> String {
-        error_class(&self.kind, &self.message)
+        self.class == LEASE_LOST
     }
 }
 
-/// Kind of [`HandlerError::lease_lost`].
+/// Class of [`HandlerError::lease_lost`].
 const LEASE_LOST: &str = "LEASE_LOST";
 
-/// See [`HandlerError::error_class`].
-pub fn error_class(kind: &str, message: &str) -> String {
-    let first_line = message.lines().next().unwrap_or_default();
+fn cut_class(class: Cow<'static, str>) -> Cow<'static, str> {
+    match class.char_indices().nth(MAX_ERROR_CLASS_CHARS) {
+        Some((end, _)) => Cow::Owned(class[..end].to_owned()),
+        None => class,
+    }
+}
+
+/// See [`HandlerError::unclassified`].
+fn class_from_text(kind: &str, text: &str) -> String {
+    let first_line = text.lines().next().unwrap_or_default();
     let mut normalised = String::with_capacity(first_line.len());
     let mut in_number = false;
     for token in first_line.split_inclusive(|c: char| !c.is_ascii_alphanumeric()) {
@@ -184,14 +228,15 @@ pub fn error_class(kind: &str, message: &str) -> String {
             normalised.push_str(sep);
         }
     }
-    let class = format!("{kind}: {normalised}");
-    class.chars().take(200).collect()
+    format!("{kind}: {normalised}")
 }
 
 impl From<sqlx::Error> for HandlerError {
+    /// A retryable [`HandlerError::unclassified`] failure of kind `DATABASE`; transient for a
+    /// deadlock, a serialization failure or a lost connection.
     fn from(e: sqlx::Error) -> Self {
         let transient = crate::store::is_transient(&e);
-        Self { transient, ..Self::new("DATABASE", e.to_string(), false) }
+        Self { transient, ..Self::unclassified("DATABASE", e.to_string()) }
     }
 }
 
@@ -450,14 +495,20 @@ mod tests {
     }
 
     #[test]
-    fn error_classes_group_messages_that_differ_only_in_numbers() {
-        let a = error_class("ORDER_NOT_FOUND", "order 202501281000001 not found\nat line 3");
-        let b = error_class("ORDER_NOT_FOUND", "order 202501281000002 not found");
-        assert_eq!(a, b);
-        assert_eq!(a, "ORDER_NOT_FOUND: order # not found");
-        assert_eq!(error_class("X", "timeout after 1.5 s"), "X: timeout after # s");
-        assert_eq!(error_class("X", "id 3f2a9c1e7b not known"), "X: id # not known");
-        assert_eq!(error_class("X", "abc"), "X: abc");
-        assert!(error_class("X", &"y".repeat(500)).chars().count() == 200);
+    fn a_class_is_kept_as_given_and_only_unclassified_text_is_masked() {
+        let a = HandlerError::permanent("ORDER_NOT_FOUND", "order 202501281000001 not found");
+        let b = HandlerError::retryable("ORDER_NOT_FOUND", "order 202501281000002 not found");
+        assert_eq!((a.class(), b.class()), ("ORDER_NOT_FOUND", "ORDER_NOT_FOUND"));
+        assert!(a.is_permanent() && !b.is_permanent());
+        assert_eq!(a.detail(), "order 202501281000001 not found");
+        assert_eq!(HandlerError::retryable("N 1", "x").class(), "N 1", "a given class is not masked");
+        let class = |text: &str| HandlerError::unclassified("X", text).class().to_owned();
+        assert_eq!(class("order 202501281000001 not found\nat line 3"), "X: order # not found");
+        assert_eq!(class("order 202501281000001 not found"), class("order 202501281000002 not found"));
+        assert_eq!(class("timeout after 1.5 s"), "X: timeout after # s");
+        assert_eq!(class("id 3f2a9c1e7b not known"), "X: id # not known");
+        assert_eq!(class("abc"), "X: abc");
+        assert_eq!(class(&"y".repeat(500)).chars().count(), MAX_ERROR_CLASS_CHARS);
+        assert_eq!(HandlerError::retryable("é".repeat(300), "").class().chars().count(), MAX_ERROR_CLASS_CHARS);
     }
 }

@@ -10,7 +10,7 @@ use dedup_engine::console::overview::{
     GrowthRange, consumer_groups, growth, live_snapshot, message_types, status_counts, stuck_count, traffic,
 };
 use dedup_engine::console::records::{MarkerState, record_detail, record_marker, records_list};
-use dedup_engine::console::seed::{MAX_BATCH, MAX_DAYS, MAX_RECORDS, SeedParams, seed_records};
+use dedup_engine::console::seed::{MAX_BATCH, MAX_DAYS, MAX_RECORDS, SeedDomain, SeedParams, seed_records};
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::record::RecordStatus;
 use dedup_engine::testing::TestDatabase;
@@ -326,14 +326,31 @@ async fn record_detail_has_history_payload_and_marker_state() {
     }
 }
 
+/// The domain of the seeded tests: groups and types by name, the engine's generic errors.
+fn seed_domain() -> SeedDomain {
+    SeedDomain::new(&["alpha-service", "beta-service", "gamma-service"], &["THING.MADE", "THING.SOLD"])
+}
+
 /// Seeds a small data set and checks every aggregate the overview shows against a brute-force
 /// count over the records themselves.
 #[tokio::test]
 async fn aggregates_match_brute_force_counts_on_seeded_data() {
     let db = TestDatabase::create().await;
     let p = &db.pool;
-    let report = seed_records(p, &SeedParams { records: 20_000, days: 2, batch: 3_000 }, |_, _| {}).await.unwrap();
+    let params = SeedParams { records: 20_000, days: 2, batch: 3_000 };
+    let report = seed_records(p, &params, &seed_domain(), |_, _| {}).await.unwrap();
     assert_eq!(report.records, 20_000);
+    let classes: Vec<(bool, String)> =
+        sqlx::query_as("SELECT DISTINCT poison, error_class FROM dedup_records WHERE status = 'dead' ORDER BY 1, 2")
+            .fetch_all(p)
+            .await
+            .unwrap();
+    let classes: Vec<(bool, &str)> = classes.iter().map(|(poison, c)| (*poison, c.as_str())).collect();
+    assert_eq!(
+        classes,
+        [(false, "TIMEOUT"), (false, "UNAVAILABLE"), (true, "NO_MESSAGE_ID"), (true, "UNPARSABLE_PAYLOAD")],
+        "the domain's error classes as given, and the engine's poison"
+    );
     // Into the empty table the UNIQUE key and the secondary indexes were dropped for the load
     // and built after it.
     dedup_engine::db::verify_schema(p, &db.schema).await.expect("the dedup key is back after the seed");
@@ -365,7 +382,7 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
         .map(|c| ((c.consumer_group, c.status.to_string()), c.count))
         .collect();
     assert_eq!(aggregated, counted, "record_counts equal COUNT(*) by group and status");
-    assert_eq!(consumer_groups(p).await.unwrap(), ["billing-service", "g1", "notification-service", "order-service"]);
+    assert_eq!(consumer_groups(p).await.unwrap(), ["alpha-service", "beta-service", "g1", "gamma-service"]);
 
     let brute_stuck: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM dedup_records WHERE status = 'processing' AND lease_expires_at < now()",
@@ -427,7 +444,7 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
     assert_eq!(dist, failed_brute);
 
     let types = message_types(p).await.unwrap();
-    assert!(types.contains(&"ORDER.PAY".to_owned()) && types.contains(&"POISON".to_owned()), "{types:?}");
+    assert_eq!(types, ["ORDER.PAY", "POISON", "THING.MADE", "THING.SOLD"], "the domain's types, and poison");
     let live = live_snapshot(p).await.unwrap();
     assert_eq!(live.counts.iter().map(|c| c.count).sum::<i64>(), 20_001);
 
@@ -446,13 +463,23 @@ async fn seed_refuses_absurd_sizes_before_reserving_ids() {
         SeedParams { batch: MAX_BATCH + 1, ..ok },
         SeedParams { records: 0, ..ok },
     ] {
-        let result = seed_records(&db.pool, &params, |_, _| {}).await;
+        let result = seed_records(&db.pool, &params, &seed_domain(), |_, _| {}).await;
         assert!(matches!(result, Err(QueryError::BadFilter(_))), "{params:?}: {result:?}");
+    }
+    let no_groups = SeedDomain { groups: Vec::new(), ..seed_domain() };
+    let no_share = SeedDomain::new(&["g"], &["T.T"]);
+    let no_share = SeedDomain {
+        message_types: vec![dedup_engine::console::seed::SeedType { share: 0.0, ..no_share.message_types[0].clone() }],
+        ..no_share
+    };
+    for domain in [no_groups, no_share] {
+        let result = seed_records(&db.pool, &ok, &domain, |_, _| {}).await;
+        assert!(matches!(result, Err(QueryError::BadFilter(_))), "{result:?}");
     }
     let called: bool =
         sqlx::query_scalar("SELECT is_called FROM dedup_records_id_seq").fetch_one(&db.pool).await.unwrap();
     assert!(!called, "no id was reserved");
-    seed_records(&db.pool, &ok, |_, _| {}).await.unwrap();
+    seed_records(&db.pool, &ok, &seed_domain(), |_, _| {}).await.unwrap();
     let hourly: i64 =
         sqlx::query_scalar("SELECT sum(created)::bigint FROM stats_hour").fetch_one(&db.pool).await.unwrap();
     assert_eq!(hourly, 10, "the seed writes its hours itself");

@@ -210,14 +210,24 @@ async fn a_failing_handler_is_retried_with_growing_delays_then_dead() {
     .await
     .unwrap();
     assert_eq!(history, [(1, "failed".into()), (2, "failed".into()), (3, "dead".into())]);
-    let (error_class, payload_kept): (String, bool) = sqlx::query_as(
-        "SELECT error_class, payload IS NOT NULL FROM dedup_records WHERE message_id = 'ORDER.PAY.11:2'",
+    let (error_class, last_error, payload_kept): (String, String, bool) = sqlx::query_as(
+        "SELECT error_class, last_error, payload IS NOT NULL FROM dedup_records WHERE message_id = 'ORDER.PAY.11:2'",
     )
     .fetch_one(h.pool())
     .await
     .unwrap();
-    assert_eq!(error_class, "DOWNSTREAM_DOWN: downstream # at attempt");
+    assert_eq!(error_class, "DOWNSTREAM_DOWN", "the class the handler gave");
+    assert_eq!(last_error, "DOWNSTREAM_DOWN: downstream 503 for ORDER.PAY.11:2", "class and detail");
     assert!(payload_kept, "a dead record keeps its payload for requeue");
+
+    // Another message dead of the same cause, its id in the detail too: one dead-letter group.
+    let other = message("ORDER.PAY.12:2", json!({"orderNo": "12"}));
+    for _ in 0..3 {
+        pipeline.process("w", std::slice::from_ref(&other)).await;
+    }
+    let groups = dedup_engine::console::failures::dead_letter_groups(h.pool(), 10).await.unwrap();
+    let groups: Vec<(Option<String>, i64)> = groups.into_iter().map(|g| (g.error_class, g.records)).collect();
+    assert_eq!(groups, [(Some("DOWNSTREAM_DOWN".to_owned()), 2)]);
 }
 
 #[tokio::test]

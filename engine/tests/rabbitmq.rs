@@ -1,6 +1,6 @@
 //! The consumer against a real RabbitMQ: delayed retries through the retry queues, dead letters
-//! (also when publishing them fails), acks, and reconnection after the broker drops the
-//! connection. Every test uses its own exchange and queues.
+//! (also when publishing them fails), acks, reconnection after the broker drops the connection,
+//! and the order of the id sources. Every test uses its own exchange and queues.
 
 mod common;
 
@@ -12,6 +12,7 @@ use dedup_engine::actions::cleanup::late::{RetentionWatch, late_deliveries};
 use dedup_engine::actions::cleanup::retention_advice;
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
+use dedup_engine::message::{IdPolicy, IdSource, TypePolicy, TypeSource};
 use dedup_engine::pipeline::{Pipeline, PipelineSettings};
 use dedup_engine::retry::Backoff;
 use dedup_engine::source::SourceFactory;
@@ -280,4 +281,62 @@ async fn a_first_delivery_older_than_the_retention_is_counted_late_by_its_amqp_t
     let advice = retention_advice(h.pool()).await.unwrap();
     assert!(advice.is_too_short(1), "the retention advice now says 1 day is too short: {advice:?}");
     assert!(advice.longest_delay_ms < Some(3 * 86_400_000), "the epoch timestamp is not in it: {advice:?}");
+}
+
+/// Three sends of one business message by a client that stamps a fresh AMQP `message_id` on
+/// every send, the business key in the `x-message-id` header; consumed with `ids`. Returns
+/// (records, effects) once every send is judged.
+async fn sends_with_a_fresh_message_id_each(ids: IdPolicy, judged: impl Fn(i64, i64) -> bool) -> (i64, i64) {
+    let h = Harness::new().await;
+    let broker = Broker::new(&amqp_url(), Backoff { initial_ms: 100, max_ms: 100 });
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(RecordEffect)));
+    let settings = PipelineSettings {
+        id_policy: ids,
+        type_policy: TypePolicy::from_sources([TypeSource::RoutingKey]).map("order.pay", "ORDER.PAY"),
+        ..settings(5, Duration::from_secs(30))
+    };
+    let (token, task) = consume(h.pipeline_with(handlers, settings), &broker);
+    let publisher = broker.connector().publisher().await.unwrap();
+    let mut headers = serde_json::Map::new();
+    headers.insert("x-message-id".into(), json!("ORDER.PAY.77:2"));
+    for _ in 0..3 {
+        let per_send = uuid::Uuid::new_v4().to_string();
+        let props = properties_for(Some(&per_send), &headers, Some("application/json"));
+        publisher.publish(&broker.settings.exchange, "order.pay", br#"{"orderNo":"77"}"#, props).await.unwrap();
+    }
+    let store = PgStore::new(h.pool().clone(), &h.db.schema);
+    let counts = || async {
+        // Duplicates the fast path caught reach the records when the aggregates are flushed.
+        h.stats.flush(h.pool(), &store).await.unwrap();
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT (SELECT count(*) FROM dedup_records WHERE status = 'succeeded'),
+                    (SELECT count(*) + COALESCE(sum(duplicate_count), 0) FROM dedup_records)",
+        )
+        .fetch_one(h.pool())
+        .await
+        .unwrap()
+    };
+    eventually(Duration::from_secs(20), || async {
+        let (succeeded, judged_sends) = counts().await;
+        judged(succeeded, judged_sends)
+    })
+    .await;
+    token.cancel();
+    task.await.unwrap();
+    let records: i64 = sqlx::query_scalar("SELECT count(*) FROM dedup_records").fetch_one(h.pool()).await.unwrap();
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM test_effects").fetch_one(h.pool()).await.unwrap();
+    (records, effects)
+}
+
+#[tokio::test]
+async fn the_order_of_the_id_sources_decides_whether_per_send_message_ids_defeat_dedup() {
+    // The default order: the AMQP property first. Each send's fresh id is a record of its own.
+    let (records, effects) = sends_with_a_fresh_message_id_each(IdPolicy::default(), |ok, _| ok == 3).await;
+    assert_eq!((records, effects), (3, 3), "property first: three records, the effect three times");
+
+    // The header first: one record, the other sends duplicates of it.
+    let header_first = IdPolicy::from_sources([IdSource::Header("x-message-id".into()), IdSource::Property]);
+    let (records, effects) = sends_with_a_fresh_message_id_each(header_first, |ok, sends| ok == 1 && sends == 3).await;
+    assert_eq!((records, effects), (1, 1), "header first: one record, the effect once");
 }

@@ -71,9 +71,9 @@ async fn seed_to(pool: &PgPool, records: u64) {
     let missing = records.saturating_sub(have as u64);
     if missing > 0 {
         eprintln!("seeding {missing} records (have {have})…");
-        let report = seed_records(pool, &SeedParams { records: missing, ..SeedParams::default() }, |_, _| {})
-            .await
-            .expect("seed");
+        let params = SeedParams { records: missing, ..SeedParams::default() };
+        let report =
+            seed_records(pool, &params, &dedup_example_orders::seed::order_domain(), |_, _| {}).await.expect("seed");
         eprintln!("seeded {} records in {:.1} s ({:.0}/s)", report.records, report.seconds, report.rate);
     }
     sqlx::query("VACUUM ANALYZE dedup_records").execute(pool).await.unwrap();

@@ -89,8 +89,8 @@ pub struct SeedArgs {
 #[derive(Debug, Args, Default)]
 pub struct ServeArgs {
     /// Demo mode: publish a gentle simulated order stream (with duplicates and poison messages)
-    /// in the background and let a share of SMS sends "crash", so every console page has
-    /// something to show. Off unless given; `scripts/run` gives it.
+    /// in the background and run a worker that is killed mid-SMS now and then, so every console
+    /// page has something to show. Off unless given; `scripts/run` gives it.
     #[arg(long)]
     pub demo: bool,
 }
@@ -225,7 +225,8 @@ async fn run_seed(settings: &Settings, args: SeedArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let params = SeedParams { records: args.records, days: args.days, batch: args.batch };
-    let report = seed_records(&db.engine, &params, |done, _| bar.set_position(done)).await?;
+    let domain = dedup_example_orders::seed::order_domain();
+    let report = seed_records(&db.engine, &params, &domain, |done, _| bar.set_position(done)).await?;
     bar.finish_and_clear();
     db.close().await;
     if args.json {
@@ -308,7 +309,7 @@ async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()>
     let mut report = verify(&db.host, &settings.schema, args.run, wait).await?;
     db.close().await;
     for group in groups.iter().filter(|g| g.source == Broker::Kafka) {
-        let id_header = group.settings.ids.header.as_deref().unwrap_or("x-message-id");
+        let id_header = group.settings.ids.header().unwrap_or("x-message-id");
         let connector = dedup_engine::source::kafka::KafkaConnector::new(
             group.kafka.clone(),
             &group.group,

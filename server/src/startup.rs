@@ -5,6 +5,7 @@
 //! the engine (in-flight deliveries finish and are acked). Tests build an application on port 0
 //! and read [`Application::port`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -29,7 +30,7 @@ pub struct Application {
     router: Router,
     pool: PgPool,
     engine: Engine,
-    demo: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    demo: Option<Demo>,
     /// The console's shutdown token: cancelled when the shutdown signal comes.
     console_shutdown: CancellationToken,
 }
@@ -157,7 +158,7 @@ impl Application {
                 tracing::warn!(service = dependency.service, "{error}");
             }
         }
-        let demo = demo.then(|| start_demo(&pool, &engine, &groups, order_settings));
+        let demo = demo.then(|| start_demo(&settings, &pool, &engine, &groups, order_settings));
         let config = ConsoleConfig {
             site_root: settings.site_root.clone(),
             base_path: settings.console.base_path.clone(),
@@ -203,9 +204,8 @@ impl Application {
             }
         });
         axum::serve(listener, service).with_graceful_shutdown(shutdown).await?;
-        if let Some((stop, task)) = self.demo {
-            stop.cancel();
-            let _ = task.await;
+        if let Some(demo) = self.demo {
+            demo.stop().await;
         }
         if tokio::time::timeout(ENGINE_STOP_TIMEOUT, self.engine.stop()).await.is_err() {
             tracing::warn!(
@@ -229,20 +229,45 @@ pub const ENGINE_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// Longest wait for the database pool to close at shutdown.
 pub const POOL_CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Starts the demo traffic: simulated orders published through the first group's broker to its
-/// destination, reaching the groups there, until the returned token is cancelled.
+/// What `serve --demo` runs besides the server: the simulated traffic and the crashing worker.
+struct Demo {
+    stop: CancellationToken,
+    traffic: tokio::task::JoinHandle<()>,
+    crashing_worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Demo {
+    /// Stops the traffic and kills the crashing worker.
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.traffic.await;
+        if let Some(thread) = self.crashing_worker {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+/// Starts the demo: simulated orders published through the first group's broker to its
+/// destination, reaching the groups there, and, when the engine consumes, the order example's
+/// crashing worker ([`start_crashing_worker`]), until [`Demo::stop`].
 fn start_demo(
+    settings: &Settings,
     pool: &PgPool,
     engine: &Engine,
     groups: &[GroupConfig],
     order_settings: orders::OrderSettings,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+) -> Demo {
     let stop = CancellationToken::new();
+    let crashing_worker = settings
+        .consumer
+        .enabled
+        .then(|| start_crashing_worker(settings, pool, groups, &order_settings, stop.clone()))
+        .flatten();
     let first = engine.handle().groups().first().map(|g| g.source.clone());
     let destination = groups.first().map(GroupConfig::destination).unwrap_or_default();
     let reached = groups.iter().filter_map(|g| g.simulated(&destination)).collect();
     let ids = groups.first().map(|g| g.settings.ids.clone()).unwrap_or_default();
-    let task = match first {
+    let traffic = match first {
         Some(source) => tokio::spawn(orders::demo::run_demo_traffic(
             pool.clone(),
             source,
@@ -253,5 +278,54 @@ fn start_demo(
         )),
         None => tokio::spawn(async {}),
     };
-    (stop, task)
+    Demo { stop, traffic, crashing_worker }
+}
+
+/// The order example's crashing worker ([`orders::crashing_worker`]): one more worker in each
+/// RabbitMQ group that handles `ORDER.NOTIFY`, killed mid-SMS now and then. `None` when no group
+/// does (or its thread could not start).
+fn start_crashing_worker(
+    settings: &Settings,
+    pool: &PgPool,
+    groups: &[GroupConfig],
+    order_settings: &orders::OrderSettings,
+    stop: CancellationToken,
+) -> Option<std::thread::JoinHandle<()>> {
+    let notify: Vec<GroupConfig> = groups
+        .iter()
+        .filter(|g| {
+            g.source == Broker::RabbitMq
+                && g.handlers.as_ref().is_none_or(|types| types.iter().any(|t| t == "ORDER.NOTIFY"))
+        })
+        .map(|g| {
+            let mut one = g.clone();
+            one.settings.workers.concurrency = 1;
+            one
+        })
+        .collect();
+    if notify.is_empty() {
+        return None;
+    }
+    let (schema, redis, fast_path) =
+        (settings.schema.clone(), settings.redis_url.expose().to_owned(), settings.fast_path.clone());
+    let amqp = settings.amqp_url.expose().to_owned();
+    let start: orders::crashing_worker::StartEngine = Arc::new(move |pool, handlers| {
+        let (groups, schema, redis, fast_path, amqp) =
+            (notify.clone(), schema.clone(), redis.clone(), fast_path.clone(), amqp.clone());
+        Box::pin(async move {
+            let mut builder = Engine::builder(pool).schema(schema).redis(redis).fast_path(fast_path).pool_size(2);
+            for group in &groups {
+                builder = builder.group(group.engine_group(&amqp, &handlers)?);
+            }
+            Ok(builder.start().await?)
+        })
+    });
+    let options = (*pool.connect_options()).clone();
+    match orders::crashing_worker::spawn_crashing_worker(options, order_settings.clone(), start, stop) {
+        Ok(thread) => Some(thread),
+        Err(e) => {
+            tracing::warn!(error = %e, "demo: the crashing worker did not start");
+            None
+        }
+    }
 }

@@ -64,7 +64,8 @@ fn status_line(status: StatusCode) -> String {
 pub(crate) fn judge(answer: &Answer<'_>, limits: &Limits) -> Result<(), HandlerError> {
     let status = answer.status;
     let line = status_line(status);
-    // The body excerpt goes on a second line: dead letters are grouped by the first.
+    // The body excerpt goes on a second line of the detail, after what happened; dead letters
+    // are grouped by the class alone.
     let with_body = |text: String| {
         let body = excerpt(answer.body);
         if body.is_empty() { text } else { format!("{text}\n{body}") }

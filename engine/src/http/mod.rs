@@ -272,7 +272,7 @@ impl LeasedHandler for HttpHandler {
             }
             Err(e) => {
                 let error = answer::transport(e, self.timeout);
-                lease.answered(EffectAnswer { status: None, latency, summary: error.message.clone() });
+                lease.answered(EffectAnswer { status: None, latency, summary: error.detail().to_owned() });
                 Err(error)
             }
         }

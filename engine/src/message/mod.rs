@@ -1,13 +1,34 @@
-//! Broker-neutral inbound messages, how a message id is found in one (DESIGN.md, "Terms":
-//! the AMQP `message_id` property, else a configured header, else — Kafka — the record key, else
-//! a JSON pointer into the payload, else — Kafka, when enabled — `<topic>-<partition>-<offset>`;
-//! none of them → poison), and its type ([`TypePolicy`], `type_policy.rs`).
+//! Broker-neutral inbound messages, how a message id is found in one (DESIGN.md, "Terms": the
+//! sources of the group's [`IdPolicy`] in its order — by default the AMQP `message_id`
+//! property, a header, the Kafka record key, a JSON pointer into the payload; none of them →
+//! poison; `id_policy.rs`), and its type ([`TypePolicy`], `type_policy.rs`).
 
+/// Serde for a policy's source as configuration writes it: its `Display` out, its `FromStr` in
+/// (whose error is the message).
+macro_rules! serde_as_text {
+    ($source:ty) => {
+        impl serde::Serialize for $source {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $source {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+mod id_policy;
 mod type_policy;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub use id_policy::{IdPolicy, IdSource, UnknownIdSource};
 pub use type_policy::{MAX_TYPE_CHARS, MessageType, TypePolicy, TypeSource, UnknownTypeSource};
 
 use crate::record::{IdError, MessageId};
@@ -95,58 +116,15 @@ impl InboundMessage {
     }
 }
 
-/// How to find a message id, and what makes a message poison.
-///
-/// Order: the AMQP `message_id` property; the `header`; the Kafka record key (when `key`); the
-/// `json_pointer`; `<topic>-<partition>-<offset>` (Kafka, when `offset_fallback`).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IdPolicy {
-    /// Header consulted when the message-id property is absent (the only envelope field Kafka
-    /// has for it; the Kafka publisher writes ids here). Default `x-message-id`.
-    pub header: Option<String>,
-    /// Kafka: take the record key as the message id when the header is absent. Default true.
-    /// Turn it off when keys are entity ids (an order number shared by all of an order's
-    /// events) and the id lives in the payload: otherwise every event after the first of an
-    /// entity would be skipped as a duplicate.
-    pub key: bool,
-    /// JSON pointer (RFC 6901) into the payload, consulted after the envelope. Default `/messageId`.
-    pub json_pointer: Option<String>,
-    /// Kafka: when nothing else yields an id, use `<topic>-<partition>-<offset>` of the original
-    /// record (retry copies keep it). Default false. It catches redeliveries of the same record
-    /// (crash before the offset commit, rebalance) but not a producer's retry, which appends the
-    /// message again under a new offset — a business id in a header, the key or the payload
-    /// catches both. Such ids have no `<entity>.<event>` prefix: their type is `UNKNOWN`.
-    pub offset_fallback: bool,
-    /// Largest payload accepted, in bytes; larger ones are poison. Default 1 MiB.
-    pub max_payload_bytes: usize,
-}
-
-impl Default for IdPolicy {
-    fn default() -> Self {
-        Self {
-            header: Some("x-message-id".to_owned()),
-            key: true,
-            json_pointer: Some("/messageId".to_owned()),
-            offset_fallback: false,
-            max_payload_bytes: 1024 * 1024,
-        }
-    }
-}
-
 /// Why a message is poison: it can never be processed, so it is dead-lettered at once with
 /// this reason and never retried.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PoisonReason {
-    /// No id in the property, the header, the Kafka key or the payload.
-    #[error(
-        "no message id (looked at the message-id property, header {header:?}, the Kafka key and JSON pointer {pointer:?})"
-    )]
+    /// None of the group's id sources yielded an id.
+    #[error("no message id (looked at {})", sources(looked_at))]
     NoMessageId {
-        /// The header consulted.
-        header: Option<String>,
-        /// The JSON pointer consulted.
-        pointer: Option<String>,
+        /// The sources consulted, in order ([`IdPolicy::from`]).
+        looked_at: Vec<IdSource>,
     },
     /// An id was found but is not acceptable.
     #[error("invalid message id: {0}")]
@@ -208,6 +186,11 @@ impl PoisonReason {
     }
 }
 
+/// The sources, as written in configuration, comma-separated.
+fn sources(sources: &[IdSource]) -> String {
+    sources.iter().map(IdSource::to_string).collect::<Vec<_>>().join(", ")
+}
+
 /// `(raw value "…")` when the raw type differs from the mapped one.
 fn raw_note(message_type: &str, raw: Option<&str>) -> String {
     raw.filter(|r| *r != message_type).map(|r| format!(" (raw value {r:?})")).unwrap_or_default()
@@ -251,105 +234,6 @@ pub struct Poison {
 /// True when the content type says the payload is not JSON (e.g. `application/octet-stream`).
 fn is_binary(content_type: Option<&str>) -> bool {
     content_type.is_some_and(|ct| !ct.is_empty() && !ct.contains("json") && !ct.starts_with("text/"))
-}
-
-impl IdPolicy {
-    /// Finds the message id, parses the payload and finds the type with `types`. Order: size
-    /// limit, header depth, property, header, Kafka key, JSON pointer, Kafka offset. A payload that is not JSON
-    /// is poison unless its content type is binary (then it is passed through as bytes). A
-    /// poison message with a usable id keeps it, typed from its envelope; one without is typed
-    /// [`POISON_TYPE`].
-    pub fn identify(&self, message: &InboundMessage, types: &TypePolicy) -> Result<Identified, Poison> {
-        let poison = |reason: PoisonReason, id: Option<MessageId>| {
-            let (record_id, message_type) = match id {
-                Some(id) => {
-                    let t = types.resolve(message, Some(&id), None).name;
-                    (id, t)
-                }
-                None => (synthetic_poison_id(&reason, message), POISON_TYPE.to_owned()),
-            };
-            Poison { record_id, message_type, reason }
-        };
-        if message.payload.len() > self.max_payload_bytes {
-            let id = self.id_from_envelope(message).and_then(Result::ok);
-            return Err(poison(
-                PoisonReason::TooLarge { bytes: message.payload.len(), max: self.max_payload_bytes },
-                id,
-            ));
-        }
-        if message.headers_too_deep {
-            let id = self.id_from_envelope(message).and_then(Result::ok);
-            return Err(poison(PoisonReason::HeadersTooDeep { max: MAX_HEADER_DEPTH }, id));
-        }
-        let json = if is_binary(message.content_type.as_deref()) {
-            None
-        } else {
-            match serde_json::from_slice::<Value>(&message.payload) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    let id = self.id_from_envelope(message).and_then(Result::ok);
-                    return Err(poison(PoisonReason::UnparsablePayload(e.to_string()), id));
-                }
-            }
-        };
-        let raw = self
-            .id_from_envelope(message)
-            .or_else(|| {
-                let pointer = self.json_pointer.as_deref()?;
-                let value = json.as_ref()?.pointer(pointer)?;
-                Some(match value {
-                    Value::String(s) => MessageId::parse(s.clone()),
-                    Value::Number(n) => MessageId::parse(n.to_string()),
-                    _ => MessageId::parse(String::new()),
-                })
-            })
-            .or_else(|| self.offset_id(message));
-        match raw {
-            None => Err(poison(
-                PoisonReason::NoMessageId { header: self.header.clone(), pointer: self.json_pointer.clone() },
-                None,
-            )),
-            Some(Err(e)) => Err(poison(PoisonReason::InvalidMessageId(e), None)),
-            Some(Ok(id)) => {
-                let found = types.resolve(message, Some(&id), json.as_ref());
-                Ok(Identified { id, message_type: found.name, raw_type: found.raw, json })
-            }
-        }
-    }
-
-    /// The id from the property, else the header, else the Kafka key (not the payload).
-    fn id_from_envelope(&self, message: &InboundMessage) -> Option<Result<MessageId, IdError>> {
-        if let Some(id) = message.property_message_id.as_deref().filter(|s| !s.is_empty()) {
-            return Some(MessageId::parse(id));
-        }
-        let from_header = self.header.as_deref().and_then(|header| {
-            Some(match message.headers.get(header)? {
-                Value::String(s) => MessageId::parse(s.clone()),
-                Value::Number(n) => MessageId::parse(n.to_string()),
-                // Bytes that are not UTF-8 (see `bytes_to_json`).
-                Value::Array(_) => Err(IdError::NotText { what: "message id header" }),
-                _ => MessageId::parse(String::new()),
-            })
-        });
-        from_header.or_else(|| {
-            if !self.key || message.broker != Broker::Kafka {
-                return None;
-            }
-            if message.source.key_not_text {
-                return Some(Err(IdError::NotText { what: "record key" }));
-            }
-            message.source.routing_key.as_deref().filter(|k| !k.is_empty()).map(MessageId::parse)
-        })
-    }
-
-    /// `<topic>-<partition>-<offset>` of a Kafka record, when enabled.
-    fn offset_id(&self, message: &InboundMessage) -> Option<Result<MessageId, IdError>> {
-        if !self.offset_fallback || message.broker != Broker::Kafka {
-            return None;
-        }
-        let s = &message.source;
-        Some(MessageId::parse(format!("{}-{}-{}", s.exchange.as_deref()?, s.queue.as_deref()?, s.offset?)))
-    }
 }
 
 /// `POISON.<kind>.<hash>:0` for a poison message without a usable id.

@@ -104,7 +104,7 @@ fn kafka_header_then_key_then_json_pointer_then_offset() {
         policy.identify(&m, &TypePolicy::default()).unwrap_err().reason,
         PoisonReason::NoMessageId { .. }
     ));
-    policy.offset_fallback = true;
+    policy.from.push(IdSource::Offset);
     assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "orders-2-41");
     m.payload = br#"{"messageId":"ORDER.PAY.7:2"}"#.to_vec();
     assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "ORDER.PAY.7:2");
@@ -113,7 +113,7 @@ fn kafka_header_then_key_then_json_pointer_then_offset() {
     m.headers.insert("x-message-id".into(), Value::String("ORDER.PAY.9:2".into()));
     assert_eq!(policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(), "ORDER.PAY.9:2");
     m.headers.clear();
-    policy.key = false;
+    policy.from.retain(|s| *s != IdSource::Key);
     assert_eq!(
         policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(),
         "ORDER.PAY.7:2",
@@ -149,7 +149,8 @@ fn a_kafka_key_or_id_header_that_is_not_utf8_is_an_invalid_id_never_a_lossy_one(
 fn a_rabbitmq_routing_key_is_never_an_id() {
     let mut m = message(br#"{"orderNo":"7"}"#);
     m.source.routing_key = Some("order.pay".into());
-    let policy = IdPolicy { offset_fallback: true, ..IdPolicy::default() };
+    let mut policy = IdPolicy::default();
+    policy.from.push(IdSource::Offset);
     assert!(matches!(
         policy.identify(&m, &TypePolicy::default()).unwrap_err().reason,
         PoisonReason::NoMessageId { .. }
@@ -163,4 +164,59 @@ fn an_invalid_id_is_poison() {
     m.property_message_id = Some("bad\u{0}id".into());
     let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
     assert!(matches!(p.reason, PoisonReason::InvalidMessageId(_)));
+}
+
+#[test]
+fn the_order_of_the_sources_decides_and_the_payload_can_be_left_out() {
+    let mut m = message(br#"{"messageId":"ORDER.PAY.3:2"}"#);
+    m.headers.insert("x-message-id".into(), Value::String("ORDER.PAY.2:2".into()));
+    m.property_message_id = Some("5f0c6b1e-per-send".into());
+    let types = TypePolicy::default();
+    assert_eq!(IdPolicy::default().identify(&m, &types).unwrap().id.as_str(), "5f0c6b1e-per-send");
+    let header_first = IdPolicy::from_sources([
+        IdSource::Header("x-message-id".into()),
+        IdSource::Property,
+        IdSource::JsonPointer("/messageId".into()),
+    ]);
+    assert_eq!(header_first.identify(&m, &types).unwrap().id.as_str(), "ORDER.PAY.2:2");
+    let payload_first = IdPolicy::from_sources([IdSource::JsonPointer("/messageId".into()), IdSource::Property]);
+    assert_eq!(payload_first.identify(&m, &types).unwrap().id.as_str(), "ORDER.PAY.3:2");
+
+    let no_payload = IdPolicy::from_sources([IdSource::Header("x-message-id".into())]);
+    m.headers.clear();
+    let p = no_payload.identify(&m, &types).unwrap_err();
+    assert_eq!(p.reason, PoisonReason::NoMessageId { looked_at: no_payload.from.clone() });
+    assert_eq!(p.reason.to_string(), "no message id (looked at header:x-message-id)");
+}
+
+#[test]
+fn an_envelope_id_in_the_policys_order_names_a_poison_record() {
+    let mut m = message(b"{not json");
+    m.property_message_id = Some("per-send-1".into());
+    m.headers.insert("x-message-id".into(), Value::String("ORDER.PAY.4:2".into()));
+    let header_first = IdPolicy::from_sources([IdSource::Header("x-message-id".into()), IdSource::Property]);
+    let p = header_first.identify(&m, &TypePolicy::default()).unwrap_err();
+    assert!(matches!(p.reason, PoisonReason::UnparsablePayload(_)));
+    assert_eq!(p.record_id.as_str(), "ORDER.PAY.4:2");
+}
+
+#[test]
+fn id_sources_parse_and_print_as_written_and_old_keys_are_refused_with_the_new_one() {
+    for text in ["property", "header:x-message-id", "key", "json:/messageId", "offset"] {
+        assert_eq!(text.parse::<IdSource>().unwrap().to_string(), text);
+    }
+    for bad in ["", "header:", "json:messageId", "message_id", "Property"] {
+        assert!(bad.parse::<IdSource>().unwrap_err().to_string().contains("property, header:<name>"), "{bad}");
+    }
+    let parsed: IdPolicy = serde_json::from_value(serde_json::json!({"from": ["header:x-id", "property"]})).unwrap();
+    assert_eq!(parsed.from, [IdSource::Header("x-id".into()), IdSource::Property]);
+    assert_eq!(parsed.max_payload_bytes, IdPolicy::default().max_payload_bytes);
+    let round_trip: IdPolicy = serde_json::from_value(serde_json::to_value(&parsed).unwrap()).unwrap();
+    assert_eq!(round_trip, parsed);
+    assert_eq!(serde_json::from_value::<IdPolicy>(serde_json::json!({})).unwrap(), IdPolicy::default());
+    let old = serde_json::from_value::<IdPolicy>(serde_json::json!({"header": "x-id"})).unwrap_err();
+    assert!(old.to_string().contains("replaced by ids.from"), "{old}");
+    let empty = serde_json::from_value::<IdPolicy>(serde_json::json!({"from": []})).unwrap_err();
+    assert!(empty.to_string().contains("names no id source"), "{empty}");
+    assert!(serde_json::from_value::<IdPolicy>(serde_json::json!({"form": []})).is_err(), "unknown keys");
 }

@@ -74,18 +74,7 @@ impl fmt::Display for TypeSource {
     }
 }
 
-impl serde::Serialize for TypeSource {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for TypeSource {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_text!(TypeSource);
 
 /// Where a consumer group finds a message's type, and how raw values map to handler types
 /// (`[consumer.types]`, or a group's `types`).

@@ -111,12 +111,6 @@ impl Pipeline {
             tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "lease lost before the effect; the effect was not performed");
         }
 
-        if let Err(error) = &result
-            && error.crashed
-        {
-            tracing::warn!(message_id = %item.identified.id, "worker crashed mid-effect (simulated); the record will be stuck");
-            return (Disposition::Redeliver, None);
-        }
         let Ok(mut conn) = self.store.pool().acquire().await else {
             // The effect may have happened; the record stays processing and, once its lease
             // expires, stuck: an operator decides. The redelivery is judged then.
@@ -155,13 +149,13 @@ impl Pipeline {
                     message: item.message,
                     lease: &lease,
                     error: &text,
-                    error_class: &error.error_class(),
-                    permanent: error.permanent,
+                    error_class: error.class(),
+                    permanent: error.is_permanent(),
                     retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
                     answer: answer.as_ref(),
                     in_progress: error.uncounted_within.is_some(),
                 };
-                if let Some(within) = error.uncounted_within.filter(|_| !error.permanent) {
+                if let Some(within) = error.uncounted_within.filter(|_| !error.is_permanent()) {
                     match self.store.defer_claimed(&mut conn, &failure, within).await {
                         Ok(true) => {
                             tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text,

@@ -289,7 +289,7 @@ impl Pipeline {
         p: &Poison,
     ) -> Result<Disposition, Abort> {
         let reason = p.reason.to_string();
-        let error_class: String = p.reason.error_class().chars().take(200).collect();
+        let error_class: String = p.reason.error_class().chars().take(crate::handler::MAX_ERROR_CLASS_CHARS).collect();
         let record = PoisonRecord {
             group: &self.settings.group,
             message_id: &p.record_id,

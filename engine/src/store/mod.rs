@@ -220,7 +220,8 @@ pub struct FailureReport<'a> {
     pub lease: &'a Lease,
     /// Error text, stored as `last_error`.
     pub error: &'a str,
-    /// Error kind + first line: the grouping key of dead letters.
+    /// The error's class ([`crate::handler::HandlerError::class`]): the grouping key of dead
+    /// letters, stored as `error_class`.
     pub error_class: &'a str,
     /// True when the error says retrying cannot help: the record goes dead at once.
     pub permanent: bool,

@@ -158,13 +158,13 @@ impl TransactionalHandler for RecordEffect {
     }
 }
 
-/// Fails every time (retryable).
+/// Fails every time (retryable), of class `DOWNSTREAM_DOWN`, with the message id in the detail.
 pub struct AlwaysFails;
 
 #[async_trait]
 impl TransactionalHandler for AlwaysFails {
-    async fn handle(&self, _: &HandlerInput<'_>, _: &mut PgConnection) -> Result<(), HandlerError> {
-        Err(HandlerError::retryable("DOWNSTREAM_DOWN", "downstream 503 at attempt"))
+    async fn handle(&self, input: &HandlerInput<'_>, _: &mut PgConnection) -> Result<(), HandlerError> {
+        Err(HandlerError::retryable("DOWNSTREAM_DOWN", format!("downstream 503 for {}", input.message_id)))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Demo traffic for `serve --demo`: a gentle, endless order stream with duplicates, reordering
 //! and poison messages, so a newcomer's console has something on every page within a minute.
-//! (The demo also makes a share of NOTIFY sends crash and the SMS gateway reject some sends: see
-//! [`demo_order_settings`].)
+//! (The demo also runs a worker that crashes mid-SMS now and then, [`crate::crashing_worker`],
+//! and makes the SMS gateway reject some sends: see [`demo_order_settings`].)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,12 +19,13 @@ const ORDERS_PER_BURST: u64 = 8;
 /// Pause between bursts.
 const PAUSE: Duration = Duration::from_secs(4);
 
-/// The order settings of the demo: 5 % of NOTIFY sends crash (stuck records), 10 % of SMS sends
-/// are rejected by the gateway (retries), unless the configuration already sets them.
+/// The order settings of the demo: the crashing worker freezes on 20 % of its NOTIFY sends
+/// (stuck records), 10 % of SMS sends are rejected by the gateway (retries), unless the
+/// configuration already sets them.
 pub fn demo_order_settings(configured: &OrderSettings) -> OrderSettings {
     let mut settings = configured.clone();
     if settings.notify_crash_rate == 0.0 {
-        settings.notify_crash_rate = 0.05;
+        settings.notify_crash_rate = 0.2;
     }
     if settings.sms_failure_rate == 0.0 {
         settings.sms_failure_rate = 0.1;

@@ -130,15 +130,12 @@ impl TransactionalHandler for PayOrder {
 /// Errors: `SMS_GATEWAY_UNAVAILABLE` (retryable).
 pub struct NotifyOrder {
     gateway: SmsGateway,
-    crash_rate: f64,
 }
 
 impl NotifyOrder {
-    /// A handler sending through `gateway`. With `crash_rate` > 0 (the demo), that share of
-    /// sends "crashes" half-way: the SMS may or may not have gone out, the worker walks away
-    /// (see [`HandlerError::crash`]) and the record ends up stuck for an operator.
-    pub fn new(gateway: SmsGateway, crash_rate: f64) -> Self {
-        Self { gateway, crash_rate: crash_rate.clamp(0.0, 1.0) }
+    /// A handler sending through `gateway`.
+    pub fn new(gateway: SmsGateway) -> Self {
+        Self { gateway }
     }
 }
 
@@ -152,9 +149,6 @@ impl LeasedHandler for NotifyOrder {
             body: input.str_field("text")?,
             message_id: input.message_id.as_str(),
         };
-        if self.crash_rate > 0.0 && rand::Rng::random_bool(&mut rand::rng(), self.crash_rate) {
-            return Err(HandlerError::crash("demo worker crashed while sending the SMS"));
-        }
         self.gateway.send(sms, lease).await.map_err(|e| match e {
             SmsError::Rejected => HandlerError::retryable("SMS_GATEWAY_UNAVAILABLE", e.to_string()),
             SmsError::Log(db) => db.into(),

@@ -1,14 +1,17 @@
-//! The order example (the seeds' domain), one of the engine's two examples: `ORDER.CREATE`,
-//! `ORDER.PAY` and `ORDER.NOTIFY` handlers, an SMS gateway stand-in, a simulator that produces
-//! duplicate-laden traffic and a verifier that proves every effect happened once. The
-//! `dedup-console` binary runs it (`serve --demo`, `simulate`, `verify`).
+//! The order example, one of the engine's two examples: `ORDER.CREATE`, `ORDER.PAY` and
+//! `ORDER.NOTIFY` handlers, an SMS gateway stand-in, a simulator that produces duplicate-laden
+//! traffic, a verifier that proves every effect happened once, the domain of the console's
+//! synthetic records ([`seed`]) and the demo's crashing worker. The `dedup-console` binary runs
+//! it (`serve --demo`, `simulate`, `verify`, `seed`).
 //!
 //! Message ids: `ORDER.<EVENT>.<order no>:<version>`; CREATE is version 1, PAY 2, NOTIFY 3.
 //! Its tables live in the schema `shop` ([`SCHEMA`]), with a migration history of their own
 //! ([`migrate`]); its SQL names them with that schema, so it runs under any `search_path`.
 
+pub mod crashing_worker;
 pub mod demo;
 mod handlers;
+pub mod seed;
 pub mod simulate;
 mod sms;
 pub mod verify;
@@ -56,7 +59,8 @@ pub struct OrderSettings {
     pub sms_failure_rate: f64,
     /// `on_lease_expiry` of the leased NOTIFY handler. Default `hold`.
     pub notify_on_lease_expiry: LeaseExpiryPolicy,
-    /// Share of NOTIFY sends that simulate a worker crash (0.0–1.0). Default 0; the demo sets it.
+    /// Share of the NOTIFY sends of the demo's crashing worker on which it freezes and is
+    /// killed (0.0–1.0; [`crashing_worker`]). Default 0; the demo sets it.
     pub notify_crash_rate: f64,
 }
 
@@ -101,10 +105,11 @@ pub fn handlers(pool: PgPool, settings: &OrderSettings) -> HandlerRegistry {
         .register(
             "ORDER.NOTIFY",
             Handler::Leased {
-                handler: Arc::new(NotifyOrder::new(
-                    SmsGateway::new(pool, settings.sms_latency_ms, settings.sms_failure_rate),
-                    settings.notify_crash_rate,
-                )),
+                handler: Arc::new(NotifyOrder::new(SmsGateway::new(
+                    pool,
+                    settings.sms_latency_ms,
+                    settings.sms_failure_rate,
+                ))),
                 on_lease_expiry: settings.notify_on_lease_expiry,
             },
         );

@@ -325,7 +325,8 @@ mod tests {
                    "rabbitmq": {"queue": "q.orders", "binding_keys": ["order.create", "order.pay"]}}),
             json!({"group": "notify-service", "handlers": ["ORDER.NOTIFY"], "lease_ms": 5000,
                    "rabbitmq": {"queue": "q.notify", "binding_keys": ["order.notify"]},
-                   "types": {"from": ["header:__TypeId__", "id_prefix"]}}),
+                   "types": {"from": ["header:__TypeId__", "id_prefix"]},
+                   "ids": {"from": ["header:x-idempotency-key", "property"]}}),
         ];
         let resolved = resolve(&consumer, &groups).unwrap();
         assert_eq!(resolved.len(), 2);
@@ -336,6 +337,10 @@ mod tests {
         assert_eq!(notify.rabbitmq.exchange, "shop.events", "a nested key inherited");
         assert_eq!(notify.rabbitmq.queue, "q.notify");
         assert_eq!(notify.settings.types.from[0].to_string(), "header:__TypeId__");
+        let ids: Vec<String> = notify.settings.ids.from.iter().map(ToString::to_string).collect();
+        assert_eq!(ids, ["header:x-idempotency-key", "property"], "its own id sources, in its order");
+        assert_eq!(notify.settings.ids.max_payload_bytes, 1024 * 1024, "the rest of [consumer.ids]");
+        assert_eq!(resolved[0].settings.ids, dedup_engine::message::IdPolicy::default());
         assert_eq!(resolved[0].settings.lease_ms, 30_000);
         assert_eq!(resolve(&consumer, &[]).unwrap()[0].group, "order-service", "[consumer] alone");
     }
@@ -359,5 +364,8 @@ mod tests {
         let bad_source = [json!({"group": "a", "types": {"from": ["headers:x"]}})];
         let err = format!("{:#}", resolve(&consumer, &bad_source).unwrap_err());
         assert!(err.contains("headers:x"), "{err}");
+        let old_ids = [json!({"group": "a", "ids": {"header": "x-id"}})];
+        let err = format!("{:#}", resolve(&consumer, &old_ids).unwrap_err());
+        assert!(err.contains("replaced by ids.from"), "{err}");
     }
 }

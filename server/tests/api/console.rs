@@ -2,6 +2,7 @@
 //! server-rendered pages, on a small seeded data set.
 
 use dedup_engine::console::seed::{SeedParams, seed_records};
+use dedup_example_orders::seed::order_domain;
 use serde_json::Value;
 
 use crate::helpers::{TestApp, spawn_app};
@@ -9,7 +10,8 @@ use crate::helpers::{TestApp, spawn_app};
 /// An app with `n` seeded records.
 async fn seeded_app(n: u64) -> TestApp {
     let app = spawn_app().await;
-    seed_records(&app._db.pool, &SeedParams { records: n, days: 3, batch: 1000 }, |_, _| {}).await.expect("seed");
+    let params = SeedParams { records: n, days: 3, batch: 1000 };
+    seed_records(&app._db.pool, &params, &order_domain(), |_, _| {}).await.expect("seed");
     app
 }
 

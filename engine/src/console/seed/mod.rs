@@ -1,7 +1,8 @@
 //! Synthetic records for demos and benchmarks (`dedup-console seed --records N`): realistic
-//! statuses, consumer groups, message types, attempts, errors, payloads and duplicates, spread
-//! over a time window ending now, with the aggregates the console reads (`record_counts`,
-//! `stats_minute`, `duplicate_delays`, `table_samples`) kept consistent.
+//! statuses, attempts, duplicates and poison, with the consumer groups, message types, errors
+//! and payloads of a [`SeedDomain`] the caller gives (the engine has no domain of its own),
+//! spread over a time window ending now, with the aggregates the console reads
+//! (`record_counts`, `stats_minute`, `duplicate_delays`, `table_samples`) kept consistent.
 //!
 //! The run reserves a block of ids from the table's identity sequence, then, in one transaction,
 //! streams the rows with `COPY ... FROM STDIN` while a blocking thread generates the next ones
@@ -12,6 +13,7 @@
 //! run leaves nothing behind. Succeeded records keep no payload (as in production), so their
 //! `payload_hash` is random.
 
+mod domain;
 mod indexes;
 mod rows;
 mod totals;
@@ -22,6 +24,7 @@ use chrono::SubsecRound;
 use sqlx::{PgConnection, PgPool};
 
 use super::QueryError;
+pub use domain::{SeedDomain, SeedError, SeedGroup, SeedMessage, SeedType};
 use indexes::Deferred;
 use rows::{Chunk, Plan};
 use totals::Totals;
@@ -90,14 +93,16 @@ ON CONFLICT (sampled_at) DO UPDATE SET total_records = EXCLUDED.total_records,
     table_bytes = EXCLUDED.table_bytes, index_bytes = EXCLUDED.index_bytes
 "#;
 
-/// Inserts `params.records` synthetic records spread over the last `params.days` days, with
-/// their attempts and aggregates, `progress(done, total)` called after each batch of
+/// Inserts `params.records` synthetic records of `domain` spread over the last `params.days`
+/// days, with their attempts and aggregates, `progress(done, total)` called after each batch of
 /// `params.batch` records. Into an empty table the run holds its exclusive lock until it is done.
 ///
-/// Errors: [`QueryError::BadFilter`] for zero records or days; [`QueryError::Database`].
+/// Errors: [`QueryError::BadFilter`] for zero records or days, sizes over the limits, or a
+/// domain without groups, types or errors or with a share not positive; [`QueryError::Database`].
 pub async fn seed_records(
     pool: &PgPool,
     params: &SeedParams,
+    domain: &SeedDomain,
     progress: impl Fn(u64, u64),
 ) -> Result<SeedReport, QueryError> {
     if params.records == 0 || params.days == 0 || params.batch == 0 {
@@ -108,12 +113,14 @@ pub async fn seed_records(
             "at most {MAX_RECORDS} records, {MAX_DAYS} days and batches of {MAX_BATCH}"
         )));
     }
+    domain.check().map_err(QueryError::BadFilter)?;
     let started = Instant::now();
     let records = i64::try_from(params.records).map_err(|_| QueryError::BadFilter("too many records".to_owned()))?;
     let first = reserve_ids(pool, records).await?;
     let window = Duration::from_secs(u64::from(params.days) * 86_400);
     let now = chrono::Utc::now().trunc_subsecs(6);
-    let plan = Plan { first, start: now - window, now, micros_per_record: window.as_micros() as f64 / records as f64 };
+    let micros_per_record = window.as_micros() as f64 / records as f64;
+    let plan = Plan::new(first, now - window, now, micros_per_record, domain.clone());
     let mut tx = pool.begin().await?;
     let mut phase = Phases(Instant::now());
     let deferred = Deferred::drop_if_empty(pool, &mut tx).await?;
@@ -121,7 +128,7 @@ pub async fn seed_records(
     phase.done("rows copied");
     deferred.rebuild(&mut tx).await?;
     phase.done("indexes built");
-    totals.write(&mut tx).await?;
+    totals.write(&mut tx, &plan.group_names()).await?;
     // The window's samples are rebuilt from the seeded counts; a sample taken before the seed
     // (a server that started on the empty table) would read as the table shrinking.
     sqlx::query("DELETE FROM table_samples WHERE sampled_at >= $1").bind(plan.start).execute(&mut *tx).await?;

@@ -1,13 +1,18 @@
-//! The synthetic rows, as `COPY` text: about 1 % failed, dead or stuck, three consumer groups,
-//! five message types, realistic errors, duplicates with delays from 100 ms to weeks; the
+//! The synthetic rows, as `COPY` text: about 1 % failed, dead or stuck, the groups, message
+//! types and errors of the run's [`SeedDomain`], duplicates with delays from 100 ms to weeks; the
 //! attempt history of every record not succeeded; their aggregates ([`Totals`]).
+
+use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sha2::{Digest, Sha256};
 
+use super::domain::{SeedDomain, SeedMessage, Shares};
 use super::totals::{Outcome, Totals};
+use crate::message::{IdPolicy, POISON_TYPE, PoisonReason};
+use crate::record::HandlerMode;
 
 /// The columns of [`Chunk::records`], in order. The ids are the run's reserved ones: COPY
 /// writes given values into an identity column. Binary format: PostgreSQL parses it in three
@@ -35,8 +40,8 @@ pub struct Chunk {
     pub attempts: CopyData,
 }
 
-/// Where the ids of a run fall in time. A record's id is also the sequence number in its
-/// message id, so message ids never repeat.
+/// Where the ids of a run fall in time, and what its records are made of. A record's id is also
+/// the number in its message id, so message ids never repeat.
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// The run's first id.
@@ -48,6 +53,45 @@ pub struct Plan {
     pub now: DateTime<Utc>,
     /// Microseconds of window per record.
     pub micros_per_record: f64,
+    /// The groups, types, errors and payloads.
+    domain: Arc<SeedDomain>,
+    groups: Arc<Shares>,
+    types: Arc<Shares>,
+    /// (class, last error) of the two kinds of poison: no message id, a payload not JSON.
+    poison: Arc<[(String, String); 2]>,
+}
+
+impl Plan {
+    /// A plan of records `first..` spread over `start..now`, `micros_per_record` apart, drawn
+    /// from `domain` (checked by the caller).
+    pub fn new(
+        first: i64,
+        start: DateTime<Utc>,
+        now: DateTime<Utc>,
+        micros_per_record: f64,
+        domain: SeedDomain,
+    ) -> Self {
+        let reason = |r: PoisonReason| (r.error_class(), r.to_string());
+        let poison = [
+            reason(PoisonReason::NoMessageId { looked_at: IdPolicy::default().from }),
+            reason(PoisonReason::UnparsablePayload("expected value at line 1 column 1".to_owned())),
+        ];
+        Self {
+            first,
+            start,
+            now,
+            micros_per_record,
+            groups: Arc::new(Shares::new(domain.groups.iter().map(|g| g.share))),
+            types: Arc::new(Shares::new(domain.message_types.iter().map(|t| t.share))),
+            domain: Arc::new(domain),
+            poison: Arc::new(poison),
+        }
+    }
+
+    /// The run's groups' names, by index (as [`Outcome::group`] counts them).
+    pub fn group_names(&self) -> Vec<String> {
+        self.domain.groups.iter().map(|g| g.name.clone()).collect()
+    }
 }
 
 /// One `COPY ... FROM STDIN (FORMAT binary)` stream: the signature and header, rows, and the
@@ -187,19 +231,10 @@ impl Plan {
             r if r < 0.0106 => "processing",
             _ => "succeeded",
         };
-        let group = match r_group {
-            r if r < 0.6 => "order-service",
-            r if r < 0.85 => "billing-service",
-            _ => "notification-service",
-        };
-        let event_type = match r_type {
-            r if r < 0.3 => "ORDER.CREATE",
-            r if r < 0.6 => "ORDER.PAY",
-            r if r < 0.85 => "ORDER.NOTIFY",
-            r if r < 0.95 => "ORDER.CANCEL",
-            _ => "INVENTORY.RESERVE",
-        };
-        let order_no = format!("{g:014}");
+        let group_index = self.groups.pick(r_group);
+        let group = &self.domain.groups[group_index];
+        let seed_type = &self.domain.message_types[self.types.pick(r_type)];
+        let number = format!("{g:014}");
         let poison = status == "dead" && r_error < 0.15;
         let tries = match status {
             "succeeded" if r_attempt < 0.95 => 1,
@@ -215,56 +250,30 @@ impl Plan {
             let delay_ms = 10f64.powf(2.0 + r_dup * 45.0) * (1.0 + r_attempt);
             (seen + TimeDelta::milliseconds(delay_ms.min(4e12) as i64)).min(self.now)
         });
-        let message_type = if poison { "POISON" } else { event_type };
-        let message_id = if poison { format!("POISON.{order_no}") } else { format!("{event_type}.{order_no}:1") };
+        let message_type = if poison { POISON_TYPE } else { seed_type.name.as_str() };
+        let message_id =
+            if poison { format!("{POISON_TYPE}.{number}") } else { format!("{}.{number}:1", seed_type.name) };
         let unsettled = matches!(status, "failed" | "dead");
-        let error_kind =
-            ["PAYMENT_DECLINED", "TIMEOUT", "NOT_FOUND", "DATABASE", "SMS_GATEWAY"][((r_error * 5.0) as usize).min(4)];
         let binary_poison = poison && r_error < 0.07;
-        let (error_class, last_error): (Option<&str>, Option<String>) = if !unsettled {
+        let handler_error;
+        let (error_class, last_error): (Option<&str>, Option<&str>) = if !unsettled {
             (None, None)
-        } else if binary_poison {
-            (Some("UNPARSABLE_PAYLOAD"), Some("unparsable payload: expected value at line 1 column 1".into()))
         } else if poison {
-            (
-                Some("NO_MESSAGE_ID"),
-                Some(r#"no message id (looked at the message-id property, header "x-message-id" and JSON pointer "/messageId")"#.into()),
-            )
+            let (class, text) = &self.poison[usize::from(binary_poison)];
+            (Some(class), Some(text))
         } else {
-            match error_kind {
-                "PAYMENT_DECLINED" => (
-                    Some("PAYMENT_DECLINED: card ending # declined by issuer"),
-                    Some(format!("card ending {} declined by issuer", 1000 + g % 9000)),
-                ),
-                "TIMEOUT" => (
-                    Some("TIMEOUT: gateway did not answer within # ms"),
-                    Some(format!("gateway did not answer within {} ms", 1000 * (1 + g % 5))),
-                ),
-                "NOT_FOUND" => (Some("NOT_FOUND: order # not found"), Some(format!("order {order_no} not found"))),
-                "DATABASE" => (
-                    Some("DATABASE: deadlock detected"),
-                    Some(format!("deadlock detected\nDETAIL: Process {} waits for ShareLock", g % 90000)),
-                ),
-                _ => (
-                    Some("SMS_GATEWAY: rate limited, # requests in flight"),
-                    Some(format!("rate limited, {} requests in flight", g % 50)),
-                ),
-            }
+            let errors = &self.domain.errors;
+            let error = &errors[((r_error * errors.len() as f64) as usize).min(errors.len() - 1)];
+            handler_error = format!("{}: {}", error.class, (error.detail)(g));
+            (Some(&error.class), Some(&handler_error))
         };
         let body: Option<Vec<u8>> = if status == "succeeded" {
             None
         } else if binary_poison {
-            Some(Sha256::digest(order_no.as_bytes()).to_vec())
+            Some(Sha256::digest(number.as_bytes()).to_vec())
         } else {
-            Some(
-                serde_json::json!({
-                    "messageId": format!("{event_type}.{order_no}:1"), "orderNo": order_no,
-                    "sku": format!("SKU-{:04}", g % 200), "quantity": 1 + g % 3,
-                    "amountCents": 500 + (g * 7919) % 100_000, "phone": format!("+1555{:07}", g % 10_000_000)
-                })
-                .to_string()
-                .into_bytes(),
-            )
+            let message = SeedMessage { number: g, message_id: &message_id, message_type, group: &group.name };
+            Some((self.domain.payload)(&message).to_string().into_bytes())
         };
         // A succeeded record's payload is gone; its hash only has to be 32 bytes.
         let hash: [u8; 32] = match &body {
@@ -274,10 +283,10 @@ impl Plan {
         let processing = status == "processing";
         let mode = if poison {
             None
-        } else if event_type == "ORDER.NOTIFY" || processing {
-            Some("leased")
+        } else if processing {
+            Some(HandlerMode::Leased)
         } else {
-            Some("transactional")
+            Some(seed_type.mode)
         };
         let succeeded = status == "succeeded";
         let lease = processing.then(|| {
@@ -289,11 +298,11 @@ impl Plan {
             .records
             .row(RECORD_COLUMNS)
             .int8(g)
-            .raw(group)
+            .raw(&group.name)
             .raw(&message_id)
             .raw(message_type)
             .raw(status)
-            .text(mode)
+            .text(mode.map(HandlerMode::as_str))
             .int4(attempts)
             .int4(5)
             .int4(if processing { (r_dup * 4.0) as i32 } else { 0 })
@@ -304,23 +313,23 @@ impl Plan {
             .time(Some(seen + TimeDelta::seconds(2 * i64::from(attempts))))
             .time(succeeded.then(|| seen + TimeDelta::milliseconds(40)))
             .time((status == "failed").then(|| seen + TimeDelta::seconds(1 << attempts.clamp(0, 20))))
-            .text(last_error.as_deref())
+            .text(last_error)
             .text(error_class)
             .bytes(Some(&hash))
             .bytes(body.as_deref())
             .jsonb(headers.as_deref())
             .raw(if binary_poison { "application/octet-stream" } else { "application/json" })
             .raw("rabbitmq")
-            .raw("orders.events")
+            .raw(&self.domain.exchange)
             .raw(&message_type.to_lowercase())
-            .raw(&format!("orders.{group}"))
+            .raw(&group.queue)
             .int4(dups)
             .time(dup_at)
             .bool(poison);
         if !succeeded {
-            attempt_rows(&mut chunk.attempts, g, seen, status, attempts, last_error.as_deref());
+            attempt_rows(&mut chunk.attempts, g, seen, status, attempts, last_error);
         }
-        Outcome { group, seen, status, attempts, duplicates: dups, last_duplicate_at: dup_at }
+        Outcome { group: group_index, seen, status, attempts, duplicates: dups, last_duplicate_at: dup_at }
     }
 }
 
@@ -385,7 +394,8 @@ mod tests {
     #[test]
     fn rows_have_every_column_in_binary_form() {
         let now = Utc::now();
-        let plan = Plan { first: 1, start: now - TimeDelta::days(1), now, micros_per_record: 1000.0 };
+        let domain = SeedDomain::new(&["g1", "g2"], &["THING.MADE", "THING.SOLD"]);
+        let plan = Plan::new(1, now - TimeDelta::days(1), now, 1000.0, domain);
         let mut totals = Totals::default();
         let chunk = plan.chunk(1, 2000, &mut totals);
         let columns = |sql: &str| sql.split('(').nth(1).unwrap().split(')').next().unwrap().split(',').count();
@@ -396,6 +406,12 @@ mod tests {
         assert_eq!((chunk.count, record_rows.len()), (2000, 2000));
         assert!(record_rows.iter().all(|r| r.len() == columns(COPY_SQL)));
         assert!(parse(&attempts).iter().all(|r| r.len() == columns(ATTEMPTS_COPY_SQL)));
+        let text = |v: Option<&[u8]>| std::str::from_utf8(v.unwrap()).unwrap().to_owned();
+        assert!(record_rows.iter().all(|r| ["g1", "g2"].contains(&text(r[1]).as_str())), "the domain's groups");
+        assert!(
+            record_rows.iter().all(|r| ["THING.MADE", "THING.SOLD", "POISON"].contains(&text(r[3]).as_str())),
+            "the domain's types, and poison"
+        );
         let first = &record_rows[0];
         assert_eq!(first[0], Some(&1i64.to_be_bytes()[..]), "the ids are given, as int8");
         assert_eq!(first[2].map(|id| std::str::from_utf8(id).unwrap().ends_with(":1")), Some(true), "message id");

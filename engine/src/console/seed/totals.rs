@@ -22,8 +22,8 @@ const HOURS_SQL: &str = "INSERT INTO stats_hour AS h (hour, consumer_group, crea
 /// What the aggregates need to know of one generated record.
 #[derive(Debug, Clone, Copy)]
 pub struct Outcome {
-    /// Its consumer group.
-    pub group: &'static str,
+    /// Its consumer group, by index into the run's groups ([`super::rows::Plan::group_names`]).
+    pub group: usize,
     /// Its first-seen time (whole microseconds, as stored).
     pub seen: DateTime<Utc>,
     /// Its status.
@@ -39,10 +39,10 @@ pub struct Outcome {
 /// Per-(minute, group) counters and the duplicate-delay histogram of the records seen so far.
 #[derive(Debug, Default)]
 pub struct Totals {
-    /// (minute since the epoch, group) → counters.
-    minutes: HashMap<(i64, &'static str), Counters>,
-    /// (day, group, bucket bound) → (duplicates, largest delay in ms).
-    delays: HashMap<(NaiveDate, &'static str, i64), (i64, i64)>,
+    /// (minute since the epoch, group index) → counters.
+    minutes: HashMap<(i64, usize), Counters>,
+    /// (day, group index, bucket bound) → (duplicates, largest delay in ms).
+    delays: HashMap<(NaiveDate, usize, i64), (i64, i64)>,
 }
 
 impl Totals {
@@ -73,7 +73,7 @@ impl Totals {
     }
 
     /// Adds the counts to `stats_minute`, `stats_hour` and `duplicate_delays`, in the caller's
-    /// transaction.
+    /// transaction; `groups` names the groups by index.
     ///
     /// `stats_hour` is written here, one row per hour and group, with the minutes' rollup
     /// triggers disabled for the minute write: through them each hour's row would be updated 60
@@ -81,17 +81,19 @@ impl Totals {
     /// lock on `stats_minute` until the transaction ends, so the engine's flushes wait for the
     /// seed's commit and nobody sees the triggers disabled; they are enabled again (ALWAYS, as
     /// the migration left them) before the commit.
-    pub async fn write(self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    pub async fn write(self, conn: &mut PgConnection, groups: &[String]) -> Result<(), sqlx::Error> {
         let mut hours: HashMap<(DateTime<Utc>, &str), i64> = HashMap::new();
         for ((m, g), c) in &self.minutes {
             if let Some(hour) = DateTime::from_timestamp(m.div_euclid(60) * 3600, 0) {
-                *hours.entry((hour, *g)).or_default() += c[Event::Created as usize];
+                *hours.entry((hour, groups[*g].as_str())).or_default() += c[Event::Created as usize];
             }
         }
         let minutes: HashMap<(DateTime<Utc>, String), Counters> = self
             .minutes
             .into_iter()
-            .filter_map(|((m, g), c)| Some(((DateTime::from_timestamp(m * 60, 0)?, g.to_owned()), split_duplicates(c))))
+            .filter_map(|((m, g), c)| {
+                Some(((DateTime::from_timestamp(m * 60, 0)?, groups[g].clone()), split_duplicates(c)))
+            })
             .collect();
         sqlx::query(ROLLUP_OFF_SQL).execute(&mut *conn).await?;
         write_minutes(&mut *conn, &minutes).await?;
@@ -102,7 +104,7 @@ impl Totals {
             hours.into_iter().map(|((h, g), n)| (h, g, n)).collect();
         sqlx::query(HOURS_SQL).bind(hour).bind(group).bind(created).execute(&mut *conn).await?;
         let delays: HashMap<(NaiveDate, String, i64), (i64, i64)> =
-            self.delays.into_iter().map(|((d, g, le), v)| ((d, g.to_owned(), le), v)).collect();
+            self.delays.into_iter().map(|((d, g, le), v)| ((d, groups[g].clone(), le), v)).collect();
         write_delays(&mut *conn, &delays).await
     }
 }
@@ -127,8 +129,7 @@ mod tests {
     fn counts_follow_the_records() {
         let seen = DateTime::from_timestamp(120, 0).unwrap();
         let mut totals = Totals::default();
-        let base =
-            Outcome { group: "g", seen, status: "succeeded", attempts: 1, duplicates: 0, last_duplicate_at: None };
+        let base = Outcome { group: 0, seen, status: "succeeded", attempts: 1, duplicates: 0, last_duplicate_at: None };
         totals.add(&base);
         totals.add(&Outcome {
             status: "dead",
@@ -140,7 +141,7 @@ mod tests {
         for _ in 0..2 {
             totals.add(&Outcome { duplicates: 1, last_duplicate_at: Some(seen), ..base });
         }
-        let c = split_duplicates(totals.minutes[&(2, "g")]);
+        let c = split_duplicates(totals.minutes[&(2, 0)]);
         assert_eq!(c[Event::Delivery as usize], 8);
         assert_eq!(c[Event::Created as usize], 4);
         assert_eq!(c[Event::Claimed as usize], 8);
@@ -148,6 +149,6 @@ mod tests {
         // 80 % of the minute's 4, not the sum of each record's rounded share (2 + 1 + 1).
         assert_eq!((c[Event::DuplicateRedis as usize], c[Event::DuplicateDb as usize]), (3, 1));
         assert_eq!(c[Event::Retry as usize], 4);
-        assert_eq!(totals.delays[&(seen.date_naive(), "g", 100)], (4, 2), "1.5 ms rounds to 2");
+        assert_eq!(totals.delays[&(seen.date_naive(), 0, 100)], (4, 2), "1.5 ms rounds to 2");
     }
 }

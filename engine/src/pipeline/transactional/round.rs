@@ -167,7 +167,7 @@ impl Pipeline {
             tx.execute("ROLLBACK TO SAVEPOINT handler")
                 .await
                 .map_err(|e| isolation.abort("rolling back to a savepoint failed", &e))?;
-            if error.transient && try_no < TRANSIENT_RETRIES {
+            if error.is_transient() && try_no < TRANSIENT_RETRIES {
                 continue;
             }
             attempt.tally.count(Event::Failed);
@@ -179,8 +179,8 @@ impl Pipeline {
                 message: item.message,
                 lease,
                 error: &text,
-                error_class: &error.error_class(),
-                permanent: error.permanent,
+                error_class: error.class(),
+                permanent: error.is_permanent(),
                 retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
                 answer: None,
                 in_progress: false,

@@ -19,8 +19,9 @@
 //! - **Back-pressure.** At `max_in_flight` records fetched and not settled, the member pauses
 //!   its partitions until half have settled; librdkafka's own prefetch is bounded by the fetch
 //!   limits.
-//! - **Message ids**: the id header, else the record key, else the JSON pointer, else
-//!   optionally `<topic>-<partition>-<offset>` ([`IdPolicy`](crate::message::IdPolicy)).
+//! - **Message ids**: the group's id sources in order ([`IdPolicy`](crate::message::IdPolicy));
+//!   by default the id header, else the record key, else the JSON pointer; `offset` adds
+//!   `<topic>-<partition>-<offset>`.
 //!
 //! Records of one partition may be processed out of order (as with several RabbitMQ workers,
 //! and as any retry does); handlers must not rely on it.

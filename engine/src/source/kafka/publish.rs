@@ -27,7 +27,7 @@ pub struct KafkaPublisher {
 
 impl KafkaPublisher {
     /// A producer on `settings.brokers`; `id_header` is the header message ids are written to
-    /// (the consumer's `ids.header`). Does not connect until the first send.
+    /// (the first header of the consumer's `ids.from`). Does not connect until the first send.
     ///
     /// Errors: [`SourceError::Broker`] for an invalid client configuration.
     pub fn new(settings: &KafkaSettings, id_header: &str) -> Result<Self, SourceError> {

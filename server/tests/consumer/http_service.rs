@@ -1,8 +1,9 @@
 //! The example in another language (examples/http-service/): the Python charge service behind
 //! `serve` with the example's own configuration (our-service.toml, only the service's URL
 //! changed), as its README walks through it — signed calls, duplicates published, the service
-//! answering 500 for a while, then killed and started again. Each key's charge row is in the
-//! service's SQLite exactly once, and every record succeeded.
+//! answering 500 for a while, then killed and started again, messages published by
+//! `dedup-console publish` too. Each key's charge row is in the service's SQLite exactly once, and
+//! every record succeeded. And the walk-through run again on a new database beside the same Redis.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -110,6 +111,14 @@ async fn publish_charges_by_cli(world: &World, config: &ConfigFile, keys: std::o
     }
 }
 
+/// The example's configuration, calling `service`.
+fn shipped_config(world: &World, service: &ChargeService) -> ConfigFile {
+    let shipped = std::fs::read_to_string(format!("{EXAMPLE}/our-service.toml")).unwrap();
+    let url = "http://127.0.0.1:8080/charge";
+    assert!(shipped.contains(url), "the example's configuration calls {url}");
+    ConfigFile::new(world, &shipped.replace(url, &service.url("/charge")))
+}
+
 #[tokio::test]
 async fn the_python_charge_service_books_each_key_once_behind_serve() {
     const KEYS: usize = 45;
@@ -118,10 +127,7 @@ async fn the_python_charge_service_books_each_key_once_behind_serve() {
     std::fs::create_dir_all(&dir).unwrap();
     let db = dir.join("charges.sqlite3");
     let mut service = ChargeService::start(&db, 0).await;
-    let shipped = std::fs::read_to_string(format!("{EXAMPLE}/our-service.toml")).unwrap();
-    let url = "http://127.0.0.1:8080/charge";
-    assert!(shipped.contains(url), "the example's configuration calls {url}");
-    let config = ConfigFile::new(&world, &shipped.replace(url, &service.url("/charge")));
+    let config = shipped_config(&world, &service);
     // The world's database, exchange, queue and back-off (500 ms to 2 s) override the file's;
     // attempts 10, not 4: no record may go dead before the service is well again, however slow
     // this machine.
@@ -183,6 +189,36 @@ async fn the_python_charge_service_books_each_key_once_behind_serve() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("(groups: charge-gateway)"), "{stderr}");
     server.stop().await;
+    drop(service);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The walk-through run a second time on a database created anew, beside the same Redis: the
+/// first database's fast-path markers are not this one's, so its messages are processed, not
+/// acked unseen as duplicates (all but the first were, before markers were scoped by database).
+#[tokio::test]
+async fn a_second_database_on_the_same_redis_gets_its_messages() {
+    let first = World::new().await;
+    let mut second = World::new().await;
+    let prefix = first.env["DEDUP_FAST_PATH__PREFIX"].clone();
+    second.env.insert("DEDUP_FAST_PATH__PREFIX".to_owned(), prefix);
+    let dir: PathBuf = std::env::temp_dir().join(format!("{}-charges", first.db.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("charges.sqlite3");
+    let service = ChargeService::start(&db, 0).await;
+    let succeeded = "SELECT count(*) FROM dedup_records WHERE status = 'succeeded'";
+    for world in [&first, &second] {
+        let config = shipped_config(world, &service);
+        let server = world.serve("again", &[("DEDUP_CONFIG", config.path()), ("CHARGE_WEBHOOK_SECRET", SECRET)]).await;
+        publish_charges(world, 0..4).await;
+        let done = world.wait_for(Duration::from_secs(30), succeeded, |v: &i64| *v == 4).await;
+        assert_eq!(done, 4, "each database records its own; serve: {}", server.log_text());
+        server.stop().await;
+    }
+    // The service was called again for the second database, and answered from its store.
+    let replayed = service.log().matches("(replayed)").count();
+    assert!(replayed >= 4, "{}", service.log());
+    assert_eq!(charges_per_key(&db).await.len(), 4, "charged once each");
     drop(service);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -330,8 +330,9 @@ def main():
     parser = argparse.ArgumentParser(description="A charge service behind the dedup-console HTTP gateway.")
     parser.add_argument("--host", default=os.environ.get("CHARGE_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("CHARGE_PORT", "8080")))
-    parser.add_argument("--db", default=os.environ.get("CHARGE_DB", "charges.sqlite3"),
-                        help="the SQLite file (created if missing)")
+    beside = os.path.join(os.path.dirname(os.path.abspath(__file__)), "charges.sqlite3")
+    parser.add_argument("--db", default=os.environ.get("CHARGE_DB", beside),
+                        help="the SQLite file (created if missing); default charges.sqlite3 beside this script")
     parser.add_argument("--mode", choices=MODES, default=os.environ.get("CHARGE_MODE", "ok"))
     args = parser.parse_args()
     service = ChargeService(

@@ -85,7 +85,11 @@ async fn charges_per_key(db: &Path) -> Vec<(String, i64)> {
 /// The charge of key `i`: its message id (`ch_0007`), its body, and how many copies a producer
 /// sends (every third twice, as one retrying after a lost confirm).
 fn charge(i: usize) -> (String, serde_json::Value, usize) {
-    (format!("ch_{i:04}"), json!({"orderNo": format!("A-{i}"), "amountCents": 100 + i}), if i % 3 == 0 { 2 } else { 1 })
+    (
+        format!("ch_{i:04}"),
+        json!({"orderNo": format!("A-{i}"), "amountCents": 100 + i}),
+        if i.is_multiple_of(3) { 2 } else { 1 },
+    )
 }
 
 /// Publishes the charges `keys` from the test.

@@ -182,7 +182,14 @@ impl EngineBuilder {
         let engine_pool = db::engine_pool(&self.pool, &self.schema, self.pool_size);
         let source_key = db::engine_key(&engine_pool, "source-headers").await.map_err(SchemaError::Query)?;
         let store = PgStore::new(self.pool.clone(), &self.schema);
-        let fast_path = Arc::new(FastPath::new(&self.redis_url, self.fast_path));
+        // Markers are this database's (DESIGN.md, "Redis fast path"): another database on the same
+        // Redis and prefix — one recreated, test and staging side by side — has other records, and
+        // must not take this one's markers for duplicates and skip its messages.
+        let database = db::engine_key(&engine_pool, "fast-path-namespace").await.map_err(SchemaError::Query)?;
+        let mut fast_path = self.fast_path;
+        let namespace: String = database[..6].iter().map(|b| format!("{b:02x}")).collect();
+        fast_path.prefix = format!("{}:{namespace}", fast_path.prefix);
+        let fast_path = Arc::new(FastPath::new(&self.redis_url, fast_path));
         let stats = Arc::new(Stats::default());
         let retention = Arc::new(RetentionWatch::default());
         if let Err(e) = retention.refresh(&engine_pool).await {

@@ -1,4 +1,4 @@
-//! The command line: `serve` (default), `migrate`, `simulate`, `verify`, `seed`, `user`, and the operator
+//! The command line: `serve` (default), `migrate`, `simulate`, `publish`, `verify`, `seed`, `user`, and the operator
 //! commands (`release`, `mark-succeeded`, `dead-letter`, `requeue`, `requeue-bulk`, `cleanup`; see
 //! [`crate::operator`]).
 
@@ -15,6 +15,7 @@ use dedup_example_orders::verify::{VerifyReport, check_kafka_lag, verify};
 use crate::cli_users::UserCommand;
 use crate::config::{GroupConfig, Settings};
 use crate::operator::{BulkArgs, CleanupArgs, RecordArgs, run_bulk, run_cleanup, run_record};
+use crate::publish::{PublishArgs, run_publish};
 use crate::startup::{Application, open_database, open_database_with_example};
 use crate::telemetry;
 use dedup_engine::actions::RecordActionKind;
@@ -42,6 +43,9 @@ pub enum Command {
     /// Publish a simulated order event stream (with duplicates, reordering and poison messages)
     /// to RabbitMQ or Kafka, and record what was sent for `verify`.
     Simulate(SimulateArgs),
+    /// Publish one message (with --copies, duplicates of it) to where a consumer group reads
+    /// from, as a team's producer would: to try a configuration without writing a producer.
+    Publish(PublishArgs),
     /// Check that a simulation run's effects happened exactly once and every message is
     /// accounted for; exits 1 on any violation.
     Verify(VerifyArgs),
@@ -198,6 +202,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Simulate(args) => run_simulate(&settings, args).await,
+        Command::Publish(args) => run_publish(&settings, args).await,
         Command::Verify(args) => run_verify(&settings, args).await,
         Command::Seed(args) => run_seed(&settings, args).await,
         Command::User(command) => {
@@ -275,6 +280,7 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
         })
         .await?;
     bar.finish_and_clear();
+    publisher.close().await;
     source.close().await;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -7,5 +7,6 @@ pub mod cli_users;
 pub mod config;
 pub mod hints;
 pub mod operator;
+pub mod publish;
 pub mod startup;
 pub mod telemetry;

@@ -135,6 +135,12 @@ pub trait Publish: Send + Sync {
     ///
     /// Errors: the broker refused or did not confirm it (unroutable, nacked, timed out).
     async fn publish(&self, message: Outbound<'_>) -> Result<(), PublishFailed>;
+
+    /// Closes what this publisher holds of the broker connection (RabbitMQ: its channel), before
+    /// the connection itself is closed: left to a drop, lapin closes the channel in the
+    /// background, racing the connection's close, and logs that race as an ERROR. Default: nothing
+    /// to close.
+    async fn close(&self) {}
 }
 
 /// Tries `publish` up to `attempts` times (at least once), 100 ms × attempt apart, for a

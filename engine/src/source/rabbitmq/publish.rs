@@ -104,6 +104,10 @@ impl Publish for Publisher {
             .await
             .map_err(|e| PublishFailed(e.to_string()))
     }
+
+    async fn close(&self) {
+        Publisher::close(self).await;
+    }
 }
 
 /// Properties for publishing a message with a business message id (simulator, requeue): its

@@ -88,8 +88,20 @@ pub enum GroupSource {
     /// Kafka topics, consumed as a Kafka consumer group (`group_id`, default the group's name).
     #[cfg(feature = "kafka")]
     Kafka(crate::source::kafka::KafkaSettings),
-    /// A source of your own making (another broker, a test double).
-    Custom(Arc<dyn SourceFactory>),
+}
+
+impl GroupSource {
+    /// Whether it names a queue or topics to read: the reason when not.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        // By place, not by reference: without a broker feature the enum is empty, and so is
+        // the match.
+        match *self {
+            #[cfg(feature = "rabbitmq")]
+            GroupSource::RabbitMq { ref settings, .. } => settings.check(),
+            #[cfg(feature = "kafka")]
+            GroupSource::Kafka(ref settings) => settings.check(),
+        }
+    }
 }
 
 /// A consumer group to run: see the module docs.
@@ -197,7 +209,7 @@ impl Group {
     }
 
     /// Registers any [`Handler`] for `message_type`, replacing an earlier one.
-    pub fn handler(mut self, message_type: impl Into<String>, handler: Handler) -> Self {
+    pub(crate) fn handler(mut self, message_type: impl Into<String>, handler: Handler) -> Self {
         self.handlers.register(message_type, handler);
         self
     }
@@ -215,14 +227,13 @@ impl Group {
         &self.name
     }
 
-    /// The broker it reads from (`None` for a custom source, until it is opened).
-    pub fn broker(&self) -> Option<Broker> {
-        match &self.source {
+    /// The broker it reads from.
+    pub fn broker(&self) -> Broker {
+        match self.source {
             #[cfg(feature = "rabbitmq")]
-            GroupSource::RabbitMq { .. } => Some(Broker::RabbitMq),
+            GroupSource::RabbitMq { .. } => Broker::RabbitMq,
             #[cfg(feature = "kafka")]
-            GroupSource::Kafka(_) => Some(Broker::Kafka),
-            GroupSource::Custom(factory) => Some(factory.broker()),
+            GroupSource::Kafka(_) => Broker::Kafka,
         }
     }
 
@@ -237,9 +248,9 @@ impl Group {
     pub(crate) fn source_factory_keyed(&self, key: Option<&[u8; 32]>) -> Arc<dyn SourceFactory> {
         #[cfg(not(feature = "rabbitmq"))]
         let _ = key;
-        match &self.source {
+        match self.source {
             #[cfg(feature = "rabbitmq")]
-            GroupSource::RabbitMq { url, settings } => {
+            GroupSource::RabbitMq { ref url, ref settings } => {
                 let connector =
                     crate::source::rabbitmq::RabbitConnector::new(url, settings.clone(), self.settings.backoff.clone());
                 match key {
@@ -248,7 +259,7 @@ impl Group {
                 }
             }
             #[cfg(feature = "kafka")]
-            GroupSource::Kafka(settings) => {
+            GroupSource::Kafka(ref settings) => {
                 let id_header = self.settings.ids.header.as_deref().unwrap_or("x-message-id");
                 Arc::new(crate::source::kafka::KafkaConnector::new(
                     settings.clone(),
@@ -257,7 +268,6 @@ impl Group {
                     id_header,
                 ))
             }
-            GroupSource::Custom(factory) => factory.clone(),
         }
     }
 }

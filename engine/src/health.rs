@@ -142,7 +142,7 @@ impl HealthProbes {
     }
 
     /// `SELECT 1` on a pooled connection.
-    pub async fn check_database(&self) -> DependencyHealth {
+    pub(crate) async fn check_database(&self) -> DependencyHealth {
         self.timed(Service::PostgreSql, &self.database_url, async {
             sqlx::query("SELECT 1").execute(&self.pool).await?;
             Ok(())

@@ -28,7 +28,7 @@ use crate::actions::republish::Publishers;
 use crate::consumer::{Consumer, ConsumerStatus};
 use crate::db::{self, Schema, SchemaError};
 use crate::fastpath::{FastPath, FastPathSettings};
-use crate::group::{Group, GroupSource};
+use crate::group::Group;
 use crate::health::GroupHealth;
 use crate::message::Broker;
 use crate::pipeline::{Pipeline, PipelineSettings};
@@ -154,14 +154,7 @@ impl EngineBuilder {
             if !names.insert(name.clone()) {
                 return Err(EngineError::DuplicateGroup(group.name));
             }
-            let source = match &group.source {
-                #[cfg(feature = "rabbitmq")]
-                GroupSource::RabbitMq { settings, .. } => settings.check(),
-                #[cfg(feature = "kafka")]
-                GroupSource::Kafka(settings) => settings.check(),
-                GroupSource::Custom(_) => Ok(()),
-            };
-            source.map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
+            group.source.check().map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
             let lease = Duration::from_millis(group.settings.lease_ms).max(crate::store::MIN_LEASE);
             for (message_type, handler) in group.handlers.iter() {
                 if let Some(longest) = handler.longest_run().filter(|longest| *longest >= lease) {
@@ -244,7 +237,6 @@ impl EngineBuilder {
             pool: engine_pool,
             schema: self.schema,
             fast_path,
-            stats,
             publishers,
             groups: Arc::new(running),
         };
@@ -277,7 +269,6 @@ pub struct EngineHandle {
     pool: PgPool,
     schema: Schema,
     fast_path: Arc<FastPath>,
-    stats: Arc<Stats>,
     publishers: Publishers,
     groups: Arc<Vec<RunningGroup>>,
 }
@@ -294,22 +285,22 @@ impl EngineHandle {
         &self.schema
     }
 
-    /// The Redis fast path.
+    /// The Redis fast path (for the console's record pages; [`crate::console`]).
+    #[doc(hidden)]
     pub fn fast_path(&self) -> &Arc<FastPath> {
         &self.fast_path
     }
 
-    /// The in-memory aggregates (flushed to the database every `stats_flush`).
-    pub fn stats(&self) -> &Arc<Stats> {
-        &self.stats
-    }
-
-    /// The publishers operator actions republish through (each record's group's broker).
+    /// The publishers operator actions republish through (each record's group's broker; for the
+    /// console, [`crate::console`]).
+    #[doc(hidden)]
     pub fn publishers(&self) -> &Publishers {
         &self.publishers
     }
 
-    /// The consumer groups, in the order they were declared.
+    /// The consumer groups, in the order they were declared (for the console's overview,
+    /// [`crate::console`]).
+    #[doc(hidden)]
     pub fn groups(&self) -> &[RunningGroup] {
         &self.groups
     }

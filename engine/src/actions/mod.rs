@@ -25,8 +25,10 @@ pub(crate) mod republish;
 
 use uuid::Uuid;
 
-pub use record::{ActionOutcome, HAND_DEAD_LETTER_CLASS, RecordAction, RecordActionKind, record_action};
-pub use republish::{Publishers, StoredMessage, republish};
+#[cfg(feature = "testing")]
+pub use record::HAND_DEAD_LETTER_CLASS;
+pub use record::{ActionOutcome, RecordAction, RecordActionKind, record_action};
+pub use republish::Publishers;
 
 use crate::record::RecordStatus;
 

@@ -21,9 +21,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
-pub use schema::{
-    DEDUP_UNIQUE_CONSTRAINT, MIGRATOR, Schema, SchemaError, SchemaNameError, migrate, migrate_schema, verify_schema,
-};
+#[cfg(feature = "testing")]
+pub use schema::{MIGRATOR, verify_schema};
+pub use schema::{Schema, SchemaError, SchemaNameError, migrate, migrate_schema};
 
 use crate::service::{Service, Unreachable};
 

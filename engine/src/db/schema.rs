@@ -177,6 +177,7 @@ fn schema_options(pool: &PgPool, schema: &Schema) -> PgConnectOptions {
 /// `(consumer_group, message_id)`, whatever its name.
 ///
 /// Errors: [`SchemaError::MissingUniqueConstraint`], or the database's.
+#[cfg(feature = "testing")]
 pub async fn verify_schema(pool: &PgPool, schema: &Schema) -> Result<(), SchemaError> {
     let mut conn = pool.acquire().await?;
     verify_schema_on(&mut conn, schema).await

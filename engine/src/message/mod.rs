@@ -8,7 +8,7 @@ mod type_policy;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-pub use type_policy::{MAX_TYPE_CHARS, MessageType, TypePolicy, TypeSource, UnknownTypeSource};
+pub use type_policy::{TypePolicy, TypeSource, UnknownTypeSource};
 
 use crate::record::{IdError, MessageId};
 
@@ -182,13 +182,13 @@ pub enum PoisonReason {
 impl PoisonReason {
     /// True for poison: the message can never be processed and is never requeued. A message
     /// without a handler is not poison.
-    pub fn is_poison(&self) -> bool {
+    pub(crate) fn is_poison(&self) -> bool {
         !matches!(self, PoisonReason::NoHandler { .. })
     }
 
     /// The dead-letter grouping key: the kind, and for a message without a handler its type
     /// (so one type's dead letters can be requeued together once its handler exists).
-    pub fn error_class(&self) -> String {
+    pub(crate) fn error_class(&self) -> String {
         match self {
             PoisonReason::NoHandler { message_type, .. } => format!("{}: {message_type}", self.kind()),
             _ => self.kind().to_owned(),
@@ -196,7 +196,7 @@ impl PoisonReason {
     }
 
     /// Short stable kind, used as the error class and in synthetic ids.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             PoisonReason::NoMessageId { .. } => "NO_MESSAGE_ID",
             PoisonReason::InvalidMessageId(_) => "INVALID_MESSAGE_ID",

@@ -157,7 +157,8 @@ impl Pipeline {
         &self.settings.group
     }
 
-    /// The shared stats.
+    /// The shared stats (the tests read the counters).
+    #[cfg(feature = "testing")]
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }

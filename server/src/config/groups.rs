@@ -7,14 +7,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use anyhow::Context;
-use dedup_engine::actions::Publishers;
-use dedup_engine::group::{Group, GroupSettings, GroupSource};
-use dedup_engine::handler::HandlerRegistry;
+use dedup_engine::console::actions::Publishers;
 use dedup_engine::http::{HttpHandler, HttpSettings};
-use dedup_engine::message::Broker;
-use dedup_engine::source::SourceFactory;
-use dedup_engine::source::kafka::KafkaSettings;
-use dedup_engine::source::rabbitmq::RabbitSettings;
+use dedup_engine::kafka::KafkaSettings;
+use dedup_engine::rabbitmq::RabbitSettings;
+use dedup_engine::{Broker, Group, GroupSettings, GroupSource, HandlerRegistry, SourceFactory};
 use dedup_example_orders::simulate::SimulatedGroup;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -5,7 +5,7 @@
 //! one build serves any.
 //!
 //! ```no_run
-//! # async fn host(engine: &dedup_engine::runtime::Engine, probes: dedup_engine::health::HealthProbes,
+//! # async fn host(engine: &dedup_engine::Engine, probes: dedup_engine::HealthProbes,
 //! #               resolver: impl dedup_app::ssr::AuthResolver) -> anyhow::Result<()> {
 //! use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, console_router, mount};
 //!
@@ -26,8 +26,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use dedup_engine::health::HealthProbes;
-use dedup_engine::runtime::EngineHandle;
+use dedup_engine::{EngineHandle, HealthProbes};
 use leptos::prelude::LeptosOptions;
 
 pub use super::config::{AuthMode, AuthResolver, AuthSettings, ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser};

@@ -45,9 +45,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::admin::KafkaProbe;
 use self::admin::{Partitions, TopicSpec};
-pub use self::delivery::{
-    CONTENT_TYPE_HEADER, RETRY_DUE_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
-};
+#[cfg(feature = "testing")]
+pub use self::delivery::SOURCE_TOPIC_HEADER;
 use self::member::{Member, MemberPlan};
 pub use self::publish::KafkaPublisher;
 use super::{Publish, Source, SourceError, SourceFactory};
@@ -126,7 +125,7 @@ impl KafkaSettings {
     /// What keeps these settings from naming a source: no topics.
     ///
     /// Errors: the reason, naming the setting.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.topics.is_empty() { Err("Kafka: no topics to consume (`topics`)".to_owned()) } else { Ok(()) }
     }
 
@@ -174,18 +173,13 @@ impl KafkaConnector {
         }
     }
 
-    /// The settings.
-    pub fn settings(&self) -> &KafkaSettings {
-        &self.settings
-    }
-
     /// The Kafka consumer group.
     pub fn group_id(&self) -> &str {
         &self.group_id
     }
 
     /// The retry topics of every source topic, one per back-off level.
-    pub fn retry_topics(&self) -> Vec<String> {
+    pub(crate) fn retry_topics(&self) -> Vec<String> {
         let levels = self.backoff.levels();
         self.settings
             .topics
@@ -214,7 +208,7 @@ impl KafkaConnector {
     /// checks they exist).
     ///
     /// Errors: as [`SourceFactory::open`].
-    pub async fn ensure_topics(&self) -> Result<(), SourceError> {
+    pub(crate) async fn ensure_topics(&self) -> Result<(), SourceError> {
         let mut wanted = Vec::new();
         for topic in &self.settings.topics {
             wanted.push(TopicSpec { name: topic.clone(), partitions: Partitions::Fixed(self.settings.partitions) });
@@ -228,7 +222,9 @@ impl KafkaConnector {
         admin::ensure_topics(&self.settings, &wanted).await
     }
 
-    /// Records this process has fetched and not yet settled (what back-pressure bounds).
+    /// Records this process has fetched and not yet settled (what back-pressure bounds; the
+    /// tests watch it).
+    #[cfg(feature = "testing")]
     pub fn in_flight(&self) -> usize {
         let member = self.member.try_lock().ok().and_then(|m| m.clone());
         member.map_or(0, |m| m.shared.offsets().in_flight())

@@ -1,31 +1,6 @@
 //! A consumer group as a team declares it: a name, where its deliveries come from, its
 //! settings, and its handlers by message type. [`crate::runtime::EngineBuilder::group`] takes
 //! any number of them; each runs its own workers on its own queue or topics.
-//!
-//! ```no_run
-//! # use std::time::Duration;
-//! # use dedup_engine::group::Group;
-//! # use dedup_engine::handler::{HandlerError, HandlerInput, LeasedHandler, TransactionalHandler};
-//! # use dedup_engine::message::{TypePolicy, TypeSource};
-//! # use dedup_engine::record::LeaseExpiryPolicy;
-//! # use dedup_engine::source::rabbitmq::RabbitSettings;
-//! # struct PayInvoice; struct SendReceipt;
-//! # #[async_trait::async_trait] impl TransactionalHandler for PayInvoice {
-//! #   async fn handle(&self, _: &HandlerInput<'_>, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) } }
-//! # #[async_trait::async_trait] impl LeasedHandler for SendReceipt {
-//! #   async fn handle(&self, _: &HandlerInput<'_>, _: &dedup_engine::handler::LeaseGuard) -> Result<(), HandlerError> { Ok(()) } }
-//! let billing = Group::rabbitmq(
-//!     "billing",
-//!     "amqp://guest:guest@127.0.0.1:5672/%2f",
-//!     RabbitSettings::for_queue("billing.events", "billing.invoices", ["invoice.#"]),
-//! )
-//! .types(TypePolicy::from_sources([TypeSource::Header("__TypeId__".into())])
-//!     .map("com.example.billing.InvoicePaidEvent", "INVOICE.PAID"))
-//! .max_attempts(5)
-//! .lease(Duration::from_secs(30))
-//! .transactional("INVOICE.PAID", PayInvoice)
-//! .leased("INVOICE.RECEIPT", SendReceipt, LeaseExpiryPolicy::Hold);
-//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,7 +79,30 @@ impl GroupSource {
     }
 }
 
-/// A consumer group to run: see the module docs.
+/// A consumer group to run: a name, its source (a RabbitMQ queue or Kafka topics), its settings,
+/// and its handlers by message type. [`EngineBuilder::group`](crate::EngineBuilder::group) takes
+/// any number of them; each runs its own workers.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # use dedup_engine::prelude::*;
+/// # struct PayInvoice; struct SendReceipt;
+/// # #[async_trait] impl TransactionalHandler for PayInvoice {
+/// #   async fn handle(&self, _: &HandlerInput<'_>, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) } }
+/// # #[async_trait] impl LeasedHandler for SendReceipt {
+/// #   async fn handle(&self, _: &HandlerInput<'_>, _: &LeaseGuard) -> Result<(), HandlerError> { Ok(()) } }
+/// let billing = Group::rabbitmq(
+///     "billing",
+///     "amqp://guest:guest@127.0.0.1:5672/%2f",
+///     RabbitSettings::for_queue("billing.events", "billing.invoices", ["invoice.#"]),
+/// )
+/// .types(TypePolicy::from_sources([TypeSource::Header("__TypeId__".into())])
+///     .map("com.example.billing.InvoicePaidEvent", "INVOICE.PAID"))
+/// .max_attempts(5)
+/// .lease(Duration::from_secs(30))
+/// .transactional("INVOICE.PAID", PayInvoice)
+/// .leased("INVOICE.RECEIPT", SendReceipt, LeaseExpiryPolicy::Hold);
+/// ```
 #[derive(Clone)]
 pub struct Group {
     pub(crate) name: String,

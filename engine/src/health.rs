@@ -16,7 +16,7 @@ use crate::source::kafka::KafkaProbe;
 /// The state of one dependency at one moment.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DependencyHealth {
-    /// `"database"`, `"redis"` or `"broker"` ([`Service::key`]).
+    /// `"database"`, `"redis"` or `"broker"`.
     pub service: &'static str,
     /// Human name: `PostgreSQL`, `Redis`, `RabbitMQ` or `Kafka`.
     pub name: String,

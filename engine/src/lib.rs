@@ -94,7 +94,7 @@
 //!
 //! The API takes and returns types of a few crates; a host must use the same major versions, or
 //! the re-exports: [`sqlx`] 0.8 (`PgPool`, `PgConnection`, `Migrator`; PostgreSQL, tokio
-//! runtime), [`async_trait`] 0.1 (the handler traits), `serde_json` 1 ([`HandlerInput::json`],
+//! runtime), [`async_trait`](macro@async_trait) 0.1 (the handler traits), `serde_json` 1 ([`HandlerInput::json`],
 //! headers), `chrono` 0.4 ([`HealthReport::checked_at`]). The engine runs on the host's tokio 1
 //! runtime and installs nothing global: it logs through the host's `tracing` subscriber and
 //! counts `dedup_*` metrics in whatever `metrics` recorder the host installs.
@@ -103,8 +103,8 @@
 //!
 //! `rabbitmq` and `kafka` (both default) pick the brokers compiled in; a RabbitMQ-only service
 //! builds without librdkafka (`default-features = false, features = ["rabbitmq"]`). `http`:
-//! HTTP handlers ([`http`]), which call a team's service for each message. `testing`:
-//! fresh databases, queues and topics per test ([`testing`]); it also opens the engine's
+//! HTTP handlers (the `http` module), which call a team's service for each message. `testing`:
+//! fresh databases, queues and topics per test (the `testing` module); it also opens the engine's
 //! internal modules to the engine's own tests (hidden; not an API).
 //!
 //! # Not part of the API
@@ -154,10 +154,10 @@ pub use handler::{
 };
 pub use health::{DependencyHealth, GroupHealth, HealthProbes, HealthReport};
 pub use message::{
-    Broker, IdPolicy, Identified, InboundMessage, POISON_TYPE, Poison, PoisonReason, SourceRef, TypePolicy, TypeSource,
-    UnknownTypeSource,
+    Broker, IdPolicy, Identified, InboundMessage, MAX_HEADER_DEPTH, POISON_TYPE, Poison, PoisonReason, SourceRef,
+    TypePolicy, TypeSource, UNKNOWN_TYPE, UnknownTypeSource,
 };
-pub use record::{IdError, LeaseExpiryPolicy, MessageId};
+pub use record::{IdError, LeaseExpiryPolicy, MAX_MESSAGE_ID_BYTES, MessageId};
 pub use retry::Backoff;
 pub use runtime::{Engine, EngineBuilder, EngineError, EngineHandle};
 pub use service::{Service, Unreachable};

@@ -1,19 +1,5 @@
 //! The engine as a running service: a team's consumer groups, the fast path, the aggregate
 //! flusher and the bulk-requeue and cleanup schedulers, started together and stopped together.
-//!
-//! ```no_run
-//! # async fn run(pool: sqlx::PgPool, billing: dedup_engine::group::Group) -> anyhow::Result<()> {
-//! use dedup_engine::runtime::Engine;
-//!
-//! let engine = Engine::builder(pool)       // the team's pool; the engine's tables go in `dedup`
-//!     .redis("redis://127.0.0.1:6379")
-//!     .group(billing)                       // any number of groups, each on its own queue
-//!     .start()                              // migrates its schema, starts the workers
-//!     .await?;
-//! // ... serve, until shutdown:
-//! engine.stop().await;                      // in-flight batches finish and are acked
-//! # Ok(()) }
-//! ```
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -274,7 +260,7 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// The engine's pool: `search_path` is the engine's schema (see [`crate::db`]). The
+    /// The engine's pool: `search_path` is the engine's schema (see [`Schema`]). The
     /// console's queries and the operator actions take it.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -320,6 +306,20 @@ impl EngineHandle {
 
 /// A running engine. Stop it with [`Engine::stop`] (dropping it leaves its tasks running until
 /// the runtime ends).
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool, billing: dedup_engine::Group) -> anyhow::Result<()> {
+/// use dedup_engine::Engine;
+///
+/// let engine = Engine::builder(pool)       // the team's pool; the engine's tables go in `dedup`
+///     .redis("redis://127.0.0.1:6379")
+///     .group(billing)                       // any number of groups, each on its own queue
+///     .start()                              // migrates its schema, starts the workers
+///     .await?;
+/// // ... serve, until shutdown:
+/// engine.stop().await;                      // in-flight batches finish and are acked
+/// # Ok(()) }
+/// ```
 pub struct Engine {
     handle: EngineHandle,
     shutdown: CancellationToken,
@@ -329,7 +329,7 @@ pub struct Engine {
 impl Engine {
     /// A builder on `pool`, the team's own pool on the database that holds (or will hold) the
     /// engine's schema next to the team's tables; transactional handlers run on its
-    /// connections. See the module docs.
+    /// connections. See [`Engine`].
     pub fn builder(pool: PgPool) -> EngineBuilder {
         EngineBuilder {
             pool,

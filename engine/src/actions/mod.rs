@@ -169,7 +169,7 @@ impl ActionError {
     }
 
     /// The audit outcome of an action that ended with this error.
-    pub fn audit_outcome(&self) -> crate::audit::AuditOutcome {
+    pub(crate) fn audit_outcome(&self) -> crate::audit::AuditOutcome {
         match self.kind() {
             ErrorKind::Unavailable | ErrorKind::Internal => crate::audit::AuditOutcome::Failed,
             _ => crate::audit::AuditOutcome::Refused,

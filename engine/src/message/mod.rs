@@ -66,7 +66,7 @@ pub struct InboundMessage {
     pub type_property: Option<String>,
     /// When the producer sent it, by the message's own timestamp (AMQP `timestamp` property,
     /// seconds; Kafka record time), if it has one. A first delivery older than the retention
-    /// is flagged ([`crate::actions::cleanup::late`]).
+    /// is counted as a late delivery (the console's retention advice).
     pub published_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The content type property, if set.
     pub content_type: Option<String>,

@@ -142,7 +142,7 @@ impl KafkaSettings {
     }
 }
 
-/// Opens [`Source`]s on this process's group member (started by the first `open`), publishes to
+/// Opens the workers' sources on this process's group member (started by the first `open`), publishes to
 /// the cluster, and measures the group's lag.
 pub struct KafkaConnector {
     settings: KafkaSettings,

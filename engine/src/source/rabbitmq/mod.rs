@@ -251,7 +251,7 @@ impl RabbitSettings {
     }
 }
 
-/// Connects to RabbitMQ, declares the topology and opens one [`RabbitSource`] per worker.
+/// Connects to RabbitMQ, declares the topology and opens one source per worker.
 /// Holds the shared connection; reconnects when it is gone.
 pub struct RabbitConnector {
     url: String,
@@ -264,7 +264,7 @@ pub struct RabbitConnector {
 
 impl RabbitConnector {
     /// A connector; does not connect until first used. It signs its copies' source headers with
-    /// a key of its own; give it the engine's with [`RabbitConnector::with_source_key`].
+    /// a key of its own (an engine gives its groups' connectors the key all its processes share).
     pub fn new(url: &str, settings: RabbitSettings, backoff: Backoff) -> Self {
         Self {
             url: url.to_owned(),

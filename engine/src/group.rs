@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::consumer::ConsumerSettings;
 use crate::handler::{Handler, HandlerRegistry, LeasedHandler, TransactionalHandler};
-use crate::message::{Broker, IdPolicy, TypePolicy};
+use crate::message::{IdPolicy, TypePolicy};
 use crate::record::LeaseExpiryPolicy;
 use crate::retry::Backoff;
 use crate::source::SourceFactory;
@@ -218,21 +218,6 @@ impl Group {
             self.handlers.register(message_type, handler.clone());
         }
         self
-    }
-
-    /// The group's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The broker it reads from.
-    pub fn broker(&self) -> Broker {
-        match self.source {
-            #[cfg(feature = "rabbitmq")]
-            GroupSource::RabbitMq { .. } => Broker::RabbitMq,
-            #[cfg(feature = "kafka")]
-            GroupSource::Kafka(_) => Broker::Kafka,
-        }
     }
 
     /// Opens the group's source factory (no connection is made until a worker or a publisher

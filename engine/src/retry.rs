@@ -30,6 +30,7 @@ impl Backoff {
 
     /// Every distinct delay the back-off produces, ascending: the retry queues a broker needs
     /// (one queue per delay, since a queue's TTL is fixed).
+    #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
     pub(crate) fn levels(&self) -> Vec<Duration> {
         let mut levels = Vec::new();
         for attempt in 1.. {
@@ -43,6 +44,7 @@ impl Backoff {
     }
 
     /// The smallest level not shorter than `delay` (the largest level when none is).
+    #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
     pub(crate) fn level_for(&self, delay: Duration) -> Duration {
         let levels = self.levels();
         levels.iter().copied().find(|l| *l >= delay).or(levels.last().copied()).unwrap_or(delay)

@@ -18,12 +18,8 @@ pub mod staff;
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-use dedup_engine::rabbitmq::RabbitSettings;
-use dedup_engine::{
-    Group, HandlerError, HandlerInput, LeaseExpiryPolicy, LeaseGuard, LeasedHandler, Schema, SchemaError,
-    TransactionalHandler, TypePolicy, TypeSource,
-};
+use dedup_engine::SchemaError;
+use dedup_engine::prelude::*;
 use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 

@@ -385,7 +385,7 @@ impl HandlerRegistry {
     }
 
     /// The handler of a type.
-    pub(crate) fn get(&self, message_type: &str) -> Option<&Handler> {
+    pub fn get(&self, message_type: &str) -> Option<&Handler> {
         self.by_type.get(message_type)
     }
 

@@ -5,17 +5,16 @@
 //! Listed: every path a dependent crate can name with the default features (`rabbitmq`, `kafka`),
 //! starting at `lib.rs` and following public modules and `pub use` re-exports; for each item its
 //! public fields, enum variants, trait items and inherent `pub` methods and constants (wherever
-//! in the crate their `impl` block sits); then, separately, the `testing` module as the
-//! `testing` feature adds it. A path that re-exports an item listed elsewhere is one `use` line.
-//! Not listed: trait implementations, and the engine's internal modules the `testing` feature
-//! opens for this crate's own tests (`#[doc(hidden)]`, not an API).
+//! in the crate their `impl` block sits); then, separately, what each optional feature (`http`,
+//! `testing`) adds. A path that re-exports an item listed elsewhere is one `use` line. Not
+//! listed: trait implementations, and the engine's internal modules the `testing` feature opens
+//! for this crate's own tests (`#[doc(hidden)]`, not an API).
 //!
 //! After a deliberate change: `UPDATE_PUBLIC_API=1 cargo test -p dedup-engine --test public_api`
 //! rewrites the file; commit it with the change. `PUBLIC_API_SRC=<dir>` lists another source tree
 //! (an older commit's `engine/src`) and prints it, to compare surfaces.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use syn::punctuated::Punctuated;
@@ -23,6 +22,9 @@ use syn::{Attribute, Fields, ImplItem, Item, Meta, TraitItem, UseTree, Visibilit
 
 const CRATE: &str = "dedup_engine";
 const DEFAULT_FEATURES: &[&str] = &["rabbitmq", "kafka"];
+/// The optional features that add to the API, and what for.
+const OPTIONAL_FEATURES: &[(&str, &str)] =
+    &[("http", "HTTP handlers"), ("testing", "test support for this crate's and its hosts' tests")];
 
 #[test]
 fn the_public_api_is_the_listed_one() {
@@ -67,19 +69,21 @@ fn summary(listing: &str) -> String {
     format!("{total} lines: {}", by_kind.join(", "))
 }
 
-/// The listing of the crate whose `lib.rs` is in `src`.
+/// The listing of the crate whose `lib.rs` is in `src`: the default features' paths, then what
+/// each optional feature adds to them.
 fn listing(src: &Path) -> String {
     let mut out = format!("# {CRATE}: public API with the default features ({})\n", DEFAULT_FEATURES.join(", "));
-    let default = Crate::load(src, DEFAULT_FEATURES);
-    out.push_str(&default.list(|_| true));
-    let mut with_testing: Vec<&str> = DEFAULT_FEATURES.to_vec();
-    with_testing.push("testing");
-    let testing = Crate::load(src, &with_testing);
-    let prefix = format!("{CRATE}::testing");
-    let listed = testing.list(|path| path == prefix || path.starts_with(&format!("{prefix}::")));
-    if !listed.is_empty() {
-        out.push_str("# added by the feature `testing` (test support for this crate and its hosts' tests)\n");
-        out.push_str(&listed);
+    let default = Crate::load(src, DEFAULT_FEATURES).list();
+    out.push_str(&default.join("\n"));
+    out.push('\n');
+    for (feature, what) in OPTIONAL_FEATURES {
+        let mut features = DEFAULT_FEATURES.to_vec();
+        features.push(feature);
+        let added: Vec<String> =
+            Crate::load(src, &features).list().into_iter().filter(|line| !default.contains(line)).collect();
+        if !added.is_empty() {
+            out.push_str(&format!("# added by the feature `{feature}` ({what})\n{}\n", added.join("\n")));
+        }
     }
     out
 }
@@ -274,8 +278,8 @@ impl Crate {
         members
     }
 
-    /// The public paths whose full name `keep` accepts, one line each, sorted.
-    fn list(&self, keep: impl Fn(&str) -> bool) -> String {
+    /// The public paths, one line each, sorted.
+    fn list(&self) -> Vec<String> {
         let mut paths: BTreeMap<String, Target> = BTreeMap::new();
         let mut visited = HashSet::new();
         self.walk(&[CRATE.to_owned()], CRATE, &mut paths, &mut visited);
@@ -293,9 +297,6 @@ impl Crate {
         let members = self.inherent_members();
         let mut lines = Vec::new();
         for (path, target) in &paths {
-            if !keep(path) {
-                continue;
-            }
             match target {
                 Target::External(to) => lines.push(format!("use {path} = {to}")),
                 Target::Def(def) if &canonical[def] != path => lines.push(format!("use {path} = {}", canonical[def])),
@@ -313,10 +314,7 @@ impl Crate {
         }
         lines.sort();
         lines.dedup();
-        lines.into_iter().fold(String::new(), |mut out, line| {
-            let _ = writeln!(out, "{line}");
-            out
-        })
+        lines
     }
 
     /// Records the public paths of `module`, named `prefix`, and of its public modules.
@@ -344,6 +342,8 @@ impl Crate {
                 paths.insert(path, target);
             };
             match item {
+                // The internal modules the `testing` feature opens to the engine's tests.
+                Item::Mod(m) if hidden(&m.attrs) => {}
                 Item::Use(u) => {
                     for leaf in leaves(&u.tree) {
                         match leaf {

@@ -30,16 +30,16 @@ use dedup_engine::{EngineHandle, HealthProbes};
 use leptos::prelude::LeptosOptions;
 
 pub use super::config::{AuthMode, AuthResolver, AuthSettings, ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser};
-/// The axum [`console_router`] builds its router with (0.8): a host's router must be of the same
-/// version to merge or nest it.
-pub use axum;
-/// A console user's role ([`HostUser::role`]): viewer, operator or admin.
-pub use dedup_engine::console::accounts::Role;
 use super::router;
 use super::security::session;
 use super::state::{AppState, TaskGuard};
 use crate::base::ConsoleBase;
 use crate::ssr::service::ConsoleState;
+/// The axum [`console_router`] builds its router with (0.8): a host's router must be of the same
+/// version to merge or nest it.
+pub use axum;
+/// A console user's role ([`HostUser::role`]): viewer, operator or admin.
+pub use dedup_engine::console::accounts::Role;
 
 /// The console for `engine`, with `probes` for its health panel and `/readyz`.
 ///

@@ -150,14 +150,14 @@ pub use db::{PoolSettings, Schema, SchemaError, SchemaNameError, connect, migrat
 pub use fastpath::FastPathSettings;
 pub use group::{Group, GroupSettings, GroupSource};
 pub use handler::{
-    Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
+    EffectAnswer, Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
 };
 pub use health::{DependencyHealth, GroupHealth, HealthProbes, HealthReport};
 pub use message::{
     Broker, IdPolicy, Identified, InboundMessage, MAX_HEADER_DEPTH, POISON_TYPE, Poison, PoisonReason, SourceRef,
     TypePolicy, TypeSource, UNKNOWN_TYPE, UnknownTypeSource,
 };
-pub use record::{IdError, LeaseExpiryPolicy, MAX_MESSAGE_ID_BYTES, MessageId};
+pub use record::{ConsumerGroup, IdError, LeaseExpiryPolicy, MAX_MESSAGE_ID_BYTES, MessageId};
 pub use retry::Backoff;
 pub use runtime::{Engine, EngineBuilder, EngineError, EngineHandle};
 pub use service::{Service, Unreachable};

@@ -196,7 +196,7 @@ impl KafkaConnector {
     /// The shared producer (created on first use).
     ///
     /// Errors: [`SourceError::Broker`] for an invalid client configuration.
-    pub fn publisher(&self) -> Result<KafkaPublisher, SourceError> {
+    pub(crate) fn publisher(&self) -> Result<KafkaPublisher, SourceError> {
         let mut publisher = self.publisher.lock().unwrap_or_else(|e| e.into_inner());
         if publisher.is_none() {
             *publisher = Some(KafkaPublisher::new(&self.settings, &self.id_header)?);

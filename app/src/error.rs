@@ -103,11 +103,11 @@ impl From<dedup_engine::console::QueryError> for ConsoleError {
 }
 
 #[cfg(feature = "ssr")]
-impl From<dedup_engine::accounts::AccountError> for ConsoleError {
+impl From<dedup_engine::console::accounts::AccountError> for ConsoleError {
     /// Invalid input, a taken name, a missing user and the last-admin guard keep their message;
     /// a database error is logged and becomes the opaque [`ConsoleError::Internal`].
-    fn from(error: dedup_engine::accounts::AccountError) -> Self {
-        use dedup_engine::accounts::AccountError as E;
+    fn from(error: dedup_engine::console::accounts::AccountError) -> Self {
+        use dedup_engine::console::accounts::AccountError as E;
         match error {
             E::Invalid(_) | E::NameTaken(_) | E::LastAdmin => ConsoleError::BadRequest(error.to_string()),
             E::NotFound(_) => ConsoleError::NotFound(error.to_string()),
@@ -117,11 +117,11 @@ impl From<dedup_engine::accounts::AccountError> for ConsoleError {
 }
 
 #[cfg(feature = "ssr")]
-impl From<dedup_engine::actions::ActionError> for ConsoleError {
+impl From<dedup_engine::console::actions::ActionError> for ConsoleError {
     /// Refusals keep their message (it is about the record and safe to show); internal errors
     /// are logged and become the opaque [`ConsoleError::Internal`].
-    fn from(error: dedup_engine::actions::ActionError) -> Self {
-        use dedup_engine::actions::ErrorKind;
+    fn from(error: dedup_engine::console::actions::ActionError) -> Self {
+        use dedup_engine::console::actions::ErrorKind;
         match error.kind() {
             ErrorKind::Invalid => ConsoleError::BadRequest(error.to_string()),
             ErrorKind::NotFound => ConsoleError::NotFound(error.to_string()),

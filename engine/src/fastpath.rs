@@ -158,7 +158,7 @@ impl FastPath {
     /// Looks up markers for `keys` in one round trip (`MGET`). On any failure every key is
     /// [`Lookup::Unavailable`]. In a `DEBUG` span `redis_lookup` (`count`: keys).
     #[tracing::instrument(level = "debug", name = "redis_lookup", skip_all, fields(count = keys.len()))]
-    pub async fn lookup_many(&self, keys: &[String]) -> Vec<Lookup> {
+    pub(crate) async fn lookup_many(&self, keys: &[String]) -> Vec<Lookup> {
         if keys.is_empty() {
             return Vec::new();
         }

@@ -1,31 +1,6 @@
 //! A consumer group as a team declares it: a name, where its deliveries come from, its
 //! settings, and its handlers by message type. [`crate::runtime::EngineBuilder::group`] takes
 //! any number of them; each runs its own workers on its own queue or topics.
-//!
-//! ```no_run
-//! # use std::time::Duration;
-//! # use dedup_engine::group::Group;
-//! # use dedup_engine::handler::{HandlerError, HandlerInput, LeasedHandler, TransactionalHandler};
-//! # use dedup_engine::message::{TypePolicy, TypeSource};
-//! # use dedup_engine::record::LeaseExpiryPolicy;
-//! # use dedup_engine::source::rabbitmq::RabbitSettings;
-//! # struct PayInvoice; struct SendReceipt;
-//! # #[async_trait::async_trait] impl TransactionalHandler for PayInvoice {
-//! #   async fn handle(&self, _: &HandlerInput<'_>, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) } }
-//! # #[async_trait::async_trait] impl LeasedHandler for SendReceipt {
-//! #   async fn handle(&self, _: &HandlerInput<'_>, _: &dedup_engine::handler::LeaseGuard) -> Result<(), HandlerError> { Ok(()) } }
-//! let billing = Group::rabbitmq(
-//!     "billing",
-//!     "amqp://guest:guest@127.0.0.1:5672/%2f",
-//!     RabbitSettings::for_queue("billing.events", "billing.invoices", ["invoice.#"]),
-//! )
-//! .types(TypePolicy::from_sources([TypeSource::Header("__TypeId__".into())])
-//!     .map("com.example.billing.InvoicePaidEvent", "INVOICE.PAID"))
-//! .max_attempts(5)
-//! .lease(Duration::from_secs(30))
-//! .transactional("INVOICE.PAID", PayInvoice)
-//! .leased("INVOICE.RECEIPT", SendReceipt, LeaseExpiryPolicy::Hold);
-//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::consumer::ConsumerSettings;
 use crate::handler::{Handler, HandlerRegistry, LeasedHandler, TransactionalHandler};
-use crate::message::{Broker, IdPolicy, TypePolicy};
+use crate::message::{IdPolicy, TypePolicy};
 use crate::record::LeaseExpiryPolicy;
 use crate::retry::Backoff;
 use crate::source::SourceFactory;
@@ -88,11 +63,46 @@ pub enum GroupSource {
     /// Kafka topics, consumed as a Kafka consumer group (`group_id`, default the group's name).
     #[cfg(feature = "kafka")]
     Kafka(crate::source::kafka::KafkaSettings),
-    /// A source of your own making (another broker, a test double).
-    Custom(Arc<dyn SourceFactory>),
 }
 
-/// A consumer group to run: see the module docs.
+impl GroupSource {
+    /// Whether it names a queue or topics to read: the reason when not.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        // By place, not by reference: without a broker feature the enum is empty, and so is
+        // the match.
+        match *self {
+            #[cfg(feature = "rabbitmq")]
+            GroupSource::RabbitMq { ref settings, .. } => settings.check(),
+            #[cfg(feature = "kafka")]
+            GroupSource::Kafka(ref settings) => settings.check(),
+        }
+    }
+}
+
+/// A consumer group to run: a name, its source (a RabbitMQ queue or Kafka topics), its settings,
+/// and its handlers by message type. [`EngineBuilder::group`](crate::EngineBuilder::group) takes
+/// any number of them; each runs its own workers.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # use dedup_engine::prelude::*;
+/// # struct PayInvoice; struct SendReceipt;
+/// # #[async_trait] impl TransactionalHandler for PayInvoice {
+/// #   async fn handle(&self, _: &HandlerInput<'_>, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) } }
+/// # #[async_trait] impl LeasedHandler for SendReceipt {
+/// #   async fn handle(&self, _: &HandlerInput<'_>, _: &LeaseGuard) -> Result<(), HandlerError> { Ok(()) } }
+/// let billing = Group::rabbitmq(
+///     "billing",
+///     "amqp://guest:guest@127.0.0.1:5672/%2f",
+///     RabbitSettings::for_queue("billing.events", "billing.invoices", ["invoice.#"]),
+/// )
+/// .types(TypePolicy::from_sources([TypeSource::Header("__TypeId__".into())])
+///     .map("com.example.billing.InvoicePaidEvent", "INVOICE.PAID"))
+/// .max_attempts(5)
+/// .lease(Duration::from_secs(30))
+/// .transactional("INVOICE.PAID", PayInvoice)
+/// .leased("INVOICE.RECEIPT", SendReceipt, LeaseExpiryPolicy::Hold);
+/// ```
 #[derive(Clone)]
 pub struct Group {
     pub(crate) name: String,
@@ -197,7 +207,7 @@ impl Group {
     }
 
     /// Registers any [`Handler`] for `message_type`, replacing an earlier one.
-    pub fn handler(mut self, message_type: impl Into<String>, handler: Handler) -> Self {
+    pub(crate) fn handler(mut self, message_type: impl Into<String>, handler: Handler) -> Self {
         self.handlers.register(message_type, handler);
         self
     }
@@ -208,22 +218,6 @@ impl Group {
             self.handlers.register(message_type, handler.clone());
         }
         self
-    }
-
-    /// The group's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The broker it reads from (`None` for a custom source, until it is opened).
-    pub fn broker(&self) -> Option<Broker> {
-        match &self.source {
-            #[cfg(feature = "rabbitmq")]
-            GroupSource::RabbitMq { .. } => Some(Broker::RabbitMq),
-            #[cfg(feature = "kafka")]
-            GroupSource::Kafka(_) => Some(Broker::Kafka),
-            GroupSource::Custom(factory) => Some(factory.broker()),
-        }
     }
 
     /// Opens the group's source factory (no connection is made until a worker or a publisher
@@ -237,9 +231,9 @@ impl Group {
     pub(crate) fn source_factory_keyed(&self, key: Option<&[u8; 32]>) -> Arc<dyn SourceFactory> {
         #[cfg(not(feature = "rabbitmq"))]
         let _ = key;
-        match &self.source {
+        match self.source {
             #[cfg(feature = "rabbitmq")]
-            GroupSource::RabbitMq { url, settings } => {
+            GroupSource::RabbitMq { ref url, ref settings } => {
                 let connector =
                     crate::source::rabbitmq::RabbitConnector::new(url, settings.clone(), self.settings.backoff.clone());
                 match key {
@@ -248,7 +242,7 @@ impl Group {
                 }
             }
             #[cfg(feature = "kafka")]
-            GroupSource::Kafka(settings) => {
+            GroupSource::Kafka(ref settings) => {
                 let id_header = self.settings.ids.header().unwrap_or("x-message-id");
                 Arc::new(crate::source::kafka::KafkaConnector::new(
                     settings.clone(),
@@ -257,7 +251,6 @@ impl Group {
                     id_header,
                 ))
             }
-            GroupSource::Custom(factory) => factory.clone(),
         }
     }
 }

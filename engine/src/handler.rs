@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
 
 use crate::message::InboundMessage;
-use crate::record::{ConsumerGroup, HandlerMode, LeaseExpiryPolicy, MessageId};
+use crate::record::{ConsumerGroup, LeaseExpiryPolicy, MessageId};
 
 /// What a handler gets to see of a message.
 #[derive(Debug, Clone, Copy)]
@@ -335,7 +335,7 @@ impl LeaseGuard {
     }
 
     /// Whether the lease is lost (see [`LeaseGuard`]).
-    pub fn is_lost(&self) -> bool {
+    pub(crate) fn is_lost(&self) -> bool {
         if self.lost.is_cancelled() {
             return true;
         }
@@ -397,16 +397,8 @@ pub enum Handler {
 }
 
 impl Handler {
-    /// The mode.
-    pub fn mode(&self) -> HandlerMode {
-        match self {
-            Handler::Transactional(_) => HandlerMode::Transactional,
-            Handler::Leased { .. } => HandlerMode::Leased,
-        }
-    }
-
     /// Whether an expired lease may be claimed again automatically.
-    pub fn reclaims_expired(&self) -> bool {
+    pub(crate) fn reclaims_expired(&self) -> bool {
         matches!(self, Handler::Leased { on_lease_expiry: LeaseExpiryPolicy::Reclaim, .. })
     }
 
@@ -443,12 +435,12 @@ impl HandlerRegistry {
     }
 
     /// The registered types, sorted.
-    pub fn types(&self) -> Vec<&str> {
+    pub(crate) fn types(&self) -> Vec<&str> {
         self.by_type.keys().map(String::as_str).collect()
     }
 
     /// Every (type, handler), sorted by type.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Handler)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &Handler)> {
         self.by_type.iter().map(|(t, h)| (t.as_str(), h))
     }
 
@@ -467,7 +459,7 @@ impl HandlerRegistry {
     }
 
     /// True when no handler is registered.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_type.is_empty()
     }
 }

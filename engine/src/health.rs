@@ -16,7 +16,7 @@ use crate::source::kafka::KafkaProbe;
 /// The state of one dependency at one moment.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DependencyHealth {
-    /// `"database"`, `"redis"` or `"broker"` ([`Service::key`]).
+    /// `"database"`, `"redis"` or `"broker"`.
     pub service: &'static str,
     /// Human name: `PostgreSQL`, `Redis`, `RabbitMQ` or `Kafka`.
     pub name: String,
@@ -142,7 +142,7 @@ impl HealthProbes {
     }
 
     /// `SELECT 1` on a pooled connection.
-    pub async fn check_database(&self) -> DependencyHealth {
+    pub(crate) async fn check_database(&self) -> DependencyHealth {
         self.timed(Service::PostgreSql, &self.database_url, async {
             sqlx::query("SELECT 1").execute(&self.pool).await?;
             Ok(())

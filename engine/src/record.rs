@@ -195,7 +195,7 @@ impl MessageId {
     /// The message type: the `<entity>.<event>` part of an id shaped like
     /// `<entity>.<event>.<business key>:<version>` (e.g. `ORDER.PAY`); `None` when the id has
     /// fewer than three dot-separated parts before the version.
-    pub fn message_type(&self) -> Option<&str> {
+    pub(crate) fn message_type(&self) -> Option<&str> {
         let key = self.0.split(':').next().unwrap_or_default();
         let mut dots = key.match_indices('.');
         let _entity_end = dots.next()?;

@@ -22,7 +22,7 @@ impl Default for Backoff {
 impl Backoff {
     /// Delay before attempt `attempt + 1`, after attempt number `attempt` (1-based) failed:
     /// `initial × 2^(attempt−1)`, capped at `max`.
-    pub fn delay_after(&self, attempt: i32) -> Duration {
+    pub(crate) fn delay_after(&self, attempt: i32) -> Duration {
         let exponent = u32::try_from(attempt.saturating_sub(1)).unwrap_or(0).min(40);
         let ms = self.initial_ms.max(1).saturating_mul(1u64 << exponent).min(self.max_ms.max(self.initial_ms).max(1));
         Duration::from_millis(ms)
@@ -30,7 +30,8 @@ impl Backoff {
 
     /// Every distinct delay the back-off produces, ascending: the retry queues a broker needs
     /// (one queue per delay, since a queue's TTL is fixed).
-    pub fn levels(&self) -> Vec<Duration> {
+    #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
+    pub(crate) fn levels(&self) -> Vec<Duration> {
         let mut levels = Vec::new();
         for attempt in 1.. {
             let d = self.delay_after(attempt);
@@ -43,7 +44,8 @@ impl Backoff {
     }
 
     /// The smallest level not shorter than `delay` (the largest level when none is).
-    pub fn level_for(&self, delay: Duration) -> Duration {
+    #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
+    pub(crate) fn level_for(&self, delay: Duration) -> Duration {
         let levels = self.levels();
         levels.iter().copied().find(|l| *l >= delay).or(levels.last().copied()).unwrap_or(delay)
     }

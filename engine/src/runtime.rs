@@ -1,19 +1,5 @@
 //! The engine as a running service: a team's consumer groups, the fast path, the aggregate
 //! flusher and the bulk-requeue and cleanup schedulers, started together and stopped together.
-//!
-//! ```no_run
-//! # async fn run(pool: sqlx::PgPool, billing: dedup_engine::group::Group) -> anyhow::Result<()> {
-//! use dedup_engine::runtime::Engine;
-//!
-//! let engine = Engine::builder(pool)       // the team's pool; the engine's tables go in `dedup`
-//!     .redis("redis://127.0.0.1:6379")
-//!     .group(billing)                       // any number of groups, each on its own queue
-//!     .start()                              // migrates its schema, starts the workers
-//!     .await?;
-//! // ... serve, until shutdown:
-//! engine.stop().await;                      // in-flight batches finish and are acked
-//! # Ok(()) }
-//! ```
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -28,7 +14,7 @@ use crate::actions::republish::Publishers;
 use crate::consumer::{Consumer, ConsumerStatus};
 use crate::db::{self, Schema, SchemaError};
 use crate::fastpath::{FastPath, FastPathSettings};
-use crate::group::{Group, GroupSource};
+use crate::group::Group;
 use crate::health::GroupHealth;
 use crate::message::Broker;
 use crate::pipeline::{Pipeline, PipelineSettings};
@@ -154,14 +140,7 @@ impl EngineBuilder {
             if !names.insert(name.clone()) {
                 return Err(EngineError::DuplicateGroup(group.name));
             }
-            let source = match &group.source {
-                #[cfg(feature = "rabbitmq")]
-                GroupSource::RabbitMq { settings, .. } => settings.check(),
-                #[cfg(feature = "kafka")]
-                GroupSource::Kafka(settings) => settings.check(),
-                GroupSource::Custom(_) => Ok(()),
-            };
-            source.map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
+            group.source.check().map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
             let lease = Duration::from_millis(group.settings.lease_ms).max(crate::store::MIN_LEASE);
             for (message_type, handler) in group.handlers.iter() {
                 if let Some(longest) = handler.longest_run().filter(|longest| *longest >= lease) {
@@ -251,7 +230,6 @@ impl EngineBuilder {
             pool: engine_pool,
             schema: self.schema,
             fast_path,
-            stats,
             publishers,
             groups: Arc::new(running),
         };
@@ -284,13 +262,12 @@ pub struct EngineHandle {
     pool: PgPool,
     schema: Schema,
     fast_path: Arc<FastPath>,
-    stats: Arc<Stats>,
     publishers: Publishers,
     groups: Arc<Vec<RunningGroup>>,
 }
 
 impl EngineHandle {
-    /// The engine's pool: `search_path` is the engine's schema (see [`crate::db`]). The
+    /// The engine's pool: `search_path` is the engine's schema (see [`Schema`]). The
     /// console's queries and the operator actions take it.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -301,22 +278,22 @@ impl EngineHandle {
         &self.schema
     }
 
-    /// The Redis fast path.
+    /// The Redis fast path (for the console's record pages; [`crate::console`]).
+    #[doc(hidden)]
     pub fn fast_path(&self) -> &Arc<FastPath> {
         &self.fast_path
     }
 
-    /// The in-memory aggregates (flushed to the database every `stats_flush`).
-    pub fn stats(&self) -> &Arc<Stats> {
-        &self.stats
-    }
-
-    /// The publishers operator actions republish through (each record's group's broker).
+    /// The publishers operator actions republish through (each record's group's broker; for the
+    /// console, [`crate::console`]).
+    #[doc(hidden)]
     pub fn publishers(&self) -> &Publishers {
         &self.publishers
     }
 
-    /// The consumer groups, in the order they were declared.
+    /// The consumer groups, in the order they were declared (for the console's overview,
+    /// [`crate::console`]).
+    #[doc(hidden)]
     pub fn groups(&self) -> &[RunningGroup] {
         &self.groups
     }
@@ -336,6 +313,20 @@ impl EngineHandle {
 
 /// A running engine. Stop it with [`Engine::stop`] (dropping it leaves its tasks running until
 /// the runtime ends).
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool, billing: dedup_engine::Group) -> anyhow::Result<()> {
+/// use dedup_engine::Engine;
+///
+/// let engine = Engine::builder(pool)       // the team's pool; the engine's tables go in `dedup`
+///     .redis("redis://127.0.0.1:6379")
+///     .group(billing)                       // any number of groups, each on its own queue
+///     .start()                              // migrates its schema, starts the workers
+///     .await?;
+/// // ... serve, until shutdown:
+/// engine.stop().await;                      // in-flight batches finish and are acked
+/// # Ok(()) }
+/// ```
 pub struct Engine {
     handle: EngineHandle,
     shutdown: CancellationToken,
@@ -345,7 +336,7 @@ pub struct Engine {
 impl Engine {
     /// A builder on `pool`, the team's own pool on the database that holds (or will hold) the
     /// engine's schema next to the team's tables; transactional handlers run on its
-    /// connections. See the module docs.
+    /// connections. See [`Engine`].
     pub fn builder(pool: PgPool) -> EngineBuilder {
         EngineBuilder {
             pool,

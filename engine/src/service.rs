@@ -20,7 +20,7 @@ pub enum Service {
 
 impl Service {
     /// Stable lowercase key, used in JSON (`/readyz`) and metric labels.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Service::PostgreSql => "database",
             Service::Redis => "redis",

@@ -14,6 +14,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use dedup_engine::console::engine_pool;
 use dedup_engine::console::failures::{dead_letter_groups, retries, stuck_records};
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::overview::{
@@ -21,7 +22,7 @@ use dedup_engine::console::overview::{
 };
 use dedup_engine::console::records::{record_detail, records_list};
 use dedup_engine::console::seed::{SeedParams, seed_records};
-use dedup_engine::db::{self, PoolSettings};
+use dedup_engine::{PoolSettings, Schema, connect, migrate};
 use sqlx::PgPool;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -270,10 +271,10 @@ fn main() {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/dedup_console_bench".to_owned());
         let records: u64 = env_or("BENCH_RECORDS", 1_000_000);
         let n: usize = env_or("BENCH_ITERATIONS", 40);
-        let host = db::connect(&url, &PoolSettings::default()).await.expect("PostgreSQL for the bench");
-        let schema = db::Schema::default();
-        db::migrate(&host, &schema).await.expect("migrate");
-        let pool = db::engine_pool(&host, &schema, 16);
+        let host = connect(&url, &PoolSettings::default()).await.expect("PostgreSQL for the bench");
+        let schema = Schema::default();
+        migrate(&host, &schema).await.expect("migrate");
+        let pool = engine_pool(&host, &schema, 16);
         seed_to(&pool, records).await;
         let total: i64 = sqlx::query_scalar("SELECT sum(n)::bigint FROM record_counts").fetch_one(&pool).await.unwrap();
         println!("console bench: {total} records, {n} timed runs each (after 3 warm-ups)");

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use dedup_engine::Broker;
 use dedup_engine::console::seed::{SeedParams, seed_records};
-use dedup_engine::message::Broker;
 use dedup_example_orders::simulate::{SimulateParams, simulate};
 use dedup_example_orders::verify::{VerifyReport, check_kafka_lag, verify};
 
@@ -18,7 +18,7 @@ use crate::operator::{BulkArgs, CleanupArgs, RecordArgs, run_bulk, run_cleanup, 
 use crate::publish::{PublishArgs, run_publish};
 use crate::startup::{Application, open_database, open_database_with_example};
 use crate::telemetry;
-use dedup_engine::actions::RecordActionKind;
+use dedup_engine::console::actions::RecordActionKind;
 
 /// dedup-console: an idempotent message consumer (RabbitMQ → PostgreSQL dedup table + Redis fast
 /// path) and the web console to watch and repair it.
@@ -316,7 +316,7 @@ async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()>
     db.close().await;
     for group in groups.iter().filter(|g| g.source == Broker::Kafka) {
         let id_header = group.settings.ids.header().unwrap_or("x-message-id");
-        let connector = dedup_engine::source::kafka::KafkaConnector::new(
+        let connector = dedup_engine::kafka::KafkaConnector::new(
             group.kafka.clone(),
             &group.group,
             group.settings.backoff.clone(),

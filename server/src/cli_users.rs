@@ -7,10 +7,10 @@ use std::io::BufRead;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use dedup_engine::accounts::passwords::{self, hash_password};
-use dedup_engine::accounts::users::{user_add, user_list, user_set_password};
-use dedup_engine::accounts::{Role, UserName};
-use dedup_engine::audit::{AuditOutcome, NewAuditEntry};
+use dedup_engine::console::accounts::passwords::{self, hash_password};
+use dedup_engine::console::accounts::users::{user_add, user_list, user_set_password};
+use dedup_engine::console::accounts::{Role, UserName};
+use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -72,7 +72,7 @@ async fn audit(pool: &PgPool, action: &str, detail: serde_json::Value) -> anyhow
         detail,
         source: Some("cli"),
     };
-    dedup_engine::audit::record(pool, &entry).await.context("writing the audit log")?;
+    dedup_engine::console::audit::record(pool, &entry).await.context("writing the audit log")?;
     Ok(())
 }
 

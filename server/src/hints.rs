@@ -2,7 +2,7 @@
 //! (`scripts/setup`, `/work/shared/SERVICES.md`): added to start-up errors and to `/readyz`. The
 //! engine names a service that is down; what to run about it is this binary's to say.
 
-use dedup_engine::service::{Service, Unreachable};
+use dedup_engine::{Service, Unreachable};
 
 /// How to check and start `service` here.
 pub fn start_hint(service: Service) -> Option<&'static str> {

@@ -2,8 +2,8 @@
 //! the same engine calls as the console and the REST API, audited as `cli:<$USER>`.
 
 use clap::Args;
-use dedup_engine::actions::{ActionError, RecordAction, RecordActionKind, record_action};
-use dedup_engine::record::RecordStatus;
+use dedup_engine::console::RecordStatus;
+use dedup_engine::console::actions::{ActionError, RecordAction, RecordActionKind, record_action};
 use uuid::Uuid;
 
 use crate::config::{Settings, publishers};
@@ -92,13 +92,13 @@ pub struct BulkArgs {
     #[arg(long)]
     pub error_class: Option<String>,
     /// Messages per second.
-    #[arg(long, default_value_t = dedup_engine::actions::bulk::DEFAULT_RATE)]
+    #[arg(long, default_value_t = dedup_engine::console::actions::bulk::DEFAULT_RATE)]
     pub rate: f64,
     /// Canary batch size.
-    #[arg(long, default_value_t = dedup_engine::actions::bulk::DEFAULT_CANARY)]
+    #[arg(long, default_value_t = dedup_engine::console::actions::bulk::DEFAULT_CANARY)]
     pub canary: i32,
     /// Failure threshold (share of recent publishes, 0–1).
-    #[arg(long, default_value_t = dedup_engine::actions::bulk::DEFAULT_FAILURE_THRESHOLD)]
+    #[arg(long, default_value_t = dedup_engine::console::actions::bulk::DEFAULT_FAILURE_THRESHOLD)]
     pub threshold: f64,
     /// Why (audited).
     #[arg(long)]
@@ -113,7 +113,9 @@ pub struct BulkArgs {
 ///
 /// Errors: an invalid filter or settings, refusals, database or broker errors.
 pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()> {
-    use dedup_engine::actions::bulk::{RequeueJobParams, requeue_job, requeue_job_start, requeue_preview, runner};
+    use dedup_engine::console::actions::bulk::{
+        RequeueJobParams, requeue_job, requeue_job_start, requeue_preview, runner,
+    };
     use dedup_engine::console::filter::{FilterText, RecordFilter};
     let filter = RecordFilter::parse(&FilterText {
         status: Some(&args.status),
@@ -213,7 +215,7 @@ pub struct CleanupArgs {
 ///
 /// Errors: unknown schedule, a run in progress, database errors.
 pub async fn run_cleanup(settings: &Settings, args: CleanupArgs) -> anyhow::Result<()> {
-    use dedup_engine::actions::cleanup::{cleanup_dry_run, cleanup_runs, scheduler};
+    use dedup_engine::console::actions::cleanup::{cleanup_dry_run, cleanup_runs, scheduler};
     let db = open_database(settings).await?;
     let pool = &db.engine;
     if args.dry_run {

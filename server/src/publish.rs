@@ -5,8 +5,8 @@
 
 use anyhow::Context;
 use clap::Args;
-use dedup_engine::message::Broker;
-use dedup_engine::source::Outbound;
+use dedup_engine::Broker;
+use dedup_engine::Outbound;
 
 use crate::config::Settings;
 

@@ -11,10 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::serve::ListenerExt;
-use dedup_engine::db::{self, PoolSettings};
-use dedup_engine::health::HealthProbes;
-use dedup_engine::message::Broker;
-use dedup_engine::runtime::Engine;
+use dedup_engine::console::engine_pool;
+use dedup_engine::{Broker, Engine, HealthProbes, PoolSettings};
 use dedup_example_orders as orders;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -35,7 +33,7 @@ pub struct Application {
     console_shutdown: CancellationToken,
 }
 
-/// The server's two pools (see [`dedup_engine::db`]): the host pool (the consumers'
+/// The server's two pools (see [`dedup_engine::Schema`]): the host pool (the consumers'
 /// transactions, the order example's tables) and the engine's (its schema alone).
 pub struct Databases {
     /// The host pool.
@@ -58,7 +56,7 @@ impl Databases {
 async fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
     let pool = PoolSettings { max_connections: settings.db_max_connections, ..PoolSettings::default() };
     let url = settings.database_url.expose();
-    db::connect(url, &pool).await.map_err(crate::hints::with_hint)
+    dedup_engine::connect(url, &pool).await.map_err(crate::hints::with_hint)
 }
 
 /// Connects, applies the engine's migrations (in `schema`), verifies the dedup key, and opens
@@ -68,8 +66,8 @@ async fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
 /// Errors: PostgreSQL unreachable, a failed migration, or a missing dedup UNIQUE constraint.
 pub async fn open_database(settings: &Settings) -> anyhow::Result<Databases> {
     let host = connect(settings).await?;
-    db::migrate(&host, &settings.schema).await?;
-    let engine = db::engine_pool(&host, &settings.schema, settings.engine_pool_size());
+    dedup_engine::migrate(&host, &settings.schema).await?;
+    let engine = engine_pool(&host, &settings.schema, settings.engine_pool_size());
     Ok(Databases { host, engine })
 }
 

@@ -33,7 +33,7 @@ pub fn check_policy(password: &str) -> Result<(), AccountError> {
     Ok(())
 }
 
-/// Hashes `password` (after [`check_policy`]) with a fresh random salt; returns the PHC string.
+/// Hashes `password` (after checking it against the policy: at least 10 characters) with a fresh random salt; returns the PHC string.
 ///
 /// # Errors
 /// [`AccountError::Invalid`] from the policy; [`AccountError::Unexpected`] if hashing fails.

@@ -52,13 +52,13 @@ impl FromStr for Role {
     }
 }
 
-/// A validated user name: 1 to [`UserName::MAX_CHARS`] ASCII letters, digits, `.`, `_`, `-`.
+/// A validated user name: 1 to 64 ASCII letters, digits, `.`, `_`, `-`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserName(String);
 
 impl UserName {
     /// Longest user name.
-    pub const MAX_CHARS: usize = 64;
+    pub(crate) const MAX_CHARS: usize = 64;
 
     /// Parses a user name (surrounding spaces trimmed).
     ///

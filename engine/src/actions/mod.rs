@@ -25,8 +25,10 @@ pub(crate) mod republish;
 
 use uuid::Uuid;
 
-pub use record::{ActionOutcome, HAND_DEAD_LETTER_CLASS, RecordAction, RecordActionKind, record_action};
-pub use republish::{Publishers, StoredMessage, republish};
+#[cfg(feature = "testing")]
+pub use record::HAND_DEAD_LETTER_CLASS;
+pub use record::{ActionOutcome, RecordAction, RecordActionKind, record_action};
+pub use republish::Publishers;
 
 use crate::record::RecordStatus;
 
@@ -167,7 +169,7 @@ impl ActionError {
     }
 
     /// The audit outcome of an action that ended with this error.
-    pub fn audit_outcome(&self) -> crate::audit::AuditOutcome {
+    pub(crate) fn audit_outcome(&self) -> crate::audit::AuditOutcome {
         match self.kind() {
             ErrorKind::Unavailable | ErrorKind::Internal => crate::audit::AuditOutcome::Failed,
             _ => crate::audit::AuditOutcome::Refused,

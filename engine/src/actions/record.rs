@@ -34,7 +34,7 @@ pub struct RecordAction<'a> {
     /// running; a reason is required anyway).
     pub force: bool,
     /// Why; required by release, mark succeeded and dead-letter, optional for requeue; at most
-    /// [`super::MAX_REASON_CHARS`] characters.
+    /// 1000 characters.
     pub reason: Option<&'a str>,
     /// Release only: also publish the stored message again at once (refused for the others).
     pub requeue: bool,
@@ -248,7 +248,7 @@ pub enum RecordActionKind {
     MarkSucceeded,
     /// Dead-letters a record by hand: a stuck `processing` one (lease token guard, expired
     /// unless `force`) or a `failed` one becomes `dead` with its payload kept, `last_error`
-    /// naming the operator and the reason, and error class [`HAND_DEAD_LETTER_CLASS`]. A reason
+    /// naming the operator and the reason, and error class `OPERATOR: dead-lettered by hand`. A reason
     /// is required.
     DeadLetter,
     /// Requeues a `failed` or `dead` record: publishes its stored payload, headers and the same
@@ -262,7 +262,7 @@ pub enum RecordActionKind {
 
 impl RecordActionKind {
     /// The audit log's action, e.g. `record.release`.
-    pub fn audit_action(self) -> &'static str {
+    pub(crate) fn audit_action(self) -> &'static str {
         match self {
             RecordActionKind::Release => "record.release",
             RecordActionKind::MarkSucceeded => "record.mark_succeeded",
@@ -282,7 +282,7 @@ impl RecordActionKind {
     }
 
     /// The statuses it applies to.
-    pub fn applies_to(self) -> &'static [RecordStatus] {
+    pub(crate) fn applies_to(self) -> &'static [RecordStatus] {
         use RecordStatus::{Dead, Failed, Processing};
         match self {
             RecordActionKind::Release => &[Processing],
@@ -308,7 +308,7 @@ impl RecordActionKind {
 /// transition with one conditional `UPDATE`, republishes the stored message through
 /// `publishers` where the action does, and writes the audit entry in the same transaction. A
 /// refusal or failure rolls back and is audited on its own (see the module docs of
-/// [`crate::actions`]). The console, the REST API and the CLI all come here.
+/// [`crate::console::actions`]). The console, the REST API and the CLI all come here.
 ///
 /// Errors: see [`ActionError`]; every refusal leaves the record as it was.
 #[tracing::instrument(skip_all, fields(record_id = params.record_id, action = kind.name(), actor), err(level = "warn"))]

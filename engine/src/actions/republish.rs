@@ -29,7 +29,7 @@ impl Publishers {
     ///
     /// Errors: [`ActionError::NoPublisher`] when no source reads from `broker`;
     /// [`ActionError::Publish`] when the broker cannot be reached.
-    pub async fn for_record(&self, id: i64, group: &str, broker: &str) -> Result<Arc<dyn Publish>, ActionError> {
+    pub(crate) async fn for_record(&self, id: i64, group: &str, broker: &str) -> Result<Arc<dyn Publish>, ActionError> {
         let of_broker = |(_, s): &&(String, Arc<dyn SourceFactory>)| s.broker().as_str() == broker;
         let source = self
             .groups

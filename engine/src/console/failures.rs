@@ -10,7 +10,7 @@ use super::records::RecordRow;
 /// A stuck record re-entered processing this many times after an expired lease: it keeps
 /// crashing its worker (or outliving its lease) instead of failing, so retries never count it
 /// towards dead.
-pub const CRASH_LOOP_REENTRIES: i32 = 2;
+pub(crate) const CRASH_LOOP_REENTRIES: i32 = 2;
 
 /// A `processing` record whose lease has expired (database clock).
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]

@@ -1,7 +1,7 @@
 //! Record filters, sort orders and keyset cursors, parsed from the text a URL or a form carries.
 //!
 //! Every value is validated here, once, for the server functions and the REST API alike: an
-//! unknown status, a malformed time, a search string over [`MAX_SEARCH_BYTES`] or a cursor that
+//! unknown status, a malformed time, a search string longer than a message id may be or a cursor that
 //! does not match the sort is a [`QueryError::BadFilter`] with a message an operator understands.
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
@@ -10,11 +10,11 @@ use super::QueryError;
 use crate::record::{MAX_MESSAGE_ID_BYTES, RecordStatus};
 
 /// Longest search string (message id or prefix, group, type, error class), in bytes.
-pub const MAX_SEARCH_BYTES: usize = MAX_MESSAGE_ID_BYTES;
+pub(crate) const MAX_SEARCH_BYTES: usize = MAX_MESSAGE_ID_BYTES;
 /// Rows per page when none is asked for.
-pub const DEFAULT_PAGE_SIZE: i64 = 50;
+pub(crate) const DEFAULT_PAGE_SIZE: i64 = 50;
 /// Most rows per page.
-pub const MAX_PAGE_SIZE: i64 = 500;
+pub(crate) const MAX_PAGE_SIZE: i64 = 500;
 
 /// The filters as text (a URL query string, a form, CLI flags). Empty strings mean "no filter".
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,7 +45,7 @@ pub struct FilterText<'a> {
     pub after: Option<&'a str>,
     /// Cursor: rows before this one (the previous page).
     pub before: Option<&'a str>,
-    /// Rows per page, 1 to [`MAX_PAGE_SIZE`].
+    /// Rows per page, 1 to 500.
     pub limit: Option<&'a str>,
 }
 
@@ -98,7 +98,7 @@ pub enum SortOrder {
 
 impl SortOrder {
     /// The other direction.
-    pub fn reversed(self) -> Self {
+    pub(crate) fn reversed(self) -> Self {
         match self {
             SortOrder::Desc => SortOrder::Asc,
             SortOrder::Asc => SortOrder::Desc,
@@ -322,7 +322,7 @@ impl RecordListParams {
 /// The smallest string greater than every string starting with `prefix` in byte order (the
 /// upper bound of a prefix range on a `COLLATE "C"` column); `None` when there is none (the
 /// prefix is all `U+10FFFF`).
-pub fn prefix_upper_bound(prefix: &str) -> Option<String> {
+pub(crate) fn prefix_upper_bound(prefix: &str) -> Option<String> {
     let mut chars: Vec<char> = prefix.chars().collect();
     while let Some(last) = chars.pop() {
         let next = (u32::from(last) + 1..=0x10FFFF).find_map(char::from_u32);

@@ -1,10 +1,16 @@
-//! The console's read side: every query the overview, records, stuck, retries, dead-letter and
-//! record pages run, shared by the server functions, the REST API (`/api/v1`) and the bench.
+//! What the dedup console crates need of the engine: `dedup-app` (pages, server functions, REST
+//! API) and the `dedup-console` binary (CLI operator commands, accounts). **Not a stable API**: it
+//! changes with those crates, not with semantic versioning. A host embedding the engine does
+//! not need it; it mounts the console through `dedup-app`.
 //!
-//! Counts and charts come from the aggregates the engine keeps as it works (`record_counts`,
-//! `stats_minute`, `table_samples`, `duplicate_delays`), never from `COUNT(*)` over the dedup
-//! table; lists use keyset pagination on the indexes of the `console_indexes` migration. Times
-//! are the database's (`now()`), as everywhere in the engine.
+//! The console's read side lives here: every query the overview, records, stuck, retries,
+//! dead-letter and record pages run, shared by the server functions, the REST API (`/api/v1`)
+//! and the bench ([`failures`], [`filter`], [`overview`], [`records`]). Counts and charts come
+//! from the aggregates the engine keeps as it works (`record_counts`, `stats_minute`,
+//! `table_samples`, `duplicate_delays`), never from `COUNT(*)` over the dedup table; lists use
+//! keyset pagination on the indexes of the `console_indexes` migration. Times are the
+//! database's (`now()`), as everywhere in the engine. Its write side is [`actions`] (operator
+//! actions), [`accounts`] and [`audit`].
 
 pub mod failures;
 pub mod filter;
@@ -21,4 +27,92 @@ pub enum QueryError {
     /// The database failed the query (details are for the log, not the browser).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+}
+
+pub use crate::consumer::ConsumerStatus;
+pub use crate::db::engine_pool;
+pub use crate::fastpath::FastPath;
+pub use crate::record::{RecordStatus, UnknownStatus};
+pub use crate::runtime::RunningGroup;
+pub use crate::service::redact_url;
+
+/// Operator accounts: users with a role and an argon2id password hash, per-user API tokens
+/// (stored as SHA-256), and the login-failure throttle.
+///
+/// Roles (least to most): `viewer` reads everything; `operator` also acts on records (release,
+/// mark succeeded, requeue, drill); `admin` also manages cleanup schedules, users and settings.
+pub mod accounts {
+    pub use crate::accounts::{AccountError, Role, User, UserName};
+
+    /// Password policy, hashing and verification.
+    pub mod passwords {
+        pub use crate::accounts::passwords::{blocking, hash_password, verify_password};
+    }
+
+    /// The login-failure throttle, per account and per client address.
+    pub mod throttle {
+        pub use crate::accounts::throttle::{account_key, address_key, throttle_check, throttle_clear, throttle_fail};
+    }
+
+    /// Per-user API tokens.
+    pub mod tokens {
+        pub use crate::accounts::tokens::{ApiToken, token_authenticate, token_create, token_list, token_revoke};
+    }
+
+    /// Users.
+    pub mod users {
+        pub use crate::accounts::users::{
+            UserChange, user_add, user_by_id, user_credentials, user_list, user_set_password, user_touch_login,
+            user_update,
+        };
+    }
+}
+
+/// Operator actions (DESIGN.md, "Operator actions"): the only writes the console, the REST API
+/// and the CLI make to dedup records, each a guarded compare-and-set written to the audit log.
+pub mod actions {
+    pub use crate::actions::{
+        ActionError, ActionOutcome, ErrorKind, Publishers, RecordAction, RecordActionKind, record_action,
+    };
+
+    /// Bulk requeue jobs: preview, start, control, and the runner the CLI drives.
+    pub mod bulk {
+        pub use crate::actions::bulk::{
+            DEFAULT_CANARY, DEFAULT_FAILURE_THRESHOLD, DEFAULT_RATE, JobControl, RequeueJob, RequeueJobParams,
+            RequeuePreview, requeue_job, requeue_job_control, requeue_job_start, requeue_jobs, requeue_preview,
+        };
+
+        /// Runs a bulk requeue job.
+        pub mod runner {
+            pub use crate::actions::bulk::runner::run_job;
+        }
+    }
+
+    /// Cleanup schedules, their runs, and retention advice.
+    pub mod cleanup {
+        pub use crate::actions::cleanup::{
+            CleanupRun, CleanupSchedule, RetentionAdvice, ScheduleInput, cleanup_dry_run, cleanup_runs,
+            cleanup_schedule_save, cleanup_schedules, retention_advice,
+        };
+
+        /// Deliveries older than the retention (the advice's evidence).
+        pub mod late {
+            pub use crate::actions::cleanup::late::{LateDeliveries, WINDOW_DAYS, late_deliveries};
+        }
+
+        /// Running a schedule now.
+        pub mod scheduler {
+            pub use crate::actions::cleanup::scheduler::cleanup_run_now;
+        }
+    }
+
+    /// Duplicate drills: republish a record's message and watch the dedup catch it.
+    pub mod drill {
+        pub use crate::actions::drill::{DrillReport, DrillTarget, drill_report, drill_start};
+    }
+}
+
+/// The audit log: every action and sign-in.
+pub mod audit {
+    pub use crate::audit::{AuditEntry, AuditFilter, AuditOutcome, NewAuditEntry, for_message, list, record};
 }

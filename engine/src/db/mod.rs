@@ -21,9 +21,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
-pub use schema::{
-    DEDUP_UNIQUE_CONSTRAINT, MIGRATOR, Schema, SchemaError, SchemaNameError, migrate, migrate_schema, verify_schema,
-};
+#[cfg(feature = "testing")]
+pub use schema::{MIGRATOR, verify_schema};
+pub use schema::{Schema, SchemaError, SchemaNameError, migrate, migrate_schema};
 
 use crate::service::{Service, Unreachable};
 
@@ -96,7 +96,7 @@ async fn create_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> 
 
 /// The engine's pool on the database of `host`: the same server, user and connection options,
 /// with `search_path` set to `schema` alone, at most `max_connections` connections, opened on
-/// demand. Statements on it name the engine's tables without a schema (see the module docs).
+/// demand. Statements on it name the engine's tables without a schema.
 pub fn engine_pool(host: &PgPool, schema: &Schema, max_connections: u32) -> PgPool {
     let options = host.connect_options().as_ref().clone().options([("search_path", schema.as_str())]);
     host.options().clone().max_connections(max_connections.max(1)).min_connections(0).connect_lazy_with(options)

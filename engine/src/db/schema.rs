@@ -1,6 +1,6 @@
 //! The engine's schema: its name ([`Schema`]), its migrations applied inside it with a history
 //! of their own ([`migrate`], [`migrate_schema`]), the upgrade of a database from before the
-//! engine had a schema, and the start-up check of the dedup key ([`verify_schema`]).
+//! engine had a schema, and the start-up check of the dedup key (`verify_schema`).
 
 use std::fmt;
 
@@ -133,7 +133,8 @@ pub async fn migrate_schema(pool: &PgPool, schema: &Schema, migrator: &Migrator)
 
 /// Applies the engine's migrations in `schema` ([`migrate_schema`]), after moving the tables of
 /// a database from before the engine had a schema of its own into it, then verifies the dedup
-/// key ([`verify_schema`]).
+/// key (a UNIQUE constraint on `dedup_records (consumer_group, message_id)`; start-up refuses a
+/// table without it).
 ///
 /// Errors: [`SchemaError`].
 pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<(), SchemaError> {
@@ -177,6 +178,7 @@ fn schema_options(pool: &PgPool, schema: &Schema) -> PgConnectOptions {
 /// `(consumer_group, message_id)`, whatever its name.
 ///
 /// Errors: [`SchemaError::MissingUniqueConstraint`], or the database's.
+#[cfg(feature = "testing")]
 pub async fn verify_schema(pool: &PgPool, schema: &Schema) -> Result<(), SchemaError> {
     let mut conn = pool.acquire().await?;
     verify_schema_on(&mut conn, schema).await

@@ -29,7 +29,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 pub use id_policy::{IdPolicy, IdSource, UnknownIdSource};
-pub use type_policy::{MAX_TYPE_CHARS, MessageType, TypePolicy, TypeSource, UnknownTypeSource};
+pub use type_policy::{TypePolicy, TypeSource, UnknownTypeSource};
 
 use crate::record::{IdError, MessageId};
 
@@ -87,7 +87,7 @@ pub struct InboundMessage {
     pub type_property: Option<String>,
     /// When the producer sent it, by the message's own timestamp (AMQP `timestamp` property,
     /// seconds; Kafka record time), if it has one. A first delivery older than the retention
-    /// is flagged ([`crate::actions::cleanup::late`]).
+    /// is counted as a late delivery (the console's retention advice).
     pub published_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The content type property, if set.
     pub content_type: Option<String>,
@@ -160,13 +160,13 @@ pub enum PoisonReason {
 impl PoisonReason {
     /// True for poison: the message can never be processed and is never requeued. A message
     /// without a handler is not poison.
-    pub fn is_poison(&self) -> bool {
+    pub(crate) fn is_poison(&self) -> bool {
         !matches!(self, PoisonReason::NoHandler { .. })
     }
 
     /// The dead-letter grouping key: the kind, and for a message without a handler its type
     /// (so one type's dead letters can be requeued together once its handler exists).
-    pub fn error_class(&self) -> String {
+    pub(crate) fn error_class(&self) -> String {
         match self {
             PoisonReason::NoHandler { message_type, .. } => format!("{}: {message_type}", self.kind()),
             _ => self.kind().to_owned(),
@@ -174,7 +174,7 @@ impl PoisonReason {
     }
 
     /// Short stable kind, used as the error class and in synthetic ids.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             PoisonReason::NoMessageId { .. } => "NO_MESSAGE_ID",
             PoisonReason::InvalidMessageId(_) => "INVALID_MESSAGE_ID",

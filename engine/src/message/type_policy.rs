@@ -121,7 +121,7 @@ impl TypePolicy {
 
     /// The type of `message`, whose id (if it has a usable one) is `id` and whose parsed
     /// payload (if it is JSON) is `json`.
-    pub fn resolve(&self, message: &InboundMessage, id: Option<&MessageId>, json: Option<&Value>) -> MessageType {
+    pub(crate) fn resolve(&self, message: &InboundMessage, id: Option<&MessageId>, json: Option<&Value>) -> MessageType {
         let raw = self.from.iter().find_map(|source| {
             let value = match source {
                 TypeSource::IdPrefix => id.and_then(MessageId::message_type).map(str::to_owned),

@@ -157,14 +157,17 @@ impl Pipeline {
         &self.settings.group
     }
 
-    /// The shared stats.
+    /// The shared stats (the tests read the counters).
+    #[cfg(feature = "testing")]
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }
 
     /// Processes a batch and returns one disposition per delivery, in order. `worker` names the
     /// caller (`<host>:<pid>:<n>`); it becomes the lease owner. Runs in a `batch` span (see
-    /// `pipeline/spans.rs`).
+    /// `pipeline/spans.rs`). The consumer calls [`Pipeline::process_in`]; the tests and the
+    /// benchmarks drive the pipeline with this.
+    #[cfg(feature = "testing")]
     pub async fn process(&self, worker: &str, batch: &[InboundMessage]) -> Vec<Disposition> {
         self.process_in(&self.batch_span(worker, batch.len()), worker, batch).await
     }

@@ -185,7 +185,9 @@ pub struct ExistingRecord {
     pub id: i64,
     /// Current status.
     pub status: RecordStatus,
-    /// For processing records: whether the lease has expired (stuck).
+    /// For processing records: whether the lease has expired (stuck). Read by the store's tests;
+    /// the pipeline goes by `parked`.
+    #[cfg_attr(not(feature = "testing"), expect(dead_code, reason = "read by the store's tests"))]
     pub lease_expired: bool,
     /// For processing records: when the lease expires.
     pub lease_expires_at: Option<DateTime<Utc>>,

@@ -18,13 +18,8 @@ pub mod staff;
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-use dedup_engine::db::{Schema, SchemaError};
-use dedup_engine::group::Group;
-use dedup_engine::handler::{HandlerError, HandlerInput, LeaseGuard, LeasedHandler, TransactionalHandler};
-use dedup_engine::message::{TypePolicy, TypeSource};
-use dedup_engine::record::LeaseExpiryPolicy;
-use dedup_engine::source::rabbitmq::RabbitSettings;
+use dedup_engine::SchemaError;
+use dedup_engine::prelude::*;
 use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
@@ -48,7 +43,7 @@ pub const RECEIPT_EVENT: &str = "com.example.billing.InvoiceReceiptEvent";
 ///
 /// Errors: the database's, or a migration's.
 pub async fn migrate(pool: &PgPool) -> Result<(), SchemaError> {
-    dedup_engine::db::migrate_schema(pool, &Schema::parse(SCHEMA).expect("a valid schema name"), &MIGRATOR).await
+    dedup_engine::migrate_schema(pool, &Schema::parse(SCHEMA).expect("a valid schema name"), &MIGRATOR).await
 }
 
 /// Where the billing group reads from and how long its leases are.

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use dedup_engine::handler::HandlerError;
+use dedup_engine::HandlerError;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 

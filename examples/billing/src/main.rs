@@ -12,12 +12,8 @@ use axum::http::request::Parts;
 use axum::routing::get;
 use clap::{Args, Parser, Subcommand};
 use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, console_router, mount};
-use dedup_engine::db::{self, PoolSettings};
-use dedup_engine::fastpath::FastPathSettings;
-use dedup_engine::health::HealthProbes;
-use dedup_engine::runtime::Engine;
-use dedup_engine::source::SourceFactory;
-use dedup_engine::source::rabbitmq::RabbitConnector;
+use dedup_engine::rabbitmq::RabbitConnector;
+use dedup_engine::{Engine, FastPathSettings, HealthProbes, PoolSettings, SourceFactory, connect};
 use dedup_example_billing::mail::{self, MailClient};
 use dedup_example_billing::producer::{PublishParams, publish_invoices};
 use dedup_example_billing::staff::{self, StaffAuth};
@@ -142,7 +138,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let pool = db::connect(&cli.common.database_url, &PoolSettings::default()).await?;
+    let pool = connect(&cli.common.database_url, &PoolSettings::default()).await?;
     migrate(&pool).await?;
     match cli.command.unwrap_or_else(|| Command::Serve(ServeArgs::from_env())) {
         Command::Serve(args) => serve(pool, &cli.common, args).await,

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use dedup_engine::source::rabbitmq::{Publisher, properties_for};
+use dedup_engine::rabbitmq::{Publisher, properties_for};
 
 /// What to publish.
 #[derive(Debug, Clone)]

@@ -13,8 +13,7 @@ use axum::extract::{Query, State};
 use axum::http::header::{COOKIE, SET_COOKIE};
 use axum::http::request::Parts;
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use dedup_app::ssr::HostUser;
-use dedup_engine::accounts::Role;
+use dedup_app::ssr::mount::{HostUser, Role};
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 

@@ -8,11 +8,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_engine::actions::RecordActionKind::{MarkSucceeded, Release};
-use dedup_engine::actions::{Publishers, RecordAction, record_action};
-use dedup_engine::retry::Backoff;
-use dedup_engine::source::SourceFactory;
+use dedup_engine::console::actions::RecordActionKind::{MarkSucceeded, Release};
+use dedup_engine::console::actions::{Publishers, RecordAction, record_action};
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
+use dedup_engine::{Backoff, SourceFactory};
 use dedup_example_billing::producer::{PublishParams, publish_invoices};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
@@ -145,7 +144,7 @@ async fn every_invoice_is_paid_booked_and_receipted_once_despite_duplicates_and_
     .await
     .unwrap();
     eprintln!("killed at {at_kill} of {INVOICES} booked; {} receipts stuck after the kill", stuck.len());
-    let engine_pool = dedup_engine::db::engine_pool(world.pool(), &world.db.schema, 2);
+    let engine_pool = dedup_engine::console::engine_pool(world.pool(), &world.db.schema, 2);
     let mut publishers = Publishers::default();
     publishers.add(dedup_example_billing::GROUP, connector.clone() as Arc<dyn SourceFactory>);
     for (id, message_id, token) in &stuck {

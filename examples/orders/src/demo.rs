@@ -11,8 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::OrderSettings;
 use super::simulate::{SimulateParams, SimulatedGroup, simulate};
-use dedup_engine::message::IdPolicy;
-use dedup_engine::source::SourceFactory;
+use dedup_engine::{IdPolicy, SourceFactory};
 
 /// Orders published per burst.
 const ORDERS_PER_BURST: u64 = 8;

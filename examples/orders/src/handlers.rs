@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use sqlx::PgConnection;
 
 use super::sms::{Sms, SmsError, SmsGateway};
-use dedup_engine::handler::{HandlerError, HandlerInput, LeaseGuard, LeasedHandler, TransactionalHandler};
+use dedup_engine::{HandlerError, HandlerInput, LeaseGuard, LeasedHandler, TransactionalHandler};
 
 /// `ORDER.CREATE` (transactional): the order as `PENDING`, and its stock reserved.
 ///

@@ -18,9 +18,7 @@ pub mod verify;
 
 use std::sync::Arc;
 
-use dedup_engine::db::{Schema, SchemaError};
-use dedup_engine::handler::{Handler, HandlerRegistry};
-use dedup_engine::record::LeaseExpiryPolicy;
+use dedup_engine::{Handler, HandlerRegistry, LeaseExpiryPolicy, Schema, SchemaError};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
@@ -39,7 +37,7 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 ///
 /// Errors: the database's, or a migration's.
 pub async fn migrate(pool: &PgPool) -> Result<(), SchemaError> {
-    dedup_engine::db::migrate_schema(pool, &Schema::parse(SCHEMA).expect("a valid schema name"), &MIGRATOR).await
+    dedup_engine::migrate_schema(pool, &Schema::parse(SCHEMA).expect("a valid schema name"), &MIGRATOR).await
 }
 
 /// The message types of the example, in lifecycle order.

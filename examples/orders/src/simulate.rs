@@ -16,8 +16,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use super::{OrderSettings, sku};
-use dedup_engine::message::{Broker, IdPolicy, InboundMessage, POISON_TYPE, SourceRef, TypePolicy};
-use dedup_engine::source::{Outbound, Publish};
+use dedup_engine::{Broker, IdPolicy, InboundMessage, Outbound, POISON_TYPE, Publish, SourceRef, TypePolicy};
 
 /// What to publish.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dedup_engine::handler::LeaseGuard;
+use dedup_engine::LeaseGuard;
 use rand::Rng;
 use sqlx::PgPool;
 

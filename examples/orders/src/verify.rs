@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sqlx::{PgPool, Row};
 
-use dedup_engine::db::Schema;
-use dedup_engine::source::kafka::KafkaConnector;
+use dedup_engine::Schema;
+use dedup_engine::kafka::KafkaConnector;
 
 use crate::simulate::POISON_BY_PAYLOAD;
 

@@ -7,14 +7,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use anyhow::Context;
-use dedup_engine::actions::Publishers;
-use dedup_engine::group::{Group, GroupSettings, GroupSource};
-use dedup_engine::handler::HandlerRegistry;
+use dedup_engine::console::actions::Publishers;
 use dedup_engine::http::{HttpHandler, HttpSettings};
-use dedup_engine::message::Broker;
-use dedup_engine::source::SourceFactory;
-use dedup_engine::source::kafka::KafkaSettings;
-use dedup_engine::source::rabbitmq::RabbitSettings;
+use dedup_engine::kafka::KafkaSettings;
+use dedup_engine::rabbitmq::RabbitSettings;
+use dedup_engine::{Broker, Group, GroupSettings, GroupSource, HandlerRegistry, SourceFactory};
 use dedup_example_orders::simulate::SimulatedGroup;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -340,7 +337,7 @@ mod tests {
         let ids: Vec<String> = notify.settings.ids.from.iter().map(ToString::to_string).collect();
         assert_eq!(ids, ["header:x-idempotency-key", "property"], "its own id sources, in its order");
         assert_eq!(notify.settings.ids.max_payload_bytes, 1024 * 1024, "the rest of [consumer.ids]");
-        assert_eq!(resolved[0].settings.ids, dedup_engine::message::IdPolicy::default());
+        assert_eq!(resolved[0].settings.ids, dedup_engine::IdPolicy::default());
         assert_eq!(resolved[0].settings.lease_ms, 30_000);
         assert_eq!(resolve(&consumer, &[]).unwrap()[0].group, "order-service", "[consumer] alone");
     }

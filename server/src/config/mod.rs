@@ -9,8 +9,7 @@ mod groups;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use dedup_engine::db::Schema;
-use dedup_engine::fastpath::FastPathSettings;
+use dedup_engine::{FastPathSettings, Schema};
 use dedup_example_orders::OrderSettings;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
@@ -34,7 +33,7 @@ impl SecretUrl {
 
     /// The URL with its password replaced by `***`.
     pub fn redacted(&self) -> String {
-        dedup_engine::service::redact_url(self.expose())
+        dedup_engine::console::redact_url(self.expose())
     }
 }
 
@@ -235,7 +234,7 @@ impl Settings {
 // figment's Jail API returns its large error type from the closures; nothing to box there.
 #[allow(clippy::result_large_err)]
 mod tests {
-    use dedup_engine::message::Broker;
+    use dedup_engine::Broker;
 
     use super::*;
 

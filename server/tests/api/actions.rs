@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use dedup_engine::accounts::Role;
-use dedup_engine::retry::Backoff;
+use dedup_engine::Backoff;
+use dedup_engine::console::accounts::Role;
 use dedup_engine::testing::{TestBroker, amqp_url};
 use serde_json::{Value, json};
 

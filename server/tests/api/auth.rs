@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use dedup_app::ssr::web::router::{policy, unruled};
 use dedup_app::ssr::web::security::access::{Access, RouteKind};
-use dedup_engine::accounts::Role;
+use dedup_engine::console::accounts::Role;
 use reqwest::Method;
 use serde_json::Value;
 

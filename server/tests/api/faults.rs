@@ -5,7 +5,7 @@
 //! (part 3) a possible double effect of a leased handler shows on the record, in the API and on
 //! the overview.
 
-use dedup_engine::accounts::Role;
+use dedup_engine::console::accounts::Role;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

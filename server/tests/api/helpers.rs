@@ -5,10 +5,10 @@ use std::sync::LazyLock;
 
 use dedup_console::config::Settings;
 use dedup_console::startup::Application;
-use dedup_engine::accounts::passwords::hash_password;
-use dedup_engine::accounts::tokens::token_create;
-use dedup_engine::accounts::users::user_add;
-use dedup_engine::accounts::{Role, UserName};
+use dedup_engine::console::accounts::passwords::hash_password;
+use dedup_engine::console::accounts::tokens::token_create;
+use dedup_engine::console::accounts::users::user_add;
+use dedup_engine::console::accounts::{Role, UserName};
 use dedup_engine::testing::TestDatabase;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 

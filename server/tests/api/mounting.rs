@@ -8,13 +8,11 @@ use std::time::Duration;
 
 use axum::http::request::Parts;
 use dedup_app::ssr::mount::AuthMode;
-use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser, console_router, mount};
+use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser, Role, console_router, mount};
 use dedup_app::ssr::web::router::policy;
 use dedup_console::startup::Application;
-use dedup_engine::accounts::Role;
-use dedup_engine::health::HealthProbes;
-use dedup_engine::runtime::Engine;
 use dedup_engine::testing::{TestDatabase, redis_url};
+use dedup_engine::{Engine, HealthProbes};
 use reqwest::Method;
 use serde_json::{Value, json};
 

@@ -2,9 +2,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, console_router};
-use dedup_engine::health::HealthProbes;
-use dedup_engine::runtime::Engine;
 use dedup_engine::testing::{TestDatabase, redis_url};
+use dedup_engine::{Engine, HealthProbes};
 
 use crate::helpers::spawn_app;
 

@@ -79,7 +79,7 @@ async fn a_database_from_before_schemas_upgrades_in_place_with_no_row_lost() {
     .execute(&plain)
     .await
     .expect("a record changes status from a plain connection");
-    let engine = dedup_engine::db::engine_pool(&plain, &db.schema, 1);
+    let engine = dedup_engine::console::engine_pool(&plain, &db.schema, 1);
     sqlx::query_scalar::<_, i64>("SELECT record_counts_fold()").fetch_one(&engine).await.unwrap();
     let counts = status_counts(&engine).await.unwrap();
     let by_status = |s: &str| counts.iter().filter(|c| c.status.as_str() == s).map(|c| c.count).sum::<i64>();

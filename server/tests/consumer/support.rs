@@ -7,15 +7,13 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_engine::accounts::passwords::hash_password;
-use dedup_engine::accounts::tokens::token_create;
-use dedup_engine::accounts::users::user_add;
-use dedup_engine::accounts::{Role, UserName};
-use dedup_engine::message::IdPolicy;
-use dedup_engine::retry::Backoff;
-use dedup_engine::source::SourceFactory;
+use dedup_engine::console::accounts::passwords::hash_password;
+use dedup_engine::console::accounts::tokens::token_create;
+use dedup_engine::console::accounts::users::user_add;
+use dedup_engine::console::accounts::{Role, UserName};
 use dedup_engine::testing::kafka::TestKafka;
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
+use dedup_engine::{Backoff, IdPolicy, SourceFactory};
 use dedup_example_orders::OrderSettings;
 use dedup_example_orders::simulate::{SimulateParams, SimulatedGroup, SimulationReport, simulate};
 use tokio::process::{Child, Command};
@@ -211,7 +209,7 @@ impl World {
         headers: &serde_json::Map<String, serde_json::Value>,
         body: serde_json::Value,
     ) {
-        use dedup_engine::source::rabbitmq::properties_for;
+        use dedup_engine::rabbitmq::properties_for;
         let publisher = self.broker.connector().publisher().await.unwrap();
         let props = properties_for(Some(id), headers, Some("application/json"));
         let payload = serde_json::to_vec(&body).unwrap();

@@ -2,11 +2,11 @@
 //! audit log (`user.add`, `user.update`, `user.set_password`, `token.create`, `token.revoke`) with
 //! the acting user as actor and the client address as source.
 
-use dedup_engine::accounts::passwords::{self, hash_password};
-use dedup_engine::accounts::tokens::{self, ApiToken};
-use dedup_engine::accounts::users::{self, UserChange};
-use dedup_engine::accounts::{AccountError, Role, User, UserName};
-use dedup_engine::audit::{AuditOutcome, NewAuditEntry};
+use dedup_engine::console::accounts::passwords::{self, hash_password};
+use dedup_engine::console::accounts::tokens::{self, ApiToken};
+use dedup_engine::console::accounts::users::{self, UserChange};
+use dedup_engine::console::accounts::{AccountError, Role, User, UserName};
+use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
 use serde_json::json;
 
 use super::auth::RequestAuth;
@@ -94,7 +94,7 @@ async fn audit<T>(
         detail,
         source: auth.source.as_deref(),
     };
-    if let Err(e) = dedup_engine::audit::record(state.pool(), &entry).await {
+    if let Err(e) = dedup_engine::console::audit::record(state.pool(), &entry).await {
         tracing::error!(error = %e, action, "writing the audit log failed");
     }
 }

@@ -1,9 +1,9 @@
 //! The operator actions as the web layer calls them (server functions and the REST API): parse
 //! the request, open a publisher when the action republishes, one engine call, convert.
 
-use dedup_engine::actions::RecordActionKind as Kind;
-use dedup_engine::actions::{self, ActionOutcome, RecordAction};
-use dedup_engine::record::RecordStatus;
+use dedup_engine::console::RecordStatus;
+use dedup_engine::console::actions::RecordActionKind as Kind;
+use dedup_engine::console::actions::{self, ActionOutcome, RecordAction};
 use uuid::Uuid;
 
 use super::state::ConsoleState;

@@ -2,10 +2,10 @@
 //! text (pretty JSON, UTF-8 or hex).
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use dedup_engine::console::RecordStatus;
 use dedup_engine::console::failures::{DeadLetterGroup, RetryOverview, StuckList};
 use dedup_engine::console::overview::{DelayBucket, GrowthPoint, LiveSnapshot, StatusCount, Traffic};
 use dedup_engine::console::records::{MarkerState, RecordDetail, RecordPage, RecordRow};
-use dedup_engine::record::RecordStatus;
 
 use crate::wire::failures::{
     AttemptsBucketView, DeadLetterGroupView, RetriesView, StuckRecordView, StuckView, TypeRetriesView,

@@ -1,13 +1,13 @@
 //! Bulk requeue, cleanup schedules, drills and the audit log as the web layer calls them
 //! (server functions and the REST API): parse, one engine call, convert.
 
-use dedup_engine::actions::bulk::{self, JobControl, RequeueJob, RequeueJobParams};
-use dedup_engine::actions::cleanup::{self, CleanupRun, CleanupSchedule, ScheduleInput, scheduler};
-use dedup_engine::actions::drill::{self, DrillReport, DrillTarget};
-use dedup_engine::audit::{self, AuditEntry, AuditFilter, AuditOutcome};
 use dedup_engine::console::QueryError;
+use dedup_engine::console::RecordStatus;
+use dedup_engine::console::actions::bulk::{self, JobControl, RequeueJob, RequeueJobParams};
+use dedup_engine::console::actions::cleanup::{self, CleanupRun, CleanupSchedule, ScheduleInput, scheduler};
+use dedup_engine::console::actions::drill::{self, DrillReport, DrillTarget};
+use dedup_engine::console::audit::{self, AuditEntry, AuditFilter, AuditOutcome};
 use dedup_engine::console::filter::{RecordFilter, parse_time};
-use dedup_engine::record::RecordStatus;
 
 use super::console::filter_text;
 use super::convert::{opt_time, time};

@@ -1,10 +1,9 @@
 //! What the service layer works with: the console's handle on the engine, its probes and its
 //! settings, given to every server function and REST handler.
 
-use dedup_engine::actions::Publishers;
-use dedup_engine::fastpath::FastPath;
-use dedup_engine::health::{HealthProbes, HealthReport};
-use dedup_engine::runtime::EngineHandle;
+use dedup_engine::console::FastPath;
+use dedup_engine::console::actions::Publishers;
+use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
 use sqlx::PgPool;
 

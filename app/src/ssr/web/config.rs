@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::http::request::Parts;
-use dedup_engine::accounts::Role;
+use dedup_engine::console::accounts::Role;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;

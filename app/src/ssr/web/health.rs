@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use dedup_engine::health::HealthReport;
+use dedup_engine::HealthReport;
 
 use super::state::AppState;
 

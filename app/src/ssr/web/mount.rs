@@ -5,7 +5,7 @@
 //! one build serves any.
 //!
 //! ```no_run
-//! # async fn host(engine: &dedup_engine::runtime::Engine, probes: dedup_engine::health::HealthProbes,
+//! # async fn host(engine: &dedup_engine::Engine, probes: dedup_engine::HealthProbes,
 //! #               resolver: impl dedup_app::ssr::AuthResolver) -> anyhow::Result<()> {
 //! use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, console_router, mount};
 //!
@@ -26,8 +26,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use dedup_engine::health::HealthProbes;
-use dedup_engine::runtime::EngineHandle;
+use dedup_engine::{EngineHandle, HealthProbes};
 use leptos::prelude::LeptosOptions;
 
 pub use super::config::{AuthMode, AuthResolver, AuthSettings, ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser};
@@ -36,6 +35,11 @@ use super::security::session;
 use super::state::{AppState, TaskGuard};
 use crate::base::ConsoleBase;
 use crate::ssr::service::ConsoleState;
+/// The axum [`console_router`] builds its router with (0.8): a host's router must be of the same
+/// version to merge or nest it.
+pub use axum;
+/// A console user's role ([`HostUser::role`]): viewer, operator or admin.
+pub use dedup_engine::console::accounts::Role;
 
 /// The console for `engine`, with `probes` for its health panel and `/readyz`.
 ///

@@ -62,7 +62,7 @@ pub struct RequeuePreview {
 
 /// Counts what a bulk requeue of `filter` would do.
 ///
-/// Errors: [`ActionError::Refused`] when the filter matches more than [`MAX_JOB_RECORDS`].
+/// Errors: [`ActionError::Refused`] when the filter matches more than `MAX_JOB_RECORDS` (1 000 000).
 pub async fn requeue_preview(pool: &PgPool, filter: &RecordFilter) -> Result<RequeuePreview, ActionError> {
     let mut outer: QueryBuilder<'_, Postgres> = QueryBuilder::new(format!(
         "SELECT skip, count(*) AS n FROM (SELECT {SKIP_REASON_SQL} AS skip FROM dedup_records"
@@ -91,7 +91,7 @@ pub async fn requeue_preview(pool: &PgPool, filter: &RecordFilter) -> Result<Req
 pub struct RequeueJobParams<'a> {
     /// Which records (the records page's filter).
     pub filter: &'a RecordFilter,
-    /// Messages per second, in (0, [`MAX_RATE`]].
+    /// Messages per second, in (0, 10 000].
     pub rate_per_sec: f64,
     /// Items in the canary batch (0: none).
     pub canary_size: i32,

@@ -87,9 +87,10 @@ impl CronSchedule {
 /// What a schedule is made of (create and edit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScheduleInput {
-    /// A unique name, 1 to [`MAX_NAME_CHARS`] characters.
+    /// A unique name, 1 to 100 characters.
     pub name: String,
-    /// Cron expression, see [`CronSchedule`].
+    /// A five-field cron expression (minute hour day-of-month month day-of-week), UTC; at most 200
+    /// characters.
     pub cron: String,
     /// Delete records older than this many days (1 to 3650).
     pub retention_days: i32,
@@ -433,8 +434,8 @@ pub(crate) async fn execute_run(
 
 /// The retention advice: the longest delay a copy of a message was seen to arrive after the
 /// first (duplicate-delay histogram) or after it was sent (late deliveries of the last
-/// [`late::WINDOW_DAYS`] days), and the shortest retention that outlasts it by
-/// [`RETENTION_SAFETY_FACTOR`].
+/// [`late::WINDOW_DAYS`] days), and the shortest retention that outlasts it by the safety
+/// factor (2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RetentionAdvice {
     /// That longest delay, ms; `None` before any duplicate or late delivery.

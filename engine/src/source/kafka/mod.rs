@@ -46,9 +46,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::admin::KafkaProbe;
 use self::admin::{Partitions, TopicSpec};
-pub use self::delivery::{
-    CONTENT_TYPE_HEADER, RETRY_DUE_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
-};
+#[cfg(feature = "testing")]
+pub use self::delivery::SOURCE_TOPIC_HEADER;
 use self::member::{Member, MemberPlan};
 pub use self::publish::KafkaPublisher;
 use super::{Publish, Source, SourceError, SourceFactory};
@@ -127,7 +126,7 @@ impl KafkaSettings {
     /// What keeps these settings from naming a source: no topics.
     ///
     /// Errors: the reason, naming the setting.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.topics.is_empty() { Err("Kafka: no topics to consume (`topics`)".to_owned()) } else { Ok(()) }
     }
 
@@ -144,7 +143,7 @@ impl KafkaSettings {
     }
 }
 
-/// Opens [`Source`]s on this process's group member (started by the first `open`), publishes to
+/// Opens the workers' sources on this process's group member (started by the first `open`), publishes to
 /// the cluster, and measures the group's lag.
 pub struct KafkaConnector {
     settings: KafkaSettings,
@@ -175,18 +174,13 @@ impl KafkaConnector {
         }
     }
 
-    /// The settings.
-    pub fn settings(&self) -> &KafkaSettings {
-        &self.settings
-    }
-
     /// The Kafka consumer group.
     pub fn group_id(&self) -> &str {
         &self.group_id
     }
 
     /// The retry topics of every source topic, one per back-off level.
-    pub fn retry_topics(&self) -> Vec<String> {
+    pub(crate) fn retry_topics(&self) -> Vec<String> {
         let levels = self.backoff.levels();
         self.settings
             .topics
@@ -203,7 +197,7 @@ impl KafkaConnector {
     /// The shared producer (created on first use).
     ///
     /// Errors: [`SourceError::Broker`] for an invalid client configuration.
-    pub fn publisher(&self) -> Result<KafkaPublisher, SourceError> {
+    pub(crate) fn publisher(&self) -> Result<KafkaPublisher, SourceError> {
         let mut publisher = self.publisher.lock().unwrap_or_else(|e| e.into_inner());
         if publisher.is_none() {
             *publisher = Some(KafkaPublisher::new(&self.settings, &self.id_header)?);
@@ -215,7 +209,7 @@ impl KafkaConnector {
     /// checks they exist).
     ///
     /// Errors: as [`SourceFactory::open`].
-    pub async fn ensure_topics(&self) -> Result<(), SourceError> {
+    pub(crate) async fn ensure_topics(&self) -> Result<(), SourceError> {
         let mut wanted = Vec::new();
         for topic in &self.settings.topics {
             wanted.push(TopicSpec { name: topic.clone(), partitions: Partitions::Fixed(self.settings.partitions) });
@@ -229,7 +223,9 @@ impl KafkaConnector {
         admin::ensure_topics(&self.settings, &wanted).await
     }
 
-    /// Records this process has fetched and not yet settled (what back-pressure bounds).
+    /// Records this process has fetched and not yet settled (what back-pressure bounds; the
+    /// tests watch it).
+    #[cfg(feature = "testing")]
     pub fn in_flight(&self) -> usize {
         let member = self.member.try_lock().ok().and_then(|m| m.clone());
         member.map_or(0, |m| m.shared.offsets().in_flight())

@@ -15,7 +15,9 @@ pub const TOO_DEEP: &str = "(nested deeper than 32 levels; not kept)";
 
 /// Converts an AMQP header table to a JSON object. Byte arrays and non-UTF-8 long strings
 /// become arrays of numbers; decimals become numbers; timestamps their Unix seconds; values
-/// nested deeper than [`MAX_HEADER_DEPTH`] the string [`TOO_DEEP`].
+/// nested deeper than [`MAX_HEADER_DEPTH`] the string [`TOO_DEEP`]. (The tests' view of what
+/// a source keeps; the sources use [`headers_to_json`].)
+#[cfg(feature = "testing")]
 pub fn table_to_json(table: &FieldTable) -> Map<String, Value> {
     headers_to_json(table).0
 }

@@ -111,7 +111,6 @@ mod header_depth;
 mod publish;
 mod source;
 
-pub use header_depth::MAX_PARSED_DEPTH;
 pub(crate) use header_depth::connect;
 pub use publish::{PublishError, Publisher, properties_for};
 pub use source::RabbitSource;
@@ -220,7 +219,7 @@ impl RabbitSettings {
     /// What keeps these settings from naming a topology: no queue, or no exchange to declare.
     ///
     /// Errors: the reason, naming the setting.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.queue.is_empty() {
             return Err("RabbitMQ: no queue (`queue`)".to_owned());
         }
@@ -233,7 +232,7 @@ impl RabbitSettings {
     }
 
     /// The name of the retry queue for `delay`.
-    pub fn retry_queue(&self, delay: Duration) -> String {
+    pub(crate) fn retry_queue(&self, delay: Duration) -> String {
         format!("{}.retry.{}", self.queue, delay.as_millis())
     }
 
@@ -252,7 +251,7 @@ impl RabbitSettings {
     }
 }
 
-/// Connects to RabbitMQ, declares the topology and opens one [`RabbitSource`] per worker.
+/// Connects to RabbitMQ, declares the topology and opens one source per worker.
 /// Holds the shared connection; reconnects when it is gone.
 pub struct RabbitConnector {
     url: String,
@@ -265,7 +264,7 @@ pub struct RabbitConnector {
 
 impl RabbitConnector {
     /// A connector; does not connect until first used. It signs its copies' source headers with
-    /// a key of its own; give it the engine's with [`RabbitConnector::with_source_key`].
+    /// a key of its own (an engine gives its groups' connectors the key all its processes share).
     pub fn new(url: &str, settings: RabbitSettings, backoff: Backoff) -> Self {
         Self {
             url: url.to_owned(),
@@ -278,21 +277,16 @@ impl RabbitConnector {
     }
 
     /// Signs and trusts source headers with `key` (shared by every process on the queue).
-    pub fn with_source_key(mut self, key: SourceKey) -> Self {
+    pub(crate) fn with_source_key(mut self, key: SourceKey) -> Self {
         self.source_key = key;
         self
-    }
-
-    /// The settings.
-    pub fn settings(&self) -> &RabbitSettings {
-        &self.settings
     }
 
     /// The live connection, connecting (and declaring the topology) when there is none.
     ///
     /// Errors: [`SourceError::Disconnected`] with the [`Unreachable`] text (service, redacted
     /// URL, how to start it).
-    pub async fn connection(&self) -> Result<Arc<Connection>, SourceError> {
+    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, SourceError> {
         let mut guard = self.connection.lock().await;
         if let Some(conn) = guard.as_ref().filter(|c| c.status().connected()) {
             return Ok(conn.clone());

@@ -40,7 +40,7 @@ pub enum PublishError {
 
 impl Publisher {
     /// Opens a channel on `conn` and turns on publisher confirms.
-    pub async fn open(conn: &Connection) -> Result<Self, SourceError> {
+    pub(crate) async fn open(conn: &Connection) -> Result<Self, SourceError> {
         let channel = conn.create_channel().await.map_err(disconnected)?;
         channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(broker)?;
         Ok(Self { channel })
@@ -80,11 +80,6 @@ impl Publisher {
             }
             Confirmation::Nack(_) => Err(PublishError::Nacked),
         }
-    }
-
-    /// Whether the channel is usable.
-    pub fn is_open(&self) -> bool {
-        self.channel.status().connected()
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use axum::http::Method;
-use dedup_engine::accounts::Role;
+use dedup_engine::console::accounts::Role;
 
 /// The least a caller needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,10 +16,12 @@ use axum::Json;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use dedup_engine::accounts::passwords::{self, verify_password};
-use dedup_engine::accounts::throttle::{account_key, address_key, throttle_check, throttle_clear, throttle_fail};
-use dedup_engine::accounts::users::{user_credentials, user_touch_login};
-use dedup_engine::audit::{AuditOutcome, NewAuditEntry};
+use dedup_engine::console::accounts::passwords::{self, verify_password};
+use dedup_engine::console::accounts::throttle::{
+    account_key, address_key, throttle_check, throttle_clear, throttle_fail,
+};
+use dedup_engine::console::accounts::users::{user_credentials, user_touch_login};
+use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
 use serde::Deserialize;
 use serde_json::json;
 use tower_sessions::Session;
@@ -148,7 +150,7 @@ impl AuditLogin<'_> {
             detail: json!({ "user": self.name }),
             source: self.source,
         };
-        dedup_engine::audit::record(pool, &entry).await
+        dedup_engine::console::audit::record(pool, &entry).await
     }
 }
 
@@ -170,7 +172,7 @@ pub async fn logout(State(state): State<AppState>, session: Session, req: Reques
         detail: json!({}),
         source: auth.source.as_deref(),
     };
-    if let Err(e) = dedup_engine::audit::record(state.console.pool(), &entry).await {
+    if let Err(e) = dedup_engine::console::audit::record(state.console.pool(), &entry).await {
         tracing::error!(error = %e, "writing the audit log failed");
     }
     if wants_html {

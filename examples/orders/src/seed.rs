@@ -2,8 +2,8 @@
 //! records are made of — three services, the order events, the errors of card payments, a
 //! gateway and an SMS provider, and order payloads.
 
+use dedup_engine::console::seed::HandlerMode;
 use dedup_engine::console::seed::{SeedDomain, SeedError, SeedGroup, SeedMessage, SeedType};
-use dedup_engine::record::HandlerMode;
 
 /// The seed's groups (`order-service` 60 %, `billing-service` 25 %, `notification-service`
 /// 15 %), types (`ORDER.CREATE`, `ORDER.PAY`, `ORDER.NOTIFY` leased, `ORDER.CANCEL`,

@@ -24,6 +24,7 @@ use chrono::SubsecRound;
 use sqlx::{PgConnection, PgPool};
 
 use super::QueryError;
+pub use crate::record::HandlerMode;
 pub use domain::{SeedDomain, SeedError, SeedGroup, SeedMessage, SeedType};
 use indexes::Deferred;
 use rows::{Chunk, Plan};

@@ -58,6 +58,97 @@ fn the_public_api_is_the_listed_one() {
     }
 }
 
+/// The crates of this workspace that use the engine, outside their tests (which may use the
+/// `testing` feature's internal modules): they must name public paths only. A workspace build
+/// with `--all-targets` turns `testing` on for everyone, so a `dedup_engine::<internal module>`
+/// path compiles there and fails in `cargo build` of the binaries alone.
+#[test]
+fn the_workspace_crates_use_public_paths_only() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let internal: Vec<String> = parse(&manifest.join("src/lib.rs"))
+        .iter()
+        .filter_map(|item| match item {
+            Item::Macro(m) if m.mac.path.is_ident("internal") => Some(m.mac.tokens.to_string()),
+            _ => None,
+        })
+        .flat_map(|names| names.split(',').map(|n| n.trim().to_owned()).collect::<Vec<_>>())
+        .filter(|n| !n.is_empty())
+        .collect();
+    assert!(internal.contains(&"pipeline".to_owned()), "internal!(…) of lib.rs not found: {internal:?}");
+    let root = manifest.parent().expect("the workspace");
+    let mut dirs = vec![root.join("app/src"), root.join("server/src"), root.join("server/benches")];
+    for example in std::fs::read_dir(root.join("examples")).expect("examples/").flatten() {
+        dirs.push(example.path().join("src"));
+    }
+    let mut found = Vec::new();
+    for dir in dirs {
+        for file in rust_files(&dir) {
+            let text = std::fs::read_to_string(&file).expect("a source file");
+            for module in internal_paths(&text, &internal) {
+                found.push(format!("{}: dedup_engine::{module}", file.strip_prefix(root).unwrap_or(&file).display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "these name the engine's internal modules (public only to the engine's own tests, with the \
+         feature `testing`), so the binaries do not build without it:\n  {}\nUse the root re-exports \
+         (dedup_engine::Engine, …), dedup_engine::rabbitmq / kafka / http, or, for the console crates, \
+         dedup_engine::console.",
+        found.join("\n  ")
+    );
+}
+
+/// The `.rs` files below `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// The internal modules `text` names after `dedup_engine::`, directly or in a `{…}` group.
+fn internal_paths(text: &str, internal: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    let is_internal = |name: &str| internal.iter().any(|m| m == name);
+    for (at, _) in text.match_indices("dedup_engine::") {
+        let rest = &text[at + "dedup_engine::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Top-level names of the group that go on with `::`.
+            let mut depth = 0;
+            let mut start = 0;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = i + 1,
+                    ':' if depth == 0 => {
+                        let name = group[start..i].trim();
+                        if is_internal(name) {
+                            found.push(name.to_owned());
+                        }
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            if rest[name.len()..].starts_with("::") && is_internal(&name) {
+                found.push(name);
+            }
+        }
+    }
+    found
+}
+
 /// Counts of a listing by kind, for the failure message and for comparing trees.
 fn summary(listing: &str) -> String {
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();

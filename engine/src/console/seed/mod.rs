@@ -6,10 +6,10 @@
 //!
 //! The run reserves a block of ids from the table's identity sequence, then, in one transaction,
 //! streams the rows with `COPY ... FROM STDIN` while a blocking thread generates the next ones
-//! ([`rows`]) and counts their per-minute and duplicate-delay aggregates ([`totals`]); the
+//! (`seed/rows.rs`) and counts their per-minute and duplicate-delay aggregates (`seed/totals.rs`); the
 //! statement-level counting trigger keeps `record_counts` exact as it does for every insert.
 //! Into an empty table the secondary indexes and the UNIQUE key are built after the load
-//! ([`indexes`]). A failed
+//! (`seed/indexes.rs`). A failed
 //! run leaves nothing behind. Succeeded records keep no payload (as in production), so their
 //! `payload_hash` is random.
 

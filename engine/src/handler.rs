@@ -403,7 +403,7 @@ impl Handler {
     }
 
     /// [`LeasedHandler::longest_run`]; `None` for transactional handlers.
-    pub fn longest_run(&self) -> Option<Duration> {
+    pub(crate) fn longest_run(&self) -> Option<Duration> {
         match self {
             Handler::Transactional(_) => None,
             Handler::Leased { handler, .. } => handler.longest_run(),

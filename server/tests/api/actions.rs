@@ -1,4 +1,5 @@
-//! The operator actions of the REST API: JSON errors with 400/404/409, the audit trail, bulk
+//! The operator actions of the REST API: JSON errors with 400/404/409 (a body that is not a JSON
+//! object, a path under /api/ that no route takes), the audit trail, bulk
 //! requeue preview and job, cleanup schedules (invalid cron, dry run, run), and the OpenAPI
 //! document listing every new route.
 
@@ -104,6 +105,12 @@ async fn bulk_requeue_previews_then_runs_in_the_background() {
     .execute(&app._db.pool)
     .await
     .unwrap();
+    // serde reads a struct from an array too: `[]` used to pass as the empty filter, all records.
+    for not_an_object in [json!([]), json!(["dead"]), json!("dead"), json!(null)] {
+        let (status, body) = post(&app, "/api/v1/requeue/preview", not_an_object.clone()).await;
+        assert_eq!((status, body["error"].as_str()), (400, Some("bad_request")), "{not_an_object}: {body}");
+        assert!(body["message"].as_str().unwrap().contains("JSON object"), "{body}");
+    }
     let filter = json!({"status": "dead", "error_class": "E: x"});
     let (status, preview) = post(&app, "/api/v1/requeue/preview", filter.clone()).await;
     assert_eq!(status, 200, "{preview}");
@@ -195,4 +202,26 @@ async fn the_openapi_document_lists_the_action_routes() {
     ] {
         assert!(doc["paths"][path].is_object(), "{path} missing from the OpenAPI document");
     }
+}
+
+#[tokio::test]
+async fn an_unknown_api_path_answers_the_apis_json_404_not_a_page() {
+    let app = spawn_app().await;
+    for path in ["/api/v1/nope", "/api/v1/records/1/explode", "/api/v2/records", "/api"] {
+        for client in [app.anonymous(), app.bearer(Role::Viewer)] {
+            let response = client.get(app.url(path)).send().await.expect("request sent");
+            assert_eq!(response.status().as_u16(), 404, "{path}");
+            let kind = response.headers()["content-type"].to_str().unwrap().to_owned();
+            assert!(kind.starts_with("application/json"), "{path}: {kind}");
+            let body: Value = response.json().await.expect("JSON body");
+            assert_eq!(body["error"], "not_found", "{path}: {body}");
+            assert!(body["message"].as_str().unwrap().contains(path), "{body}");
+        }
+    }
+    let (status, body) = post(&app, "/api/v1/records/1/explode", json!({})).await;
+    assert_eq!((status, body["error"].as_str()), (404, Some("not_found")), "a POST too");
+    // A page path that does not exist is still the console's HTML 404 page.
+    let page = app.anonymous().get(app.url("/no-such-page")).send().await.unwrap();
+    assert_eq!(page.status().as_u16(), 404);
+    assert!(page.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
 }

@@ -39,3 +39,24 @@ pub(crate) fn rejected(e: impl std::fmt::Display) -> ApiError {
 }
 
 pub(crate) type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// A JSON request body that must be an object, read into `T`. serde reads a struct from a JSON
+/// array as well (its fields in order), so with `Json<T>` a body of `[]` passed as an empty
+/// filter; here anything but an object is a 400 `bad_request`, as is malformed JSON.
+pub struct JsonObject<T>(pub T);
+
+impl<S, T> axum::extract::FromRequest<S> for JsonObject<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let Json(value) = Json::<serde_json::Value>::from_request(request, state).await.map_err(rejected)?;
+        if !value.is_object() {
+            return Err(rejected("the request body must be a JSON object"));
+        }
+        serde_json::from_value(value).map(JsonObject).map_err(rejected)
+    }
+}

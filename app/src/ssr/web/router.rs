@@ -32,6 +32,7 @@ use tracing::Level;
 
 use super::api;
 use super::config::ConsoleAuth;
+use super::error::ApiError;
 use super::health;
 use super::security::access::{Access, Policy, RouteKind, Rule};
 use super::security::headers::{self, CspNonce};
@@ -39,6 +40,7 @@ use super::security::middleware::{AuthLayerState, authorize};
 use super::security::{login, session};
 use super::state::{AppState, RouteSpec};
 use crate::base::ConsoleBase;
+use crate::error::ConsoleError;
 use crate::ssr::service::ConsoleState;
 use crate::ssr::service::auth::RequestAuth;
 use crate::{App, shell};
@@ -220,8 +222,9 @@ pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
     router.with_state(state)
 }
 
-/// What no route takes: a path with a trailing slash is redirected (308) to the one without, so
-/// `/records/` is the Records page; anything else is a static file from the site root or the
+/// What no route takes: a path under `/api/` is the API's JSON 404 (`not_found`), not a page; a
+/// path with a trailing slash is redirected (308) to the one without, so `/records/` is the
+/// Records page; anything else is a static file from the site root or the
 /// app's 404 page, rendered with the contexts pages rely on (the console state, the CSP nonce).
 fn fallback(
     context: impl Fn() + Clone + Send + 'static,
@@ -235,6 +238,10 @@ fn fallback(
 + 'static {
     let files = leptos_axum::file_and_error_handler_with_context::<AppState, _>(context, shell);
     move |uri, state: axum::extract::State<AppState>, request| {
+        if uri.path() == "/api" || uri.path().starts_with("/api/") {
+            let missing = ConsoleError::NotFound(format!("no API endpoint {} {}", request.method(), uri.path()));
+            return Box::pin(std::future::ready(ApiError::from(missing).into_response()));
+        }
         if let Some(to) = without_trailing_slash(&uri) {
             let to = state.base.join(&to);
             return Box::pin(std::future::ready(axum::response::Redirect::permanent(&to).into_response()));

@@ -5,12 +5,12 @@
 use crate::ssr::service::actions::act;
 use crate::ssr::service::auth::RequestAuth;
 use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
-use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Extension, Json};
 
-use crate::ssr::web::error::{ApiResult, ErrorBody, rejected};
+use crate::ssr::web::error::{ApiResult, ErrorBody, JsonObject, rejected};
 use crate::ssr::web::security::access::Access;
 use crate::ssr::web::state::{AppState, RouteSpec};
 
@@ -18,11 +18,10 @@ async fn run(
     state: &AppState,
     auth: &RequestAuth,
     id: Result<Path<i64>, PathRejection>,
-    body: Result<Json<RecordActionRequest>, JsonRejection>,
+    JsonObject(body): JsonObject<RecordActionRequest>,
     kind: RecordActionKind,
 ) -> ApiResult<ActionResultView> {
     let Path(id) = id.map_err(rejected)?;
-    let Json(body) = body.map_err(rejected)?;
     Ok(Json(act(&state.console, &auth.actor(), id, kind, &body).await?))
 }
 
@@ -37,7 +36,7 @@ pub async fn release(
     State(s): State<AppState>,
     Extension(auth): Extension<RequestAuth>,
     id: Result<Path<i64>, PathRejection>,
-    body: Result<Json<RecordActionRequest>, JsonRejection>,
+    body: JsonObject<RecordActionRequest>,
 ) -> ApiResult<ActionResultView> {
     run(&s, &auth, id, body, RecordActionKind::Release).await
 }
@@ -53,7 +52,7 @@ pub async fn mark_succeeded(
     State(s): State<AppState>,
     Extension(auth): Extension<RequestAuth>,
     id: Result<Path<i64>, PathRejection>,
-    body: Result<Json<RecordActionRequest>, JsonRejection>,
+    body: JsonObject<RecordActionRequest>,
 ) -> ApiResult<ActionResultView> {
     run(&s, &auth, id, body, RecordActionKind::MarkSucceeded).await
 }
@@ -68,7 +67,7 @@ pub async fn dead_letter(
     State(s): State<AppState>,
     Extension(auth): Extension<RequestAuth>,
     id: Result<Path<i64>, PathRejection>,
-    body: Result<Json<RecordActionRequest>, JsonRejection>,
+    body: JsonObject<RecordActionRequest>,
 ) -> ApiResult<ActionResultView> {
     run(&s, &auth, id, body, RecordActionKind::DeadLetter).await
 }
@@ -84,7 +83,7 @@ pub async fn requeue(
     State(s): State<AppState>,
     Extension(auth): Extension<RequestAuth>,
     id: Result<Path<i64>, PathRejection>,
-    body: Result<Json<RecordActionRequest>, JsonRejection>,
+    body: JsonObject<RecordActionRequest>,
 ) -> ApiResult<ActionResultView> {
     run(&s, &auth, id, body, RecordActionKind::Requeue).await
 }

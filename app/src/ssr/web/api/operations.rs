@@ -11,17 +11,16 @@ use crate::wire::operations::{
     RequeuePreviewView, RequeueStartRequest, ScheduleRequest, ScheduleView,
 };
 use crate::wire::records::RecordsQuery;
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json};
 use serde::Serialize;
 
-use crate::ssr::web::error::{ApiResult, ErrorBody, rejected};
+use crate::ssr::web::error::{ApiResult, ErrorBody, JsonObject, rejected};
 use crate::ssr::web::security::access::Access;
 use crate::ssr::web::state::{AppState, RouteSpec};
 
-type JsonBody<T> = Result<Json<T>, JsonRejection>;
 type IdPath = Result<Path<i64>, PathRejection>;
 
 /// Records a schedule would delete now.
@@ -42,8 +41,10 @@ pub struct RunStartedView {
 /// Role: viewer.
 #[utoipa::path(post, path = "/api/v1/requeue/preview", tag = "requeue", request_body = RecordsQuery,
     responses((status = 200, body = RequeuePreviewView), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
-pub async fn requeue_preview(State(s): State<AppState>, body: JsonBody<RecordsQuery>) -> ApiResult<RequeuePreviewView> {
-    let Json(filter) = body.map_err(rejected)?;
+pub async fn requeue_preview(
+    State(s): State<AppState>,
+    JsonObject(filter): JsonObject<RecordsQuery>,
+) -> ApiResult<RequeuePreviewView> {
     Ok(Json(ops::requeue_preview(&s.console, &filter).await?))
 }
 
@@ -55,9 +56,8 @@ pub async fn requeue_preview(State(s): State<AppState>, body: JsonBody<RecordsQu
 pub async fn requeue_start(
     State(s): State<AppState>,
     Extension(auth): Extension<RequestAuth>,
-    body: JsonBody<RequeueStartRequest>,
+    JsonObject(request): JsonObject<RequeueStartRequest>,
 ) -> ApiResult<RequeueJobView> {
-    let Json(request) = body.map_err(rejected)?;
     Ok(Json(ops::requeue_start(&s.console, &auth.actor(), &request).await?))
 }
 
@@ -100,9 +100,8 @@ pub async fn cleanup(State(s): State<AppState>) -> ApiResult<CleanupView> {
 pub async fn schedule_create(
     State(s): State<AppState>,
     Extension(auth): Extension<RequestAuth>,
-    body: JsonBody<ScheduleRequest>,
+    JsonObject(request): JsonObject<ScheduleRequest>,
 ) -> ApiResult<ScheduleView> {
-    let Json(request) = body.map_err(rejected)?;
     Ok(Json(ops::schedule_save(&s.console, &auth.actor(), None, &request).await?))
 }
 
@@ -114,10 +113,9 @@ pub async fn schedule_update(
     State(s): State<AppState>,
     Extension(auth): Extension<RequestAuth>,
     id: IdPath,
-    body: JsonBody<ScheduleRequest>,
+    JsonObject(request): JsonObject<ScheduleRequest>,
 ) -> ApiResult<ScheduleView> {
     let Path(id) = id.map_err(rejected)?;
-    let Json(request) = body.map_err(rejected)?;
     Ok(Json(ops::schedule_save(&s.console, &auth.actor(), Some(id), &request).await?))
 }
 
@@ -150,9 +148,8 @@ pub async fn schedule_run(
 pub async fn drill_start(
     State(s): State<AppState>,
     Extension(auth): Extension<RequestAuth>,
-    body: JsonBody<DrillRequest>,
+    JsonObject(request): JsonObject<DrillRequest>,
 ) -> ApiResult<DrillView> {
-    let Json(request) = body.map_err(rejected)?;
     Ok(Json(ops::drill_start(&s.console, &auth.actor(), &request).await?))
 }
 

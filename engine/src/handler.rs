@@ -69,7 +69,7 @@ impl HandlerInput<'_> {
 /// The record's `last_error` is both, `<class>: <detail>` (this type's `Display`).
 ///
 /// ```
-/// use dedup_engine::handler::HandlerError;
+/// use dedup_engine::HandlerError;
 /// let member = 4711;
 /// let error = HandlerError::permanent("MEMBER_NOT_FOUND", format!("member {member} has no account"));
 /// assert_eq!(error.class(), "MEMBER_NOT_FOUND");
@@ -128,7 +128,7 @@ impl HandlerError {
     /// you know the cause.
     ///
     /// ```
-    /// use dedup_engine::handler::HandlerError;
+    /// use dedup_engine::HandlerError;
     /// let error = HandlerError::unclassified("LOYALTY_API", "status 503 from 10.0.0.7:8080\nretry later");
     /// assert_eq!(error.class(), "LOYALTY_API: status # from #");
     /// ```

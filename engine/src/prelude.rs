@@ -11,6 +11,6 @@ pub use crate::kafka::KafkaSettings;
 #[cfg(feature = "rabbitmq")]
 pub use crate::rabbitmq::RabbitSettings;
 pub use crate::{
-    Engine, Group, HandlerError, HandlerInput, HealthProbes, IdPolicy, LeaseExpiryPolicy, LeaseGuard, LeasedHandler,
-    Schema, TransactionalHandler, TypePolicy, TypeSource,
+    Engine, Group, HandlerError, HandlerInput, HealthProbes, IdPolicy, IdSource, LeaseExpiryPolicy, LeaseGuard,
+    LeasedHandler, Schema, TransactionalHandler, TypePolicy, TypeSource,
 };

@@ -59,9 +59,10 @@ fn the_public_api_is_the_listed_one() {
 }
 
 /// The crates of this workspace that use the engine, outside their tests (which may use the
-/// `testing` feature's internal modules): they must name public paths only. A workspace build
-/// with `--all-targets` turns `testing` on for everyone, so a `dedup_engine::<internal module>`
-/// path compiles there and fails in `cargo build` of the binaries alone.
+/// `testing` feature's internal modules), the engine's own doc examples and the README's code:
+/// they must name public paths only. A workspace build with `--all-targets` turns `testing` on
+/// for everyone, so a `dedup_engine::<internal module>` path compiles there (doc tests too) and
+/// fails in `cargo build` of the binaries alone, or in a host's crate.
 #[test]
 fn the_workspace_crates_use_public_paths_only() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -76,17 +77,17 @@ fn the_workspace_crates_use_public_paths_only() {
         .collect();
     assert!(internal.contains(&"pipeline".to_owned()), "internal!(…) of lib.rs not found: {internal:?}");
     let root = manifest.parent().expect("the workspace");
-    let mut dirs = vec![root.join("app/src"), root.join("server/src"), root.join("server/benches")];
+    let mut dirs =
+        vec![manifest.join("src"), root.join("app/src"), root.join("server/src"), root.join("server/benches")];
     for example in std::fs::read_dir(root.join("examples")).expect("examples/").flatten() {
         dirs.push(example.path().join("src"));
     }
+    let files = dirs.iter().flat_map(|dir| rust_files(dir)).chain([root.join("README.md")]);
     let mut found = Vec::new();
-    for dir in dirs {
-        for file in rust_files(&dir) {
-            let text = std::fs::read_to_string(&file).expect("a source file");
-            for module in internal_paths(&text, &internal) {
-                found.push(format!("{}: dedup_engine::{module}", file.strip_prefix(root).unwrap_or(&file).display()));
-            }
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("a source file");
+        for module in internal_paths(&text, &internal) {
+            found.push(format!("{}: dedup_engine::{module}", file.strip_prefix(root).unwrap_or(&file).display()));
         }
     }
     assert!(

@@ -9,7 +9,7 @@
 //! `concurrency` calls in flight, optionally `rate_per_sec` started per second.
 //!
 //! ```no_run
-//! # fn group(g: dedup_engine::group::Group) -> Result<dedup_engine::group::Group, dedup_engine::http::HttpSettingsError> {
+//! # fn group(g: dedup_engine::Group) -> Result<dedup_engine::Group, dedup_engine::http::HttpSettingsError> {
 //! use dedup_engine::http::{HttpHandler, HttpSettings, SecretSetting};
 //! let mut charge = HttpSettings::new("http://127.0.0.1:8080/charge");
 //! charge.timeout_ms = 5_000;

@@ -87,7 +87,7 @@ serde_as_text!(IdSource);
 /// payload; add `offset` last for Kafka topics whose records carry no id.
 ///
 /// ```
-/// use dedup_engine::message::{IdPolicy, IdSource};
+/// use dedup_engine::{IdPolicy, IdSource};
 /// // The business key in a header, then the payload; the property (a per-send UUID) ignored.
 /// let ids = IdPolicy::from_sources([IdSource::Header("x-idempotency-key".into()), IdSource::JsonPointer("/eventId".into())]);
 /// assert_eq!(ids.header(), Some("x-idempotency-key"));

@@ -3,7 +3,7 @@
 //!
 //! On the server it comes from [`ConsoleBase`], provided as context for every request; the
 //! shell writes it into `<meta name="dedup-base">`, and the browser reads it from there at
-//! hydration ([`init_from_page`]), so both render the same links. Every link, form action and
+//! hydration (`init_from_page`, built for the browser only), so both render the same links. Every link, form action and
 //! URL the app builds goes through [`href`]; the router matches routes under the base, and
 //! server functions are called under it (`server_fn`'s server URL, set at hydration).
 

@@ -72,9 +72,14 @@ pub struct GroupHealth {
 /// Probes the dependencies. Cheap to clone.
 ///
 /// Each probe is a real round trip: `SELECT 1` on a pooled PostgreSQL connection, `PING` on a
-/// new Redis connection, and for the broker ([`HealthProbes::with_rabbitmq`] or
-/// [`HealthProbes::with_kafka`]) an AMQP handshake with RabbitMQ (closed right after) or a
+/// new Redis connection, and for the broker ([`HealthProbes::with_rabbitmq`][with-rabbitmq] or
+/// [`HealthProbes::with_kafka`][with-kafka]) an AMQP handshake with RabbitMQ (closed right after) or a
 /// metadata request to Kafka. Each is bounded by `timeout`.
+#[doc = ""]
+#[cfg_attr(feature = "kafka", doc = "[with-kafka]: HealthProbes::with_kafka")]
+#[cfg_attr(not(feature = "kafka"), doc = "[with-kafka]: crate#features")]
+#[cfg_attr(feature = "rabbitmq", doc = "[with-rabbitmq]: HealthProbes::with_rabbitmq")]
+#[cfg_attr(not(feature = "rabbitmq"), doc = "[with-rabbitmq]: crate#features")]
 #[derive(Clone)]
 pub struct HealthProbes {
     pool: PgPool,
@@ -98,8 +103,13 @@ enum BrokerProbe {
 
 impl HealthProbes {
     /// Creates probes of the database (on `pool`, named by `database_url`) and Redis; `timeout`
-    /// bounds each probe. Add the broker with [`HealthProbes::with_rabbitmq`] or
-    /// [`HealthProbes::with_kafka`].
+    /// bounds each probe. Add the broker with [`HealthProbes::with_rabbitmq`][with-rabbitmq] or
+    /// [`HealthProbes::with_kafka`][with-kafka].
+    #[doc = ""]
+    #[cfg_attr(feature = "kafka", doc = "[with-kafka]: HealthProbes::with_kafka")]
+    #[cfg_attr(not(feature = "kafka"), doc = "[with-kafka]: crate#features")]
+    #[cfg_attr(feature = "rabbitmq", doc = "[with-rabbitmq]: HealthProbes::with_rabbitmq")]
+    #[cfg_attr(not(feature = "rabbitmq"), doc = "[with-rabbitmq]: crate#features")]
     pub fn new(pool: PgPool, database_url: &str, redis_url: &str, timeout: Duration) -> Self {
         Self {
             pool,

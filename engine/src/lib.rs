@@ -70,8 +70,8 @@
 //! - **Running it**: [`Engine`] ([`Engine::builder`] → [`EngineBuilder`] → [`EngineBuilder::start`]),
 //!   [`EngineHandle`] (the engine's pool, each group's health), [`EngineError`].
 //! - **Consumer groups**: [`Group`] with [`GroupSettings`] (workers: [`ConsumerSettings`], retries:
-//!   [`Backoff`]); its source is a RabbitMQ queue ([`rabbitmq::RabbitSettings`], feature `rabbitmq`)
-//!   or Kafka topics ([`kafka::KafkaSettings`], feature `kafka`).
+//!   [`Backoff`]); its source is a RabbitMQ queue ([`rabbitmq::RabbitSettings`][rabbit-settings], feature `rabbitmq`)
+//!   or Kafka topics ([`kafka::KafkaSettings`][kafka-settings], feature `kafka`).
 //! - **Handlers** (DESIGN.md, "Two handler modes"): [`TransactionalHandler`] runs in the claim's
 //!   transaction; [`LeasedHandler`] runs an external effect under a [`LeaseGuard`], and
 //!   [`LeaseExpiryPolicy`] says what a redelivery of its stuck record may do. Both get a
@@ -114,6 +114,14 @@
 //! crates, not semantic versioning; hosts mount the console through `dedup-app` instead.
 //! `engine/public-api.txt` lists every public path; `engine/tests/public_api.rs` fails when it
 //! changes by accident.
+// Links to a broker feature's items: to "Features" in a build without it.
+#![doc = ""]
+#![cfg_attr(feature = "kafka", doc = "[kafka-settings]: kafka::KafkaSettings")]
+#![cfg_attr(not(feature = "kafka"), doc = "[kafka-settings]: crate#features")]
+#![cfg_attr(feature = "rabbitmq", doc = "[rabbit-settings]: rabbitmq::RabbitSettings")]
+#![cfg_attr(not(feature = "rabbitmq"), doc = "[rabbit-settings]: crate#features")]
+#![cfg_attr(feature = "rabbitmq", doc = "[rabbit-publisher]: rabbitmq::Publisher")]
+#![cfg_attr(not(feature = "rabbitmq"), doc = "[rabbit-publisher]: crate#features")]
 
 /// Declares the engine's internal modules: private, so their `pub` items are visible in the
 /// crate only (and unused ones are dead code), except that the `testing` feature opens them,

@@ -6,7 +6,7 @@
 //! of its subject — [`console`] (overview, records, failures: reads), [`operations`] (bulk
 //! requeue, cleanup, drills, audit), [`accounts`] (users, tokens), [`actions`] (single-record
 //! actions) — taking a [`ConsoleState`] (and the [`auth::RequestAuth`] when it acts for
-//! someone). Conversions from engine types to wire types go in [`convert`].
+//! someone). Conversions from engine types to wire types go in `convert`.
 //!
 //! Imports run downward only: this layer uses the engine, [`crate::wire`], [`crate::error`]
 //! and [`crate::format`]; never [`super::web`], the pages or the components (the app's

@@ -56,6 +56,9 @@ pub async fn console_router(
     config: ConsoleConfig,
 ) -> anyhow::Result<Router> {
     ConsoleBase::validate(&config.base_path).map_err(anyhow::Error::msg)?;
+    if let Some(problem) = bundle_problem(&config.site_root) {
+        tracing::warn!("{problem}");
+    }
     let base = config.base();
     let sessions = match &config.auth {
         ConsoleAuth::Accounts(_) => Some(session::store(engine.pool(), engine.schema().as_str()).await?),
@@ -77,6 +80,24 @@ pub async fn console_router(
     Ok(router::router(state, sessions))
 }
 
+/// The script every console page loads from `<site_root>/pkg/` to hydrate (cargo-leptos's
+/// output name, `[[workspace.metadata.leptos]]` in the workspace's Cargo.toml).
+const BUNDLE_SCRIPT: &str = "dedup-console.js";
+
+/// Why `site_root` cannot serve the console's browser bundle, if it cannot. The console still
+/// starts: its pages render, but they never hydrate (buttons do nothing), which is easy to miss.
+fn bundle_problem(site_root: &std::path::Path) -> Option<String> {
+    let script = site_root.join("pkg").join(BUNDLE_SCRIPT);
+    (!script.is_file()).then(|| {
+        format!(
+            "the console's browser bundle is missing ({} is not a file): its pages will render but not \
+             hydrate, and their buttons will do nothing; build it with scripts/console-bundle from the \
+             commit of your dedup-app dependency and pass that directory as site_root",
+            script.display()
+        )
+    })
+}
+
 /// `console` served by `host` under `base_path`: nested there (`<base>/` redirects to
 /// `<base>`, the console's root), or merged at the root.
 pub fn mount(host: Router, base_path: &str, console: Router) -> Router {
@@ -90,4 +111,23 @@ pub fn mount(host: Router, base_path: &str, console: Router) -> Router {
         axum::routing::get(move || async move { axum::response::Redirect::permanent(&root) }),
     )
     .nest(base.as_str(), console)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BUNDLE_SCRIPT, bundle_problem};
+
+    #[test]
+    fn a_site_root_without_the_bundle_is_named_in_the_warning() {
+        let root = std::env::temp_dir().join(format!("dedup-site-{}", std::process::id()));
+        let problem = bundle_problem(&root).expect("no directory: a problem");
+        assert!(problem.contains(&root.display().to_string()), "{problem}");
+        assert!(problem.contains("scripts/console-bundle"), "{problem}");
+
+        std::fs::create_dir_all(root.join("pkg")).unwrap();
+        assert!(bundle_problem(&root).is_some(), "an empty pkg/ is no bundle");
+        std::fs::write(root.join("pkg").join(BUNDLE_SCRIPT), "// the bundle").unwrap();
+        assert_eq!(bundle_problem(&root), None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -86,9 +86,47 @@
 //!   [`EngineHandle::groups_health`] → [`GroupHealth`] (a group whose broker refuses its
 //!   topology is not ready).
 //! - **Publishing** to a group's broker (producers, tools): [`Group::source_factory`] →
-//!   [`SourceFactory::open_publisher`] → [`Publish`] with an [`Outbound`] message;
-//!   [`rabbitmq::Publisher`] for AMQP properties of your own.
+//!   [`SourceFactory::open_publisher`] → [`Publish`] with an [`Outbound`] message (example
+//!   below); [`rabbitmq::Publisher`][rabbit-publisher] for AMQP properties of your own.
 //! - [`prelude`]: `use dedup_engine::prelude::*;` brings the names of the example above.
+//!
+//! # Publishing a message
+//!
+//! A producer of your own (a test, a tool, a service beside the consumer) publishes where a
+//! group reads, with the message id the group's [`IdPolicy`] looks for (by default the AMQP
+//! `message_id` property, Kafka's `x-message-id` header). [`Publish::publish`] returns once the
+//! broker confirmed the message; publishing the same id twice is a producer's retry, and the
+//! consumer runs its handler once:
+//!
+//! ```no_run
+//! use dedup_engine::{Group, Outbound, rabbitmq::RabbitSettings};
+//!
+//! # async fn publish() -> anyhow::Result<()> {
+//! let billing = Group::rabbitmq(
+//!     "billing",
+//!     "amqp://guest:guest@127.0.0.1:5672/%2f",
+//!     RabbitSettings::for_queue("billing.events", "billing.invoices", ["invoice.#"]),
+//! );
+//! let factory = billing.source_factory(); // connects when a publisher or worker asks
+//! let publisher = factory.open_publisher().await?;
+//! let headers = serde_json::Map::new(); // broker headers, as JSON values
+//! publisher
+//!     .publish(Outbound {
+//!         destination: &factory.destination(), // the group's exchange (Kafka: its first topic)
+//!         routing_key: "invoice.paid",         // RabbitMQ; Kafka ignores it
+//!         key: None,                           // Kafka's record key; RabbitMQ ignores it
+//!         message_id: Some("INVOICE.PAID.INV-1001:1"), // the default TypePolicy: type INVOICE.PAID
+//!         payload: br#"{"invoiceNo":"INV-1001"}"#,
+//!         headers: &headers,
+//!         content_type: Some("application/json"),
+//!         type_property: None,                 // the AMQP `type`, for a TypePolicy that reads it
+//!     })
+//!     .await?; // confirmed by the broker; unroutable (no queue bound yet) is an error: the
+//!               // engine declares the group's exchange and queues when it starts, so start it once first
+//! publisher.close().await;
+//! factory.close().await;
+//! # Ok(()) }
+//! ```
 //!
 //! # Crates in the API
 //!

@@ -180,8 +180,11 @@ impl HandlerError {
         self.permanent
     }
 
-    /// True for a database conflict (deadlock, serialization failure, lost connection): the
-    /// attempt is retried at once without counting it.
+    /// True for a database conflict (deadlock, serialization failure, lost connection). A
+    /// transactional handler's conflict is retried at once in its transaction (rolled back to
+    /// its savepoint), up to 3 tries in all, without counting an attempt; one that persists
+    /// counts as a retryable failure. Deadlocks between concurrent batches are avoided, not
+    /// retried away, with [`TransactionalHandler::lock_key`].
     pub fn is_transient(&self) -> bool {
         self.transient
     }
@@ -253,8 +256,30 @@ pub trait TransactionalHandler: Send + Sync + 'static {
     async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError>;
 
     /// The shared business row this message will lock, if any (e.g. the SKU whose stock it
-    /// reserves). A batch runs its messages ordered by this key, so concurrent batches lock hot
-    /// rows in one order and wait for each other instead of deadlocking.
+    /// reserves, the card whose balance it debits). A batch runs its messages ordered by this
+    /// key, so concurrent batches lock hot rows in one order and wait for each other instead of
+    /// deadlocking. Without it, workers whose batches touch the same rows deadlock, and each
+    /// deadlock that persists through the in-transaction retries costs the message an attempt
+    /// ([`HandlerError::is_transient`]).
+    ///
+    /// ```
+    /// # use dedup_engine::prelude::*;
+    /// # use dedup_engine::sqlx::PgConnection;
+    /// struct RedeemGiftCard; // debits `cards.balance`: many messages per card
+    ///
+    /// #[async_trait]
+    /// impl TransactionalHandler for RedeemGiftCard {
+    ///     async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+    ///         # let _ = (input, tx);
+    ///         // UPDATE cards SET balance = balance - $2 WHERE card_no = $1 …
+    ///         Ok(())
+    ///     }
+    ///
+    ///     fn lock_key(&self, input: &HandlerInput<'_>) -> Option<String> {
+    ///         input.str_field("cardNo").ok().map(|card| format!("card:{card}"))
+    ///     }
+    /// }
+    /// ```
     fn lock_key(&self, _input: &HandlerInput<'_>) -> Option<String> {
         None
     }

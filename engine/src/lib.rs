@@ -75,7 +75,9 @@
 //! - **Handlers** (DESIGN.md, "Two handler modes"): [`TransactionalHandler`] runs in the claim's
 //!   transaction; [`LeasedHandler`] runs an external effect under a [`LeaseGuard`], and
 //!   [`LeaseExpiryPolicy`] says what a redelivery of its stuck record may do. Both get a
-//!   [`HandlerInput`] and fail with a [`HandlerError`] (retryable or permanent).
+//!   [`HandlerInput`] and fail with a [`HandlerError`] (retryable or permanent). A
+//!   transactional handler that updates shared rows (a card's balance, a SKU's stock) names
+//!   them in [`TransactionalHandler::lock_key`], or concurrent batches deadlock.
 //! - **Message ids and types**: [`IdPolicy`] (where the id is found), [`TypePolicy`] and
 //!   [`TypeSource`] (where the type is found, and how raw values map to your handler types),
 //!   [`MessageId`].

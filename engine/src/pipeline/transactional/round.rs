@@ -170,6 +170,22 @@ impl Pipeline {
             if error.is_transient() && try_no < TRANSIENT_RETRIES {
                 continue;
             }
+            if error.is_transient() {
+                let hint = match handler.lock_key(&input) {
+                    Some(_) => "",
+                    None => {
+                        "; batches that lock shared rows in different orders deadlock each other: give this \
+                         type's handler a lock_key (TransactionalHandler::lock_key)"
+                    }
+                };
+                tracing::warn!(
+                    message_id = %item.identified.id,
+                    message_type = %item.identified.message_type,
+                    tries = TRANSIENT_RETRIES,
+                    error = %error,
+                    "a database conflict persisted through every try in its transaction; the attempt counts as a failure{hint}"
+                );
+            }
             attempt.tally.count(Event::Failed);
             let delay = self.settings.backoff.delay_after(claim.attempt);
             let text = error.to_string();

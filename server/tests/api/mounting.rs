@@ -157,6 +157,17 @@ async fn delegated_auth_takes_the_hosts_users_roles_and_names() {
     let refused = as_user("mallory", "root").get(format!("{console}/api/v1/stuck")).send().await.unwrap();
     assert_eq!(refused.status(), 403, "the resolver's refusal");
     assert!(refused.text().await.unwrap().contains("no known role"));
+    let refused_page = as_user("mallory", "root").get(format!("{console}/stuck")).send().await.unwrap();
+    assert_eq!(refused_page.status(), 403);
+    let html = refused_page.text().await.unwrap();
+    assert!(
+        html.contains("<a href=\"/signout\">Sign out</a>"),
+        "refused by the resolver: to the host's sign-out, {html}"
+    );
+    assert!(!html.contains("Back to the console"), "a link back would be refused again: {html}");
+    let viewer_page = as_user("vera", "viewer").get(format!("{console}/users")).send().await.unwrap();
+    assert_eq!(viewer_page.status(), 403, "an admin page");
+    assert!(viewer_page.text().await.unwrap().contains("Back to the console"), "refused one page: back to the rest");
 
     let (id, token) = stuck_record(&db.pool).await;
     let release = json!({"lease_token": token, "reason": "the worker died", "expected_status": "processing"});

@@ -104,11 +104,18 @@ impl AuthLayerState {
 struct Refusal {
     status: StatusCode,
     message: Cow<'static, str>,
+    /// The whole console refuses this client (not one page or action of it), so a refused
+    /// page must not link back into it: that link would be refused again.
+    everywhere: bool,
 }
 
 impl Refusal {
     fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
-        Self { status, message: message.into() }
+        Self { status, message: message.into(), everywhere: false }
+    }
+
+    fn everywhere(self) -> Self {
+        Self { everywhere: true, ..self }
     }
 }
 
@@ -262,7 +269,7 @@ async fn identify(ctx: &AuthLayerState, req: Request) -> (Request, Result<Option
                     sign_in: SignIn::Host,
                 })),
                 Ok(None) => Ok(None),
-                Err(reason) => Err(Refusal::new(StatusCode::FORBIDDEN, reason)),
+                Err(reason) => Err(Refusal::new(StatusCode::FORBIDDEN, reason).everywhere()),
             };
             (Request::from_parts(parts, body), identity)
         }
@@ -280,7 +287,8 @@ async fn identify(ctx: &AuthLayerState, req: Request) -> (Request, Result<Option
                     StatusCode::FORBIDDEN,
                     "this console has no sign-in configured, so it answers loopback clients only, addressed by a \
                      loopback name (localhost, 127.0.0.1, [::1])",
-                ))
+                )
+                .everywhere())
             };
             (req, identity)
         }
@@ -406,7 +414,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn refuse(ctx: &AuthLayerState, kind: RouteKind, req: &Request, refusal: Refusal) -> Response {
-    let Refusal { status, message } = refusal;
+    let Refusal { status, message, everywhere } = refusal;
     match kind {
         RouteKind::Page if status == StatusCode::UNAUTHORIZED => {
             let sign_in = match &ctx.auth {
@@ -415,16 +423,31 @@ fn refuse(ctx: &AuthLayerState, kind: RouteKind, req: &Request, refusal: Refusal
             };
             Redirect::to(&with_next(&sign_in, &next_of(req))).into_response()
         }
-        RouteKind::Page => (
-            status,
-            Html(format!(
-                "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Refused</title></head>\
-                 <body><h1>Refused</h1><p>{}.</p><p><a href=\"{}\">Back to the console</a></p></body></html>",
-                html_escape::encode_text(&message),
-                html_escape::encode_double_quoted_attribute(&ctx.base.join("/")),
-            )),
-        )
-            .into_response(),
+        RouteKind::Page => {
+            // Refused everywhere, a link back into the console would loop: the host's sign-out
+            // (to sign in as someone else), or none.
+            let sign_out = match &ctx.auth {
+                ConsoleAuth::Delegated(d) => d.sign_out_url.clone(),
+                _ => None,
+            };
+            let (href, label) = match (everywhere, sign_out) {
+                (false, _) => (Some(ctx.base.join("/")), "Back to the console"),
+                (true, Some(url)) => (Some(url), "Sign out"),
+                (true, None) => (None, ""),
+            };
+            let link = href.map_or_else(String::new, |href| {
+                format!("<p><a href=\"{}\">{label}</a></p>", html_escape::encode_double_quoted_attribute(&href))
+            });
+            (
+                status,
+                Html(format!(
+                    "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Refused</title></head>\
+                     <body><h1>Refused</h1><p>{}.</p>{link}</body></html>",
+                    html_escape::encode_text(&message),
+                )),
+            )
+                .into_response()
+        }
         RouteKind::ServerFn => {
             let error = if status == StatusCode::UNAUTHORIZED {
                 ConsoleError::Unauthorized(message.into_owned())

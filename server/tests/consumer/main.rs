@@ -3,12 +3,15 @@
 //! mid-handler, Redis stopped mid-run — and Kafka: a consumer group with a member killed and
 //! restarted; a bulk requeue of 10 000 dead letters after a restart, then `verify`; two consumer
 //! groups on two queues; a Spring-style producer typed by a header; an HTTP handler declared in the
-//! configuration calling a service the test runs, and the Python example service behind it.
+//! configuration calling a service the test runs, and the Python example service behind it; the
+//! exactly-once drill of HTTP handlers (5 000 messages, two processes, the service and one
+//! process killed).
 
 mod crashes;
 mod exactly_once;
 mod groups;
 mod http;
+mod http_drill;
 mod http_service;
 mod kafka;
 mod requeue;

@@ -201,9 +201,9 @@ impl Group {
     /// a team's service, with the handler's own `on_lease_expiry`. The group's lease must be
     /// longer than its timeout (checked when the engine starts).
     #[cfg(feature = "http")]
-    pub fn http(self, message_type: impl Into<String>, handler: crate::http::HttpHandler) -> Self {
-        let on_lease_expiry = handler.on_lease_expiry();
-        self.leased(message_type, handler, on_lease_expiry)
+    pub fn http(mut self, message_type: impl Into<String>, handler: crate::http::HttpHandler) -> Self {
+        self.handlers.http(message_type, handler);
+        self
     }
 
     /// Registers any [`Handler`] for `message_type`, replacing an earlier one.
@@ -214,9 +214,7 @@ impl Group {
 
     /// Registers every handler of `registry` (a domain crate's set of handlers, say).
     pub fn handlers(mut self, registry: &HandlerRegistry) -> Self {
-        for (message_type, handler) in registry.iter() {
-            self.handlers.register(message_type, handler.clone());
-        }
+        self.handlers.extend(registry);
         self
     }
 

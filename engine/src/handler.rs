@@ -440,6 +440,8 @@ impl Handler {
 #[derive(Clone, Default)]
 pub struct HandlerRegistry {
     by_type: BTreeMap<String, Handler>,
+    /// The circuit breakers of the HTTP handlers, by type.
+    breakers: BTreeMap<String, Arc<crate::pause::Breaker>>,
 }
 
 impl HandlerRegistry {
@@ -450,8 +452,43 @@ impl HandlerRegistry {
 
     /// Registers `handler` for `message_type` (`<entity>.<event>`), replacing any previous one.
     pub fn register(&mut self, message_type: impl Into<String>, handler: Handler) -> &mut Self {
-        self.by_type.insert(message_type.into(), handler);
+        let message_type = message_type.into();
+        self.breakers.remove(&message_type);
+        self.by_type.insert(message_type, handler);
         self
+    }
+
+    /// Registers an HTTP handler for `message_type` (feature `http`), with its circuit breaker
+    /// and its own `on_lease_expiry`, replacing any previous handler.
+    #[cfg(feature = "http")]
+    pub fn http(&mut self, message_type: impl Into<String>, handler: crate::http::HttpHandler) -> &mut Self {
+        let message_type = message_type.into();
+        let breaker = handler.breaker().clone();
+        let on_lease_expiry = handler.on_lease_expiry();
+        self.register(message_type.clone(), Handler::Leased { handler: Arc::new(handler), on_lease_expiry });
+        self.breakers.insert(message_type, breaker);
+        self
+    }
+
+    /// Registers every handler of `other` (with its circuit breaker), replacing those of the
+    /// same types.
+    pub(crate) fn extend(&mut self, other: &HandlerRegistry) {
+        for (message_type, handler) in other.iter() {
+            self.register(message_type, handler.clone());
+            if let Some(breaker) = other.breaker(message_type) {
+                self.breakers.insert(message_type.to_owned(), breaker.clone());
+            }
+        }
+    }
+
+    /// The circuit breaker of `message_type`'s handler, if it has one.
+    pub(crate) fn breaker(&self, message_type: &str) -> Option<&Arc<crate::pause::Breaker>> {
+        self.breakers.get(message_type)
+    }
+
+    /// Every (type, circuit breaker).
+    pub(crate) fn breakers(&self) -> impl Iterator<Item = (&str, &Arc<crate::pause::Breaker>)> {
+        self.breakers.iter().map(|(t, b)| (t.as_str(), b))
     }
 
     /// The handler of a type.
@@ -479,6 +516,9 @@ impl HandlerRegistry {
             let handler =
                 self.get(t).ok_or_else(|| format!("no handler {t:?}; there are {}", self.types().join(", ")))?;
             picked.register(t, handler.clone());
+            if let Some(breaker) = self.breaker(t) {
+                picked.breakers.insert(t.to_owned(), breaker.clone());
+            }
         }
         Ok(picked)
     }

@@ -20,6 +20,7 @@
 pub mod bulk;
 pub mod cleanup;
 pub mod drill;
+pub mod handlers;
 mod record;
 pub(crate) mod republish;
 
@@ -118,6 +119,15 @@ pub enum ActionError {
         /// The id asked for.
         id: i64,
     },
+    /// No handler of this message type is registered in this consumer group (no engine of the
+    /// group has run with it).
+    #[error("no handler of message type {message_type:?} in consumer group {group:?}")]
+    UnknownHandler {
+        /// The consumer group asked for.
+        group: String,
+        /// The message type asked for.
+        message_type: String,
+    },
     /// The job's or selection's state refuses the request; the text says why and what to do.
     #[error("{0}")]
     Refused(String),
@@ -154,7 +164,9 @@ impl ActionError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             ActionError::Invalid(_) => ErrorKind::Invalid,
-            ActionError::UnknownRecord(_) | ActionError::UnknownJob { .. } => ErrorKind::NotFound,
+            ActionError::UnknownRecord(_) | ActionError::UnknownJob { .. } | ActionError::UnknownHandler { .. } => {
+                ErrorKind::NotFound
+            }
             ActionError::WrongStatus { .. }
             | ActionError::StaleLease { .. }
             | ActionError::Changed { .. }

@@ -110,6 +110,12 @@ pub mod actions {
     pub mod drill {
         pub use crate::actions::drill::{DrillReport, DrillTarget, drill_report, drill_start};
     }
+
+    /// Handlers' pause states, and pausing and resuming them by hand.
+    pub mod handlers {
+        pub use crate::actions::handlers::{HandlerControl, HandlerPause, MAX_HANDLERS, handler_control, handler_pauses};
+        pub use crate::pause::{FRESH_FOR, PauseState};
+    }
 }
 
 /// The audit log: every action and sign-in.

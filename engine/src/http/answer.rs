@@ -30,7 +30,14 @@ pub(crate) struct Limits {
     pub retry_after_min: Duration,
     /// See `retry_after_min`.
     pub retry_after_max: Duration,
+    /// How long a delivery answered 410 waits before it is judged again (the probe interval;
+    /// the handler is paused meanwhile).
+    pub paused_for: Duration,
 }
+
+/// How long an unbroken run of 410 answers on one record is not counted: in practice always
+/// (each one pauses the handler, and only an operator resumes it).
+const GONE_UNCOUNTED: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// A response as far as it was read.
 pub(crate) struct Answer<'a> {
@@ -108,12 +115,17 @@ pub(crate) fn judge(answer: &Answer<'_>, limits: &Limits) -> Result<(), HandlerE
             "HTTP_CONFLICT",
             with_body(format!("{line}: the service refused the key (used before with another payload)")),
         )),
-        410 => Err(HandlerError::permanent(
+        // Standard Webhooks: the endpoint is gone. The handler pauses (the pipeline's pause
+        // states) and the delivery is not burned: its attempt is not counted, and it waits
+        // with the other held ones until an operator resumes the handler.
+        410 => Err(HandlerError::in_progress(
             "HTTP_GONE",
             with_body(format!(
-                "{line}: the endpoint is gone (dead for now; pausing the handler comes with the circuit breaker)"
+                "{line}: the endpoint is gone; the handler is paused until an operator resumes it, and this delivery waits (not counted)"
             )),
-        )),
+            GONE_UNCOUNTED,
+        )
+        .retry_after(limits.paused_for)),
         408 | 425 | 429 | 500..=599 => Err(retryable("HTTP_UNAVAILABLE", with_body(line))),
         400..=499 => Err(HandlerError::permanent("HTTP_REFUSED", with_body(line))),
         300..=399 => {

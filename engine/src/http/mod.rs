@@ -6,7 +6,9 @@
 //! message id as its `Idempotency-Key`; then the completion, fenced by the lease token. The
 //! answer decides the outcome ([`answer`]); retries, back-off and dead letters are the
 //! engine's own. One pooled keep-alive client per handler, TLS by rustls; at most
-//! `concurrency` calls in flight, optionally `rate_per_sec` started per second.
+//! `concurrency` calls in flight, optionally `rate_per_sec` started per second. A run of
+//! transport failures or 5xx answers trips its circuit breaker, and a `410 Gone` pauses it:
+//! its deliveries then wait in the broker ([`crate::pause`]).
 //!
 //! ```no_run
 //! # fn group(g: dedup_engine::Group) -> Result<dedup_engine::Group, dedup_engine::http::HttpSettingsError> {
@@ -22,7 +24,7 @@ pub mod answer;
 pub mod request;
 mod settings;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -33,6 +35,7 @@ use tokio::sync::Semaphore;
 pub use settings::{HttpSettings, HttpSettingsError, SecretSetting};
 
 use crate::handler::{EffectAnswer, HandlerError, HandlerInput, LeaseGuard, LeasedHandler};
+use crate::pause::{Breaker, BreakerSettings, Failure, Signal};
 use crate::record::LeaseExpiryPolicy;
 
 /// A leased handler calling a team's service over HTTP. Build it with [`HttpHandler::new`];
@@ -51,6 +54,7 @@ pub struct HttpHandler {
     pace: Option<Pace>,
     limits: answer::Limits,
     on_lease_expiry: LeaseExpiryPolicy,
+    breaker: Arc<Breaker>,
 }
 
 /// A Standard Webhooks key; never printed.
@@ -129,6 +133,9 @@ impl HttpHandler {
             }
             Some(rate) => return Err(refuse(format!("rate_per_sec {rate}: a positive number of calls per second"))),
         };
+        if settings.probe_interval_ms < 100 {
+            return Err(refuse("probe_interval_ms must be at least 100"));
+        }
         if settings.retry_after_min_ms > settings.retry_after_max_ms {
             return Err(refuse("retry_after_min_ms is above retry_after_max_ms"));
         }
@@ -189,9 +196,19 @@ impl HttpHandler {
                 in_progress_within: Duration::from_millis(settings.in_progress_limit_ms),
                 retry_after_min: Duration::from_millis(settings.retry_after_min_ms),
                 retry_after_max: Duration::from_millis(settings.retry_after_max_ms),
+                paused_for: Duration::from_millis(settings.probe_interval_ms),
             },
             on_lease_expiry: settings.on_lease_expiry,
+            breaker: Arc::new(Breaker::new(BreakerSettings {
+                pause_after: settings.pause_after,
+                probe_interval: Duration::from_millis(settings.probe_interval_ms),
+            })),
         })
+    }
+
+    /// Its circuit breaker, which the registry links to the group's pause states.
+    pub(crate) fn breaker(&self) -> &Arc<Breaker> {
+        &self.breaker
     }
 
     /// What a redelivery of a record whose call was cut off may do.
@@ -246,6 +263,20 @@ impl HttpHandler {
     }
 }
 
+/// What a call's `status` (`None`: no answer) and verdict tell the circuit breaker: only a 2xx
+/// is healthy, whatever its override says (the service answered); 5xx and no answer count.
+fn signal(status: Option<u16>, verdict: &Result<(), HandlerError>) -> Signal<'_> {
+    fn failure(error: &HandlerError, status: Option<u16>) -> Failure<'_> {
+        Failure { class: error.class(), status, text: error.detail() }
+    }
+    match (status, verdict) {
+        (Some(200..=299), _) => Signal::Healthy,
+        (Some(410), Err(error)) => Signal::Gone(failure(error, status)),
+        (None | Some(500..=599), Err(error)) => Signal::Unavailable(failure(error, status)),
+        _ => Signal::Answered,
+    }
+}
+
 #[async_trait]
 impl LeasedHandler for HttpHandler {
     async fn handle(&self, input: &HandlerInput<'_>, lease: &LeaseGuard) -> Result<(), HandlerError> {
@@ -268,12 +299,17 @@ impl LeasedHandler for HttpHandler {
                     latency,
                     summary: answer::excerpt(&body),
                 });
-                answer::judge(&answer::Answer { status, headers: &headers, body: &body, body_cut }, &self.limits)
+                let verdict =
+                    answer::judge(&answer::Answer { status, headers: &headers, body: &body, body_cut }, &self.limits);
+                self.breaker.observe(signal(Some(status.as_u16()), &verdict)).await;
+                verdict
             }
             Err(e) => {
                 let error = answer::transport(e, self.timeout);
                 lease.answered(EffectAnswer { status: None, latency, summary: error.detail().to_owned() });
-                Err(error)
+                let verdict = Err(error);
+                self.breaker.observe(signal(None, &verdict)).await;
+                verdict
             }
         }
     }

@@ -55,6 +55,17 @@ pub struct HttpSettings {
     /// (default: an operator decides whether to call again) or `reclaim`.
     #[serde(default)]
     pub on_lease_expiry: LeaseExpiryPolicy,
+    /// Circuit breaker: consecutive transport failures (timeouts, connection errors) or 5xx
+    /// answers, counted in this process, after which the handler pauses for the whole group
+    /// (default 5; 0: never). Its deliveries then wait in the broker (docs/DESIGN.md, "Pause and
+    /// circuit breaker").
+    #[serde(default = "defaults::pause_after")]
+    pub pause_after: u32,
+    /// How often a paused handler lets one delivery through as a probe (its success resumes the
+    /// handler), and how long held deliveries wait before they are judged again, in ms (default
+    /// 30000, at least 100).
+    #[serde(default = "defaults::probe_interval_ms")]
+    pub probe_interval_ms: u64,
 }
 
 mod defaults {
@@ -76,6 +87,12 @@ mod defaults {
     pub fn retry_after_max_ms() -> u64 {
         300_000
     }
+    pub fn pause_after() -> u32 {
+        5
+    }
+    pub fn probe_interval_ms() -> u64 {
+        30_000
+    }
 }
 
 impl HttpSettings {
@@ -94,6 +111,8 @@ impl HttpSettings {
             retry_after_min_ms: defaults::retry_after_min_ms(),
             retry_after_max_ms: defaults::retry_after_max_ms(),
             on_lease_expiry: LeaseExpiryPolicy::default(),
+            pause_after: defaults::pause_after(),
+            probe_interval_ms: defaults::probe_interval_ms(),
         }
     }
 }

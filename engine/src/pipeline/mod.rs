@@ -1,8 +1,9 @@
 //! The idempotent pipeline: what happens to a batch of deliveries between the broker and the
 //! ack, whatever the broker.
 //!
-//! For each delivery: find its id (else it is poison), find its handler, ask the Redis fast
-//! path (a hit is a duplicate: skip), then claim its record in PostgreSQL and run the handler —
+//! For each delivery: find its id (else it is poison), find its handler, hold it when that
+//! handler is paused ([`crate::pause`]), ask the Redis fast path (a hit is a duplicate: skip),
+//! then claim its record in PostgreSQL and run the handler —
 //! transactional handlers all in one transaction (one commit per batch; without savepoints, and
 //! again with a savepoint per message if one of them fails), leased handlers each on their own.
 //! After the commit, Redis markers are written for what succeeded. The result is one
@@ -24,6 +25,7 @@ use crate::actions::cleanup::late::RetentionWatch;
 use crate::fastpath::{FastPath, Lookup, Marker};
 use crate::handler::{Handler, HandlerInput, HandlerRegistry};
 use crate::message::{IdPolicy, Identified, InboundMessage, Poison, PoisonReason, TypePolicy};
+use crate::pause::Pauses;
 use crate::record::{ConsumerGroup, RecordStatus};
 use crate::retry::Backoff;
 use crate::stats::{Event, Stats};
@@ -52,6 +54,13 @@ pub enum Disposition {
     /// The pipeline could not judge it (database unavailable, transaction failed): give it
     /// back to the broker unacknowledged, to be judged again.
     Redeliver,
+    /// Its handler is paused: nothing was claimed or recorded. Held on the retry path like
+    /// [`Disposition::Retry`] (a copy due after `delay`, confirmed before the original is
+    /// acknowledged), to be judged again then.
+    Held {
+        /// How long until the copy comes back.
+        delay: Duration,
+    },
 }
 
 /// Why a delivery is acknowledged.
@@ -97,6 +106,7 @@ pub struct Pipeline {
     handlers: Arc<HandlerRegistry>,
     settings: Arc<PipelineSettings>,
     retention: Arc<RetentionWatch>,
+    pauses: Arc<Pauses>,
 }
 
 /// A delivery with its id found and its handler chosen.
@@ -120,6 +130,7 @@ impl Pipeline {
         handlers: HandlerRegistry,
         settings: PipelineSettings,
     ) -> Self {
+        let pauses = Pauses::new(&store, settings.group.as_str(), &handlers);
         Self {
             store,
             fast_path,
@@ -127,6 +138,7 @@ impl Pipeline {
             handlers: Arc::new(handlers),
             settings: Arc::new(settings),
             retention: Arc::default(),
+            pauses,
         }
     }
 
@@ -214,6 +226,7 @@ impl Pipeline {
         }
 
         let poison_indexes = poison.iter().filter(|p| p.2.reason.is_poison()).map(|p| p.0).collect();
+        let routed = self.hold_paused(routed, &mut dispositions).await;
         let routed = self.check_fast_path(routed, &mut dispositions).await;
         let (tx_items, leased_items): (Vec<_>, Vec<_>) =
             routed.into_iter().partition(|r| matches!(r.handler, Handler::Transactional(_)));
@@ -232,6 +245,27 @@ impl Pipeline {
             );
         }
         (dispositions.into_iter().map(|d| d.unwrap_or(Disposition::Redeliver)).collect(), poison_indexes)
+    }
+
+    /// Holds the deliveries whose handler is paused (nothing claimed, nothing written), returns
+    /// the rest.
+    async fn hold_paused<'a>(
+        &self,
+        routed: Vec<Routed<'a>>,
+        dispositions: &mut [Option<Disposition>],
+    ) -> Vec<Routed<'a>> {
+        let mut gate = self.pauses.gate().await;
+        if gate.is_open() {
+            return routed;
+        }
+        let mut rest = Vec::with_capacity(routed.len());
+        for r in routed {
+            match gate.hold(&r.identified.message_type).await {
+                Some(delay) => dispositions[r.index] = Some(Disposition::Held { delay }),
+                None => rest.push(r),
+            }
+        }
+        rest
     }
 
     /// Drops deliveries whose Redis marker exists (duplicates), returns the rest.

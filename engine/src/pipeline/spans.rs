@@ -38,6 +38,7 @@ impl Pipeline {
             redelivered = Empty,
             parked = Empty,
             lease_lost = Empty,
+            held = Empty,
         )
     }
 
@@ -96,6 +97,8 @@ pub(super) struct Outcomes {
     parked: usize,
     /// Leases taken over before completion.
     lease_lost: usize,
+    /// Held unclaimed: their handler is paused.
+    held: usize,
 }
 
 impl Outcomes {
@@ -112,6 +115,7 @@ impl Outcomes {
                 Disposition::DeadLetter { .. } if poison.contains(&index) => &mut o.poison,
                 Disposition::DeadLetter { .. } => &mut o.dead,
                 Disposition::Redeliver => &mut o.redelivered,
+                Disposition::Held { .. } => &mut o.held,
             };
             *n += 1;
         }
@@ -127,6 +131,7 @@ impl Outcomes {
             .record("poison", self.poison)
             .record("redelivered", self.redelivered)
             .record("parked", self.parked)
-            .record("lease_lost", self.lease_lost);
+            .record("lease_lost", self.lease_lost)
+            .record("held", self.held);
     }
 }

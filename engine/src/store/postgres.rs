@@ -45,13 +45,20 @@ use sql::Statements;
 pub struct PgStore {
     pool: PgPool,
     sql: Arc<Statements>,
+    schema: Schema,
 }
 
 impl PgStore {
     /// A store on `pool` (the host pool: transactional batches begin there), with its tables in
     /// `schema` (migrated with [`crate::db::migrate`]).
     pub fn new(pool: PgPool, schema: &Schema) -> Self {
-        Self { pool, sql: Arc::new(Statements::new(schema)) }
+        Self { pool, sql: Arc::new(Statements::new(schema)), schema: schema.clone() }
+    }
+
+    /// `template` with each `{s}` replaced by the engine's schema, quoted: a statement that runs
+    /// on any connection of the pool, whatever its `search_path`.
+    pub(crate) fn render(&self, template: &str) -> String {
+        template.replace("{s}", &self.schema.quoted())
     }
 }
 

@@ -92,7 +92,9 @@ impl KafkaSource {
         match disposition {
             Disposition::Ack(_) => false,
             Disposition::Redeliver => true,
-            Disposition::Retry { delay } => {
+            // A held delivery goes the retry path too: its offset may then be committed, so
+            // nothing of it stays in memory, and the partition's other records keep flowing.
+            Disposition::Retry { delay } | Disposition::Held { delay } => {
                 let meta = &self.held[index];
                 if !self.shared.offsets().is_current(&meta.tp, meta.epoch) {
                     // Revoked meanwhile, unfinished: the revocation committed no further than
@@ -160,7 +162,7 @@ impl Source for KafkaSource {
         fields(
             broker = "kafka",
             count = dispositions.len(),
-            retry_copies = dispositions.iter().filter(|d| matches!(d, Disposition::Retry { .. })).count(),
+            retry_copies = dispositions.iter().filter(|d| matches!(d, Disposition::Retry { .. } | Disposition::Held { .. })).count(),
             dead_letter_copies = dispositions.iter().filter(|d| matches!(d, Disposition::DeadLetter { .. })).count(),
             finished = Empty,
             requeued = Empty,

@@ -206,7 +206,9 @@ impl Source for RabbitSource {
         let (mut retry_copies, mut dead_letter_copies) = (0, 0);
         for (index, disposition) in dispositions.iter().enumerate() {
             match disposition {
-                Disposition::Retry { delay } => {
+                // A held delivery waits in the same delay queues (a nack with requeue would put
+                // it back at the head of the queue at once: a hot loop).
+                Disposition::Retry { delay } | Disposition::Held { delay } => {
                     retry_copies += 1;
                     if let Err(e) = self.publish_retry(index, *delay).await {
                         // Without a confirmed copy the original must stay with the broker.

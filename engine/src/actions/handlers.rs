@@ -1,0 +1,179 @@
+//! Operators pause and resume a handler by hand (docs/DESIGN.md, "Pause and circuit breaker"):
+//! a guarded compare-and-set on its `handler_pauses` row, audited in the same transaction as
+//! `handler.pause` / `handler.resume`; a refusal changes nothing and is audited as `refused`.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::{FromRow, PgPool};
+
+use super::bulk::audit_on_pool;
+use super::{ActionError, required_reason};
+use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::pause::PauseState;
+
+/// Most handlers listed (one row per consumer group and message type: a handful in practice).
+pub const MAX_HANDLERS: i64 = 1000;
+
+/// A handler's pause state, as the Handlers page and `GET /api/v1/handlers` show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, FromRow)]
+pub struct HandlerPause {
+    pub consumer_group: String,
+    pub message_type: String,
+    /// `running`, `breaker`, `gone` or `operator` ([`PauseState`]).
+    pub state: String,
+    /// When the state began.
+    pub since: DateTime<Utc>,
+    /// Who set it: `user:<name>`, `cli:<os user>`, or `engine` (the circuit breaker, a 410).
+    pub changed_by: Option<String>,
+    /// Why: the operator's reason, or the first line of the failure that paused it.
+    pub reason: Option<String>,
+    /// The last failure that paused it or kept it paused: class, HTTP status (none: no answer),
+    /// when.
+    pub error_class: Option<String>,
+    pub http_status: Option<i16>,
+    pub failed_at: Option<DateTime<Utc>>,
+    /// `breaker`: the next probe is due then.
+    pub probe_at: Option<DateTime<Utc>>,
+    /// Raised by every change of state; a pause or resume may name the version shown.
+    pub version: i64,
+    /// `http`, `leased` or `transactional`, as a running engine last registered it.
+    pub kind: Option<String>,
+    /// When a running engine last registered it.
+    pub seen_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "consumer_group, message_type, state, since, changed_by, reason, error_class, http_status, \
+                       failed_at, probe_at, version, kind, seen_at";
+
+/// Every handler's pause state, by group and type (at most [`MAX_HANDLERS`], in the primary
+/// key's order: served by `handler_pauses_pkey`).
+///
+/// Errors: the database's.
+pub async fn handler_pauses(pool: &PgPool) -> Result<Vec<HandlerPause>, ActionError> {
+    let sql = format!("SELECT {COLUMNS} FROM handler_pauses ORDER BY consumer_group, message_type LIMIT $1");
+    Ok(sqlx::query_as(&sql).bind(MAX_HANDLERS).fetch_all(pool).await?)
+}
+
+/// What an operator does to a handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandlerControl {
+    /// `running` or `breaker` → `operator`: its deliveries wait until an operator resumes it.
+    Pause,
+    /// `breaker`, `gone` or `operator` → `running`.
+    Resume,
+}
+
+impl HandlerControl {
+    fn verb(self) -> &'static str {
+        match self {
+            HandlerControl::Pause => "handler.pause",
+            HandlerControl::Resume => "handler.resume",
+        }
+    }
+
+    /// The states it applies to, and the one it sets.
+    fn transition(self) -> (&'static [PauseState], PauseState) {
+        match self {
+            HandlerControl::Pause => (&[PauseState::Running, PauseState::Breaker], PauseState::Operator),
+            HandlerControl::Resume => (&[PauseState::Breaker, PauseState::Gone, PauseState::Operator], PauseState::Running),
+        }
+    }
+}
+
+/// Pauses or resumes the handler of (`group`, `message_type`) as `actor`, for `reason`
+/// (required); when `expected_version` is given, only if the state is still the one shown.
+/// Every process of the group follows within [`crate::pause::FRESH_FOR`].
+///
+/// Errors: [`ActionError::Invalid`] (no reason); [`ActionError::UnknownHandler`];
+/// [`ActionError::Refused`] when its state does not allow it (already paused, already running)
+/// or changed since it was shown.
+#[tracing::instrument(skip_all, fields(actor, group, message_type), err(level = "warn"))]
+pub async fn handler_control(
+    pool: &PgPool,
+    actor: &str,
+    group: &str,
+    message_type: &str,
+    control: HandlerControl,
+    reason: Option<&str>,
+    expected_version: Option<i64>,
+) -> Result<HandlerPause, ActionError> {
+    let (from, to) = control.transition();
+    let from_names: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+    let mut detail = json!({ "message_type": message_type, "to": to.as_str(), "expected_version": expected_version });
+    let mut tx = pool.begin().await?;
+    let result: Result<HandlerPause, ActionError> = async {
+        let what = match control {
+            HandlerControl::Pause => "pause a handler",
+            HandlerControl::Resume => "resume a handler",
+        };
+        let reason = required_reason(reason, what)?;
+        let old: Option<(String, i64)> = sqlx::query_as(
+            "SELECT state, version FROM handler_pauses WHERE consumer_group = $1 AND message_type = $2 FOR UPDATE",
+        )
+        .bind(group)
+        .bind(message_type)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((state, version)) = old else {
+            return Err(ActionError::UnknownHandler { group: group.to_owned(), message_type: message_type.to_owned() });
+        };
+        if let Some(shown) = expected_version.filter(|v| *v != version) {
+            return Err(ActionError::Refused(format!(
+                "the handler of {message_type} in {group} changed since it was shown (version {version}, not {shown}); reload and decide again"
+            )));
+        }
+        if !from_names.contains(&state.as_str()) {
+            return Err(ActionError::Refused(format!(
+                "the handler of {message_type} in {group} is {state}; it can be {}d only when {}",
+                control.verb().trim_start_matches("handler."),
+                from_names.join(" or ")
+            )));
+        }
+        let sql = format!(
+            "UPDATE handler_pauses SET state = $3, since = now(), changed_by = $4, reason = $5, probe_at = NULL,
+                    version = version + 1
+             WHERE consumer_group = $1 AND message_type = $2 RETURNING {COLUMNS}"
+        );
+        let row: HandlerPause = sqlx::query_as(&sql)
+            .bind(group)
+            .bind(message_type)
+            .bind(to.as_str())
+            .bind(actor)
+            .bind(crate::db::storable::text(reason))
+            .fetch_one(&mut *tx)
+            .await?;
+        detail["from"] = json!(state);
+        detail["version"] = json!(row.version);
+        Ok(row)
+    }
+    .await;
+    // A reason too long to accept is not stored either.
+    let reason = super::optional_reason(reason).ok().flatten();
+    match result {
+        Ok(row) => {
+            let entry = NewAuditEntry {
+                actor,
+                action: control.verb(),
+                outcome: AuditOutcome::Ok,
+                reason,
+                consumer_group: Some(group),
+                message_ids: &[],
+                detail,
+                source: None,
+            };
+            audit::record(&mut *tx, &entry).await?;
+            tx.commit().await?;
+            tracing::info!(actor, group, message_type, action = control.verb(), state = to.as_str(), "operator action on a handler");
+            Ok(row)
+        }
+        Err(error) => {
+            tx.rollback().await?;
+            detail["consumer_group"] = json!(group);
+            detail["error"] = json!(error.to_string());
+            audit_on_pool(pool, actor, control.verb(), error.audit_outcome(), reason, detail).await;
+            Err(error)
+        }
+    }
+}

@@ -1,20 +1,15 @@
 //! HTTP handlers against a real HTTP server the test starts (the team's service, on
 //! 127.0.0.1:0): the request they send, and every row of the answer table of docs/DESIGN.md
-//! ("HTTP handlers").
+//! ("HTTP handlers"); the 410 row, which pauses the handler, is tested in handler_pauses.rs.
 
 mod common;
 
-use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::slice;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use common::service::{Reply, Service};
 use common::{GROUP, Harness, message, settings};
 use dedup_engine::console::records::{AttemptRow, record_detail};
 use dedup_engine::handler::{Handler, HandlerRegistry};
@@ -23,111 +18,8 @@ use dedup_engine::message::InboundMessage;
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline};
 use dedup_engine::record::LeaseExpiryPolicy;
 use serde_json::json;
-use tokio::sync::Notify;
 
 const TYPE: &str = "ORDER.PAID";
-
-/// One answer of the service.
-#[derive(Clone)]
-struct Reply {
-    status: u16,
-    headers: Vec<(&'static str, String)>,
-    body: String,
-    /// Held this long before answering.
-    delay: Duration,
-    /// Held until [`Service::release`] is notified.
-    gated: bool,
-}
-
-impl Reply {
-    fn status(status: u16) -> Self {
-        Self { status, headers: Vec::new(), body: String::new(), delay: Duration::ZERO, gated: false }
-    }
-    fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
-        self.headers.push((name, value.into()));
-        self
-    }
-    fn body(mut self, body: impl Into<String>) -> Self {
-        self.body = body.into();
-        self
-    }
-    fn delay(mut self, delay: Duration) -> Self {
-        self.delay = delay;
-        self
-    }
-    fn gated(mut self) -> Self {
-        self.gated = true;
-        self
-    }
-}
-
-/// A call the service received.
-#[derive(Clone)]
-struct Call {
-    headers: HeaderMap,
-    body: Vec<u8>,
-    at: Instant,
-}
-
-#[derive(Default)]
-struct Inner {
-    /// Answers in order; the last one repeats.
-    replies: Mutex<VecDeque<Reply>>,
-    calls: Mutex<Vec<Call>>,
-    in_flight: AtomicUsize,
-    most_in_flight: AtomicUsize,
-    /// Notified when a gated call arrives.
-    arrived: Notify,
-    /// A gated call answers when notified.
-    release: Notify,
-}
-
-/// The team's service: answers as scripted, records every call.
-#[derive(Clone)]
-struct Service {
-    addr: SocketAddr,
-    inner: Arc<Inner>,
-}
-
-impl Service {
-    async fn start(replies: impl IntoIterator<Item = Reply>) -> Self {
-        let inner = Arc::new(Inner { replies: Mutex::new(replies.into_iter().collect()), ..Inner::default() });
-        let app = axum::Router::new().route("/hook", axum::routing::any(answer)).with_state(inner.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { addr, inner }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/hook", self.addr)
-    }
-
-    fn calls(&self) -> Vec<Call> {
-        self.inner.calls.lock().unwrap().clone()
-    }
-}
-
-async fn answer(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes) -> Response {
-    inner.calls.lock().unwrap().push(Call { headers, body: body.to_vec(), at: Instant::now() });
-    let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    inner.most_in_flight.fetch_max(now, Ordering::SeqCst);
-    let reply = {
-        let mut replies = inner.replies.lock().unwrap();
-        if replies.len() > 1 { replies.pop_front().unwrap() } else { replies.front().cloned().unwrap() }
-    };
-    if reply.gated {
-        inner.arrived.notify_one();
-        inner.release.notified().await;
-    }
-    tokio::time::sleep(reply.delay).await;
-    inner.in_flight.fetch_sub(1, Ordering::SeqCst);
-    let mut response = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
-    for (name, value) in reply.headers {
-        response.headers_mut().insert(name, value.parse().unwrap());
-    }
-    response
-}
 
 fn registry(settings: &HttpSettings) -> HandlerRegistry {
     let mut handlers = HandlerRegistry::new();
@@ -298,14 +190,6 @@ async fn other_4xx_are_dead_with_the_status_and_the_bodys_first_2_kib() {
         assert_eq!(history[0].answer_status, Some(i16::try_from(code).unwrap()));
         assert_eq!(history[0].answer.as_deref().map(str::len), Some(2048));
     }
-}
-
-#[tokio::test]
-async fn a_410_is_dead_until_the_handler_can_pause() {
-    let (d, status, _, _, class, _) = one(Reply::status(410)).await;
-    assert!(matches!(d, Disposition::DeadLetter { .. }), "{d:?}");
-    assert_eq!(status, "dead");
-    assert!(class.unwrap().starts_with("HTTP_GONE"));
 }
 
 #[tokio::test]

@@ -113,7 +113,9 @@ pub mod actions {
 
     /// Handlers' pause states, and pausing and resuming them by hand.
     pub mod handlers {
-        pub use crate::actions::handlers::{HandlerControl, HandlerPause, MAX_HANDLERS, handler_control, handler_pauses};
+        pub use crate::actions::handlers::{
+            HandlerControl, HandlerPause, MAX_HANDLERS, handler_control, handler_pauses,
+        };
         pub use crate::pause::{FRESH_FOR, PauseState};
     }
 }

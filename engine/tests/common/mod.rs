@@ -2,6 +2,8 @@
 //! prefix per test, messages, and small handlers whose effects can be counted.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod service;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

@@ -33,6 +33,7 @@ use crate::pages::account::AccountPage;
 use crate::pages::audit::AuditPage;
 use crate::pages::cleanup::CleanupPage;
 use crate::pages::dead_letters::DeadLettersPage;
+use crate::pages::handlers::HandlersPage;
 use crate::pages::login::LoginPage;
 use crate::pages::overview::OverviewPage;
 use crate::pages::record::RecordPage;
@@ -124,6 +125,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/retries") view=RetriesPage ssr=SsrMode::Async />
                     <Route path=path!("/dead-letters") view=DeadLettersPage ssr=SsrMode::Async />
                     <Route path=path!("/requeue") view=RequeuePage ssr=SsrMode::Async />
+                    <Route path=path!("/handlers") view=HandlersPage ssr=SsrMode::Async />
                     <Route path=path!("/cleanup") view=CleanupPage ssr=SsrMode::Async />
                     <Route path=path!("/audit") view=AuditPage ssr=SsrMode::Async />
                     <Route path=path!("/login") view=LoginPage ssr=SsrMode::Async />

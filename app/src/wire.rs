@@ -32,6 +32,7 @@ pub struct HealthView {
 pub mod account;
 pub mod actions;
 pub mod failures;
+pub mod handlers;
 pub mod operations;
 pub mod overview;
 pub mod records;

@@ -8,13 +8,14 @@ use crate::components::session::{UserBox, use_session};
 use crate::wire::account::RoleView;
 
 /// The pages in navigation order: (path, label).
-pub const NAV_ITEMS: [(&str, &str); 8] = [
+pub const NAV_ITEMS: [(&str, &str); 9] = [
     ("/", "Overview"),
     ("/records", "Records"),
     ("/stuck", "Stuck"),
     ("/retries", "Retries"),
     ("/dead-letters", "Dead letters"),
     ("/requeue", "Requeues"),
+    ("/handlers", "Handlers"),
     ("/cleanup", "Cleanup"),
     ("/audit", "Audit"),
 ];

@@ -5,6 +5,7 @@ pub mod account;
 pub mod audit;
 pub mod cleanup;
 pub mod dead_letters;
+pub mod handlers;
 pub mod login;
 pub mod overview;
 pub mod record;

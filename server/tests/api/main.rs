@@ -5,6 +5,7 @@ mod actions;
 mod auth;
 mod console;
 mod faults;
+mod handlers;
 mod health;
 mod helpers;
 mod mounting;

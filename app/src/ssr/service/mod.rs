@@ -4,7 +4,7 @@
 //!
 //! Where things go: a new read or action for a page or the API is a function here, in the file
 //! of its subject — [`console`] (overview, records, failures: reads), [`operations`] (bulk
-//! requeue, cleanup, drills, audit), [`accounts`] (users, tokens), [`actions`] (single-record
+//! requeue, cleanup, drills, audit), [`handlers`] (pause states), [`accounts`] (users, tokens), [`actions`] (single-record
 //! actions) — taking a [`ConsoleState`] (and the [`auth::RequestAuth`] when it acts for
 //! someone). Conversions from engine types to wire types go in `convert`.
 //!
@@ -17,6 +17,7 @@ pub mod actions;
 pub mod auth;
 pub mod console;
 mod convert;
+pub mod handlers;
 pub mod operations;
 mod state;
 

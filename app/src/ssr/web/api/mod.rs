@@ -1,5 +1,5 @@
 //! The REST API under `/api/v1` — reads ([`reads`]), operator actions ([`actions`]), bulk
-//! requeue, cleanup, drills and audit ([`operations`]), the live event stream ([`events`]) — and
+//! requeue, cleanup, drills and audit ([`operations`]), handlers' pauses ([`handlers`]), the live event stream ([`events`]) — and
 //! its OpenAPI document at `/api/openapi.json`.
 //!
 //! Where things go: a new endpoint is a handler in the file of its kind, taking the
@@ -15,6 +15,7 @@
 
 pub mod actions;
 pub mod events;
+pub mod handlers;
 pub mod operations;
 pub mod reads;
 
@@ -62,7 +63,9 @@ use super::state::{AppState, RouteSpec};
         operations::schedule_run,
         operations::drill_start,
         operations::drill,
-        operations::audit
+        operations::audit,
+        handlers::handlers,
+        handlers::control
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -116,5 +119,6 @@ pub fn routes() -> Vec<RouteSpec> {
     routes.extend(reads::routes());
     routes.extend(actions::routes());
     routes.extend(operations::routes());
+    routes.extend(handlers::routes());
     routes
 }

@@ -206,8 +206,9 @@ impl Pauses {
                 Err(e) => tracing::warn!(error = %e, group = %self.group, "registering the handlers' pause rows failed"),
             }
         }
-        let rows: Result<Vec<(String, String, Option<DateTime<Utc>>)>, _> =
-            sqlx::query_as(&self.sql.read).bind(&self.group).fetch_all(&self.pool).await;
+        // (message type, state, probe_at)
+        type Row = (String, String, Option<DateTime<Utc>>);
+        let rows: Result<Vec<Row>, _> = sqlx::query_as(&self.sql.read).bind(&self.group).fetch_all(&self.pool).await;
         let mut reading = self.reading();
         reading.at = Some(Instant::now());
         match rows {

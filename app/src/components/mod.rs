@@ -3,6 +3,7 @@
 pub mod badge;
 pub mod bulk_requeue;
 pub mod chart;
+pub mod confirm;
 pub mod drill;
 pub mod live;
 pub mod record_actions;

@@ -4,6 +4,7 @@
 
 use leptos::prelude::*;
 
+use crate::components::confirm::ReasonAndButtons;
 use crate::components::session::IfRole;
 use crate::error::ConsoleError;
 use crate::wire::account::RoleView;
@@ -94,7 +95,7 @@ fn ConfirmAction(
     let requeue = RwSignal::new(false);
     let live_lease = target.status == "processing" && !target.lease_expired;
     let t = target.clone();
-    let submit = move |_| {
+    let submit = move |()| {
         action.dispatch(ActOnRecord {
             id: t.id,
             action: kind,
@@ -108,7 +109,7 @@ fn ConfirmAction(
             },
         });
     };
-    let close = move |_| {
+    let close = move |()| {
         open.set(None);
         if action.value().with_untracked(|v| matches!(v, Some(Ok(_)))) {
             on_done.run(());
@@ -158,22 +159,14 @@ fn ConfirmAction(
                         </label>
                     }
                 })}
-            <label class="reason">
-                {if kind.needs_reason() { "Reason (required)" } else { "Reason (optional)" }}
-                <textarea
-                    data-testid="confirm-reason"
-                    prop:value=move || reason.get()
-                    on:input=move |ev| reason.set(event_target_value(&ev))
-                ></textarea>
-            </label>
-            <p class="dialog-buttons">
-                <button class="primary" data-testid="confirm-submit" disabled=blocked on:click=submit>
-                    {format!("{} 1 record", kind.label())}
-                </button>
-                <button data-testid="confirm-cancel" on:click=close>
-                    "Close"
-                </button>
-            </p>
+            <ReasonAndButtons
+                reason_label=if kind.needs_reason() { "Reason (required)" } else { "Reason (optional)" }
+                reason
+                submit_label=format!("{} 1 record", kind.label())
+                blocked
+                on_submit=submit
+                on_close=close
+            />
             {move || {
                 action
                     .value()

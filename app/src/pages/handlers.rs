@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use leptos::prelude::*;
 
+use crate::components::confirm::ReasonAndButtons;
 use crate::components::session::IfRole;
 use crate::components::ticker::use_ticker;
 use crate::error::ConsoleError;
@@ -146,7 +147,7 @@ fn ConfirmControl(
     let action = ServerAction::<ControlHandler>::new();
     let reason = RwSignal::new(String::new());
     let shown = StoredValue::new(h.clone());
-    let submit = move |_| {
+    let submit = move |()| {
         let h = shown.get_value();
         action.dispatch(ControlHandler {
             group: h.consumer_group,
@@ -155,7 +156,7 @@ fn ConfirmControl(
             request: HandlerControlRequest { reason: Some(reason.get_untracked()), expected_version: Some(h.version) },
         });
     };
-    let close = move |_| {
+    let close = move |()| {
         open.set(None);
         if action.value().with_untracked(|v| matches!(v, Some(Ok(_)))) {
             done.update(|n| *n += 1);
@@ -184,22 +185,14 @@ fn ConfirmControl(
                 " · " {state_label(&h.state)}
             </p>
             <p class="muted small">{consequence}</p>
-            <label class="reason">
-                "Reason (required)"
-                <textarea
-                    data-testid="confirm-reason"
-                    prop:value=move || reason.get()
-                    on:input=move |ev| reason.set(event_target_value(&ev))
-                ></textarea>
-            </label>
-            <p class="dialog-buttons">
-                <button class="primary" data-testid="confirm-submit" disabled=blocked on:click=submit>
-                    {kind.label()}
-                </button>
-                <button data-testid="confirm-cancel" on:click=close>
-                    "Close"
-                </button>
-            </p>
+            <ReasonAndButtons
+                reason_label="Reason (required)"
+                reason
+                submit_label=kind.label()
+                blocked
+                on_submit=submit
+                on_close=close
+            />
             {move || {
                 action
                     .value()

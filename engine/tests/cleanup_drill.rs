@@ -25,12 +25,13 @@ use dedup_engine::testing::{TestBroker, amqp_url};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-/// `n` records of `status`, aged `days` (completion time for succeeded, last change otherwise).
+/// `n` records of `status`, aged `days` (first seen and completed then for succeeded, last
+/// change then otherwise).
 async fn aged(pool: &PgPool, prefix: &str, n: i64, status: &str, days: i32) {
     sqlx::query(
         "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, attempts, max_attempts,
-             payload_hash, source_broker, completed_at, updated_at)
-         SELECT 'g', $1 || i, 'ORDER.PAY', $3, 1, 5, '\\x00', 'rabbitmq',
+             payload_hash, source_broker, first_seen_at, completed_at, updated_at)
+         SELECT 'g', $1 || i, 'ORDER.PAY', $3, 1, 5, '\\x00', 'rabbitmq', now() - make_interval(days => $4),
                 CASE WHEN $3 = 'succeeded' THEN now() - make_interval(days => $4) END, now() - make_interval(days => $4)
          FROM generate_series(1, $2) AS i",
     )

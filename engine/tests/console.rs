@@ -9,7 +9,9 @@ use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::overview::{
     GrowthRange, consumer_groups, growth, live_snapshot, message_types, status_counts, stuck_count, traffic,
 };
-use dedup_engine::console::records::{MarkerState, record_detail, record_marker, records_list};
+use dedup_engine::console::records::{
+    MarkerState, SCAN_WINDOW, UNRECORDED_WORKER, record_detail, record_marker, records_list,
+};
 use dedup_engine::console::seed::{MAX_BATCH, MAX_DAYS, MAX_RECORDS, SeedDomain, SeedParams, seed_records};
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::record::RecordStatus;
@@ -36,7 +38,7 @@ impl Default for Rec<'_> {
 async fn insert(pool: &PgPool, r: Rec<'_>) -> i64 {
     let message_type = r.id.rsplit_once('.').map(|(t, _)| t).unwrap_or("UNKNOWN");
     let processing = r.status == "processing";
-    sqlx::query_scalar(
+    let id: i64 = sqlx::query_scalar(
         "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, handler_mode, attempts,
              max_attempts, lease_owner, lease_token, lease_expires_at, first_seen_at, error_class, last_error,
              payload_hash, payload, headers, source_broker)
@@ -57,7 +59,10 @@ async fn insert(pool: &PgPool, r: Rec<'_>) -> i64 {
     .bind(r.error_class)
     .fetch_one(pool)
     .await
-    .expect("insert record")
+    .expect("insert record");
+    // Inserted by hand, not by the engine's statements, which count what they insert.
+    sqlx::query("SELECT record_counts_rebuild()").execute(pool).await.expect("count records");
+    id
 }
 
 fn params(text: FilterText<'_>) -> RecordListParams {
@@ -72,6 +77,8 @@ async fn ids(pool: &PgPool, text: FilterText<'_>) -> Vec<String> {
 async fn every_filter_narrows_the_list() {
     let db = TestDatabase::create().await;
     let p = &db.pool;
+    // In arrival order, as the engine inserts them: time order is id order.
+    insert(p, Rec { id: "ORDER.PAY.200:1", status: "processing", attempts: 2, age_secs: 7200, ..Rec::default() }).await;
     insert(p, Rec { id: "ORDER.PAY.100:1", age_secs: 50, ..Rec::default() }).await;
     insert(
         p,
@@ -79,7 +86,6 @@ async fn every_filter_narrows_the_list() {
     )
     .await;
     insert(p, Rec { id: "ORDER.CREATE.100:1", status: "dead", attempts: 5, age_secs: 30, ..Rec::default() }).await;
-    insert(p, Rec { id: "ORDER.PAY.200:1", status: "processing", attempts: 2, age_secs: 7200, ..Rec::default() }).await;
 
     let all = ids(p, FilterText::default()).await;
     assert_eq!(all, ["ORDER.CREATE.100:1", "ORDER.PAY.101:1", "ORDER.PAY.100:1", "ORDER.PAY.200:1"], "newest first");
@@ -483,4 +489,74 @@ async fn seed_refuses_absurd_sizes_before_reserving_ids() {
     let hourly: i64 =
         sqlx::query_scalar("SELECT sum(created)::bigint FROM stats_hour").fetch_one(&db.pool).await.unwrap();
     assert_eq!(hourly, 10, "the seed writes its hours itself");
+}
+
+/// A transactional handler's first-try success has no attempt row: the record page shows its
+/// attempt from the record (attempt 1, succeeded, first seen to completion); a leased record
+/// shows only its rows.
+#[tokio::test]
+async fn a_first_try_success_is_shown_from_its_record() {
+    let db = TestDatabase::create().await;
+    let p = &db.pool;
+    let (id, first_seen, completed): (i64, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as(
+            "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, handler_mode, attempts,
+                 max_attempts, completed_at, payload_hash, source_broker)
+             VALUES ('g1', 'ORDER.PAY.1:9', 'ORDER.PAY', 'succeeded', 'transactional', 1, 5,
+                     now() + interval '3 ms', '\\x00', 'rabbitmq')
+             RETURNING id, first_seen_at, completed_at",
+        )
+        .fetch_one(p)
+        .await
+        .unwrap();
+    let detail = record_detail(p, id).await.unwrap().expect("record exists");
+    let shown: Vec<_> = detail
+        .attempt_history
+        .iter()
+        .map(|a| (a.attempt, a.worker.as_str(), a.started_at, a.ended_at, a.outcome.as_deref()))
+        .collect();
+    assert_eq!(shown, [(1, UNRECORDED_WORKER, first_seen, Some(completed), Some("succeeded"))]);
+
+    let leased = insert(p, Rec { id: "ORDER.NOTIFY.1:9", ..Rec::default() }).await;
+    assert!(record_detail(p, leased).await.unwrap().unwrap().attempt_history.is_empty());
+}
+
+/// A filter no index narrows (a rare type among the succeeded bulk) searches SCAN_WINDOW
+/// records per page, says how far it got, and the next page continues from there until the
+/// matches, far back, are found; every match comes exactly once.
+#[tokio::test]
+async fn a_filter_without_an_index_searches_a_bounded_window_per_page() {
+    let db = TestDatabase::create().await;
+    let p = &db.pool;
+    let bulk = SCAN_WINDOW + 5_000;
+    // Three rare records first (the oldest), then the bulk.
+    sqlx::query(
+        "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, handler_mode, attempts,
+             max_attempts, completed_at, payload_hash, source_broker)
+         SELECT 'g1', CASE WHEN i <= 3 THEN 'RARE.EVENT.' ELSE 'ORDER.PAY.' END || i || ':1',
+                CASE WHEN i <= 3 THEN 'RARE.EVENT' ELSE 'ORDER.PAY' END, 'succeeded', 'transactional', 1, 5,
+                now(), '\\x00', 'rabbitmq'
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(bulk + 3)
+    .execute(p)
+    .await
+    .unwrap();
+    let (min, max): (i64, i64) =
+        sqlx::query_as("SELECT min(id), max(id) FROM dedup_records").fetch_one(p).await.unwrap();
+    let rare = |after: Option<String>| {
+        params(FilterText { message_type: Some("RARE.EVENT"), after: after.as_deref(), ..Default::default() })
+    };
+    let first = records_list(p, &rare(None)).await.unwrap();
+    assert!(first.rows.is_empty(), "no match among the newest {SCAN_WINDOW}");
+    assert_eq!(first.searched_to, Some(max + 1 - SCAN_WINDOW));
+    let next = first.next.expect("the search continues");
+    let second = records_list(p, &rare(Some(next.encode()))).await.unwrap();
+    assert_eq!(second.rows.iter().map(|r| r.id).collect::<Vec<_>>(), [min + 2, min + 1, min]);
+    assert_eq!((second.searched_to, second.next), (None, None), "the window reached the oldest record");
+    assert_eq!(second.prev.map(|c| c.id), Some(min + 2), "back: the records after the first match");
+
+    let common =
+        records_list(p, &params(FilterText { message_type: Some("ORDER.PAY"), ..Default::default() })).await.unwrap();
+    assert_eq!((common.rows.len(), common.searched_to), (50, None), "a full page needs no notice");
 }

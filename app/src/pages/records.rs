@@ -177,7 +177,19 @@ fn FilterForm(q: RecordsQuery, options: RecordFilterOptions) -> impl IntoView {
 fn Pager(q: RecordsQuery, p: RecordPageView) -> impl IntoView {
     let prev = p.prev.map(|c| href(&q.at_page(None, Some(c)).href()));
     let next = p.next.map(|c| href(&q.at_page(Some(c), None).href()));
+    // A filter no index narrows searched a bounded stretch of the table: say so, rather than
+    // let an empty or short page read as "no more matches".
+    let searched = p.searched_to.map(|id| {
+        view! {
+            <p class="muted" role="status" data-testid="records-searched-to">
+                {format!(
+                    "This filter has no index over the succeeded records, so a page searches a bounded stretch of them: this one stopped at record #{id}. The next page searches further.",
+                )}
+            </p>
+        }
+    });
     view! {
+        {searched}
         <nav class="pager" aria-label="Pages">
             {match prev {
                 Some(href) => view! { <A href=href attr:data-testid="pager-prev">"← Previous page"</A> }.into_any(),

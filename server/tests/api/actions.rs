@@ -146,10 +146,10 @@ async fn cleanup_schedules_validate_cron_dry_run_and_run() {
     let pool = &app._db.pool;
     sqlx::query(
         "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, attempts, max_attempts,
-             payload_hash, source_broker, completed_at)
-         SELECT 'order-service', 'ORDER.PAY.' || i || ':1', 'ORDER.PAY', 'succeeded', 1, 5, '\\x00', 'rabbitmq',
-                now() - CASE WHEN i <= 25 THEN interval '40 days' ELSE interval '1 day' END
-         FROM generate_series(1, 40) AS i",
+             payload_hash, source_broker, first_seen_at, completed_at)
+         SELECT 'order-service', 'ORDER.PAY.' || i || ':1', 'ORDER.PAY', 'succeeded', 1, 5, '\\x00', 'rabbitmq', t, t
+         FROM generate_series(1, 40) AS i,
+              LATERAL (SELECT now() - CASE WHEN i <= 25 THEN interval '40 days' ELSE interval '1 day' END AS t) age",
     )
     .execute(pool)
     .await

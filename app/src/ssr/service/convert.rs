@@ -117,6 +117,7 @@ impl From<RecordPage> for RecordPageView {
             rows: p.rows.into_iter().map(Into::into).collect(),
             next: p.next.map(|c| c.encode()),
             prev: p.prev.map(|c| c.encode()),
+            searched_to: p.searched_to,
         }
     }
 }

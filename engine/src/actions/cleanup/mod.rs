@@ -320,9 +320,9 @@ pub async fn cleanup_dry_run(pool: &PgPool, id: i64) -> Result<i64, ActionError>
         .await?;
     let mut total = 0;
     for status in &schedule.statuses {
-        let (column, _) = age_column(status);
+        let (column, narrow, _) = age_column(status);
         let n: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM dedup_records WHERE status = $1 AND {column} < $2
+            "SELECT count(*) FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
                AND ($3::text IS NULL OR consumer_group = $3)"
         ))
         .bind(status)
@@ -335,9 +335,18 @@ pub async fn cleanup_dry_run(pool: &PgPool, id: i64) -> Result<i64, ActionError>
     Ok(total)
 }
 
-/// The age column of a status (and whether it is `succeeded`).
-fn age_column(status: &str) -> (&'static str, bool) {
-    if status == "succeeded" { ("completed_at", true) } else { ("updated_at", false) }
+/// The age column of a status, a condition that narrows the records to an index, and the
+/// order batches take them in. `succeeded` records (no index of their own since migration
+/// `..._lean_write_path`): by id, below the first id seen after the cutoff (a record completes
+/// after it was first seen; `dedup_records_id_at`); failed and dead ones on
+/// `dedup_records_cleanup_unsettled_idx` by `updated_at`.
+fn age_column(status: &str) -> (&'static str, String, &'static str) {
+    if status == "succeeded" {
+        let slack = crate::console::records::ARRIVAL_SLACK;
+        ("completed_at", format!("AND id < dedup_records_id_at($2 + {slack})"), "id")
+    } else {
+        ("updated_at", String::new(), "updated_at")
+    }
 }
 
 /// Deletes one batch: at most `limit` records of `status` older than `cutoff`, rows locked by
@@ -349,14 +358,14 @@ async fn delete_batch(
     group: Option<&str>,
     limit: i32,
 ) -> Result<i64, sqlx::Error> {
-    let (column, _) = age_column(status);
+    let (column, narrow, order) = age_column(status);
     let done = sqlx::query(&format!(
         // A materialized CTE: as a subquery the planner may rescan the LIMIT per joined row and
         // delete far more than one batch.
         "WITH d AS MATERIALIZED (
-             SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2
+             SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
                AND ($3::text IS NULL OR consumer_group = $3)
-             ORDER BY {column} LIMIT $4 FOR UPDATE SKIP LOCKED)
+             ORDER BY {order} LIMIT $4 FOR UPDATE SKIP LOCKED)
          DELETE FROM dedup_records r USING d WHERE r.id = d.id AND r.status = $1"
     ))
     .bind(status)

@@ -6,8 +6,9 @@
 //!
 //! The run reserves a block of ids from the table's identity sequence, then, in one transaction,
 //! streams the rows with `COPY ... FROM STDIN` while a blocking thread generates the next ones
-//! (`seed/rows.rs`) and counts their per-minute and duplicate-delay aggregates (`seed/totals.rs`); the
-//! statement-level counting trigger keeps `record_counts` exact as it does for every insert.
+//! (`seed/rows.rs`) and counts their per-minute and duplicate-delay aggregates (`seed/totals.rs`);
+//! then it counts the loaded records into `record_counts` and their types into `message_types`,
+//! as the engine's insert statements do for theirs (no trigger counts inserts).
 //! Into an empty table the secondary indexes and the UNIQUE key are built after the load
 //! (`seed/indexes.rs`). A failed
 //! run leaves nothing behind. Succeeded records keep no payload (as in production), so their
@@ -94,6 +95,19 @@ ON CONFLICT (sampled_at) DO UPDATE SET total_records = EXCLUDED.total_records,
     table_bytes = EXCLUDED.table_bytes, index_bytes = EXCLUDED.index_bytes
 "#;
 
+/// Counts the records of the id range `$1..=$2` (the run's) by group and status, and records
+/// their message types: what the engine's insert statements do for the records they insert.
+const COUNT_SEEDED_SQL: &str = r#"
+WITH seeded AS (
+    SELECT consumer_group, status, message_type, count(*) AS n FROM dedup_records
+    WHERE id BETWEEN $1 AND $2 GROUP BY 1, 2, 3
+), counted AS (
+    INSERT INTO record_counts (consumer_group, status, n)
+    SELECT consumer_group, status, sum(n)::bigint FROM seeded GROUP BY 1, 2
+)
+INSERT INTO message_types SELECT DISTINCT message_type FROM seeded ON CONFLICT DO NOTHING
+"#;
+
 /// Inserts `params.records` synthetic records of `domain` spread over the last `params.days`
 /// days, with their attempts and aggregates, `progress(done, total)` called after each batch of
 /// `params.batch` records. Into an empty table the run holds its exclusive lock until it is done.
@@ -129,6 +143,8 @@ pub async fn seed_records(
     phase.done("rows copied");
     deferred.rebuild(&mut tx).await?;
     phase.done("indexes built");
+    sqlx::query(COUNT_SEEDED_SQL).bind(first).bind(first + records - 1).execute(&mut *tx).await?;
+    phase.done("records counted");
     totals.write(&mut tx, &plan.group_names()).await?;
     // The window's samples are rebuilt from the seeded counts; a sample taken before the seed
     // (a server that started on the empty table) would read as the table shrinking.

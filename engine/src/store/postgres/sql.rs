@@ -29,6 +29,33 @@ macro_rules! take_over {
     };
 }
 
+/// The bookkeeping of an insert statement (no trigger counts inserts since migration
+/// `20261203000065_lean_write_path`): the records it created counted in `record_counts` under
+/// `$status`, and the message types it stored added to `message_types` (in one order, so two
+/// batches bringing the same new types wait on each other rather than deadlock). `$rows` names
+/// the insert's CTE, which returns `created` (`xmax = 0`) and `message_type`; `$1` is the group.
+/// Every statement that inserts into `dedup_records` must carry it.
+macro_rules! count_created {
+    ($rows:literal, $status:literal) => {
+        concat!(
+            r#", counted AS (
+    INSERT INTO {s}.record_counts (consumer_group, status, n)
+    SELECT $1, '"#,
+            $status,
+            r#"', count(*) FROM "#,
+            $rows,
+            r#" WHERE created HAVING count(*) > 0
+), typed AS (
+    INSERT INTO {s}.message_types (message_type)
+    SELECT DISTINCT message_type FROM "#,
+            $rows,
+            r#" ORDER BY 1
+    ON CONFLICT DO NOTHING
+)"#
+        )
+    };
+}
+
 /// Claim: insert, or take over a claimable record; for leased handlers the same statement
 /// opens the attempt row (a transactional attempt is written when it ends, in its transaction).
 /// `$17` says whether an expired lease may be reclaimed; `$18` is the AMQP `type` property. `prior` reads the status the statement
@@ -52,8 +79,9 @@ WITH prior AS (
             r#"
     WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
        OR ($17 AND r.status = 'processing' AND r.lease_expires_at < now())
-    RETURNING r.id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at
+    RETURNING r.id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, r.message_type
 )"#,
+            count_created!("claimed", "processing"),
             $attempt_cte,
             r#"
 SELECT c.id, c.attempts, c.max_attempts, c.created, c.first_seen_at, now() AS claimed_at,
@@ -126,24 +154,31 @@ ORDER BY i.message_id
 /// the attempt fails).
 pub(super) const CLAIM_MANY_SQL: &str = concat!(
     r#"
-INSERT INTO {s}.dedup_records AS r (
-    consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
-    lease_owner, lease_token, lease_expires_at, payload_hash, content_type,
-    source_broker, source_exchange, source_routing_key, source_queue)
-SELECT $1, i.message_id, i.message_type, 'processing', 'transactional', 1, $2,
-       $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.content_type,
-       i.broker, i.exchange, i.routing_key, i.queue"#,
+WITH claimed AS (
+    INSERT INTO {s}.dedup_records AS r (
+        consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
+        lease_owner, lease_token, lease_expires_at, payload_hash, content_type,
+        source_broker, source_exchange, source_routing_key, source_queue)
+    SELECT $1, i.message_id, i.message_type, 'processing', 'transactional', 1, $2,
+           $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.content_type,
+           i.broker, i.exchange, i.routing_key, i.queue"#,
     claim_many_rows!(),
     take_over!(),
     r#"
-WHERE r.status = 'failed' AND r.attempts < r.max_attempts
-RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, now() AS claimed_at
+    WHERE r.status = 'failed' AND r.attempts < r.max_attempts
+    RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
+              r.first_seen_at, now() AS claimed_at
+)"#,
+    count_created!("claimed", "processing"),
+    r#"
+SELECT id, message_id, attempts, max_attempts, created, first_seen_at, claimed_at FROM claimed
 "#
 );
 
 /// Claims of a transactional batch straight into `succeeded`
 /// ([`crate::store::ClaimAs::Succeeded`]): the claimable rows of [`CLAIM_MANY_SQL`] with what
-/// [`COMPLETE_MANY_SQL`] would write on them, and their attempt rows (`$3` the worker). `$4`
+/// [`COMPLETE_MANY_SQL`] would write on them, and the attempt rows of retries (`$3` the worker;
+/// a first-try success has none, see [`COMPLETE_TX_SQL`]). `$4`
 /// and `$5` (the lease) are bound but unused: the record is never `processing` outside the
 /// transaction.
 pub(super) const CLAIM_MANY_SUCCEEDED_SQL: &str = concat!(
@@ -168,17 +203,20 @@ WITH claimed AS (
         next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL,
         completed_at = now(), updated_at = now()
     WHERE r.status = 'failed' AND r.attempts < r.max_attempts
-    RETURNING r.id, r.message_id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, now() AS claimed_at
-), attempt AS (
+    RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
+              r.first_seen_at, now() AS claimed_at
+)"#,
+    count_created!("claimed", "succeeded"),
+    r#", attempt AS (
     INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
-    SELECT id, attempts, $3, now(), now(), 'succeeded' FROM claimed
+    SELECT id, attempts, $3, now(), now(), 'succeeded' FROM claimed WHERE attempts > 1
 )
-SELECT * FROM claimed
+SELECT id, message_id, attempts, max_attempts, created, first_seen_at, claimed_at FROM claimed
 "#
 );
 
-/// Completions of a transactional batch with their attempt rows; `$3` is the worker, `$4` when
-/// the claims were made.
+/// Completions of a transactional batch with the attempt rows of retries (see
+/// [`COMPLETE_TX_SQL`]); `$3` is the worker, `$4` when the claims were made.
 pub(super) const COMPLETE_MANY_SQL: &str = r#"
 WITH done AS (
     UPDATE {s}.dedup_records r SET
@@ -190,7 +228,7 @@ WITH done AS (
     RETURNING r.id, r.attempts
 ), attempt AS (
     INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
-    SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done
+    SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done WHERE attempts > 1
 )
 SELECT id FROM done
 "#;
@@ -216,10 +254,12 @@ SELECT count(*) FROM done
     };
 }
 /// Transactional attempts are written when they end (their claim may be rolled back); `$3` is
-/// the worker, `$4` when the claim was made.
+/// the worker, `$4` when the claim was made. A first-try success writes none: the record says
+/// it all (attempt 1, `succeeded`, `completed_at`; the console shows it as the attempt, see
+/// `console::records`), so attempt rows start at the first failure.
 pub(super) const COMPLETE_TX_SQL: &str = complete_sql!(
     "INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
-     SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done"
+     SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done WHERE attempts > 1"
 );
 /// Leased attempts were opened by the claim; `$3`..`$5` the effect's answer (status, latency in
 /// ms, summary).
@@ -301,18 +341,25 @@ SELECT count(*) FROM deferred
 /// A message that never reaches a handler, stored `dead` at once: poison (`$16` true), or a
 /// type without a handler (false: requeueable once the handler exists). A copy of one already
 /// stored counts as a duplicate on it.
-pub(super) const POISON_SQL: &str = r#"
-INSERT INTO {s}.dedup_records AS r (
-    consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
-    last_error, error_class, payload_hash, payload, payload_truncated, headers, content_type,
-    source_broker, source_exchange, source_routing_key, source_queue, poison, type_property)
-VALUES ($1, $2, $3, 'dead', NULL, 0, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
-ON CONFLICT (consumer_group, message_id) DO UPDATE SET
-    duplicate_count = r.duplicate_count + 1,
-    last_duplicate_at = now(),
-    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = EXCLUDED.payload_hash THEN 0 ELSE 1 END
-RETURNING id, (xmax = 0) AS created
-"#;
+pub(super) const POISON_SQL: &str = concat!(
+    r#"
+WITH stored AS (
+    INSERT INTO {s}.dedup_records AS r (
+        consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
+        last_error, error_class, payload_hash, payload, payload_truncated, headers, content_type,
+        source_broker, source_exchange, source_routing_key, source_queue, poison, type_property)
+    VALUES ($1, $2, $3, 'dead', NULL, 0, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+    ON CONFLICT (consumer_group, message_id) DO UPDATE SET
+        duplicate_count = r.duplicate_count + 1,
+        last_duplicate_at = now(),
+        payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = EXCLUDED.payload_hash THEN 0 ELSE 1 END
+    RETURNING r.id, (r.xmax = 0) AS created, r.message_type
+)"#,
+    count_created!("stored", "dead"),
+    r#"
+SELECT id, created FROM stored
+"#
+);
 
 /// A superseded worker's effect ran although its completion was refused (`$1` record, `$2` its
 /// attempt, `$3`..`$5` its late answer): flagged, the attempt closed as `lease_lost` if the
@@ -392,7 +439,7 @@ mod tests {
         let sql = Statements::new(&crate::db::Schema::parse("ops_x").unwrap());
         let all = format!("{sql:?}");
         assert!(!all.contains("{s}"), "a placeholder was left");
-        let unqualified = regex_free_find(&all, &["dedup_records", "record_attempts"]);
+        let unqualified = regex_free_find(&all, &["dedup_records", "record_attempts", "record_counts", "message_types"]);
         assert_eq!(unqualified, None, "an unqualified table in the store's SQL");
         assert!(sql.claim_many.contains("INSERT INTO \"ops_x\".dedup_records"), "{}", sql.claim_many);
     }

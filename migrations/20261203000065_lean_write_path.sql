@@ -13,12 +13,25 @@
 --    filter over the succeeded bulk (engine/src/console/records.rs). Kept: the primary key, the
 --    dedup key, the partial indexes of stuck, failed and dead records.
 --
--- Runs in one transaction: the index builds scan the table under a SHARE lock (writers wait,
--- readers do not); BENCHMARKS.md ("Lean write path") measures it at 10 M records.
+-- Runs in one transaction, in an order that keeps the console reading: first what takes only a
+-- SHARE lock (the index builds, each a pass over the table: writers wait, readers do not), then
+-- the trigger and index drops, which need the table's ACCESS EXCLUSIVE lock for a moment.
+-- BENCHMARKS.md ("Lean write path") measures it at 10 M records. Consumers still running a
+-- binary from before it insert without counting: run `SELECT record_counts_rebuild()` once every
+-- consumer runs the new one (or stop them while migrating).
 
--- (1) Counting.
-DROP TRIGGER dedup_records_count_insert ON dedup_records;
-DROP FUNCTION dedup_records_count_inserted();
+-- (1) The new indexes, first: no console query is left without one.
+
+-- Time ranges (the records list's from/to, cleanup's age by first_seen_at): block ranges.
+CREATE INDEX dedup_records_first_seen_brin ON dedup_records USING brin (first_seen_at);
+-- Records list filtered by a status other than succeeded, newest first (and any other filter
+-- within that status).
+CREATE INDEX dedup_records_unsettled_idx ON dedup_records (status, id) WHERE status <> 'succeeded';
+-- Records list sorted by attempts and `attempts >= n` (n > 1): the records tried more than once
+-- (or never: poison, deferred), a few percent; a first-try success writes no entry.
+CREATE INDEX dedup_records_retried_idx ON dedup_records (attempts, id) WHERE attempts <> 1;
+
+-- (2) Counting without the INSERT trigger: what the insert statements write, and the helpers.
 
 -- Every message type ever stored, for the console's type filter (it replaces a loose index scan
 -- over the message-type index). Written by the insert statements (ON CONFLICT DO NOTHING: a type
@@ -77,17 +90,9 @@ BEGIN
 END
 $$;
 
--- (2) Indexes. The replacements first, so no console query is left without an index.
-
--- Time ranges (the records list's from/to, cleanup's age by first_seen_at): block ranges.
-CREATE INDEX dedup_records_first_seen_brin ON dedup_records USING brin (first_seen_at);
--- Records list filtered by a status other than succeeded, newest first (and any other filter
--- within that status).
-CREATE INDEX dedup_records_unsettled_idx ON dedup_records (status, id) WHERE status <> 'succeeded';
--- Records list sorted by attempts and `attempts >= n` (n > 1): the records tried more than once
--- (or never: poison, deferred), a few percent; a first-try success writes no entry.
-CREATE INDEX dedup_records_retried_idx ON dedup_records (attempts, id) WHERE attempts <> 1;
-
+-- (3) What needs the ACCESS EXCLUSIVE lock, last: the INSERT trigger and the old indexes.
+DROP TRIGGER dedup_records_count_insert ON dedup_records;
+DROP FUNCTION dedup_records_count_inserted();
 DROP INDEX dedup_records_first_seen_idx;
 DROP INDEX dedup_records_status_first_seen_idx;
 DROP INDEX dedup_records_attempts_idx;

@@ -14,7 +14,10 @@
 //! 5. the pipeline alone: in-memory deliveries of new messages through it (handler without
 //!    effect), no broker — what PostgreSQL and Redis allow on this machine, so the ceiling of
 //!    any broker's idempotent phase here;
-//! 6. RabbitMQ: raw again; the faster raw phase is the reference (100 %).
+//! 6. naive: the scheme teams write by hand, one transaction per message — insert the dedup row
+//!    (`ON CONFLICT DO NOTHING`; none inserted: a duplicate), the business row, mark the dedup row
+//!    done, commit — then the ack of the batch (after every commit); new messages;
+//! 7. RabbitMQ: raw again; the faster raw phase is the reference (100 %).
 //!
 //! Run: `cargo bench -p dedup-engine --bench consume [-- [kafka] [MESSAGES [WORKERS [BATCH]]]]`
 //! (defaults RabbitMQ, 100000, 4, 100: a raw phase of 20 000 messages lasts only 0.3–0.4 s, too
@@ -89,6 +92,38 @@ impl Phase {
     }
 }
 
+/// What a phase does with each batch of deliveries.
+#[derive(Clone)]
+enum Work {
+    /// Acknowledge them as they are (raw).
+    Ack,
+    /// The engine's pipeline; every message must end as the given reason.
+    Pipeline(Pipeline, AckReason),
+    /// The hand-written scheme (phase 6), on its own tables `naive_dedup` and `bench_effects`.
+    Naive(sqlx::PgPool),
+}
+
+/// One message the hand-written way: its own transaction, committed before the batch is acked.
+async fn naive_one(pool: &sqlx::PgPool, message: &InboundMessage) -> Result<(), sqlx::Error> {
+    let id = message.property_message_id.as_deref().unwrap_or_default();
+    let mut tx = pool.begin().await?;
+    let new =
+        sqlx::query("INSERT INTO naive_dedup (message_id, status) VALUES ($1, 'processing') ON CONFLICT DO NOTHING")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+    if new {
+        sqlx::query("INSERT INTO bench_effects (message_id) VALUES ($1)").bind(id).execute(&mut *tx).await?;
+        sqlx::query("UPDATE naive_dedup SET status = 'done', done_at = now() WHERE message_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
 /// The broker under test: where sources come from and messages go.
 enum Bench {
     RabbitMq(TestBroker),
@@ -141,23 +176,20 @@ impl Bench {
     }
 }
 
-/// Consumes `total` deliveries with `workers` sources; each batch goes through `pipeline`
-/// (or is acknowledged as is when `None`).
+/// Consumes `total` deliveries with `workers` sources; each batch goes through `work`.
 async fn consume(
     name: &'static str,
     factory: Arc<dyn SourceFactory>,
-    pipeline: Option<Pipeline>,
+    work: Work,
     total: usize,
     workers: usize,
     batch: usize,
-    expect: Option<AckReason>,
 ) -> Phase {
     let (done, fallbacks) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (first, last) = (Arc::new(OnceLock::new()), Arc::new(OnceLock::new()));
     let tasks: Vec<_> = (0..workers)
         .map(|n| {
-            let (factory, pipeline, done, fallbacks) =
-                (factory.clone(), pipeline.clone(), done.clone(), fallbacks.clone());
+            let (factory, work, done, fallbacks) = (factory.clone(), work.clone(), done.clone(), fallbacks.clone());
             let (first, last) = (first.clone(), last.clone());
             tokio::spawn(async move {
                 let mut source = factory.open(n).await.unwrap();
@@ -171,27 +203,34 @@ async fn consume(
                     let Ok(next) = next else { continue };
                     let deliveries = next.unwrap().unwrap();
                     first.get_or_init(Instant::now);
-                    let dispositions = match &pipeline {
-                        Some(p) => {
+                    let dispositions = match &work {
+                        Work::Pipeline(p, reason) => {
+                            let reason = *reason;
                             let t = Instant::now();
                             let d = p.process(&format!("bench-{n}"), deliveries).await;
                             in_pipeline += t.elapsed();
-                            if let Some(reason) = expect {
-                                // A marker whose write timed out (Redis is a hint) leaves its
-                                // duplicate to the database: allowed, and counted.
-                                let caught_later = |x: &Disposition| {
-                                    reason == AckReason::DuplicateRedis
-                                        && *x == Disposition::Ack(AckReason::DuplicateDatabase)
-                                };
-                                assert!(
-                                    d.iter().all(|x| *x == Disposition::Ack(reason) || caught_later(x)),
-                                    "{name}: {d:?}"
-                                );
-                                fallbacks.fetch_add(d.iter().filter(|x| caught_later(x)).count(), Ordering::SeqCst);
-                            }
+                            // A marker whose write timed out (Redis is a hint) leaves its
+                            // duplicate to the database: allowed, and counted.
+                            let caught_later = |x: &Disposition| {
+                                reason == AckReason::DuplicateRedis
+                                    && *x == Disposition::Ack(AckReason::DuplicateDatabase)
+                            };
+                            assert!(
+                                d.iter().all(|x| *x == Disposition::Ack(reason) || caught_later(x)),
+                                "{name}: {d:?}"
+                            );
+                            fallbacks.fetch_add(d.iter().filter(|x| caught_later(x)).count(), Ordering::SeqCst);
                             d
                         }
-                        None => vec![Disposition::Ack(AckReason::Processed); deliveries.len()],
+                        Work::Naive(pool) => {
+                            let t = Instant::now();
+                            for message in deliveries.iter() {
+                                naive_one(pool, message).await.unwrap();
+                            }
+                            in_pipeline += t.elapsed();
+                            vec![Disposition::Ack(AckReason::Processed); deliveries.len()]
+                        }
+                        Work::Ack => vec![Disposition::Ack(AckReason::Processed); deliveries.len()],
                     };
                     source.settle(&dispositions).await.unwrap();
                     if done.fetch_add(dispositions.len(), Ordering::SeqCst) + dispositions.len() >= total {
@@ -342,6 +381,14 @@ fn main() {
             .execute(&db.pool)
             .await
             .unwrap();
+        // The hand-written scheme's dedup table: its key, a status, when it was done.
+        sqlx::query(
+            "CREATE TABLE naive_dedup (message_id TEXT PRIMARY KEY, status TEXT NOT NULL,
+                                       seen_at TIMESTAMPTZ NOT NULL DEFAULT now(), done_at TIMESTAMPTZ)",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
         let bench = if kafka {
             let mut kafka = TestKafka::new(4, Backoff::default());
             if let Ok(limit) = std::env::var("KAFKA_MAX_IN_FLIGHT") {
@@ -363,6 +410,7 @@ fn main() {
         let no_effect_ids: Vec<String> = (0..total).map(|i| format!("BENCH.NOEFFECT.{i}:1")).collect();
         let ids: Vec<String> = (0..total).map(|i| format!("BENCH.EVENT.{i}:1")).collect();
         let in_memory_ids: Vec<String> = (0..total).map(|i| format!("BENCH.NOEFFECT.M{i}:1")).collect();
+        let naive_ids: Vec<String> = (0..total).map(|i| format!("NAIVE.EVENT.{i}:1")).collect();
         let mut phases = Vec::new();
 
         if let Bench::Kafka(kafka) = &bench {
@@ -371,7 +419,7 @@ fn main() {
         }
         bench.publish(&raw_ids).await;
         let raw_name = if kafka { "engine source, ack only" } else { "raw consume + ack" };
-        phases.push(consume(raw_name, bench.factory(), None, total, workers, batch, None).await);
+        phases.push(consume(raw_name, bench.factory(), Work::Ack, total, workers, batch).await);
         let pipelined = [
             ("idempotent, handler without effect", &no_effect_ids, &redis, AckReason::Processed),
             ("idempotent, handler inserts a row", &ids, &redis, AckReason::Processed),
@@ -380,23 +428,27 @@ fn main() {
         ];
         for (name, ids, fast_path, expect) in pipelined {
             bench.publish(ids).await;
-            let pipeline = Some(pipeline(&db, fast_path.clone()));
-            phases.push(consume(name, bench.factory(), pipeline, total, workers, batch, Some(expect)).await);
+            let work = Work::Pipeline(pipeline(&db, fast_path.clone()), expect);
+            phases.push(consume(name, bench.factory(), work, total, workers, batch).await);
         }
         let idempotent = phases.len() - 3;
         // What PostgreSQL and Redis allow on this machine with no broker at all: the ceiling of
         // any broker's idempotent phase here.
         let name = "pipeline alone, no broker, without effect";
         phases.push(without_broker(name, pipeline(&db, redis.clone()), &in_memory_ids, workers, batch).await);
+        bench.publish(&naive_ids).await;
+        let naive = phases.len();
+        let work = Work::Naive(db.pool.clone());
+        phases.push(consume("naive: a transaction per message", bench.factory(), work, total, workers, batch).await);
         // The raw phase again, warm: the first one also pays for the run's first connections,
         // and its rate varies most. The faster of the two is the reference (100 %).
         if !kafka {
             bench.publish(&raw_ids).await;
-            phases.push(consume("raw consume + ack, again", bench.factory(), None, total, workers, batch, None).await);
+            phases.push(consume("raw consume + ack, again", bench.factory(), Work::Ack, total, workers, batch).await);
         }
 
         let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_effects").fetch_one(&db.pool).await.unwrap();
-        assert_eq!(effects, i64::try_from(total).unwrap(), "every message applied exactly once");
+        assert_eq!(effects, 2 * i64::try_from(total).unwrap(), "every message applied exactly once");
 
         let setup = match &bench {
             Bench::Kafka(kafka) => format!("max_in_flight {}", kafka.settings.max_in_flight),
@@ -416,6 +468,10 @@ fn main() {
         println!(
             "Redis-hit duplicate vs database claim, pipeline time per message: {:.1}× faster",
             phases[idempotent].pipeline_us_per_message() / phases[idempotent + 1].pipeline_us_per_message()
+        );
+        println!(
+            "idempotent with a business row vs naive (a transaction per message): {:.1}× the rate",
+            phases[idempotent].rate() / phases[naive].rate()
         );
     });
 }

@@ -115,11 +115,11 @@ pub(crate) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFil
     }
     if let Some(from) = filter.from {
         q.push(" AND first_seen_at >= ").push_bind(from);
-        q.push(" AND id >= dedup_records_id_at(").push_bind(from).push(format!(" - {ARRIVAL_SLACK})"));
+        q.push(" AND id >= (SELECT dedup_records_id_at(").push_bind(from).push(format!(" - {ARRIVAL_SLACK}))"));
     }
     if let Some(to) = filter.to {
         q.push(" AND first_seen_at < ").push_bind(to);
-        q.push(" AND id < dedup_records_id_at(").push_bind(to).push(format!(" + {ARRIVAL_SLACK})"));
+        q.push(" AND id < (SELECT dedup_records_id_at(").push_bind(to).push(format!(" + {ARRIVAL_SLACK}))"));
     }
     if let Some(n) = filter.min_attempts {
         q.push(" AND attempts >= ").push_bind(n);

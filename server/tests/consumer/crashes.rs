@@ -47,15 +47,22 @@ async fn transactional_a_killed_worker_rolls_back_and_the_message_is_processed_o
         )
         .await;
     assert_eq!(status, "succeeded");
-    let (reservations, reserved, attempts): (i64, i32, i64) = sqlx::query_as(
+    // A transactional first-try success writes no attempt row (the record says attempt 1): the
+    // killed attempt, rolled back, left neither a row nor a count.
+    let (reservations, reserved, attempts, attempt_rows): (i64, i32, i32, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM shop.inventory_reservations WHERE order_no = 'K1'),
                 (SELECT reserved FROM shop.inventory WHERE sku = 'SKU-0001'),
+                (SELECT attempts FROM dedup_records WHERE message_id = 'ORDER.CREATE.K1:1'),
                 (SELECT count(*) FROM record_attempts)",
     )
     .fetch_one(&world.db.pool)
     .await
     .unwrap();
-    assert_eq!((reservations, reserved, attempts), (1, 2, 1), "stock reserved once; the killed attempt left nothing");
+    assert_eq!(
+        (reservations, reserved, attempts, attempt_rows),
+        (1, 2, 1, 0),
+        "stock reserved once; the killed attempt left nothing"
+    );
     b.stop().await;
 }
 

@@ -343,7 +343,7 @@ pub async fn cleanup_dry_run(pool: &PgPool, id: i64) -> Result<i64, ActionError>
 fn age_column(status: &str) -> (&'static str, String, &'static str) {
     if status == "succeeded" {
         let slack = crate::console::records::ARRIVAL_SLACK;
-        ("completed_at", format!("AND id < dedup_records_id_at($2 + {slack})"), "id")
+        ("completed_at", format!("AND id < (SELECT dedup_records_id_at($2 + {slack}))"), "id")
     } else {
         ("updated_at", String::new(), "updated_at")
     }

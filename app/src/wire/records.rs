@@ -203,7 +203,7 @@ pub struct RecordPageView {
     pub prev: Option<String>,
     /// Set when the filter has no index to narrow it (a group, message type or error class over
     /// the succeeded records): the page searched a bounded stretch of records past its cursor
-    /// (50 000 in time order) and stopped at this record id with fewer matches than a page;
+    /// (20 000 in time order) and stopped at this record id with fewer matches than a page;
     /// `next` (`prev` going back) continues the search from there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub searched_to: Option<i64>,

@@ -179,7 +179,10 @@ impl RawConnection {
             )));
         }
         self.send(2, 1, &header)?;
-        self.send(3, 1, message.body)?;
+        // A body larger than a frame goes in several (frame type, channel, size and end: 8 bytes).
+        for part in message.body.chunks(self.frame_max - 8) {
+            self.send(3, 1, part)?;
+        }
         self.expect(1, (60, 80)).map(|_| ()) // basic.ack: confirmed
     }
 

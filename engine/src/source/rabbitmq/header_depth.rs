@@ -259,9 +259,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for BoundedStream<S> {
 }
 
 /// Bounds the `headers` table of a `basic` content header's payload in place: every table or
-/// array below [`MAX_PARSED_DEPTH`] levels becomes a byte array of the same bytes. Returns
-/// whether it changed anything. A payload that does not parse is left as it is from the first
-/// byte that does not (lapin refuses it there, before reaching anything deeper).
+/// array below [`MAX_PARSED_DEPTH`] levels becomes a byte array of the same bytes, and every
+/// short string (the properties' strings, the tables' field names) that is not UTF-8 gets its
+/// invalid bytes replaced by [`NOT_UTF8`] (lapin refuses such a short string, failing the whole
+/// connection, and RabbitMQ redelivers the message to the next one: it would stop the queue).
+/// Returns whether it changed anything. A payload that does not parse is left as it is from the
+/// first byte that does not (lapin refuses it there, before reaching anything deeper).
 pub(crate) fn bound_content_header(payload: &mut [u8]) -> bool {
     // class id, weight, body size, then property flag words (bit 0: another word follows).
     if payload.get(..2).map(|c| u16::from_be_bytes([c[0], c[1]])) != Some(CLASS_BASIC) {
@@ -276,19 +279,66 @@ pub(crate) fn bound_content_header(payload: &mut [u8]) -> bool {
         word = next;
     }
     at += 2;
-    // content-type and content-encoding (short strings) come before the headers.
-    for bit in [0x8000, 0x4000] {
-        if flags & bit != 0 {
-            let Some(len) = payload.get(at) else { return false };
-            at += 1 + usize::from(*len);
+    let mut changed = false;
+    // The basic properties in order, by flag bit (AMQP 0-9-1, class basic).
+    for bit in (2..16).rev().map(|b| 1u16 << b) {
+        if flags & bit == 0 {
+            continue;
         }
+        let size = match bit {
+            // headers
+            0x2000 => {
+                let Some(len) = read_u32(payload, at) else { return changed };
+                let Some(table) = payload.get_mut(at + 4..at + 4 + len) else { return changed };
+                changed |= bound_table(table);
+                4 + len
+            }
+            // delivery mode, priority
+            0x1000 | 0x0800 => 1,
+            // timestamp
+            0x0040 => 8,
+            // content type, content encoding, correlation id, reply to, expiration, message id,
+            // type, user id, app id, cluster id
+            _ => match short_string(payload, at) {
+                Some((len, changed_here)) => {
+                    changed |= changed_here;
+                    len
+                }
+                None => return changed,
+            },
+        };
+        at += size;
     }
-    if flags & 0x2000 == 0 {
-        return false;
+    changed
+}
+
+/// What stands in for each byte of a short string that is not UTF-8: SUB, the ASCII
+/// substitute, a control character, so that a message id with it is refused as such
+/// (`MessageId::parse`) and the message becomes a dead letter instead of a different id.
+pub(crate) const NOT_UTF8: u8 = 0x1a;
+
+/// The short string at `at` (length octet and bytes), its bytes that are not UTF-8 replaced
+/// by [`NOT_UTF8`]; its size with the length octet and whether it changed. `None`: it runs past
+/// the end.
+fn short_string(bytes: &mut [u8], at: usize) -> Option<(usize, bool)> {
+    let len = usize::from(*bytes.get(at)?);
+    let text = bytes.get_mut(at + 1..at + 1 + len)?;
+    Some((1 + len, replace_invalid_utf8(text)))
+}
+
+/// Replaces every byte of `bytes` that is not part of a valid UTF-8 sequence by [`NOT_UTF8`],
+/// in place; whether any was.
+fn replace_invalid_utf8(bytes: &mut [u8]) -> bool {
+    let mut changed = false;
+    let mut at = 0;
+    while let Err(e) = std::str::from_utf8(&bytes[at..]) {
+        let bad = at + e.valid_up_to();
+        let end = e.error_len().map_or(bytes.len(), |n| bad + n);
+        bytes[bad..end].fill(NOT_UTF8);
+        changed = true;
+        at = end;
     }
-    let Some(len) = read_u32(payload, at) else { return false };
-    let Some(table) = payload.get_mut(at + 4..at + 4 + len) else { return false };
-    bound_table(table)
+    changed
 }
 
 /// Bounds the entries of a field table (the bytes after its length) in place, iteratively;
@@ -307,8 +357,9 @@ fn bound_table(table: &mut [u8]) -> bool {
             continue;
         }
         if is_table {
-            let Some(name) = table.get(at) else { return changed };
-            at += 1 + usize::from(*name);
+            let Some((name, changed_here)) = short_string(table, at) else { return changed };
+            changed |= changed_here;
+            at += name;
         }
         let Some(&tag) = table.get(at) else { return changed };
         at += 1;
@@ -406,6 +457,24 @@ mod tests {
         assert!(tags[..kept].iter().all(|t| *t == b'A'), "arrays kept: {tags:?}");
         assert_eq!(tags[kept], b'x', "the next one is bytes");
         assert!(tags[kept + 1..].iter().all(|t| *t == b'A'), "whose content is left as it was");
+    }
+
+    #[test]
+    fn short_strings_that_are_not_utf8_get_substitutes_of_the_same_length() {
+        // A header named 0xff 'k' and the message id "M:\xc3" (a cut two-byte sequence).
+        let table = [2, 0xff, b'k', b't', 1];
+        let header = content_header(Some("a/b"), &table, "M:0", 3);
+        let mut bad = header.clone();
+        let id_at = bad.len() - 3;
+        bad[id_at + 2] = 0xc3;
+        let mut bounded = bad.clone();
+        assert!(bound_content_header(&mut bounded));
+        assert_eq!(bounded.len(), bad.len());
+        assert_eq!(&bounded[id_at..], b"M:\x1a", "the message id keeps its length, with a control character");
+        let name_at = 14 + 4 + 4 + 1;
+        assert_eq!(&bounded[name_at..name_at + 2], &[NOT_UTF8, b'k'], "the field name too");
+        let mut good = content_header(Some("a/é"), &[2, b'k', b'k', b't', 1], "M:é", 3);
+        assert!(!bound_content_header(&mut good), "valid UTF-8 is left alone");
     }
 
     #[test]

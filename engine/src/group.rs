@@ -67,6 +67,28 @@ pub enum GroupSource {
 
 impl GroupSource {
     /// Whether it names a queue or topics to read: the reason when not.
+    /// What the source reads, for refusing two groups that read the same: a RabbitMQ queue on
+    /// one broker (its URL without credentials; the same broker spelt two ways is not caught),
+    /// or a Kafka consumer group on one cluster (its `group_id`; the default, the group's own
+    /// name, is unique anyway). The first part identifies, the second names it in an error.
+    pub(crate) fn reads(&self, group: &str) -> (String, String) {
+        match *self {
+            #[cfg(feature = "rabbitmq")]
+            GroupSource::RabbitMq { ref url, ref settings } => {
+                let broker = url::Url::parse(url).map_or_else(
+                    |_| url.clone(),
+                    |u| format!("{}:{}{}", u.host_str().unwrap_or_default(), u.port().unwrap_or(5672), u.path()),
+                );
+                (format!("amqp {broker} {}", settings.queue), format!("RabbitMQ queue {:?}", settings.queue))
+            }
+            #[cfg(feature = "kafka")]
+            GroupSource::Kafka(ref settings) => {
+                let id = settings.group_id.as_deref().unwrap_or(group);
+                (format!("kafka {} {id}", settings.brokers), format!("Kafka consumer group {id:?}"))
+            }
+        }
+    }
+
     pub(crate) fn check(&self) -> Result<(), String> {
         // By place, not by reference: without a broker feature the enum is empty, and so is
         // the match.
@@ -109,6 +131,8 @@ pub struct Group {
     pub(crate) source: GroupSource,
     pub(crate) settings: GroupSettings,
     pub(crate) handlers: HandlerRegistry,
+    /// Message types registered more than once (refused when the engine starts).
+    pub(crate) repeated: Vec<String>,
 }
 
 impl Group {
@@ -116,7 +140,13 @@ impl Group {
     /// The name is checked when the engine starts (non-empty, at most 128 bytes, no control
     /// characters): it scopes the group's dedup records, so keep it stable.
     pub fn new(name: impl Into<String>, source: GroupSource) -> Self {
-        Self { name: name.into(), source, settings: GroupSettings::default(), handlers: HandlerRegistry::new() }
+        Self {
+            name: name.into(),
+            source,
+            settings: GroupSettings::default(),
+            handlers: HandlerRegistry::new(),
+            repeated: Vec::new(),
+        }
     }
 
     /// A group on a RabbitMQ queue at `url`.
@@ -179,7 +209,8 @@ impl Group {
     }
 
     /// Registers a transactional handler for `message_type` (DESIGN.md, "Two handler modes"):
-    /// it runs in the claim's transaction, on the host pool's connection.
+    /// it runs in the claim's transaction, on the host pool's connection. A type registered
+    /// twice is refused when the engine starts ([`crate::EngineError::DuplicateHandler`]).
     pub fn transactional(self, message_type: impl Into<String>, handler: impl TransactionalHandler) -> Self {
         self.handler(message_type, Handler::Transactional(Arc::new(handler)))
     }
@@ -202,18 +233,36 @@ impl Group {
     /// longer than its timeout (checked when the engine starts).
     #[cfg(feature = "http")]
     pub fn http(mut self, message_type: impl Into<String>, handler: crate::http::HttpHandler) -> Self {
+        let message_type = message_type.into();
+        self.note_registration(&message_type);
         self.handlers.http(message_type, handler);
         self
     }
 
-    /// Registers any [`Handler`] for `message_type`, replacing an earlier one.
+    /// Registers any [`Handler`] for `message_type`. A type registered twice (by any of the
+    /// registering methods) is refused when the engine starts: one of the two handlers would
+    /// silently never run.
     pub(crate) fn handler(mut self, message_type: impl Into<String>, handler: Handler) -> Self {
+        let message_type = message_type.into();
+        self.note_registration(&message_type);
         self.handlers.register(message_type, handler);
         self
     }
 
-    /// Registers every handler of `registry` (a domain crate's set of handlers, say).
+    /// Notes `message_type` as registered twice if it already has a handler (see
+    /// [`Group::handler`]).
+    fn note_registration(&mut self, message_type: &str) {
+        if self.handlers.get(message_type).is_some() {
+            self.repeated.push(message_type.to_owned());
+        }
+    }
+
+    /// Registers every handler of `registry` (a domain crate's set of handlers, say). A type
+    /// the group already has a handler for is refused when the engine starts.
     pub fn handlers(mut self, registry: &HandlerRegistry) -> Self {
+        for (message_type, _) in registry.iter() {
+            self.note_registration(message_type);
+        }
         self.handlers.extend(registry);
         self
     }

@@ -1,7 +1,7 @@
 //! The engine as a running service: a team's consumer groups, the fast path, the aggregate
 //! flusher and the bulk-requeue and cleanup schedulers, started together and stopped together.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +37,25 @@ pub enum EngineError {
     /// Two groups share a name (they would share dedup records).
     #[error("consumer group {0:?} is declared twice")]
     DuplicateGroup(String),
+    /// Two groups read the same RabbitMQ queue (or are one Kafka consumer group): each would
+    /// get a share of the other's messages, and dead-letter those it has no handler for.
+    #[error("consumer groups {first:?} and {second:?} both read the {source_name}")]
+    SharedSource {
+        /// The group declared first.
+        first: String,
+        /// The group declared later.
+        second: String,
+        /// What both read (a queue's or Kafka consumer group's name).
+        source_name: String,
+    },
+    /// A group registers two handlers for one message type: one of them would never run.
+    #[error("consumer group {name:?}: message type {message_type:?} has more than one handler")]
+    DuplicateHandler {
+        /// The group's name.
+        name: String,
+        /// The message type registered twice.
+        message_type: String,
+    },
     /// A group's source names no queue or topics to read.
     #[error("consumer group {name:?}: {error}")]
     GroupSource {
@@ -130,15 +149,25 @@ impl EngineBuilder {
     /// the background tasks (aggregate flusher, bulk-requeue runners, cleanup scheduler). Does
     /// not wait for the brokers or Redis: workers connect and reconnect in the background.
     ///
-    /// Errors: [`EngineError`]: an invalid or repeated group name, a failed migration.
+    /// Errors: [`EngineError`]: an invalid or repeated group name, two groups reading one queue,
+    /// a message type with two handlers, a lease shorter than a handler's longest run, a failed
+    /// migration.
     pub async fn start(self) -> Result<Engine, EngineError> {
         let mut names = HashSet::new();
+        let mut sources = HashMap::new();
         let mut groups = Vec::with_capacity(self.groups.len());
         for group in self.groups {
             let name = ConsumerGroup::parse(group.name.clone())
                 .map_err(|error| EngineError::GroupName { name: group.name.clone(), error })?;
             if !names.insert(name.clone()) {
                 return Err(EngineError::DuplicateGroup(group.name));
+            }
+            let (reads, source_name) = group.source.reads(&group.name);
+            if let Some(first) = sources.insert(reads, group.name.clone()) {
+                return Err(EngineError::SharedSource { first, second: group.name, source_name });
+            }
+            if let Some(message_type) = group.repeated.first() {
+                return Err(EngineError::DuplicateHandler { name: group.name, message_type: message_type.clone() });
             }
             group.source.check().map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
             let lease = Duration::from_millis(group.settings.lease_ms).max(crate::store::MIN_LEASE);

@@ -80,7 +80,9 @@ serde_as_text!(TypeSource);
 /// (`[consumer.types]`, or a group's `types`).
 ///
 /// The first source that yields a non-empty value wins; the value is then looked up in `map`
-/// (unmapped values are used as they are). A message none of them types is `UNKNOWN`. Either
+/// (unmapped values are used as they are). A value with a control character still wins, as
+/// `UNKNOWN` (its dead letter names it escaped): a later source never types a message its
+/// producer typed otherwise. A message none of them types is `UNKNOWN`. Either
 /// way a type without a handler makes the message a dead letter `NO_HANDLER` that names the raw
 /// value; once the handler exists, requeueing those dead letters processes them.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -136,13 +138,18 @@ impl TypePolicy {
                 },
                 TypeSource::JsonPointer(pointer) => json?.pointer(pointer)?.as_str().map(str::to_owned),
             }?;
-            let value = value.trim();
-            (!value.is_empty() && !value.chars().any(char::is_control))
-                .then(|| value.chars().take(MAX_TYPE_CHARS).collect::<String>())
+            Some(value.trim().to_owned()).filter(|v| !v.is_empty())
         });
         match raw {
             None => MessageType { name: super::UNKNOWN_TYPE.to_owned(), raw: None },
+            // Present but no type: it still wins (a later source must not type a message its
+            // producer typed otherwise), and the dead letter names it, escaped.
+            Some(raw) if raw.chars().any(char::is_control) => MessageType {
+                name: super::UNKNOWN_TYPE.to_owned(),
+                raw: Some(raw.escape_debug().take(MAX_TYPE_CHARS).collect()),
+            },
             Some(raw) => {
+                let raw: String = raw.chars().take(MAX_TYPE_CHARS).collect();
                 MessageType { name: self.map.get(&raw).cloned().unwrap_or_else(|| raw.clone()), raw: Some(raw) }
             }
         }
@@ -208,5 +215,16 @@ mod tests {
         assert_eq!(none.resolve(&m, None, None), MessageType { name: "UNKNOWN".into(), raw: None });
         m.headers.insert("absent".into(), Value::String("a\nb".into()));
         assert_eq!(none.resolve(&m, None, None).name, "UNKNOWN", "a value with a control character is no type");
+        assert_eq!(none.resolve(&m, None, None).raw.as_deref(), Some("a\\nb"), "named escaped");
+    }
+
+    #[test]
+    fn a_value_that_is_no_type_still_wins_over_later_sources() {
+        let mut m = message();
+        m.headers.insert("kind".into(), Value::String("EVIL\u{1b}[31m\nX".into()));
+        let policy = TypePolicy::from_sources([TypeSource::Header("kind".into()), TypeSource::RoutingKey]);
+        let found = policy.resolve(&m, None, None);
+        assert_eq!(found.name, "UNKNOWN", "not the routing key's type: the producer said otherwise");
+        assert_eq!(found.raw.as_deref(), Some("EVIL\\u{1b}[31m\\nX"));
     }
 }

@@ -116,10 +116,18 @@ fn gateway(parts: &Parts) -> Result<Option<HostUser>, String> {
 /// A host application with its own route at `/` and the console nested at `/ops/dedup` behind
 /// the gateway's users; returns its address and its database.
 async fn host_app(read_only: bool) -> (String, TestDatabase) {
+    host_app_with(gateway, read_only).await
+}
+
+/// [`host_app`] with another resolver.
+async fn host_app_with(
+    resolver: impl Fn(&Parts) -> Result<Option<HostUser>, String> + Send + Sync + 'static,
+    read_only: bool,
+) -> (String, TestDatabase) {
     let db = TestDatabase::create().await;
     let engine = Engine::builder(db.pool.clone()).redis(redis_url()).consume(false).start().await.unwrap();
     let probes = HealthProbes::new(engine.handle().pool().clone(), &db.url, &redis_url(), Duration::from_secs(2));
-    let auth = DelegatedAuth::new(gateway, "/signin").sign_out_url("/signout");
+    let auth = DelegatedAuth::new(resolver, "/signin").sign_out_url("/signout");
     let config =
         ConsoleConfig { read_only, ..ConsoleConfig::new("target/site", "/ops/dedup", ConsoleAuth::Delegated(auth)) };
     let console = console_router(engine.handle().clone(), probes, config).await.unwrap();
@@ -350,4 +358,96 @@ async fn a_base_path_a_url_cannot_carry_is_refused_with_a_clear_error() {
         assert!(build(good).await.is_ok(), "{good} was refused");
     }
     engine.stop().await;
+}
+
+/// A resolver with bugs and hostile answers: `x-user: panic` panics, `x-user: evil` refuses with
+/// markup, a newline and a terminal escape; everyone else is [`gateway`]'s.
+fn hostile_resolver(parts: &Parts) -> Result<Option<HostUser>, String> {
+    match parts.headers.get("x-user").and_then(|v| v.to_str().ok()) {
+        Some("panic") => panic!("the host's resolver has a bug"),
+        Some("evil") => Err("<script>alert(1)</script>\n\u{1b}[31m<img src=x onerror=alert(2)>".to_owned()),
+        _ => gateway(parts),
+    }
+}
+
+#[tokio::test]
+async fn a_resolver_that_panics_or_refuses_with_markup_fails_closed_and_is_shown_escaped() {
+    let (address, _db) = host_app_with(hostile_resolver, false).await;
+    let console = format!("{address}/ops/dedup");
+    for path in ["/stuck", "/api/v1/stuck"] {
+        let evil =
+            as_user("evil", "viewer").get(format!("{console}{path}")).timeout(Duration::from_secs(10)).send().await;
+        let evil = evil.unwrap();
+        assert_eq!(evil.status(), 403, "{path}: the resolver's refusal");
+        let json = evil.headers()["content-type"].to_str().unwrap().starts_with("application/json");
+        let text = evil.text().await.unwrap();
+        if json {
+            let body: Value = serde_json::from_str(&text).unwrap();
+            assert!(body["message"].as_str().unwrap().contains("<script>alert(1)"), "{path}: as JSON data: {text}");
+        } else {
+            assert!(!text.contains("<script>alert") && !text.contains("<img src"), "{path}: markup escaped: {text}");
+            assert!(text.contains("alert(1)"), "{path}: the reason is still shown: {text}");
+        }
+        assert_eq!(json, path.starts_with("/api/"), "{path}: a page is HTML, the API's answer JSON");
+
+        let panicked =
+            as_user("panic", "viewer").get(format!("{console}{path}")).timeout(Duration::from_secs(10)).send().await;
+        let panicked = panicked.expect("a panicking resolver answers, not a dropped connection");
+        assert_eq!(panicked.status(), 500, "{path}");
+        let text = panicked.text().await.unwrap();
+        assert!(text.contains("internal") && !text.contains("bug"), "{path}: no panic message shown: {text}");
+    }
+    let after = as_user("vera", "viewer").get(format!("{console}/stuck")).send().await.unwrap();
+    assert_eq!(after.status(), 200, "the console still serves everyone else");
+}
+
+#[tokio::test]
+async fn a_viewer_of_the_host_is_refused_every_route_that_changes_something() {
+    let (address, _db) = host_app(false).await;
+    let viewer = as_user("vera", "viewer");
+    let mut refused = 0;
+    for (method, pattern, rule) in policy().rules() {
+        if !rule.mutates || rule.access.role().is_none_or(|role| role == Role::Viewer) {
+            continue;
+        }
+        let url = format!("{address}/ops/dedup{}", concrete(&pattern));
+        let response = viewer
+            .request(method.clone(), &url)
+            .json(&json!({}))
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 403, "{method} {pattern}");
+        refused += 1;
+    }
+    assert!(refused >= 15, "{refused} changing routes refused");
+}
+
+#[tokio::test]
+async fn a_browser_like_call_without_the_csrf_token_is_refused() {
+    let (address, db) = host_app(false).await;
+    let (id, token) = stuck_record(&db.pool).await;
+    let url = format!("{address}/ops/dedup/api/v1/records/{id}/release");
+    let body = json!({"lease_token": token, "reason": "x"});
+    let operator = || as_user("olivia", "operator").post(&url).json(&body);
+    for (header, value) in [
+        ("cookie", "session=anything"),
+        ("sec-fetch-site", "same-origin"),
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "http://evil.example"),
+    ] {
+        let response = operator().header(header, value).send().await.unwrap();
+        assert_eq!(response.status(), 403, "{header}: {value}: refused without the token");
+        assert!(response.text().await.unwrap().contains("CSRF"), "{header}: {value}: says why");
+    }
+    let page = as_user("olivia", "operator").get(format!("{address}/ops/dedup/stuck")).send().await.unwrap();
+    let csrf = meta(&page.text().await.unwrap(), "csrf-token");
+    let foreign =
+        operator().header("origin", "http://evil.example").header("x-csrf-token", &csrf).send().await.unwrap();
+    assert_eq!(foreign.status(), 403, "a foreign origin is refused even with the token");
+    let forged = operator().header("cookie", "session=anything").header("x-csrf-token", "forged").send().await.unwrap();
+    assert_eq!(forged.status(), 403, "a token that is not the user's is refused");
+    let ok = operator().header("cookie", "session=anything").header("x-csrf-token", &csrf).send().await.unwrap();
+    assert_eq!(ok.status(), 200, "with the user's token: done");
 }

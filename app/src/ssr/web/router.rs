@@ -21,6 +21,7 @@ use axum::routing::{get, post};
 use leptos::prelude::{provide_context, use_context};
 use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -165,6 +166,19 @@ pub fn policy() -> Policy {
     policy
 }
 
+/// The answer to a request whose handling panicked (the console's or the host's code, such as a
+/// delegated-auth resolver): a 500 `internal` error, logged with the panic's message in the
+/// request's span, instead of a connection dropped without an answer.
+fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(not a string)");
+    tracing::error!(panic = message, "handling a request panicked");
+    ApiError::from(ConsoleError::Internal).into_response()
+}
+
 /// Builds the console's router (see the module docs); `sessions` is the session store of the
 /// console's own accounts, `None` with another auth.
 pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
@@ -212,6 +226,7 @@ pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
                         .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
                 )
                 .layer(PropagateRequestIdLayer::new(request_id))
+                .layer(CatchPanicLayer::custom(panicked))
                 .layer(CompressionLayer::new())
                 .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, config.request_timeout))
                 .layer(axum::middleware::from_fn(headers::csp))

@@ -32,15 +32,15 @@ async fn database(migrated: bool) -> TestDatabase {
 }
 
 fn builder(db: &TestDatabase, group: Group, redis: &str) -> EngineBuilder {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let prefix = format!("test-{}", uuid::Uuid::new_v4().simple());
+    builder_prefixed(db, group, redis, &format!("test-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// [`builder`] with the fast path's markers under `prefix`.
+fn builder_prefixed(db: &TestDatabase, group: Group, redis: &str, prefix: &str) -> EngineBuilder {
     Engine::builder(db.pool.clone())
         .schema(db.schema.clone())
         .redis(redis)
-        .fast_path(FastPathSettings { prefix, ..FastPathSettings::default() })
+        .fast_path(FastPathSettings { prefix: prefix.to_owned(), reconnect_ms: 500, ..FastPathSettings::default() })
         .group(group)
 }
 
@@ -154,6 +154,34 @@ async fn redis_down_at_start_is_no_reason_not_to_consume() {
             == 1
     })
     .await;
+    tokio::time::timeout(Duration::from_secs(10), engine.stop()).await.expect("stops");
+}
+
+#[tokio::test]
+async fn redis_down_at_start_then_back_gets_the_markers_again() {
+    let db = database(true).await;
+    let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 200, max_ms: 200 });
+    let switch = Switch::new("127.0.0.1:6379").await;
+    let prefix = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let redis = format!("redis://127.0.0.1:{}", switch.port);
+    let engine = builder_prefixed(&db, group(&broker, &amqp_url()), &redis, &prefix).start().await.unwrap();
+    eventually(Duration::from_secs(10), || queue_exists(&broker)).await;
+    publish(&broker, "ORDER.PAY.redis-down:1").await;
+    eventually(Duration::from_secs(10), || succeeded(&db, "ORDER.PAY.redis-down:1")).await;
+    let markers = || async {
+        let client = redis::Client::open(redis_url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async::<Vec<String>>(&mut conn).await.unwrap()
+    };
+    assert!(markers().await.is_empty(), "no marker while Redis is down");
+    switch.up.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await; // past reconnect_ms
+    for n in 2..=4 {
+        let id = format!("ORDER.PAY.redis-back:{n}");
+        publish(&broker, &id).await;
+        eventually(Duration::from_secs(10), || succeeded(&db, &id)).await;
+    }
+    eventually(Duration::from_secs(10), || async { !markers().await.is_empty() }).await;
     tokio::time::timeout(Duration::from_secs(10), engine.stop()).await.expect("stops");
 }
 

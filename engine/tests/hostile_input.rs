@@ -12,12 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::retry::Backoff;
 use dedup_engine::source::SourceFactory;
 use dedup_engine::testing::amqp::{RawMessage, nested_table, publish_raw};
 use dedup_engine::testing::{TestBroker, amqp_url};
-use tokio_util::sync::CancellationToken;
 
 /// `depth` levels below the `headers` table, alternating tables and arrays, as entry `m`.
 fn tables_and_arrays(depth: usize) -> Vec<u8> {
@@ -51,12 +49,7 @@ async fn hostile_messages_are_settled_with_their_reasons_and_the_consumer_keeps_
     let h = Harness::new().await;
     let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 200, max_ms: 200 });
     let pipeline = h.pipeline(recording(), 3);
-    let settings = ConsumerSettings { concurrency: 2, ..ConsumerSettings::default() };
-    let consumer = Consumer::new(pipeline, broker.connector() as Arc<dyn SourceFactory>, settings);
-    let status = consumer.status();
-    let token = CancellationToken::new();
-    let task = tokio::spawn(consumer.run(token.clone()));
-    eventually(Duration::from_secs(10), || async { status.running_workers() == 2 }).await;
+    let (token, task) = spawn_consumer(pipeline, broker.connector() as Arc<dyn SourceFactory>, 2).await;
 
     let not_utf8_name = [2, 0xff, 0xfe, b't', 1];
     let mut huge_name = vec![255];

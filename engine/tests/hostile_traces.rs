@@ -5,38 +5,20 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::message::{TypePolicy, TypeSource};
 use dedup_engine::retry::Backoff;
 use dedup_engine::source::SourceFactory;
 use dedup_engine::testing::amqp::{RawMessage, publish_raw};
 use dedup_engine::testing::{TestBroker, amqp_url};
-use tokio_util::sync::CancellationToken;
 use tracing_subscriber::fmt::format::FmtSpan;
-
-/// What the host's subscriber wrote.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Log {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[tokio::test]
 async fn hostile_ids_and_types_reach_a_host_subscriber_escaped_and_the_spans_carry_their_fields() {
-    let log = Log::default();
+    let log = Captured::default();
     let writer = log.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter("dedup_engine=trace")
@@ -52,15 +34,7 @@ async fn hostile_ids_and_types_reach_a_host_subscriber_escaped_and_the_spans_car
     settings.type_policy =
         TypePolicy::from_sources([TypeSource::JsonPointer("/type".to_owned()), TypeSource::IdPrefix]);
     let pipeline = h.pipeline_with(recording(), settings);
-    let consumer = Consumer::new(
-        pipeline,
-        broker.connector() as Arc<dyn SourceFactory>,
-        ConsumerSettings { concurrency: 1, ..ConsumerSettings::default() },
-    );
-    let status = consumer.status();
-    let token = CancellationToken::new();
-    let task = tokio::spawn(consumer.run(token.clone()));
-    eventually(Duration::from_secs(10), || async { status.running_workers() == 1 }).await;
+    let (token, task) = spawn_consumer(pipeline, broker.connector() as Arc<dyn SourceFactory>, 1).await;
 
     let long_id =
         serde_json::to_vec(&serde_json::json!({"messageId": format!("ORDER.PAY.{}:1", "x".repeat(10_240))})).unwrap();

@@ -5,12 +5,12 @@
 mod common;
 
 use std::slice;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::service::{Reply, Service};
-use common::{GROUP, Harness, message, settings};
+use common::{Captured, GROUP, Harness, message, settings};
 use dedup_engine::console::records::{AttemptRow, record_detail};
 use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::http::{HttpHandler, HttpSettings, SecretSetting};
@@ -404,20 +404,6 @@ async fn settings_are_checked_and_the_lease_must_outlast_the_timeout() {
         dedup_engine::runtime::Engine::builder(h.pool().clone()).schema(h.db.schema.clone()).group(group).start().await;
     let e = started.err().expect("refused").to_string();
     assert!(e.contains("5000 ms") && e.contains("lease"), "{e}");
-}
-
-/// Log lines, kept for the test to read.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test]

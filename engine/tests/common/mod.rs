@@ -4,12 +4,13 @@
 
 pub mod service;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_engine::actions::Publishers;
+use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::handler::{
     Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
@@ -23,6 +24,7 @@ use dedup_engine::stats::Stats;
 use dedup_engine::store::postgres::PgStore;
 use dedup_engine::testing::{TestDatabase, redis_url};
 use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
 
 pub const GROUP: &str = "test-group";
 
@@ -215,5 +217,35 @@ pub async fn eventually<F: Future<Output = bool>>(within: Duration, mut check: i
     while !check().await {
         assert!(started.elapsed() < within, "condition not met within {within:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `pipeline`'s consumer with `concurrency` workers on `source` until the token is
+/// cancelled; returns once every worker runs.
+pub async fn spawn_consumer(
+    pipeline: Pipeline,
+    source: Arc<dyn SourceFactory>,
+    concurrency: usize,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let settings = ConsumerSettings { concurrency, ..ConsumerSettings::default() };
+    let consumer = Consumer::new(pipeline, source, settings);
+    let status = consumer.status();
+    let token = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(token.clone()));
+    eventually(Duration::from_secs(10), || async { status.running_workers() == concurrency }).await;
+    (token, task)
+}
+
+/// Log lines, kept for the test to read (a `tracing` writer).
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

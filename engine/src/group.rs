@@ -66,12 +66,13 @@ pub enum GroupSource {
 }
 
 impl GroupSource {
-    /// Whether it names a queue or topics to read: the reason when not.
     /// What the source reads, for refusing two groups that read the same: a RabbitMQ queue on
     /// one broker (its URL without credentials; the same broker spelt two ways is not caught),
     /// or a Kafka consumer group on one cluster (its `group_id`; the default, the group's own
     /// name, is unique anyway). The first part identifies, the second names it in an error.
     pub(crate) fn reads(&self, group: &str) -> (String, String) {
+        #[cfg(not(feature = "kafka"))]
+        let _ = group;
         match *self {
             #[cfg(feature = "rabbitmq")]
             GroupSource::RabbitMq { ref url, ref settings } => {
@@ -89,6 +90,7 @@ impl GroupSource {
         }
     }
 
+    /// Whether it names a queue or topics to read: the reason when not.
     pub(crate) fn check(&self) -> Result<(), String> {
         // By place, not by reference: without a broker feature the enum is empty, and so is
         // the match.

@@ -4,11 +4,14 @@
 //! a success (of the probe, or of any call still in flight) resumes it. A `410 Gone` pauses the
 //! handler at once, with or without a breaker, until an operator resumes it.
 
+#[cfg(feature = "http")]
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use super::{PauseState, Pauses};
+#[cfg(feature = "http")]
+use super::PauseState;
+use super::Pauses;
 
 /// A circuit breaker's settings (`pause_after`, `probe_interval_ms` of an HTTP handler).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +24,7 @@ pub struct BreakerSettings {
 }
 
 /// A failure that pauses, or keeps paused, a handler.
+#[cfg(feature = "http")]
 #[derive(Debug, Clone, Copy)]
 pub struct Failure<'a> {
     /// Its class (`HTTP_UNAVAILABLE`, `HTTP_TIMEOUT`, `HTTP_GONE`, ...).
@@ -32,6 +36,7 @@ pub struct Failure<'a> {
 }
 
 /// What one call says about the far side.
+#[cfg(feature = "http")]
 pub(crate) enum Signal<'a> {
     /// It answered 2xx.
     Healthy,
@@ -48,11 +53,13 @@ pub(crate) enum Signal<'a> {
 pub(crate) struct Breaker {
     settings: BreakerSettings,
     /// The current run of failures.
+    #[cfg(feature = "http")]
     run: AtomicU32,
     link: OnceLock<(Arc<Pauses>, String)>,
 }
 
 impl Breaker {
+    #[cfg(feature = "http")]
     pub(crate) fn new(settings: BreakerSettings) -> Self {
         Self { settings, run: AtomicU32::new(0), link: OnceLock::new() }
     }
@@ -69,6 +76,7 @@ impl Breaker {
         }
     }
 
+    #[cfg(feature = "http")]
     /// Counts `signal`; pauses or resumes the handler when it says so. A database failure is
     /// logged (the next signal writes again).
     pub(crate) async fn observe(&self, signal: Signal<'_>) {

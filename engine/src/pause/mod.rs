@@ -23,7 +23,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-pub(crate) use breaker::{Breaker, Signal};
+pub(crate) use breaker::Breaker;
+#[cfg(feature = "http")]
+pub(crate) use breaker::Signal;
+#[cfg(feature = "http")]
 pub use breaker::{BreakerSettings, Failure};
 
 use crate::handler::{Handler, HandlerRegistry};
@@ -108,7 +111,9 @@ struct Statements {
     register: String,
     read: String,
     probe: String,
+    #[cfg(feature = "http")]
     pause: String,
+    #[cfg(feature = "http")]
     resume: String,
 }
 
@@ -130,6 +135,7 @@ UPDATE {s}.handler_pauses SET probe_at = now() + $3 * interval '1 millisecond'
 WHERE consumer_group = $1 AND message_type = $2 AND state = 'breaker' AND (probe_at IS NULL OR probe_at <= now())
 RETURNING probe_at";
 
+#[cfg(feature = "http")]
 /// The engine pauses a handler (`$3` `breaker` or `gone`; `$4`..`$6` the failure; `$7` the
 /// probe interval in ms): from `running` or `breaker`, or again in the same state (the last
 /// failure is updated, `since` kept). An operator's pause, or a 410's, is not overridden by the
@@ -149,6 +155,7 @@ ON CONFLICT (consumer_group, message_type) DO UPDATE SET
 WHERE p.state IN ('running', 'breaker') OR p.state = EXCLUDED.state
 RETURNING state, probe_at";
 
+#[cfg(feature = "http")]
 /// A probe succeeded: `breaker` → `running` (an operator's pause is left alone).
 const RESUME_SQL: &str = "
 UPDATE {s}.handler_pauses SET state = 'running', since = now(), changed_by = 'engine',
@@ -171,7 +178,9 @@ impl Pauses {
                 register: store.render(REGISTER_SQL),
                 read: store.render(READ_SQL),
                 probe: store.render(PROBE_SQL),
+                #[cfg(feature = "http")]
                 pause: store.render(PAUSE_SQL),
+                #[cfg(feature = "http")]
                 resume: store.render(RESUME_SQL),
             },
         });
@@ -228,11 +237,13 @@ impl Pauses {
         Gate { pauses: self, paused: self.reading().paused.clone(), probed: HashSet::new() }
     }
 
+    #[cfg(feature = "http")]
     /// Whether `message_type` is paused by its breaker, as last read.
     pub(crate) fn breaker_paused(&self, message_type: &str) -> bool {
         self.reading().paused.get(message_type).is_some_and(|p| p.state == PauseState::Breaker)
     }
 
+    #[cfg(feature = "http")]
     /// Pauses `message_type` (`state` is `Breaker` or `Gone`) for `failure`.
     pub(crate) async fn pause(
         &self,
@@ -262,6 +273,7 @@ impl Pauses {
         Ok(())
     }
 
+    #[cfg(feature = "http")]
     /// A call of a breaker-paused `message_type` succeeded: resumes it.
     pub(crate) async fn resume_after_probe(&self, message_type: &str) -> Result<(), sqlx::Error> {
         let done =

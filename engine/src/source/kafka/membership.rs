@@ -29,9 +29,10 @@ mod test_broker;
 pub(super) use test_broker::StaleWatch;
 
 /// Without the `kafka-test-broker` feature: a watch that never finds the membership stale.
+/// (Braced, so that `StaleWatch::default()` serves both kinds of watch.)
 #[cfg(not(feature = "kafka-test-broker"))]
 #[derive(Debug, Default)]
-pub(super) struct StaleWatch;
+pub(super) struct StaleWatch {}
 
 #[cfg(not(feature = "kafka-test-broker"))]
 impl StaleWatch {

@@ -137,6 +137,19 @@ pub struct Group {
     pub(crate) repeated: Vec<String>,
 }
 
+/// An HTTP handler of a consumer group as the console shows it (one endpoint card on the
+/// overview): what it calls, never its headers or secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpEndpoint {
+    /// The message type it handles (with the group, the endpoint's identity).
+    pub message_type: String,
+    /// `POST`, `PUT` or `PATCH`.
+    pub method: String,
+    /// The URL it calls. Credentials in a URL are refused when the handler is built; a query
+    /// string, which may still hold something private, is shown as `?…`.
+    pub url: String,
+}
+
 impl Group {
     /// A group named `name` reading from `source`, with default settings and no handler yet.
     /// The name is checked when the engine starts (non-empty, at most 128 bytes, no control

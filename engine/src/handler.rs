@@ -440,8 +440,16 @@ impl Handler {
 #[derive(Clone, Default)]
 pub struct HandlerRegistry {
     by_type: BTreeMap<String, Handler>,
-    /// The circuit breakers of the HTTP handlers, by type.
-    breakers: BTreeMap<String, Arc<crate::pause::Breaker>>,
+    /// What is kept beside each HTTP handler, by type.
+    http: BTreeMap<String, HttpParts>,
+}
+
+/// What a registry keeps beside an HTTP handler: its circuit breaker, and what the console
+/// shows of it (its endpoint card).
+#[derive(Clone)]
+struct HttpParts {
+    breaker: Arc<crate::pause::Breaker>,
+    endpoint: crate::group::HttpEndpoint,
 }
 
 impl HandlerRegistry {
@@ -453,7 +461,7 @@ impl HandlerRegistry {
     /// Registers `handler` for `message_type` (`<entity>.<event>`), replacing any previous one.
     pub fn register(&mut self, message_type: impl Into<String>, handler: Handler) -> &mut Self {
         let message_type = message_type.into();
-        self.breakers.remove(&message_type);
+        self.http.remove(&message_type);
         self.by_type.insert(message_type, handler);
         self
     }
@@ -463,10 +471,10 @@ impl HandlerRegistry {
     #[cfg(feature = "http")]
     pub fn http(&mut self, message_type: impl Into<String>, handler: crate::http::HttpHandler) -> &mut Self {
         let message_type = message_type.into();
-        let breaker = handler.breaker().clone();
+        let parts = HttpParts { breaker: handler.breaker().clone(), endpoint: handler.endpoint(&message_type) };
         let on_lease_expiry = handler.on_lease_expiry();
         self.register(message_type.clone(), Handler::Leased { handler: Arc::new(handler), on_lease_expiry });
-        self.breakers.insert(message_type, breaker);
+        self.http.insert(message_type, parts);
         self
     }
 
@@ -475,25 +483,30 @@ impl HandlerRegistry {
     pub(crate) fn extend(&mut self, other: &HandlerRegistry) {
         for (message_type, handler) in other.iter() {
             self.register(message_type, handler.clone());
-            if let Some(breaker) = other.breaker(message_type) {
-                self.breakers.insert(message_type.to_owned(), breaker.clone());
+            if let Some(parts) = other.http.get(message_type) {
+                self.http.insert(message_type.to_owned(), parts.clone());
             }
         }
     }
 
     /// The circuit breaker of `message_type`'s handler, if it has one.
     pub(crate) fn breaker(&self, message_type: &str) -> Option<&Arc<crate::pause::Breaker>> {
-        self.breakers.get(message_type)
+        self.http.get(message_type).map(|p| &p.breaker)
     }
 
     /// Every (type, circuit breaker).
     pub(crate) fn breakers(&self) -> impl Iterator<Item = (&str, &Arc<crate::pause::Breaker>)> {
-        self.breakers.iter().map(|(t, b)| (t.as_str(), b))
+        self.http.iter().map(|(t, p)| (t.as_str(), &p.breaker))
     }
 
     /// The handler of a type.
     pub fn get(&self, message_type: &str) -> Option<&Handler> {
         self.by_type.get(message_type)
+    }
+
+    /// The HTTP handlers as the console shows them, sorted by type.
+    pub(crate) fn http_endpoints(&self) -> Vec<crate::group::HttpEndpoint> {
+        self.http.values().map(|p| p.endpoint.clone()).collect()
     }
 
     /// The registered types, sorted.
@@ -516,8 +529,8 @@ impl HandlerRegistry {
             let handler =
                 self.get(t).ok_or_else(|| format!("no handler {t:?}; there are {}", self.types().join(", ")))?;
             picked.register(t, handler.clone());
-            if let Some(breaker) = self.breaker(t) {
-                picked.breakers.insert(t.to_owned(), breaker.clone());
+            if let Some(parts) = self.http.get(t) {
+                picked.http.insert(t.to_owned(), parts.clone());
             }
         }
         Ok(picked)

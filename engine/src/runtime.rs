@@ -14,7 +14,7 @@ use crate::actions::republish::Publishers;
 use crate::consumer::{Consumer, ConsumerStatus};
 use crate::db::{self, Schema, SchemaError};
 use crate::fastpath::{FastPath, FastPathSettings};
-use crate::group::Group;
+use crate::group::{Group, HttpEndpoint};
 use crate::health::GroupHealth;
 use crate::message::Broker;
 use crate::pipeline::{Pipeline, PipelineSettings};
@@ -211,6 +211,7 @@ impl EngineBuilder {
             let factory = group.source_factory_keyed(Some(&source_key));
             publishers.add(name.as_str(), factory.clone());
             let types = group.handlers.types().into_iter().map(str::to_owned).collect();
+            let http = group.handlers.http_endpoints();
             let status = if self.consume {
                 let s = &group.settings;
                 let pipeline = Pipeline::new(
@@ -236,7 +237,7 @@ impl EngineBuilder {
             } else {
                 None
             };
-            running.push(RunningGroup { name, source: factory, status, types });
+            running.push(RunningGroup { name, source: factory, status, types, http });
         }
         tasks.push(tokio::spawn(run_stats_flusher(
             engine_pool.clone(),
@@ -276,6 +277,8 @@ pub struct RunningGroup {
     pub status: Option<Arc<ConsumerStatus>>,
     /// The message types it has handlers for, sorted.
     pub types: Vec<String>,
+    /// Its HTTP handlers (the overview's endpoint cards), sorted by message type.
+    pub http: Vec<HttpEndpoint>,
 }
 
 impl RunningGroup {

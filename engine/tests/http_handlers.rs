@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::service::{Reply, Service};
 use common::{Captured, GROUP, Harness, message, settings};
+use dedup_engine::console::endpoints::endpoint_calls;
 use dedup_engine::console::records::{AttemptRow, record_detail};
 use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::http::{HttpHandler, HttpSettings, SecretSetting};
@@ -450,4 +451,51 @@ async fn secrets_never_reach_logs_debug_output_or_the_records() {
         assert!(!everything.contains(secret), "{secret} leaked");
     }
     assert!(rows.iter().any(|r| r.contains("HTTP_UNAVAILABLE")), "the records were read");
+}
+
+#[tokio::test]
+async fn each_call_counts_on_its_endpoint_card() {
+    let h = Harness::new().await;
+    let service = Service::start([Reply::status(200), Reply::status(422).body("other payload")]).await;
+    let p = pipeline(&h, &HttpSettings::new(service.url()));
+    for key in ["E1", "E2"] {
+        p.process("host:1:0", &[paid(key)]).await;
+    }
+    let cards = endpoint_calls(h.pool(), &[(GROUP, TYPE)]).await.unwrap();
+    let c = &cards[0];
+    assert_eq!((c.calls, c.succeeded, c.conflict, c.success_rate()), (2, 1, 1, Some(0.5)));
+    assert!(c.p95_ms.is_some_and(|ms| ms >= 0));
+}
+
+#[tokio::test]
+async fn the_console_knows_each_groups_http_endpoints_without_their_secrets() {
+    let h = Harness::new().await;
+    let mut s = HttpSettings::new("http://127.0.0.1:9/hook?token=abc");
+    s.timeout_ms = 1_000;
+    s.headers.insert("Authorization".into(), SecretSetting::value("Bearer endpoint-secret"));
+    let mut shipped = HttpSettings::new("http://127.0.0.1:9/ship");
+    shipped.method = "PUT".into();
+    let group = dedup_engine::group::Group::rabbitmq(
+        "http-endpoints",
+        dedup_engine::testing::amqp_url(),
+        dedup_engine::source::rabbitmq::RabbitSettings::for_queue("x.events", "x.queue", ["#"]),
+    )
+    .http("ORDER.SHIPPED", HttpHandler::new(&shipped).unwrap())
+    .http(TYPE, HttpHandler::new(&s).unwrap());
+    let engine = dedup_engine::runtime::Engine::builder(h.pool().clone())
+        .schema(h.db.schema.clone())
+        .consume(false)
+        .group(group)
+        .start()
+        .await
+        .unwrap();
+    let endpoints = engine.handle().groups()[0].http.clone();
+    engine.stop().await;
+    let shown: Vec<(&str, &str, &str)> =
+        endpoints.iter().map(|e| (e.message_type.as_str(), e.method.as_str(), e.url.as_str())).collect();
+    assert_eq!(
+        shown,
+        [("ORDER.PAID", "POST", "http://127.0.0.1:9/hook?…"), ("ORDER.SHIPPED", "PUT", "http://127.0.0.1:9/ship")]
+    );
+    assert!(!format!("{endpoints:?}").contains("endpoint-secret"));
 }

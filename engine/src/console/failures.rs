@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
 use super::QueryError;
+use super::endpoints::DeadLetterClass;
 use super::records::RecordRow;
 
 /// A stuck record re-entered processing this many times after an expired lease: it keeps
@@ -184,8 +185,19 @@ pub struct DeadLetterGroup {
     pub message_types: Vec<String>,
 }
 
-/// Dead letters grouped by error class, largest group first (at most `limit` groups): grouped by
-/// (class, type) first, so no per-group sort of the types is needed.
+impl DeadLetterGroup {
+    /// How an HTTP handler's dead letters came to be; `None` for the error classes of other
+    /// handlers.
+    pub fn answer_class(&self) -> Option<DeadLetterClass> {
+        DeadLetterClass::of(self.error_class.as_deref()?)
+    }
+}
+
+/// Dead letters grouped by error class (at most `limit` groups): the classes HTTP handlers
+/// write first, so that their answer classes are always whole, then largest group first.
+/// Grouped by (class, type) first, so no per-group sort of the types is needed; one
+/// index-only pass over `dedup_records_dead_class_idx` (error_class, first_seen_at, id)
+/// INCLUDE (message_type, updated_at) WHERE dead.
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn dead_letter_groups<'e>(db: impl PgExecutor<'e>, limit: i64) -> Result<Vec<DeadLetterGroup>, QueryError> {
@@ -195,9 +207,11 @@ pub async fn dead_letter_groups<'e>(db: impl PgExecutor<'e>, limit: i64) -> Resu
          FROM (SELECT error_class, message_type, count(*) AS records, min(first_seen_at) AS first_seen_at,
                       max(updated_at) AS last_seen_at
                FROM dedup_records WHERE status = 'dead' GROUP BY error_class, message_type) AS by_type
-         GROUP BY error_class ORDER BY sum(records) DESC, error_class LIMIT $1",
+         GROUP BY error_class
+         ORDER BY COALESCE(error_class = ANY($2), false) DESC, sum(records) DESC, error_class LIMIT $1",
     )
     .bind(limit)
+    .bind(DeadLetterClass::http_error_classes())
     .fetch_all(db)
     .await?)
 }

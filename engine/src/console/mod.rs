@@ -5,13 +5,15 @@
 //!
 //! The console's read side lives here: every query the overview, records, stuck, retries,
 //! dead-letter and record pages run, shared by the server functions, the REST API (`/api/v1`)
-//! and the bench ([`failures`], [`filter`], [`overview`], [`records`]). Counts and charts come
-//! from the aggregates the engine keeps as it works (`record_counts`, `stats_minute`,
-//! `table_samples`, `duplicate_delays`), never from `COUNT(*)` over the dedup table; lists use
+//! and the bench ([`endpoints`], [`failures`], [`filter`], [`overview`], [`records`]). Counts
+//! and charts come from the aggregates the engine keeps as it works (`record_counts`,
+//! `stats_minute`, `table_samples`, `duplicate_delays`), never from `COUNT(*)` over the dedup
+//! table (an HTTP endpoint card counts its newest 5 000 calls at most); lists use
 //! keyset pagination on the indexes of the `console_indexes` migration. Times are the
 //! database's (`now()`), as everywhere in the engine. Its write side is [`actions`] (operator
 //! actions), [`accounts`] and [`audit`].
 
+pub mod endpoints;
 pub mod failures;
 pub mod filter;
 pub mod overview;
@@ -32,6 +34,7 @@ pub enum QueryError {
 pub use crate::consumer::ConsumerStatus;
 pub use crate::db::engine_pool;
 pub use crate::fastpath::FastPath;
+pub use crate::group::HttpEndpoint;
 pub use crate::record::{RecordStatus, UnknownStatus};
 pub use crate::runtime::RunningGroup;
 pub use crate::service::redact_url;

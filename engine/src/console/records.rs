@@ -341,8 +341,27 @@ pub struct AttemptRow {
     pub answer_status: Option<i16>,
     /// Leased handlers that report it: the call's latency, in ms.
     pub latency_ms: Option<i32>,
-    /// Leased handlers that report it: the answer's first 2 KiB, or the transport error.
+    /// Leased handlers that report it: the answer's first 2 KiB, or the transport error (cut
+    /// to [`ANSWER_CHARS`] characters, whatever a handler reported).
     pub answer: Option<String>,
+}
+
+/// Longest answer excerpt an attempt row is read with, in characters (an HTTP handler keeps
+/// 2 KiB of a body; other leased handlers report what they like).
+pub const ANSWER_CHARS: i32 = 2048;
+
+impl AttemptRow {
+    /// Whether the attempt called the far side and got an answer or a transport error (its
+    /// handler reported the call).
+    pub fn called(&self) -> bool {
+        self.latency_ms.is_some()
+    }
+
+    /// The answer class: the error kind of the attempt's error (`HTTP_CONFLICT`, …), see
+    /// [`super::endpoints::error_kind`]; `None` for a success or an error without a kind.
+    pub fn answer_class(&self) -> Option<&str> {
+        super::endpoints::error_kind(self.error.as_deref()?)
+    }
 }
 
 /// Every stored field of one record.
@@ -412,6 +431,12 @@ impl RecordDetail {
     pub fn takeovers(&self) -> usize {
         self.attempt_history.iter().filter(|a| a.taken_over_by.is_some()).count()
     }
+
+    /// Calls of the far side (HTTP handlers): attempts with an answer or a transport error.
+    /// Beside `duplicate_count`, the redeliveries the dedup absorbed without a call.
+    pub fn calls(&self) -> usize {
+        self.attempt_history.iter().filter(|a| a.called()).count()
+    }
 }
 
 /// A record with its attempt history; `None` when no record has this id.
@@ -432,10 +457,11 @@ pub async fn record_detail(pool: &sqlx::PgPool, id: i64) -> Result<Option<Record
     };
     detail.attempt_history = sqlx::query_as(
         "SELECT attempt, worker, started_at, ended_at, outcome, error, taken_over_by, late_effect,
-                answer_status, latency_ms, answer
+                answer_status, latency_ms, left(answer, $2) AS answer
          FROM record_attempts WHERE record_id = $1 ORDER BY attempt, id",
     )
     .bind(id)
+    .bind(ANSWER_CHARS)
     .fetch_all(pool)
     .await?;
     if let Some(first_try) = first_try_success(&detail) {

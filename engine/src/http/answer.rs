@@ -230,6 +230,46 @@ mod tests {
     }
 
     #[test]
+    fn every_failure_has_a_dead_letter_class() {
+        use crate::console::endpoints::DeadLetterClass::{self, *};
+        let limits = Limits {
+            in_progress_within: Duration::from_secs(1),
+            retry_after_min: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(2),
+            paused_for: Duration::from_secs(1),
+        };
+        let class = |status: u16, header: Option<&'static str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = header {
+                headers.insert(DEDUP_OUTCOME, HeaderValue::from_static(value));
+            }
+            let status = StatusCode::from_u16(status).unwrap();
+            let error = judge(&Answer { status, headers: &headers, body: b"", body_cut: false }, &limits).unwrap_err();
+            DeadLetterClass::of(error.class())
+        };
+        let expected = [
+            (200, Some("retry"), Exhausted),
+            (200, Some("dead"), Refused),
+            (200, Some("maybe"), Exhausted),
+            (302, None, Exhausted),
+            (400, None, Refused),
+            (404, None, Refused),
+            (408, None, Exhausted),
+            (409, None, Exhausted),
+            (410, None, Refused),
+            (422, None, Conflict),
+            (429, None, Exhausted),
+            (503, None, Exhausted),
+            (999, None, Exhausted),
+        ];
+        for (status, header, dead_letter) in expected {
+            assert_eq!(class(status, header), Some(dead_letter), "{status} {header:?}");
+        }
+        let timeout = HandlerError::retryable("HTTP_TIMEOUT", "");
+        assert_eq!(DeadLetterClass::of(timeout.class()), Some(Transport));
+    }
+
+    #[test]
     fn excerpts_keep_two_kib_on_a_character() {
         assert_eq!(excerpt(b"short"), "short");
         let long = "é".repeat(2000);

@@ -216,6 +216,20 @@ impl HttpHandler {
         self.on_lease_expiry
     }
 
+    /// What the console shows of this handler for `message_type`: method and URL, a query
+    /// string as `?…` (DESIGN.md, "HTTP handlers": texts never hold one).
+    pub(crate) fn endpoint(&self, message_type: &str) -> crate::group::HttpEndpoint {
+        let mut url = self.url.clone();
+        let query = url.query().is_some();
+        url.set_query(None);
+        url.set_fragment(None);
+        crate::group::HttpEndpoint {
+            message_type: message_type.to_owned(),
+            method: self.method.as_str().to_owned(),
+            url: if query { format!("{url}?…") } else { url.into() },
+        }
+    }
+
     /// The request for `input`.
     fn request(&self, input: &HandlerInput<'_>) -> reqwest::Request {
         let mut headers = request::gateway_headers(input, &self.forward);

@@ -97,11 +97,12 @@ pub(super) const CLAIM_TX_SQL: &str = claim_sql!("", "");
 /// A leased claim opens its attempt row, and when it took an expired lease over, closes the
 /// superseded attempt as `lease_lost`: when (now) and by whom. It reports the runs so far, this
 /// one included (`calls`: the attempt rows, which the statement's snapshot shows without the
-/// one it opens), and what the last one's far side answered (`previous_status`).
+/// one it opens), and what the last one's far side answered (`previous_status`). The attempt
+/// row names its endpoint (group and type), which the console's endpoint cards read.
 pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
     r#", attempt AS (
-    INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at)
-    SELECT id, attempts, $6, now() FROM claimed
+    INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, consumer_group, message_type)
+    SELECT id, attempts, $6, now(), $1, $3 FROM claimed
 ), superseded AS (
     UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'lease_lost', taken_over_by = $6,
            error = 'the lease expired; taken over by ' || $6

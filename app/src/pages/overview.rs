@@ -1,12 +1,14 @@
 //! Overview: live record counts (server-sent events, with pause/resume), traffic and duplicate
-//! rates, the dedup-table growth chart, the consumer, duplicate delays and the health of the
-//! dependencies.
+//! rates, the dedup-table growth chart, the consumer, the HTTP endpoints, duplicate delays and
+//! the health of the dependencies.
 
+mod endpoints;
 mod panels;
 
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
+use self::endpoints::EndpointsPanel;
 use self::panels::{ConsumersPanel, DelaysPanel, GroupsPanel, GrowthPanel, LivePanel, TrafficPanel};
 use crate::components::live::use_live_feed;
 use crate::error::ConsoleError;
@@ -20,7 +22,7 @@ pub async fn get_health() -> Result<HealthView, ConsoleError> {
     Ok(state.probes.check().await.into())
 }
 
-/// Counts, traffic, consumer state and duplicate delays.
+/// Counts, traffic, consumer state, HTTP endpoints and duplicate delays.
 #[server(prefix = "/api/fn", endpoint = "get_overview", client = crate::csrf::CsrfClient)]
 pub async fn get_overview() -> Result<OverviewView, ConsoleError> {
     crate::ssr::service::console::overview(&crate::ssr::service::console_state()?).await
@@ -54,6 +56,7 @@ pub fn OverviewPage() -> impl IntoView {
                                 <TrafficPanel last_hour=data.last_hour last_day=data.last_day />
                                 <ConsumersPanel consumers=data.consumers />
                             </div>
+                            <EndpointsPanel endpoints=data.endpoints />
                             <div class="columns">
                                 <GroupsPanel groups=data.groups />
                                 <DelaysPanel buckets=data.duplicate_delays />

@@ -9,7 +9,7 @@ use crate::components::badge::StatusBadge;
 use crate::components::drill::DrillButton;
 use crate::components::record_actions::{ActionTarget, RecordActions};
 use crate::error::ConsoleError;
-use crate::format::{duration, millis, opt_time, short_time};
+use crate::format::{count, duration, millis, opt_time, short_time};
 use crate::pages::audit::AuditTable;
 use crate::wire::operations::AuditEntryView;
 use crate::wire::records::{AttemptView, MarkerView, PayloadView, RecordDetailView, SourceView};
@@ -82,6 +82,8 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
         version: Some(r.version),
     };
     let succeeded = s.status == "succeeded";
+    // Redeliveries the dedup absorbed without calling the far side (HTTP handlers).
+    let absorbed = (r.calls > 0 && s.duplicate_count > 0).then(|| absorbed_text(s.duplicate_count, r.calls));
     let (audit_group, audit_message_id) = (s.consumer_group.clone(), s.message_id.clone());
     let record_id = s.id;
     view! {
@@ -97,6 +99,7 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
                     </p>
                 }
             })}
+        {absorbed.map(|text| view! { <p class="ok" data-testid="redeliveries-absorbed">{text}</p> })}
         <RecordActions target on_done />
         {succeeded.then(|| view! { <DrillButton record_id /> })}
         <p class="mono" data-testid="record-message-id">
@@ -134,6 +137,7 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
                 <h2 id="dup-title">"Duplicates and fast path"</h2>
                 <dl class="facts">
                     {fact("Duplicate deliveries", Some(s.duplicate_count.to_string()))}
+                    {(r.calls > 0).then(|| fact("Calls of the service", Some(r.calls.to_string())))}
                     {fact("Last duplicate", r.last_duplicate_at.as_deref().map(short_time))}
                     {fact("Its delay after first seen", r.last_duplicate_delay_ms.map(millis))}
                     {fact("Payload conflicts", Some(r.payload_conflicts.to_string()))}
@@ -228,13 +232,19 @@ fn History(attempts: Vec<AttemptView>) -> impl IntoView {
                 .map(|a| {
                     let outcome = a.outcome.clone().unwrap_or_else(|| "running or abandoned".to_owned());
                     let data_outcome = outcome.clone();
-                    let taken_over = a.taken_over_by.map(|by| format!(" (taken over by {by})")).unwrap_or_default();
+                    let taken_over = a.taken_over_by.clone().map(|by| format!(" (taken over by {by})")).unwrap_or_default();
+                    let flag = match outcome.as_str() {
+                        "deferred" => Some(("badge badge-processing", "deferred: the service was still working on it; not counted")),
+                        "lease_lost" => Some(("badge badge-down", "lease lost")),
+                        _ => None,
+                    };
                     view! {
                         <li data-outcome=data_outcome data-late-effect=a.late_effect.to_string()>
                             <strong>{format!("Attempt {}", a.attempt)}</strong>
                             " · "
                             {outcome}
                             {taken_over}
+                            {flag.map(|(class, text)| view! { " " <span class=class data-testid="attempt-flag">{text}</span> })}
                             {a.late_effect
                                 .then(|| view! { <span class="badge badge-down">"effect ran after the lease was lost"</span> })}
                             " · "
@@ -242,7 +252,8 @@ fn History(attempts: Vec<AttemptView>) -> impl IntoView {
                             " → "
                             {opt_time(a.ended_at.as_deref())}
                             " · "
-                            <span class="mono small">{a.worker}</span>
+                            <span class="mono small">{a.worker.clone()}</span>
+                            <CallAnswer a=a.clone() />
                             {a.error.map(|e| view! { <pre class="code error small">{e}</pre> })}
                         </li>
                     }
@@ -251,6 +262,50 @@ fn History(attempts: Vec<AttemptView>) -> impl IntoView {
         </ol>
     }
     .into_any()
+}
+
+/// What the far side answered on one attempt (HTTP handlers): status, latency, answer class,
+/// and the body excerpt or transport error — a text node, escaped, never markup. Nothing for
+/// attempts that made no call.
+#[component]
+fn CallAnswer(a: AttemptView) -> impl IntoView {
+    let status = a.answer_status.map_or_else(|| "no answer".to_owned(), |s| format!("HTTP {s}"));
+    let data_status = a.answer_status.map(|s| s.to_string()).unwrap_or_default();
+    let class = a.answer_class.unwrap_or_default();
+    let data_class = class.clone();
+    let answer = a.answer.filter(|t| !t.is_empty());
+    a.latency_ms.map(|latency| {
+        view! {
+            <div class="small" data-testid="attempt-answer" data-status=data_status data-class=data_class>
+                <strong>{status}</strong>
+                " · "
+                {format!("{} ms", count(i64::from(latency)))}
+                {(!class.is_empty()).then(|| view! { " · " <span class="mono">{class}</span> })}
+                {answer
+                    .map(|text| {
+                        view! {
+                            <details>
+                                <summary>{format!("Answer ({} characters)", text.chars().count())}</summary>
+                                <pre class="code small" data-testid="attempt-answer-text">
+                                    {text}
+                                </pre>
+                            </details>
+                        }
+                    })}
+            </div>
+        }
+    })
+}
+
+/// "3 redeliveries absorbed; the service was called once".
+fn absorbed_text(redeliveries: i32, calls: usize) -> String {
+    let redeliveries = if redeliveries == 1 { "1 redelivery".to_owned() } else { format!("{redeliveries} redeliveries") };
+    let calls = match calls {
+        1 => "once".to_owned(),
+        2 => "twice".to_owned(),
+        n => format!("{n} times"),
+    };
+    format!("{redeliveries} absorbed; the service was called {calls}")
 }
 
 #[component]
@@ -278,5 +333,15 @@ fn source_facts(source: SourceView) -> impl IntoView {
         {fact(place, source.exchange)}
         {fact(key, source.routing_key)}
         {fact(queue, source.queue)}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn absorbed_redeliveries_read_well() {
+        assert_eq!(super::absorbed_text(3, 1), "3 redeliveries absorbed; the service was called once");
+        assert_eq!(super::absorbed_text(1, 2), "1 redelivery absorbed; the service was called twice");
+        assert_eq!(super::absorbed_text(7, 4), "7 redeliveries absorbed; the service was called 4 times");
     }
 }

@@ -100,4 +100,9 @@ pub struct DeadLetterGroupView {
     pub last_seen_at: String,
     /// Their message types.
     pub message_types: Vec<String>,
+    /// For the error classes of HTTP handlers, how the dead letters came to be: `conflict`
+    /// (422), `refused` (another 4xx, or a 2xx answering `dead`), `exhausted` (retried answers
+    /// until `max_attempts`), `transport` (timeouts, connection errors until `max_attempts`);
+    /// `None` for the error classes of other handlers.
+    pub answer_class: Option<String>,
 }

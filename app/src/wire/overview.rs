@@ -131,6 +131,59 @@ pub struct OverviewView {
     pub consumers: Vec<ConsumerView>,
     /// Duplicate arrival delays over the last 30 days.
     pub duplicate_delays: Vec<DelayBucketView>,
+    /// The engine's HTTP endpoints with their recent calls, by group (declared order) and
+    /// message type.
+    pub endpoints: Vec<EndpointView>,
+}
+
+/// Calls of one answer class.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct AnswerCountView {
+    /// `succeeded` (a 2xx taken as success), `in_progress` (409), `conflict` (422), `refused`
+    /// (another 4xx but 408, 425, 429; a 2xx answering `dead`), `unavailable` (408, 425, 429,
+    /// 5xx), `transport` (no answer: timeout, connection error), `other` (a redirect, a 2xx
+    /// asking for a retry or naming an unknown outcome, a status outside 200–599).
+    pub class: String,
+    /// Calls.
+    pub calls: i64,
+}
+
+/// One HTTP endpoint of the engine (an HTTP handler: consumer group and message type) and its
+/// calls of the last `window_secs`, at most its newest `sample_calls`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct EndpointView {
+    /// Consumer group.
+    pub group: String,
+    /// Message type.
+    pub message_type: String,
+    /// `POST`, `PUT` or `PATCH`.
+    pub method: String,
+    /// The URL called (never with credentials; a query string shown as `?…`). No header is
+    /// ever shown.
+    pub url: String,
+    /// Whether its group's workers run in this process.
+    pub consuming: bool,
+    /// The window, seconds (900).
+    pub window_secs: i64,
+    /// Most calls read (5 000).
+    pub sample_calls: i64,
+    /// Calls read.
+    pub calls: i64,
+    /// The endpoint had more calls in the window than were read: the numbers are its newest
+    /// `sample_calls`.
+    pub sampled: bool,
+    /// When the oldest call read started, RFC 3339.
+    pub oldest_at: Option<String>,
+    /// Calls by answer class, every class, in a fixed order.
+    pub answers: Vec<AnswerCountView>,
+    /// Succeeded calls over calls, 0–1; `None` without calls.
+    pub success_rate: Option<f64>,
+    /// Median latency, ms.
+    pub p50_ms: Option<i32>,
+    /// 95th percentile latency, ms.
+    pub p95_ms: Option<i32>,
 }
 
 /// One bucket of the growth chart.

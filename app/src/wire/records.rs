@@ -234,7 +234,8 @@ pub struct AttemptView {
     pub started_at: String,
     /// End, RFC 3339; `None` while running or after its worker died.
     pub ended_at: Option<String>,
-    /// `succeeded`, `failed`, `dead`, `lease_lost`, `released`; `None` while open.
+    /// `succeeded`, `failed`, `dead`, `lease_lost`, `released`, `deferred` (an HTTP 409 not
+    /// counted as an attempt); `None` while open.
     pub outcome: Option<String>,
     /// The error of a failed attempt.
     pub error: Option<String>,
@@ -242,6 +243,17 @@ pub struct AttemptView {
     pub taken_over_by: Option<String>,
     /// The attempt's effect ran after its lease was lost: it may have run twice.
     pub late_effect: bool,
+    /// The status the far side answered (HTTP handlers); `None` without an answer (timeout,
+    /// connection error) or for a handler that reports none.
+    pub answer_status: Option<i16>,
+    /// The call's latency, ms (HTTP handlers; with a transport error too).
+    pub latency_ms: Option<i32>,
+    /// The answer class: the kind of the attempt's error (`HTTP_CONFLICT`, `HTTP_TIMEOUT`, …,
+    /// the answer table of docs/DESIGN.md); `None` for a success.
+    pub answer_class: Option<String>,
+    /// The answer's body excerpt (at most 2 048 characters) or the transport error: text, shown
+    /// escaped.
+    pub answer: Option<String>,
 }
 
 /// The Redis fast-path marker of a record.
@@ -318,6 +330,9 @@ pub struct RecordDetailView {
     pub attempts: Vec<AttemptView>,
     /// Attempts whose lease another worker took over.
     pub takeovers: usize,
+    /// Calls of the far side (HTTP handlers): attempts with an answer or a transport error.
+    /// The record's `duplicate_count` are the broker redeliveries absorbed without a call.
+    pub calls: usize,
     /// An attempt's effect ran after its lease was lost, so the effect may have run twice: an
     /// operator should check it.
     pub possible_double_effect: bool,

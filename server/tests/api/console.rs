@@ -194,3 +194,80 @@ async fn the_event_stream_pushes_live_aggregates() {
     let live: Value = serde_json::from_str(data).unwrap();
     assert!(live["totals"]["total"].is_i64() && live["at"].is_string(), "{live}");
 }
+
+/// An app whose group calls a service at `ORDER.PAID` (never reached: the app does not consume),
+/// with a secret header, and a dead letter of that endpoint: a 422 answered to its one call, and
+/// three redeliveries absorbed.
+async fn http_app() -> (TestApp, i64) {
+    use dedup_engine::http::{HttpSettings, SecretSetting};
+    let app = crate::helpers::spawn_app_with(|s| {
+        let mut charge = HttpSettings::new("http://127.0.0.1:9/charge?api_key=k");
+        charge.headers.insert("Authorization".into(), SecretSetting::value("Bearer panel-s3cret"));
+        s.consumer.http.insert("ORDER.PAID".into(), charge);
+    })
+    .await;
+    let id = sqlx::query_scalar(
+        "WITH r AS (
+             INSERT INTO dedup_records (consumer_group, message_id, message_type, status, handler_mode, attempts,
+                 max_attempts, payload_hash, source_broker, last_error, error_class, duplicate_count)
+             VALUES ('order-service', 'ORDER.PAID.7:1', 'ORDER.PAID', 'dead', 'leased', 1, 5, '\\x00', 'rabbitmq',
+                     'HTTP_CONFLICT: HTTP 422 Unprocessable Entity: the service refused the key', 'HTTP_CONFLICT', 3)
+             RETURNING id
+         ), a AS (
+             INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error,
+                 answer_status, latency_ms, answer, consumer_group, message_type)
+             SELECT id, 1, 'host:1:0', now() - interval '2 seconds', now(), 'dead',
+                    'HTTP_CONFLICT: HTTP 422 Unprocessable Entity: the service refused the key', 422, 37,
+                    '<script>alert(\"answer\")</script>', 'order-service', 'ORDER.PAID' FROM r
+         )
+         SELECT id FROM r",
+    )
+    .fetch_one(&app._db.pool)
+    .await
+    .unwrap();
+    (app, id)
+}
+
+#[tokio::test]
+async fn http_endpoints_show_their_calls_on_the_overview_without_secrets() {
+    let (app, _) = http_app().await;
+    let (status, agg) = json(&app, "/api/v1/aggregates").await;
+    assert_eq!(status, 200, "{agg}");
+    let e = &agg["endpoints"][0];
+    assert_eq!((e["group"].as_str(), e["message_type"].as_str()), (Some("order-service"), Some("ORDER.PAID")));
+    assert_eq!((e["method"].as_str(), e["url"].as_str()), (Some("POST"), Some("http://127.0.0.1:9/charge?…")));
+    assert_eq!((e["calls"].as_i64(), e["success_rate"].as_f64(), e["p95_ms"].as_i64()), (Some(1), Some(0.0), Some(37)));
+    let conflict = e["answers"].as_array().unwrap().iter().find(|a| a["class"] == "conflict").unwrap();
+    assert_eq!(conflict["calls"], 1);
+    assert_eq!((e["window_secs"].as_i64(), e["sample_calls"].as_i64()), (Some(900), Some(5000)));
+
+    let html = app.get("/").await.text().await.unwrap();
+    assert!(html.contains("data-testid=\"endpoint\""), "the card is rendered on the server");
+    for text in [agg.to_string(), html] {
+        assert!(!text.contains("panel-s3cret") && !text.contains("api_key"), "no header value, no query string");
+    }
+}
+
+#[tokio::test]
+async fn http_dead_letters_and_attempts_show_their_answer() {
+    let (app, id) = http_app().await;
+    let (_, dead) = json(&app, "/api/v1/dead-letters").await;
+    assert_eq!(dead[0]["error_class"], "HTTP_CONFLICT", "{dead}");
+    assert_eq!(dead[0]["answer_class"], "conflict");
+    let html = app.get("/dead-letters").await.text().await.unwrap();
+    assert!(html.contains("data-testid=\"dead-letter-answer-classes\"") && html.contains("Conflict (422)"));
+
+    let (status, detail) = json(&app, &format!("/api/v1/records/{id}")).await;
+    assert_eq!(status, 200, "{detail}");
+    let attempt = &detail["attempts"][0];
+    assert_eq!((attempt["answer_status"].as_i64(), attempt["latency_ms"].as_i64()), (Some(422), Some(37)));
+    assert_eq!(attempt["answer_class"], "HTTP_CONFLICT");
+    assert_eq!(attempt["answer"], "<script>alert(\"answer\")</script>");
+    assert_eq!((detail["calls"].as_i64(), detail["record"]["duplicate_count"].as_i64()), (Some(1), Some(3)));
+
+    let html = app.get(&format!("/records/{id}")).await.text().await.unwrap();
+    assert!(html.contains("3 redeliveries absorbed; the service was called once"), "absorbed redeliveries said");
+    assert!(html.contains("data-testid=\"attempt-answer\" data-status=\"422\""), "the attempt's status");
+    assert!(html.contains("&lt;script&gt;alert("), "the answer escaped");
+    assert!(!html.contains("<script>alert(\"answer\")"), "never as markup");
+}

@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use dedup_engine::console::filter::{FilterText, RecordListParams};
-use dedup_engine::console::{failures, overview, records};
+use dedup_engine::console::{endpoints, failures, overview, records};
 
-use super::convert::{record_detail_view, totals};
+use super::convert::{endpoint_view, record_detail_view, totals};
 use super::state::ConsoleState;
 use crate::error::ConsoleError;
 use crate::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
-use crate::wire::overview::{ConsumerView, GroupView, GrowthView, LiveView, OverviewView};
+use crate::wire::overview::{ConsumerView, EndpointView, GroupView, GrowthView, LiveView, OverviewView};
 use crate::wire::records::{RecordDetailView, RecordFilterOptions, RecordPageView, RecordsQuery};
 
 /// Rows on the stuck page (the longest stuck; the total is shown): each row hydrates its action
@@ -51,15 +51,29 @@ pub async fn consumers(state: &ConsoleState) -> Vec<ConsumerView> {
     futures::future::join_all(views).await
 }
 
+/// The engine's HTTP endpoints (each group's HTTP handlers, in declared order) with their calls
+/// of the last 15 minutes: one query for all.
+pub async fn endpoints(state: &ConsoleState) -> Result<Vec<EndpointView>, ConsoleError> {
+    let declared: Vec<_> = state.engine.groups().iter().flat_map(|g| g.http.iter().map(move |e| (g, e))).collect();
+    let keys: Vec<(&str, &str)> = declared.iter().map(|(g, e)| (g.name.as_str(), e.message_type.as_str())).collect();
+    let calls = endpoints::endpoint_calls(state.pool(), &keys).await?;
+    Ok(declared
+        .into_iter()
+        .zip(calls)
+        .map(|((g, e), c)| endpoint_view(e, g.name.as_str(), g.status.is_some(), c))
+        .collect())
+}
+
 /// Everything on the overview but the chart and the dependency health.
 pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError> {
     let pool = state.pool();
-    let (snapshot, last_hour, last_day, delays, consumers) = tokio::join!(
+    let (snapshot, last_hour, last_day, delays, consumers, endpoints) = tokio::join!(
         overview::live_snapshot(pool),
         overview::traffic(pool, 3600),
         overview::traffic(pool, 86_400),
         overview::duplicate_delays(pool, 30),
         consumers(state),
+        endpoints(state),
     );
     let snapshot = snapshot?;
     Ok(OverviewView {
@@ -69,6 +83,7 @@ pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError
         last_day: last_day?.into(),
         consumers,
         duplicate_delays: delays?.into_iter().map(Into::into).collect(),
+        endpoints: endpoints?,
     })
 }
 

@@ -2,15 +2,18 @@
 //! text (pretty JSON, UTF-8 or hex).
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use dedup_engine::console::RecordStatus;
+use dedup_engine::console::endpoints::{self, EndpointCalls};
 use dedup_engine::console::failures::{DeadLetterGroup, RetryOverview, StuckList};
 use dedup_engine::console::overview::{DelayBucket, GrowthPoint, LiveSnapshot, StatusCount, Traffic};
 use dedup_engine::console::records::{MarkerState, RecordDetail, RecordPage, RecordRow};
+use dedup_engine::console::{HttpEndpoint, RecordStatus};
 
 use crate::wire::failures::{
     AttemptsBucketView, DeadLetterGroupView, RetriesView, StuckRecordView, StuckView, TypeRetriesView,
 };
-use crate::wire::overview::{DelayBucketView, GrowthPointView, LiveView, StatusTotals, TrafficView};
+use crate::wire::overview::{
+    AnswerCountView, DelayBucketView, EndpointView, GrowthPointView, LiveView, StatusTotals, TrafficView,
+};
 use crate::wire::records::{
     AttemptView, MarkerView, PayloadView, RecordDetailView, RecordPageView, RecordSummary, SourceView,
 };
@@ -157,7 +160,7 @@ impl From<MarkerState> for MarkerView {
 
 /// A record's detail with its marker (looked up separately, in Redis).
 pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerState) -> RecordDetailView {
-    let (takeovers, possible_double_effect) = (d.takeovers(), d.possible_double_effect());
+    let (takeovers, possible_double_effect, calls) = (d.takeovers(), d.possible_double_effect(), d.calls());
     RecordDetailView {
         record: d.row.into(),
         reentries: d.reentries,
@@ -187,6 +190,7 @@ pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerSta
             .attempt_history
             .into_iter()
             .map(|a| AttemptView {
+                answer_class: a.answer_class().map(str::to_owned),
                 attempt: a.attempt,
                 worker: a.worker,
                 started_at: time(a.started_at),
@@ -195,9 +199,13 @@ pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerSta
                 error: a.error,
                 taken_over_by: a.taken_over_by,
                 late_effect: a.late_effect,
+                answer_status: a.answer_status,
+                latency_ms: a.latency_ms,
+                answer: a.answer,
             })
             .collect(),
         takeovers,
+        calls,
         possible_double_effect,
         marker_key,
         marker: marker.into(),
@@ -259,12 +267,42 @@ impl From<RetryOverview> for RetriesView {
 impl From<DeadLetterGroup> for DeadLetterGroupView {
     fn from(g: DeadLetterGroup) -> Self {
         DeadLetterGroupView {
+            answer_class: g.answer_class().map(|c| c.as_str().to_owned()),
             error_class: g.error_class,
             records: g.records,
             first_seen_at: time(g.first_seen_at),
             last_seen_at: time(g.last_seen_at),
             message_types: g.message_types,
         }
+    }
+}
+
+/// An HTTP endpoint of the engine with its calls.
+pub fn endpoint_view(endpoint: &HttpEndpoint, group: &str, consuming: bool, c: EndpointCalls) -> EndpointView {
+    let answers = [
+        ("succeeded", c.succeeded),
+        ("in_progress", c.in_progress),
+        ("conflict", c.conflict),
+        ("refused", c.refused),
+        ("unavailable", c.unavailable),
+        ("transport", c.transport),
+        ("other", c.other),
+    ];
+    EndpointView {
+        group: group.to_owned(),
+        message_type: endpoint.message_type.clone(),
+        method: endpoint.method.clone(),
+        url: endpoint.url.clone(),
+        consuming,
+        window_secs: endpoints::WINDOW_SECS,
+        sample_calls: endpoints::SAMPLE_CALLS,
+        calls: c.calls,
+        sampled: c.sampled(),
+        oldest_at: opt_time(c.oldest_at),
+        answers: answers.map(|(class, calls)| AnswerCountView { class: class.to_owned(), calls }).into(),
+        success_rate: c.success_rate(),
+        p50_ms: c.p50_ms,
+        p95_ms: c.p95_ms,
     }
 }
 

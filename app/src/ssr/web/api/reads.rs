@@ -26,7 +26,8 @@ pub struct RangeQuery {
 }
 
 /// Counts by status and group, stuck records, traffic and duplicate rates (last hour, last
-/// day), the consumer's state and duplicate delays, all from aggregates.
+/// day), the consumer's state and duplicate delays, all from aggregates; and each HTTP
+/// endpoint's calls of the last 15 minutes (at most its newest 5 000).
 #[utoipa::path(get, path = "/api/v1/aggregates", tag = "aggregates",
     responses((status = 200, body = OverviewView), (status = 500, body = ErrorBody)))]
 pub async fn aggregates(State(s): State<AppState>) -> ApiResult<OverviewView> {
@@ -87,7 +88,8 @@ pub async fn retries(State(s): State<AppState>) -> ApiResult<RetriesView> {
     Ok(Json(console::retries(&s.console).await?))
 }
 
-/// Dead letters grouped by error class, largest group first.
+/// Dead letters grouped by error class: HTTP handlers' classes first (with their answer class),
+/// then largest group first.
 #[utoipa::path(get, path = "/api/v1/dead-letters", tag = "failures",
     responses((status = 200, body = Vec<DeadLetterGroupView>)))]
 pub async fn dead_letters(State(s): State<AppState>) -> ApiResult<Vec<DeadLetterGroupView>> {

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { startServer, launchBrowser, login, screenshot, waitForHydration } from './support/harness.mjs';
+import { startServer, launchBrowser, login, screenshot, openPage } from './support/harness.mjs';
 
 let server;
 let browser;
@@ -27,14 +27,7 @@ after(async () => {
   await server?.stop();
 });
 
-async function open(path) {
-  const page = await browser.newPage();
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(e.message));
-  await page.goto(server.base + path);
-  await waitForHydration(page);
-  return { page, errors };
-}
+const open = (path) => openPage(browser, server, path);
 
 /** Inserts a record; returns its id. */
 function insert({ id, status, lease = false, payload = true, age = '0 days', errorClass = 'E2E: gateway #' }) {

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { startServer, launchBrowser, login, screenshot, waitForHydration } from './support/harness.mjs';
+import { startServer, launchBrowser, login, screenshot, openPage } from './support/harness.mjs';
 
 let server;
 let browser;
@@ -33,15 +33,7 @@ after(async () => {
   await server?.stop();
 });
 
-async function open(path) {
-  const page = await browser.newPage();
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(e.message));
-  page.on('dialog', (d) => { errors.push(`dialog: ${d.message()}`); d.dismiss(); });
-  await page.goto(server.base + path);
-  await waitForHydration(page);
-  return { page, errors };
-}
+const open = (path) => openPage(browser, server, path);
 
 const rowIds = (page) =>
   page.locator('[data-testid="records-table"] tbody tr').evaluateAll((rows) => rows.map((r) => r.dataset.recordId));

@@ -232,9 +232,13 @@ fn History(attempts: Vec<AttemptView>) -> impl IntoView {
                 .map(|a| {
                     let outcome = a.outcome.clone().unwrap_or_else(|| "running or abandoned".to_owned());
                     let data_outcome = outcome.clone();
-                    let taken_over = a.taken_over_by.clone().map(|by| format!(" (taken over by {by})")).unwrap_or_default();
+                    let taken_over =
+                        a.taken_over_by.clone().map(|by| format!(" (taken over by {by})")).unwrap_or_default();
                     let flag = match outcome.as_str() {
-                        "deferred" => Some(("badge badge-processing", "deferred: the service was still working on it; not counted")),
+                        "deferred" => Some((
+                            "badge badge-processing",
+                            "deferred: the service was still working on it; not counted",
+                        )),
                         "lease_lost" => Some(("badge badge-down", "lease lost")),
                         _ => None,
                     };
@@ -244,7 +248,10 @@ fn History(attempts: Vec<AttemptView>) -> impl IntoView {
                             " · "
                             {outcome}
                             {taken_over}
-                            {flag.map(|(class, text)| view! { " " <span class=class data-testid="attempt-flag">{text}</span> })}
+                            {flag
+                                .map(|(class, text)| {
+                                    view! { " " <span class=class data-testid="attempt-flag">{text}</span> }
+                                })}
                             {a.late_effect
                                 .then(|| view! { <span class="badge badge-down">"effect ran after the lease was lost"</span> })}
                             " · "
@@ -299,7 +306,8 @@ fn CallAnswer(a: AttemptView) -> impl IntoView {
 
 /// "3 redeliveries absorbed; the service was called once".
 fn absorbed_text(redeliveries: i32, calls: usize) -> String {
-    let redeliveries = if redeliveries == 1 { "1 redelivery".to_owned() } else { format!("{redeliveries} redeliveries") };
+    let redeliveries =
+        if redeliveries == 1 { "1 redelivery".to_owned() } else { format!("{redeliveries} redeliveries") };
     let calls = match calls {
         1 => "once".to_owned(),
         2 => "twice".to_owned(),

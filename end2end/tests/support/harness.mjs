@@ -143,6 +143,21 @@ export async function waitForHydration(page) {
 }
 
 /**
+ * Opens `path` of `server` in a new page of `browser` and waits for hydration. `errors` collects
+ * the page's script errors and its browser dialogs (dismissed): the console shows its own, so
+ * one (an `alert` from a payload, say) is an error.
+ */
+export async function openPage(browser, server, path) {
+  const page = await browser.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  page.on('dialog', (d) => { errors.push(`dialog: ${d.message()}`); d.dismiss(); });
+  await page.goto(server.base + path);
+  await waitForHydration(page);
+  return { page, errors };
+}
+
+/**
  * The billing example (examples/billing) with a fresh database: its mail stand-in and its
  * service, which mounts the console at /ops/dedup behind its own staff sign-in. `staff` is the
  * BILLING_STAFF list. BILLING_BIN (set by scripts/test) is the example's binary.

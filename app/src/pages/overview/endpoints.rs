@@ -25,8 +25,10 @@ fn class_label(class: &str) -> &'static str {
 pub fn EndpointsPanel(endpoints: Vec<EndpointView>) -> impl IntoView {
     (!endpoints.is_empty()).then(|| {
         view! {
-            <section aria-labelledby="endpoints-title">
-                <h2 id="endpoints-title">"HTTP endpoints"</h2>
+            <section class="panel" aria-labelledby="endpoints-title">
+                <div class="panel-head">
+                    <h2 id="endpoints-title">"HTTP endpoints"</h2>
+                </div>
                 <div class="columns" data-testid="endpoints">
                     {endpoints.into_iter().map(|e| view! { <EndpointCard e /> }).collect_view()}
                 </div>
@@ -50,7 +52,7 @@ fn EndpointCard(e: EndpointView) -> impl IntoView {
     let ms = |v: Option<i32>| v.map_or_else(|| "—".to_owned(), |v| format!("{} ms", count(i64::from(v))));
     let (state, badge) = if e.consuming { ("consuming", "badge badge-up") } else { ("not consuming here", "badge") };
     view! {
-        <article class="panel" data-testid="endpoint" data-group=e.group.clone() data-type=e.message_type.clone()>
+        <article class="endpoint" data-testid="endpoint" data-group=e.group.clone() data-type=e.message_type.clone()>
             <div class="panel-head">
                 <h3 class="mono">{e.message_type.clone()}</h3>
                 <span class="muted small mono">{e.group.clone()}</span>

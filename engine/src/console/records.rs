@@ -152,7 +152,8 @@ fn needs_window(filter: &RecordFilter) -> bool {
 /// arrive and costs the same at any depth.
 ///
 /// Time order is arrival order: the record id (the primary key), which the engine hands out as
-/// records arrive; `first_seen_at` follows it (see [`ARRIVAL_SLACK`]). Attempts order reads the
+/// records arrive; `first_seen_at` follows it within ten minutes (a time filter becomes an id
+/// range widened by that much). Attempts order reads the
 /// records tried more than once (or never) from `dedup_records_retried_idx` and the first tries
 /// from the primary key. Message-id order walks the dedup key of each group.
 ///

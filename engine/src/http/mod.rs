@@ -8,7 +8,7 @@
 //! engine's own. One pooled keep-alive client per handler, TLS by rustls; at most
 //! `concurrency` calls in flight, optionally `rate_per_sec` started per second. A run of
 //! transport failures or 5xx answers trips its circuit breaker, and a `410 Gone` pauses it:
-//! its deliveries then wait in the broker ([`crate::pause`]).
+//! its deliveries then wait in the broker (docs/DESIGN.md, "Pause and circuit breaker").
 //!
 //! ```no_run
 //! # fn group(g: dedup_engine::Group) -> Result<dedup_engine::Group, dedup_engine::http::HttpSettingsError> {

@@ -29,15 +29,20 @@ after(async () => {
 
 const open = (path) => openPage(browser, server, path);
 
-/** Inserts a record; returns its id. */
-function insert({ id, status, lease = false, payload = true, age = '0 days', errorClass = 'E2E: gateway #' }) {
-  return server.sql(`INSERT INTO dedup_records (consumer_group, message_id, message_type, status, handler_mode,
+/**
+ * Inserts a record; returns its id. A record `age` old was first seen then too, and the engine
+ * hands out record ids in arrival order (cleanup relies on it): give it a `rowId` below those of
+ * the records the test run made before it.
+ */
+function insert({ id, status, lease = false, payload = true, age = '0 days', errorClass = 'E2E: gateway #', rowId }) {
+  const [idColumn, overriding, idValue] = rowId === undefined ? ['', '', ''] : ['id, ', 'OVERRIDING SYSTEM VALUE', `${rowId}, `];
+  return server.sql(`INSERT INTO dedup_records (${idColumn}consumer_group, message_id, message_type, status, handler_mode,
       attempts, max_attempts, lease_owner, lease_token, lease_expires_at, payload_hash, payload, headers, content_type,
-      source_broker, source_exchange, source_routing_key, completed_at, last_error, error_class)
-    VALUES ('order-service', '${id}', 'ORDER.NOTIFY', '${status}', 'leased', 2, 5,
+      source_broker, source_exchange, source_routing_key, first_seen_at, completed_at, last_error, error_class)
+    ${overriding} VALUES (${idValue}'order-service', '${id}', 'ORDER.NOTIFY', '${status}', 'leased', 2, 5,
       ${lease ? "'w:1', gen_random_uuid(), now() - interval '5 minutes'" : 'NULL, NULL, NULL'}, '\\x00',
       ${payload ? "convert_to('{\"orderNo\": \"E2E\"}', 'UTF8')" : 'NULL'}, '{}', 'application/json', 'rabbitmq',
-      '${exchange}', 'order.notify', ${status === 'succeeded' ? `now() - interval '${age}'` : 'NULL'},
+      '${exchange}', 'order.notify', now() - interval '${age}', ${status === 'succeeded' ? `now() - interval '${age}'` : 'NULL'},
       ${status === 'dead' ? `'gateway 503', '${errorClass}'` : 'NULL, NULL'})
     RETURNING id`);
 }
@@ -92,7 +97,9 @@ test('bulk requeue: preview with the exact count and skips, confirm, progress to
 });
 
 test('cleanup schedule: invalid cron refused, dry run shows the count, run now deletes it', async () => {
-  for (let i = 0; i < 7; i += 1) insert({ id: `ORDER.NOTIFY.E2EC${i}:1`, status: 'succeeded', payload: false, age: '45 days' });
+  for (let i = 0; i < 7; i += 1) {
+    insert({ id: `ORDER.NOTIFY.E2EC${i}:1`, status: 'succeeded', payload: false, age: '45 days', rowId: -7 + i });
+  }
   const { page } = await open('/cleanup');
   await page.click('[data-testid="new-schedule"]');
   await page.locator('[data-testid="schedule-name"]').fill('e2e nightly');

@@ -60,7 +60,13 @@ async fn claimer(pool: PgPool, tag: &'static str, stop: Arc<AtomicBool>) -> Vec<
             .iter()
             .zip(&messages)
             .zip(&hashes)
-            .map(|((id, m), h)| ClaimItem { message_id: id, message_type: "BENCH.CLAIM", payload_hash: h, message: m })
+            .map(|((id, m), h)| ClaimItem {
+                message_id: id,
+                message_type: "BENCH.CLAIM",
+                payload_hash: h,
+                message: m,
+                reclaim_expired: false,
+            })
             .collect();
         let started = Instant::now();
         let mut tx = pool.begin().await.unwrap();

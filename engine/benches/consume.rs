@@ -17,9 +17,14 @@
 //! 6. naive: the scheme teams write by hand, one transaction per message — insert the dedup row
 //!    (`ON CONFLICT DO NOTHING`; none inserted: a duplicate), the business row, mark the dedup row
 //!    done, commit — then the ack of the batch (after every commit); new messages;
-//! 7. RabbitMQ: raw again; the faster raw phase is the reference (100 %).
+//! 7. leased: the same pipeline with a leased handler without effect (claim committed with a
+//!    lease and an open attempt row, the call, then the fenced completion);
+//! 8. HTTP (with `--features http`): a leased HTTP handler calling a local axum endpoint that
+//!    answers 200 at once — what the gateway costs over the leased phase (issue 22 asks for at
+//!    least 70 % of its rate);
+//! 9. RabbitMQ: raw again; the faster raw phase is the reference (100 %).
 //!
-//! Run: `cargo bench -p dedup-engine --bench consume [-- [kafka] [MESSAGES [WORKERS [BATCH]]]]`
+//! Run: `cargo bench -p dedup-engine [--features http] --bench consume [-- [kafka] [MESSAGES [WORKERS [BATCH]]]]`
 //! (defaults RabbitMQ, 100000, 4, 100: a raw phase of 20 000 messages lasts only 0.3–0.4 s, too
 //! short to measure; Kafka topics have 4 partitions, `max_in_flight` is the default 1000 unless
 //! `KAFKA_MAX_IN_FLIGHT` says otherwise). Needs the local
@@ -32,10 +37,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
-use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, TransactionalHandler};
+use dedup_engine::handler::{
+    Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
+};
 use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
-use dedup_engine::record::ConsumerGroup;
+use dedup_engine::record::{ConsumerGroup, LeaseExpiryPolicy};
 use dedup_engine::retry::Backoff;
 use dedup_engine::source::{Outbound, SourceFactory};
 use dedup_engine::stats::Stats;
@@ -73,6 +80,27 @@ impl TransactionalHandler for NoEffect {
     async fn handle(&self, _: &HandlerInput<'_>, _: &mut PgConnection) -> Result<(), HandlerError> {
         Ok(())
     }
+}
+
+/// The leased phase: a leased handler with no effect of its own.
+struct LeasedNoEffect;
+
+#[async_trait]
+impl LeasedHandler for LeasedNoEffect {
+    async fn handle(&self, _: &HandlerInput<'_>, lease: &LeaseGuard) -> Result<(), HandlerError> {
+        lease.check()
+    }
+}
+
+/// The HTTP phase's endpoint: a local axum server answering 200 with an empty body at once.
+/// Returns its URL; it serves until the bench exits.
+#[cfg(feature = "http")]
+async fn instant_endpoint() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let app = axum::Router::new().route("/hook", axum::routing::post(|| async { axum::http::StatusCode::OK }));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
 }
 
 struct Phase {
@@ -342,10 +370,22 @@ fn raw_kafka(kafka: &TestKafka, total: usize, batch: usize) -> Phase {
     Phase { name: "raw rdkafka poll + commit", messages: total, elapsed, pipeline: Duration::ZERO }
 }
 
-fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>) -> Pipeline {
+/// The bench's pipeline; `http`: the URL of the HTTP phase's endpoint (`BENCH.HTTP`).
+fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>, http: Option<&str>) -> Pipeline {
     let mut handlers = HandlerRegistry::new();
     handlers.register("BENCH.EVENT", Handler::Transactional(Arc::new(InsertRow)));
     handlers.register("BENCH.NOEFFECT", Handler::Transactional(Arc::new(NoEffect)));
+    let hold = LeaseExpiryPolicy::Hold;
+    handlers.register("BENCH.LEASED", Handler::Leased { handler: Arc::new(LeasedNoEffect), on_lease_expiry: hold });
+    #[cfg(feature = "http")]
+    if let Some(url) = http {
+        let mut settings = dedup_engine::http::HttpSettings::new(url);
+        settings.timeout_ms = 5_000;
+        let handler = dedup_engine::http::HttpHandler::new(&settings).unwrap();
+        handlers.register("BENCH.HTTP", Handler::Leased { handler: Arc::new(handler), on_lease_expiry: hold });
+    }
+    #[cfg(not(feature = "http"))]
+    let _ = http;
     Pipeline::new(
         PgStore::new(db.pool.clone(), &db.schema),
         fast_path,
@@ -411,6 +451,12 @@ fn main() {
         let ids: Vec<String> = (0..total).map(|i| format!("BENCH.EVENT.{i}:1")).collect();
         let in_memory_ids: Vec<String> = (0..total).map(|i| format!("BENCH.NOEFFECT.M{i}:1")).collect();
         let naive_ids: Vec<String> = (0..total).map(|i| format!("NAIVE.EVENT.{i}:1")).collect();
+        let leased_ids: Vec<String> = (0..total).map(|i| format!("BENCH.LEASED.{i}:1")).collect();
+        #[cfg(feature = "http")]
+        let (http_url, http_ids) =
+            (Some(instant_endpoint().await), (0..total).map(|i| format!("BENCH.HTTP.{i}:1")).collect::<Vec<_>>());
+        #[cfg(not(feature = "http"))]
+        let http_url: Option<String> = None;
         let mut phases = Vec::new();
 
         if let Bench::Kafka(kafka) = &bench {
@@ -428,18 +474,29 @@ fn main() {
         ];
         for (name, ids, fast_path, expect) in pipelined {
             bench.publish(ids).await;
-            let work = Work::Pipeline(pipeline(&db, fast_path.clone()), expect);
+            let work = Work::Pipeline(pipeline(&db, fast_path.clone(), None), expect);
             phases.push(consume(name, bench.factory(), work, total, workers, batch).await);
         }
         let idempotent = phases.len() - 3;
         // What PostgreSQL and Redis allow on this machine with no broker at all: the ceiling of
         // any broker's idempotent phase here.
         let name = "pipeline alone, no broker, without effect";
-        phases.push(without_broker(name, pipeline(&db, redis.clone()), &in_memory_ids, workers, batch).await);
+        phases.push(without_broker(name, pipeline(&db, redis.clone(), None), &in_memory_ids, workers, batch).await);
         bench.publish(&naive_ids).await;
         let naive = phases.len();
         let work = Work::Naive(db.pool.clone());
         phases.push(consume("naive: a transaction per message", bench.factory(), work, total, workers, batch).await);
+        // Leased, then HTTP side by side: the gateway's cost over a leased handler.
+        let leased = ("leased, handler without effect", &leased_ids);
+        #[cfg(feature = "http")]
+        let leased = [leased, ("HTTP, endpoint answering at once", &http_ids)];
+        #[cfg(not(feature = "http"))]
+        let leased = [leased];
+        for (name, ids) in leased {
+            bench.publish(ids).await;
+            let work = Work::Pipeline(pipeline(&db, redis.clone(), http_url.as_deref()), AckReason::Processed);
+            phases.push(consume(name, bench.factory(), work, total, workers, batch).await);
+        }
         // The raw phase again, warm: the first one also pays for the run's first connections,
         // and its rate varies most. The faster of the two is the reference (100 %).
         if !kafka {
@@ -473,5 +530,9 @@ fn main() {
             "idempotent with a business row vs naive (a transaction per message): {:.1}× the rate",
             phases[idempotent].rate() / phases[naive].rate()
         );
+        let rate_of = |prefix: &str| phases.iter().find(|p| p.name.starts_with(prefix)).map(Phase::rate);
+        if let (Some(leased), Some(http)) = (rate_of("leased"), rate_of("HTTP")) {
+            println!("HTTP phase vs leased phase: {:.1} % (issue 22 asks for at least 70 %)", 100.0 * http / leased);
+        }
     });
 }

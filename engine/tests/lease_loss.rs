@@ -5,6 +5,10 @@
 //! - if it had not run its effect yet, its lease guard says the lease is lost, and it does not;
 //! - if it had, its completion is refused, and the record shows the takeover and the possible
 //!   double effect.
+//!
+//! And the batch's leased path around it: a slow call holds back neither the calls nor the
+//! completions of its batch's other messages, one heartbeat statement extends all the leases a
+//! worker holds, and a takeover in the middle of a batch completes nothing of what was taken.
 
 mod common;
 
@@ -13,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{GROUP, Harness, message, settings};
+use common::{GROUP, Harness, eventually, message, settings};
 use dedup_engine::console::records::{RecordDetail, record_detail};
 use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline};
@@ -138,4 +142,188 @@ async fn a_worker_whose_effect_ran_before_it_saw_the_loss_flags_a_possible_doubl
     assert!(detail.possible_double_effect(), "the record says its effect may have run twice");
     let counted = dedup_engine::console::overview::double_effect_count(h.pool()).await.unwrap();
     assert_eq!(counted, 1, "the overview counts it");
+}
+
+/// A leased handler whose calls for `slow` ids wait for a permit of `release`; records the
+/// calls it answered, by message id (what the team's service sees).
+struct SlowFor {
+    slow: Vec<&'static str>,
+    release: tokio::sync::Semaphore,
+    answered: std::sync::Mutex<Vec<String>>,
+}
+
+impl SlowFor {
+    fn new(slow: &[&'static str]) -> Arc<Self> {
+        Arc::new(Self { slow: slow.to_vec(), release: tokio::sync::Semaphore::new(0), answered: Default::default() })
+    }
+
+    fn answered(&self) -> Vec<String> {
+        self.answered.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl LeasedHandler for SlowFor {
+    async fn handle(&self, input: &HandlerInput<'_>, lease: &LeaseGuard) -> Result<(), HandlerError> {
+        if self.slow.contains(&input.message_id.as_str()) {
+            self.release.acquire().await.unwrap().forget();
+        }
+        lease.check()?;
+        self.answered.lock().unwrap().push(input.message_id.as_str().to_owned());
+        Ok(())
+    }
+}
+
+fn slow_registry(handler: Arc<SlowFor>) -> HandlerRegistry {
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.NOTIFY", Handler::Leased { handler, on_lease_expiry: LeaseExpiryPolicy::Hold });
+    handlers
+}
+
+/// The status of each record of the group, by message id.
+async fn statuses(h: &Harness) -> std::collections::HashMap<String, String> {
+    sqlx::query_as("SELECT message_id, status FROM dedup_records WHERE consumer_group = $1")
+        .bind(GROUP)
+        .fetch_all(h.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+fn notify_batch(ids: &[&str]) -> Vec<dedup_engine::message::InboundMessage> {
+    ids.iter().map(|id| message(id, json!({"orderNo": id}))).collect()
+}
+
+#[tokio::test]
+async fn a_slow_call_holds_back_neither_the_calls_nor_the_completions_of_its_batch() {
+    let h = Harness::new().await;
+    let handler = SlowFor::new(&["ORDER.NOTIFY.S1:1"]);
+    let pipeline = h.pipeline(slow_registry(handler.clone()), 5);
+    let ids = ["ORDER.NOTIFY.S1:1", "ORDER.NOTIFY.S2:1", "ORDER.NOTIFY.S3:1", "ORDER.NOTIFY.S4:1"];
+    let batch = notify_batch(&ids);
+    let worker = tokio::spawn(async move { pipeline.process("host-a:1:0", &batch).await });
+
+    // While S1's call hangs, the service has answered the three others and their records are
+    // completed (committed), not waiting for S1.
+    eventually(Duration::from_secs(10), || async {
+        let done = statuses(&h).await;
+        ids[1..].iter().all(|id| done.get(*id).map(String::as_str) == Some("succeeded"))
+    })
+    .await;
+    let mut answered = handler.answered();
+    answered.sort();
+    assert_eq!(answered, ids[1..], "the service saw the three others once each, S1 not yet");
+    assert_eq!(statuses(&h).await["ORDER.NOTIFY.S1:1"], "processing", "S1 is still in flight");
+
+    handler.release.add_permits(1);
+    let dispositions = tokio::time::timeout(Duration::from_secs(10), worker).await.unwrap().unwrap();
+    assert_eq!(dispositions, vec![Disposition::Ack(AckReason::Processed); 4], "acked after every commit");
+    assert!(statuses(&h).await.values().all(|s| s == "succeeded"));
+}
+
+/// Captures the `count` field of every `extend_lease` span (the heartbeat statement).
+#[derive(Clone, Default)]
+struct Heartbeats(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Heartbeats {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Count(Option<String>);
+        impl tracing::field::Visit for Count {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "count" {
+                    self.0 = Some(format!("{value:?}"));
+                }
+            }
+        }
+        if attrs.metadata().name() == "extend_lease" {
+            let mut count = Count(None);
+            attrs.record(&mut count);
+            self.0.lock().unwrap().push(count.0.unwrap_or_else(|| "none".into()));
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_heartbeat_statement_extends_every_lease_of_the_batch() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let heartbeats = Heartbeats::default();
+    let _scope = tracing::subscriber::set_default(tracing_subscriber::registry().with(heartbeats.clone()));
+    let h = Harness::new().await;
+    let ids = ["ORDER.NOTIFY.H1:1", "ORDER.NOTIFY.H2:1", "ORDER.NOTIFY.H3:1", "ORDER.NOTIFY.H4:1", "ORDER.NOTIFY.H5:1"];
+    let handler = SlowFor::new(&ids);
+    // A lease of 1 s: a heartbeat every third of it.
+    let pipeline = h.pipeline_with(slow_registry(handler.clone()), settings(5, Duration::from_secs(1)));
+    let batch = notify_batch(&ids);
+    let worker = tokio::spawn(async move { pipeline.process("host-a:1:0", &batch).await });
+    // Hung for three lease lengths: without extensions every lease would run out.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    handler.release.add_permits(ids.len());
+    let dispositions = tokio::time::timeout(Duration::from_secs(10), worker).await.unwrap().unwrap();
+    assert_eq!(dispositions, vec![Disposition::Ack(AckReason::Processed); 5], "every lease held throughout");
+    let beats = heartbeats.0.lock().unwrap().clone();
+    assert!((6..=10).contains(&beats.len()), "one statement per beat (every ~333 ms for 3 s): {beats:?}");
+    assert!(beats.iter().all(|count| count == "5"), "each beat covers the five leases: {beats:?}");
+}
+
+/// A record and its attempt: message id, status, lease owner, attempt outcome, late effect.
+type AttemptRow = (String, String, Option<String>, Option<String>, bool);
+
+#[tokio::test]
+async fn a_takeover_in_the_middle_of_a_batch_completes_nothing_that_was_taken() {
+    let h = Harness::new().await;
+    let ids = ["ORDER.NOTIFY.T1:1", "ORDER.NOTIFY.T2:1", "ORDER.NOTIFY.T3:1"];
+    let handler = SlowFor::new(&ids);
+    let pipeline = h.pipeline(slow_registry(handler.clone()), 5);
+    let batch = notify_batch(&ids);
+    let worker = tokio::spawn(async move { pipeline.process("host-a:1:0", &batch).await });
+    eventually(Duration::from_secs(10), || async { statuses(&h).await.len() == 3 }).await;
+
+    // While the calls run, another worker holds T1 and T2 now (a takeover: a new lease token).
+    sqlx::query(
+        "UPDATE dedup_records SET lease_owner = 'host-b:2:0', lease_token = gen_random_uuid()
+         WHERE consumer_group = $1 AND message_id = ANY($2)",
+    )
+    .bind(GROUP)
+    .bind(&ids[..2])
+    .execute(h.pool())
+    .await
+    .unwrap();
+    handler.release.add_permits(ids.len());
+    let dispositions = tokio::time::timeout(Duration::from_secs(10), worker).await.unwrap().unwrap();
+    assert_eq!(
+        dispositions,
+        [
+            Disposition::Ack(AckReason::LeaseLost),
+            Disposition::Ack(AckReason::LeaseLost),
+            Disposition::Ack(AckReason::Processed)
+        ],
+        "only T3, still this worker's, is completed"
+    );
+    let rows: Vec<AttemptRow> = sqlx::query_as(
+        "SELECT r.message_id, r.status, r.lease_owner, a.outcome, a.late_effect
+         FROM dedup_records r JOIN record_attempts a ON a.record_id = r.id
+         WHERE r.consumer_group = $1 ORDER BY r.message_id",
+    )
+    .bind(GROUP)
+    .fetch_all(h.pool())
+    .await
+    .unwrap();
+    let expected = |id: &str, status: &str, owner: Option<&str>, outcome: &str, late: bool| {
+        (id.to_owned(), status.to_owned(), owner.map(str::to_owned), Some(outcome.to_owned()), late)
+    };
+    assert_eq!(
+        rows,
+        [
+            expected(ids[0], "processing", Some("host-b:2:0"), "lease_lost", true),
+            expected(ids[1], "processing", Some("host-b:2:0"), "lease_lost", true),
+            expected(ids[2], "succeeded", None, "succeeded", false),
+        ],
+        "the taken records stay the new holder's; the late answers are kept on their attempts"
+    );
 }

@@ -141,9 +141,9 @@ async fn extending_a_lease_needs_its_token() {
     let lease = Lease::new("a", Duration::from_secs(2));
     let claim = case.claimed(&lease, false).await;
     let mut conn = case.h.pool().acquire().await.unwrap();
-    assert!(case.store.extend_lease(&mut conn, &claim, &lease).await.unwrap());
+    assert_eq!(case.store.extend_leases(&mut conn, &[&claim], &lease).await.unwrap(), vec![claim.id]);
     let forged = ClaimedRecord { lease_token: uuid::Uuid::new_v4(), ..claim };
-    assert!(!case.store.extend_lease(&mut conn, &forged, &lease).await.unwrap());
+    assert_eq!(case.store.extend_leases(&mut conn, &[&forged], &lease).await.unwrap(), Vec::<i64>::new());
 }
 
 #[tokio::test]
@@ -227,6 +227,7 @@ async fn every_insert_statement_counts_what_it_creates() {
                 message_type: if i == 0 { "ORDER.REFUND" } else { "ORDER.PAY" },
                 payload_hash: &hashes[i],
                 message: &messages[i].1,
+                reclaim_expired: false,
             })
             .collect(),
     };

@@ -1,218 +1,326 @@
-//! Leased handlers: claim committed first (with a lease and an open attempt row), then the
-//! external effect while the lease is extended every third of its duration, then a completion
-//! fenced by the lease token. A worker whose lease was taken over cannot complete.
+//! Leased handlers: claims committed first (with a lease and an open attempt row), then the
+//! external effects while one heartbeat extends the leases, then completions fenced by the
+//! lease token. A worker whose lease was taken over cannot complete.
 //!
-//! The handler gets a [`LeaseGuard`]: lost when the heartbeat finds the lease taken over, or
-//! when no extension was confirmed within the lease (this worker may have been frozen). The
-//! engine checks it before calling the handler; the handler checks it right before its effect.
-//! A handler that stopped because the lease was lost ([`HandlerError::lease_lost`]) did nothing,
-//! so its attempt is recorded as a failure like any other, fenced by the lease token: retried
-//! when the record is still this worker's, left alone when someone else holds it.
+//! A batch's leased messages are claimed in one set-based statement ([`ClaimAs::Leased`]). Every
+//! claimed message's call starts at once; a handler with a concurrency limit (the HTTP handler's
+//! `concurrency`) lets them through as its slots free up, so the batch (at most the prefetch) is
+//! the bound. Calls finish in any order: whatever has finished is completed in one statement
+//! while the others still run, so a slow call holds back neither the calls nor the completions
+//! of the batch's other messages. The dispositions — and so the acks — follow the commits.
+//!
+//! One heartbeat statement every third of the lease extends the leases of all the worker's
+//! in-flight records ([`DedupStore::extend_leases`]). Each handler gets a [`LeaseGuard`]: lost
+//! when the heartbeat finds its lease taken over, or when no extension was confirmed within the
+//! lease (this worker may have been frozen). The engine checks it before calling the handler;
+//! the handler checks it right before its effect. A handler that stopped because the lease was
+//! lost ([`HandlerError::lease_lost`]) did nothing, so its attempt is recorded as a failure like
+//! any other, fenced by the lease token: retried when the record is still this worker's, left
+//! alone when someone else holds it. A call that succeeded after its lease was lost completes
+//! nothing: its late answer is kept on its attempt as `lease_lost` (a late effect).
 
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use tracing::Instrument;
 
 use super::tally::Tally;
 use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
-use crate::handler::{Handler, HandlerInput, LeaseGuard};
+use crate::handler::{EffectAnswer, Handler, HandlerError, HandlerInput, LeaseGuard};
 use crate::record::HandlerMode;
 use crate::stats::Event;
-use crate::store::{ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease};
+use crate::store::{
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
+    StoreError,
+};
 
 type Outcome = (usize, Disposition, Option<DueMarker>);
 
-impl Pipeline {
-    pub(super) async fn run_leased(&self, worker: &str, items: Vec<Routed<'_>>) -> Vec<Outcome> {
-        join_all(items.iter().map(|item| async move {
-            let (disposition, marker) = self.process_leased(worker, item).await;
-            (item.index, disposition, marker)
-        }))
-        .await
-    }
+/// The records a worker's heartbeat keeps leased: the claims whose call has not finished, with
+/// their guards, by record id.
+type InFlight = Arc<Mutex<HashMap<i64, (ClaimedRecord, LeaseGuard)>>>;
 
-    async fn process_leased(&self, worker: &str, item: &Routed<'_>) -> (Disposition, Option<DueMarker>) {
-        let Handler::Leased { handler, .. } = &item.handler else { unreachable!("partitioned by mode") };
+/// A claimed message whose handler has returned.
+struct Finished<'r, 'a> {
+    item: &'r Routed<'a>,
+    claim: ClaimedRecord,
+    result: Result<(), HandlerError>,
+    answer: Option<EffectAnswer>,
+}
+
+impl Pipeline {
+    /// Claims `items` in one statement, runs the claimed ones' handlers concurrently under one
+    /// heartbeat, and completes or fails them as they finish. One outcome per item.
+    pub(super) async fn run_leased(&self, worker: &str, items: Vec<Routed<'_>>) -> Vec<Outcome> {
+        if items.is_empty() {
+            return Vec::new();
+        }
         let group = self.settings.group.as_str();
         let lease = Lease::new(worker, self.settings.lease);
-        let request = ClaimRequest {
-            group: &self.settings.group,
-            message_id: &item.identified.id,
-            message_type: &item.identified.message_type,
-            mode: HandlerMode::Leased,
-            max_attempts: self.settings.max_attempts,
-            reclaim_expired: item.handler.reclaims_expired(),
-            lease: &lease,
-            message: item.message,
-            payload_hash: &item.payload_hash,
-        };
-        let mut conn = match self.store.pool().acquire().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::warn!(error = %e, "no database connection; redelivering");
-                return (Disposition::Redeliver, None);
-            }
-        };
-        // The database starts the lease after this instant: counting from here errs on the safe side.
+        // The database starts the leases after this instant: counting from here errs on the safe side.
         let asked_at = Instant::now();
-        let claim = match self.store.claim(&mut conn, &request).await {
-            Ok(ClaimOutcome::Claimed(claim)) => claim,
-            Ok(ClaimOutcome::Existing(existing)) => {
-                // Nothing to roll back here: the judgement is final, count it at once.
-                let mut tally = Tally::default();
-                let disposition = self.judge_existing(item.identified.id.as_str(), &existing, &mut tally);
-                tally.apply(&self.stats, group);
-                return (disposition, None);
-            }
+        let claims = match self.claim_leased(&lease, &items).await {
+            Ok(claims) => claims,
             Err(e) => {
-                tracing::warn!(error = %e, message_id = %item.identified.id, "claim failed; redelivering");
-                return (Disposition::Redeliver, None);
+                tracing::warn!(error = %e, count = items.len(), "leased claims failed; redelivering");
+                return items.iter().map(|item| (item.index, Disposition::Redeliver, None)).collect();
             }
         };
-        drop(conn);
-        self.stats.count(group, Event::Claimed, 1);
-        if claim.created {
-            self.stats.count(group, Event::Created, 1);
-            let mut tally = Tally::default();
-            self.check_late(item.message, &mut tally);
-            tally.apply(&self.stats, group);
+        let mut outcomes = Vec::with_capacity(items.len());
+        let mut tally = Tally::default();
+        let in_flight: InFlight = Arc::default();
+        let mut calls = FuturesUnordered::new();
+        for (item, claim) in items.iter().zip(claims) {
+            let claim = match claim {
+                ClaimOutcome::Existing(existing) => {
+                    // Nothing to roll back here: the judgement is final.
+                    let disposition = self.judge_existing(item.identified.id.as_str(), &existing, &mut tally);
+                    outcomes.push((item.index, disposition, None));
+                    continue;
+                }
+                ClaimOutcome::Claimed(claim) => claim,
+            };
+            tally.count(Event::Claimed);
+            if claim.created {
+                tally.count(Event::Created);
+                self.check_late(item.message, &mut tally);
+            }
+            if claim.took_over {
+                tally.count(Event::LeaseTakeover);
+                tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "expired lease taken over (on_lease_expiry = reclaim)");
+            }
+            let guard = LeaseGuard::new(lease.duration, asked_at);
+            in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(claim.id, (claim.clone(), guard.clone()));
+            calls.push(self.call_leased(item, claim, guard));
         }
-        if claim.took_over {
-            self.stats.count(group, Event::LeaseTakeover, 1);
-            tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "expired lease taken over (on_lease_expiry = reclaim)");
+        tally.apply(&self.stats, group);
+        if calls.is_empty() {
+            return outcomes;
         }
 
-        let guard = LeaseGuard::new(lease.duration, asked_at);
-        // In the batch's span, so that its lease extensions show under the batch.
-        let heartbeat = tokio::spawn(
-            self.clone().extend_lease_while_running(claim.clone(), lease.clone(), guard.clone()).in_current_span(),
-        );
-        let call = async {
-            match guard.check() {
-                Ok(()) => {
-                    let input = HandlerInput {
-                        calls: claim.calls,
-                        previous_status: claim.previous_status,
-                        ..self.input(item, claim.attempt)
-                    };
-                    handler.handle(&input, &guard).await
-                }
-                Err(lost) => Err(lost),
+        // In the batch's span, so that the lease extensions show under the batch.
+        let heartbeat =
+            tokio::spawn(self.clone().extend_leases_while_running(in_flight.clone(), lease.clone()).in_current_span());
+        // Finished calls wait here while a settlement runs; the next one takes them all.
+        let mut finished = Vec::new();
+        let mut settling = FuturesUnordered::new();
+        loop {
+            if settling.is_empty() && !finished.is_empty() {
+                settling.push(self.settle_leased(&lease, std::mem::take(&mut finished)));
             }
+            tokio::select! {
+                Some(done) = calls.next() => {
+                    finished.push(done);
+                    // Whatever else has finished by now goes into the same statement.
+                    while let Some(Some(done)) = calls.next().now_or_never() {
+                        finished.push(done);
+                    }
+                    let mut held = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+                    for done in &finished {
+                        held.remove(&done.claim.id);
+                    }
+                }
+                Some(settled) = settling.next() => outcomes.extend(settled),
+                else => break,
+            }
+        }
+        heartbeat.abort();
+        outcomes
+    }
+
+    /// The claims of `items`, in their order: one statement per round of distinct message ids
+    /// (a message id twice in a batch is judged the second time after the first was claimed).
+    async fn claim_leased(&self, lease: &Lease, items: &[Routed<'_>]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let mut claims: Vec<Option<ClaimOutcome>> = vec![None; items.len()];
+        let position: HashMap<usize, usize> = items.iter().enumerate().map(|(at, item)| (item.index, at)).collect();
+        for round in Self::rounds(items) {
+            let batch = ClaimBatch {
+                group: &self.settings.group,
+                max_attempts: self.settings.max_attempts,
+                lease,
+                claim_as: ClaimAs::Leased,
+                items: round.iter().map(|r| r.claim_item()).collect(),
+            };
+            for (item, claim) in round.iter().zip(self.store.claim_many(&mut conn, &batch).await?) {
+                claims[position[&item.index]] = Some(claim);
+            }
+        }
+        Ok(claims.into_iter().map(|c| c.expect("every item is in one round")).collect())
+    }
+
+    /// Calls the handler of one claimed message, unless its lease is lost already.
+    async fn call_leased<'r, 'a>(
+        &self,
+        item: &'r Routed<'a>,
+        claim: ClaimedRecord,
+        guard: LeaseGuard,
+    ) -> Finished<'r, 'a> {
+        let Handler::Leased { handler, .. } = &item.handler else { unreachable!("partitioned by mode") };
+        let call = async {
+            guard.check()?;
+            let input =
+                HandlerInput { calls: claim.calls, previous_status: claim.previous_status, ..self.input(item, claim.attempt) };
+            handler.handle(&input, &guard).await
         };
         let result = Self::call_handler(item, claim.attempt, HandlerMode::Leased, call).await;
-        heartbeat.abort();
-        let answer = guard.take_answer();
         if let Err(error) = &result
             && error.is_lease_lost()
         {
+            let group = self.settings.group.as_str();
             metrics::counter!("dedup_lease_lost_before_effect_total", "group" => group.to_owned()).increment(1);
             tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "lease lost before the effect; the effect was not performed");
         }
+        Finished { item, claim, result, answer: guard.take_answer() }
+    }
 
+    /// Records what became of `finished` calls: the successes completed in one statement, the
+    /// failures each recorded (fenced by the lease token).
+    async fn settle_leased(&self, lease: &Lease, finished: Vec<Finished<'_, '_>>) -> Vec<Outcome> {
         let Ok(mut conn) = self.store.pool().acquire().await else {
-            // The effect may have happened; the record stays processing and, once its lease
-            // expires, stuck: an operator decides. The redelivery is judged then.
-            return (Disposition::Redeliver, None);
+            // The effects may have happened; the records stay processing and, once their
+            // leases expire, stuck: an operator decides. The redeliveries are judged then.
+            return finished.iter().map(|f| (f.item.index, Disposition::Redeliver, None)).collect();
         };
-        match result {
-            Ok(()) => {
-                match self.store.complete(&mut conn, &claim, &lease, HandlerMode::Leased, answer.as_ref()).await {
-                    Ok(true) => {
-                        self.stats.count(group, Event::Succeeded, 1);
-                        (Disposition::Ack(AckReason::Processed), Some(self.marker(item, claim.first_seen_at)))
+        let (succeeded, failed): (Vec<_>, Vec<_>) = finished.into_iter().partition(|f| f.result.is_ok());
+        let mut outcomes = Vec::with_capacity(succeeded.len() + failed.len());
+        if !succeeded.is_empty() {
+            let done: Vec<_> = succeeded.iter().map(|f| (&f.claim, f.answer.as_ref())).collect();
+            match self.store.complete_many_leased(&mut conn, &done).await {
+                Ok(completed) => {
+                    let completed: HashSet<i64> = completed.into_iter().collect();
+                    for f in &succeeded {
+                        outcomes.push(if completed.contains(&f.claim.id) {
+                            self.stats.count(self.settings.group.as_str(), Event::Succeeded, 1);
+                            let marker = self.marker(f.item, f.claim.first_seen_at);
+                            (f.item.index, Disposition::Ack(AckReason::Processed), Some(marker))
+                        } else {
+                            self.note_late_effect(&mut conn, f).await;
+                            (f.item.index, Disposition::Ack(AckReason::LeaseLost), None)
+                        });
                     }
-                    Ok(false) => {
-                        // The effect ran, but the record is someone else's now (taken over, or
-                        // released by an operator): it may run again there. Say so on the record.
-                        metrics::counter!("dedup_late_effects_total", "group" => group.to_owned()).increment(1);
-                        tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt,
-                            "lease lost before completion; the effect ran and may run twice");
-                        if let Err(e) = self.store.note_late_effect(&mut conn, &claim, answer.as_ref()).await {
-                            tracing::warn!(error = %e, message_id = %item.identified.id, "flagging the late effect failed");
-                        }
-                        (Disposition::Ack(AckReason::LeaseLost), None)
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, message_id = %item.identified.id, "completion failed; redelivering");
-                        (Disposition::Redeliver, None)
-                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, count = succeeded.len(), "completions failed; redelivering");
+                    outcomes.extend(succeeded.iter().map(|f| (f.item.index, Disposition::Redeliver, None)));
                 }
             }
-            Err(error) => {
-                let delay = error.retry_after.unwrap_or_else(|| self.settings.backoff.delay_after(claim.attempt));
-                let text = error.to_string();
-                let failure = FailureReport {
-                    claim: &claim,
-                    mode: HandlerMode::Leased,
-                    message: item.message,
-                    lease: &lease,
-                    error: &text,
-                    error_class: error.class(),
-                    permanent: error.is_permanent(),
-                    retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
-                    answer: answer.as_ref(),
-                    in_progress: error.uncounted_within.is_some(),
-                };
-                if let Some(within) = error.uncounted_within.filter(|_| !error.is_permanent()) {
-                    match self.store.defer_claimed(&mut conn, &failure, within).await {
-                        Ok(true) => {
-                            tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text,
-                                "the far side is still working on it; retried without counting the attempt");
-                            self.stats.count(group, Event::Retry, 1);
-                            return (Disposition::Retry { delay }, None);
-                        }
-                        // The lease was lost (the failure below finds it superseded) or the run
-                        // of such answers is older than `within`: the attempt counts.
-                        Ok(false) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %e, "recording a deferral failed; redelivering");
-                            return (Disposition::Redeliver, None);
-                        }
-                    }
+        }
+        for f in &failed {
+            outcomes.push((f.item.index, self.record_leased_failure(&mut conn, lease, f).await, None));
+        }
+        outcomes
+    }
+
+    /// The effect ran, but the record is someone else's now (taken over, or released by an
+    /// operator): it may run again there. Says so on its attempt, with the late answer.
+    async fn note_late_effect(&self, conn: &mut sqlx::PgConnection, f: &Finished<'_, '_>) {
+        let group = self.settings.group.as_str();
+        metrics::counter!("dedup_late_effects_total", "group" => group.to_owned()).increment(1);
+        tracing::warn!(message_id = %f.item.identified.id, attempt = f.claim.attempt,
+            "lease lost before completion; the effect ran and may run twice");
+        if let Err(e) = self.store.note_late_effect(conn, &f.claim, f.answer.as_ref()).await {
+            tracing::warn!(error = %e, message_id = %f.item.identified.id, "flagging the late effect failed");
+        }
+    }
+
+    /// Records a failed call: deferred without counting the attempt while the far side is
+    /// still working on it, else failed (retry) or dead; fenced by the lease token.
+    async fn record_leased_failure(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        lease: &Lease,
+        f: &Finished<'_, '_>,
+    ) -> Disposition {
+        let Err(error) = &f.result else { unreachable!("partitioned by result") };
+        let (group, message_id, claim) = (self.settings.group.as_str(), &f.item.identified.id, &f.claim);
+        let delay = error.retry_after.unwrap_or_else(|| self.settings.backoff.delay_after(claim.attempt));
+        let text = error.to_string();
+        let failure = FailureReport {
+            claim,
+            mode: HandlerMode::Leased,
+            message: f.item.message,
+            lease,
+            error: &text,
+            error_class: error.class(),
+            permanent: error.is_permanent(),
+            retry_delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+            answer: f.answer.as_ref(),
+            in_progress: error.uncounted_within.is_some(),
+        };
+        if let Some(within) = error.uncounted_within.filter(|_| !error.is_permanent()) {
+            match self.store.defer_claimed(conn, &failure, within).await {
+                Ok(true) => {
+                    tracing::info!(message_id = %message_id, attempt = claim.attempt, error = %text,
+                        "the far side is still working on it; retried without counting the attempt");
+                    self.stats.count(group, Event::Retry, 1);
+                    return Disposition::Retry { delay };
                 }
-                self.stats.count(group, Event::Failed, 1);
-                tracing::info!(message_id = %item.identified.id, attempt = claim.attempt, error = %text, "handler failed");
-                match self.store.fail_claimed(&mut conn, &failure).await {
-                    Ok(FailureOutcome::Failed) => {
-                        self.stats.count(group, Event::Retry, 1);
-                        (Disposition::Retry { delay }, None)
-                    }
-                    Ok(FailureOutcome::Dead) => {
-                        self.stats.count(group, Event::Dead, 1);
-                        (Disposition::DeadLetter { reason: text }, None)
-                    }
-                    Ok(FailureOutcome::Superseded) => (Disposition::Ack(AckReason::LeaseLost), None),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "recording a failure failed; redelivering");
-                        (Disposition::Redeliver, None)
-                    }
+                // The lease was lost (the failure below finds it superseded) or the run of such
+                // answers is older than `within`: the attempt counts.
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "recording a deferral failed; redelivering");
+                    return Disposition::Redeliver;
                 }
+            }
+        }
+        self.stats.count(group, Event::Failed, 1);
+        tracing::info!(message_id = %message_id, attempt = claim.attempt, error = %text, "handler failed");
+        match self.store.fail_claimed(conn, &failure).await {
+            Ok(FailureOutcome::Failed) => {
+                self.stats.count(group, Event::Retry, 1);
+                Disposition::Retry { delay }
+            }
+            Ok(FailureOutcome::Dead) => {
+                self.stats.count(group, Event::Dead, 1);
+                Disposition::DeadLetter { reason: text }
+            }
+            Ok(FailureOutcome::Superseded) => Disposition::Ack(AckReason::LeaseLost),
+            Err(e) => {
+                tracing::warn!(error = %e, "recording a failure failed; redelivering");
+                Disposition::Redeliver
             }
         }
     }
 
-    /// Extends the lease every third of its duration until aborted, telling `guard` of each
-    /// confirmed extension; stops when the lease can no longer be extended (taken over or
-    /// released: `guard` is lost, and the fenced completion will refuse).
-    async fn extend_lease_while_running(self, claim: ClaimedRecord, lease: Lease, guard: LeaseGuard) {
+    /// The worker's heartbeat: every third of the lease, one statement extends the leases of
+    /// all records in `in_flight`, telling each guard of its confirmed extension. A record the
+    /// statement no longer finds held (taken over or released) has its guard lost and leaves
+    /// the set (the fenced completion will refuse it). Runs until aborted.
+    async fn extend_leases_while_running(self, in_flight: InFlight, lease: Lease) {
         let period = lease.duration / 3;
         loop {
             tokio::time::sleep(period).await;
+            let held: Vec<(ClaimedRecord, LeaseGuard)> =
+                in_flight.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+            if held.is_empty() {
+                continue;
+            }
             let asked_at = Instant::now();
+            let claims: Vec<&ClaimedRecord> = held.iter().map(|(claim, _)| claim).collect();
             let extended = match self.store.pool().acquire().await {
-                Ok(mut conn) => self.store.extend_lease(&mut conn, &claim, &lease).await,
+                Ok(mut conn) => self.store.extend_leases(&mut conn, &claims, &lease).await,
                 Err(e) => Err(e.into()),
             };
-            match extended {
-                Ok(true) => guard.extended(lease.duration, asked_at),
-                Ok(false) => {
-                    guard.lose();
-                    tracing::warn!(record = claim.id, "lease lost while the handler runs");
-                    return;
+            let extended: HashSet<i64> = match extended {
+                Ok(ids) => ids.into_iter().collect(),
+                Err(e) => {
+                    tracing::warn!(count = held.len(), error = %e, "extending the leases failed; will retry");
+                    continue;
                 }
-                Err(e) => tracing::warn!(record = claim.id, error = %e, "extending the lease failed; will retry"),
+            };
+            for (claim, guard) in &held {
+                if extended.contains(&claim.id) {
+                    guard.extended(lease.duration, asked_at);
+                } else {
+                    guard.lose();
+                    in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&claim.id);
+                    tracing::warn!(record = claim.id, "lease lost while the handler runs");
+                }
             }
         }
     }

@@ -5,8 +5,8 @@
 //! handler is paused ([`crate::pause`]), ask the Redis fast path (a hit is a duplicate: skip),
 //! then claim its record in PostgreSQL and run the handler —
 //! transactional handlers all in one transaction (one commit per batch; without savepoints, and
-//! again with a savepoint per message if one of them fails), leased handlers each on their own.
-//! After the commit, Redis markers are written for what succeeded. The result is one
+//! again with a savepoint per message if one of them fails), leased handlers with set-based
+//! claims, one heartbeat and completions as their calls finish (`leased.rs`). After the commit, Redis markers are written for what succeeded. The result is one
 //! [`Disposition`] per delivery; the source turns it into acks, retry copies, dead-letter copies
 //! or offset commits. The pipeline itself never acks.
 
@@ -29,7 +29,7 @@ use crate::pause::Pauses;
 use crate::record::{ConsumerGroup, RecordStatus};
 use crate::retry::Backoff;
 use crate::stats::{Event, Stats};
-use crate::store::ExistingRecord;
+use crate::store::{ClaimItem, ExistingRecord};
 use crate::store::postgres::PgStore;
 use spans::Outcomes;
 use tally::Tally;
@@ -116,6 +116,20 @@ struct Routed<'a> {
     identified: Identified,
     handler: Handler,
     payload_hash: Vec<u8>,
+}
+
+impl Routed<'_> {
+    /// Its item in a batch claim; only a leased handler under `reclaim` takes an expired lease
+    /// over.
+    fn claim_item(&self) -> ClaimItem<'_> {
+        ClaimItem {
+            message_id: &self.identified.id,
+            message_type: &self.identified.message_type,
+            payload_hash: &self.payload_hash,
+            message: self.message,
+            reclaim_expired: self.handler.reclaims_expired(),
+        }
+    }
 }
 
 /// A succeeded record whose Redis marker is due after the commit.

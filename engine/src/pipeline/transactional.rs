@@ -177,7 +177,7 @@ impl Pipeline {
 
     /// `items` in rounds of distinct message ids: a message id twice in one transaction is
     /// judged the second time after the first settled.
-    fn rounds<'r, 'a>(items: &'r [Routed<'a>]) -> Vec<Vec<&'r Routed<'a>>> {
+    pub(super) fn rounds<'r, 'a>(items: &'r [Routed<'a>]) -> Vec<Vec<&'r Routed<'a>>> {
         let mut rounds: Vec<Vec<&Routed<'_>>> = Vec::new();
         for item in items {
             let round = rounds.iter().position(|r| r.iter().all(|o| o.identified.id != item.identified.id));

@@ -82,11 +82,15 @@ pub struct ClaimItem<'a> {
     pub message_type: &'a str,
     /// SHA-256 of the payload.
     pub payload_hash: &'a [u8],
-    /// The delivery (its source is stored on new records).
+    /// The delivery (its source is stored on new records; a leased claim stores its payload
+    /// and headers too).
     pub message: &'a InboundMessage,
+    /// Whether a processing record whose lease expired may be taken over (the type's
+    /// `on_lease_expiry = reclaim`); read by [`ClaimAs::Leased`] claims only.
+    pub reclaim_expired: bool,
 }
 
-/// A batch of transactional claims sharing group, limits and lease.
+/// A batch of claims sharing group, limits and lease.
 #[derive(Debug, Clone)]
 pub struct ClaimBatch<'a> {
     /// Scope of the records.
@@ -116,14 +120,30 @@ pub enum ClaimAs {
     /// completion. The row lock held until commit is the claim's lease; the lease columns stay
     /// empty because the record is never `processing` outside the transaction.
     Succeeded,
+    /// `processing` under the batch's lease for leased handlers, committed at once
+    /// (autocommit): the payload, headers and AMQP `type` property are stored (the record must
+    /// be requeueable while its effect runs), each claim opens its attempt row, and a record
+    /// whose lease expired is taken over when its item's [`ClaimItem::reclaim_expired`] says
+    /// so, closing the superseded attempt as `lease_lost`. Completed with
+    /// [`DedupStore::complete_many_leased`].
+    Leased,
 }
 
 impl ClaimAs {
+    /// The handler mode of the claims, as in the `claim` span.
+    pub(crate) fn mode(self) -> &'static str {
+        match self {
+            ClaimAs::Processing | ClaimAs::Succeeded => "transactional",
+            ClaimAs::Leased => "leased",
+        }
+    }
+
     /// The status it writes, as stored.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             ClaimAs::Processing => "processing",
             ClaimAs::Succeeded => "succeeded",
+            ClaimAs::Leased => "processing",
         }
     }
 }
@@ -309,13 +329,13 @@ pub trait DedupStore: Send + Sync + 'static {
         answer: Option<&EffectAnswer>,
     ) -> Result<bool, StoreError>;
 
-    /// Claims a batch of messages for transactional handlers in one statement (DESIGN.md,
-    /// "Claim", set-based): the same rules as [`DedupStore::claim`], rows locked in message-id
-    /// order (one order for every batch, so concurrent batches wait instead of deadlocking).
-    /// The message ids must be distinct. No payload is stored: the claim commits only together
-    /// with its outcome, and a failure stores it ([`DedupStore::fail_claimed`]). Claimed records
-    /// become what [`ClaimBatch::claim_as`] says. Returns one outcome per item, in the items'
-    /// order.
+    /// Claims a batch of messages in one statement (DESIGN.md, "Claim", set-based): the same
+    /// rules as [`DedupStore::claim`], rows locked in message-id order (one order for every
+    /// batch, so concurrent batches wait instead of deadlocking). The message ids must be
+    /// distinct. Transactional claims store no payload: the claim commits only together with
+    /// its outcome, and a failure stores it ([`DedupStore::fail_claimed`]); leased ones do
+    /// ([`ClaimAs::Leased`]). Claimed records become what [`ClaimBatch::claim_as`] says.
+    /// Returns one outcome per item, in the items' order.
     async fn claim_many(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,
@@ -329,6 +349,16 @@ pub trait DedupStore: Send + Sync + 'static {
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         claims: &[&ClaimedRecord],
         lease: &Lease,
+    ) -> Result<Vec<i64>, StoreError>;
+
+    /// Marks claimed leased records `succeeded` in one statement, each fenced by status and its
+    /// own lease token, clears their leases and stored payloads, and closes their attempt rows
+    /// with the effect's answer. `done`: the claims with their answers. Returns which ids were
+    /// completed; the others were taken over or released meanwhile (their lease was lost).
+    async fn complete_many_leased(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        done: &[(&ClaimedRecord, Option<&EffectAnswer>)],
     ) -> Result<Vec<i64>, StoreError>;
 
     /// Records a handler failure of a claim, fenced by the lease token: `failed` with the retry
@@ -352,13 +382,15 @@ pub trait DedupStore: Send + Sync + 'static {
         within: Duration,
     ) -> Result<bool, StoreError>;
 
-    /// Extends a held lease by its duration from now (database clock). False when lost.
-    async fn extend_lease(
+    /// A worker's heartbeat: extends the leases of all its in-flight `claims` in one statement
+    /// by the duration of `lease` from now (database clock), each fenced by its own lease token.
+    /// Returns the ids still held; the others are lost (taken over or released by an operator).
+    async fn extend_leases(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,
-        claim: &ClaimedRecord,
+        claims: &[&ClaimedRecord],
         lease: &Lease,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<Vec<i64>, StoreError>;
 
     /// Flags the attempt of `claim` as a late effect: its effect ran, but the completion was
     /// refused (the lease was taken over or released meanwhile), so the effect may have run

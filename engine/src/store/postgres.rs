@@ -7,7 +7,7 @@
 //! judges the committed state.
 //!
 //! Each statement group of the hot path runs in a `DEBUG` span named by what it does (`claim`,
-//! `complete`, `record_failure`, `defer`, `record_poison`, `extend_lease`, `note_late_effect`), with how
+//! `complete`, `record_failure`, `defer`, `record_poison`, `extend_lease` (a worker's heartbeat), `note_late_effect`), with how
 //! many records it covers (`count`) or which (`record`, `message_id`) and the handler mode; a
 //! batch's `claim` also records how many it `claimed` (the others exist already: duplicates, or
 //! held by someone else).
@@ -98,6 +98,15 @@ fn claimed_from_row(row: &PgRow, lease: &Lease, took_over: bool) -> Result<Claim
     })
 }
 
+/// A leased claim's row: also the runs so far and the previous answer's status.
+fn leased_claim_from_row(row: &PgRow, lease: &Lease, took_over: bool) -> Result<ClaimedRecord, sqlx::Error> {
+    Ok(ClaimedRecord {
+        calls: row.try_get("calls")?,
+        previous_status: row.try_get::<Option<i16>, _>("previous_status")?.and_then(|s| u16::try_from(s).ok()),
+        ..claimed_from_row(row, lease, took_over)?
+    })
+}
+
 fn existing_from_row(row: &PgRow) -> Result<ExistingRecord, sqlx::Error> {
     let status: String = row.try_get("status")?;
     Ok(ExistingRecord {
@@ -165,13 +174,10 @@ impl DedupStore for PgStore {
             .await?;
         if let Some(row) = row {
             let took_over = row.try_get("took_over")?;
-            let mut claimed = claimed_from_row(&row, req.lease, took_over)?;
-            if req.mode == HandlerMode::Leased {
-                claimed.calls = row.try_get("calls")?;
-                claimed.previous_status =
-                    row.try_get::<Option<i16>, _>("previous_status")?.and_then(|s| u16::try_from(s).ok());
-            }
-            return Ok(ClaimOutcome::Claimed(claimed));
+            return Ok(ClaimOutcome::Claimed(match req.mode {
+                HandlerMode::Transactional => claimed_from_row(&row, req.lease, took_over)?,
+                HandlerMode::Leased => leased_claim_from_row(&row, req.lease, took_over)?,
+            }));
         }
         let mut seen =
             self.note_duplicates(conn, req.group.as_str(), &[req.message_id.as_str()], &[req.payload_hash]).await?;
@@ -187,7 +193,7 @@ impl DedupStore for PgStore {
         level = "debug",
         name = "claim",
         skip_all,
-        fields(count = batch.items.len(), mode = "transactional", into = batch.claim_as.as_str(), claimed = Empty)
+        fields(count = batch.items.len(), mode = batch.claim_as.mode(), into = batch.claim_as.as_str(), claimed = Empty)
     )]
     async fn claim_many(
         &self,
@@ -208,8 +214,9 @@ impl DedupStore for PgStore {
             let sql = match batch.claim_as {
                 ClaimAs::Processing => &self.sql.claim_many,
                 ClaimAs::Succeeded => &self.sql.claim_many_succeeded,
+                ClaimAs::Leased => &self.sql.claim_many_leased,
             };
-            let rows = sqlx::query(sql)
+            let query = sqlx::query(sql)
                 .bind(batch.group.as_str())
                 .bind(batch.max_attempts)
                 .bind(&batch.lease.owner)
@@ -222,12 +229,24 @@ impl DedupStore for PgStore {
                 .bind(items.iter().map(|it| it.message.broker.as_str()).collect::<Vec<_>>())
                 .bind(column(&|s| s.exchange.as_deref().map(str::to_owned)))
                 .bind(column(&|s| s.routing_key.as_deref().map(str::to_owned)))
-                .bind(column(&|s| s.queue.as_deref().map(str::to_owned)))
-                .fetch_all(&mut *conn)
-                .await?;
+                .bind(column(&|s| s.queue.as_deref().map(str::to_owned)));
+            let rows = match batch.claim_as {
+                ClaimAs::Processing | ClaimAs::Succeeded => query,
+                ClaimAs::Leased => query
+                    .bind(items.iter().map(|it| it.message.payload.as_slice()).collect::<Vec<_>>())
+                    .bind(stored.iter().map(|s| Json(&s.headers)).collect::<Vec<_>>())
+                    .bind(column(&|s| s.type_property.as_deref().map(str::to_owned)))
+                    .bind(items.iter().filter(|it| it.reclaim_expired).map(|it| it.message_id.as_str()).collect::<Vec<_>>()),
+            }
+            .fetch_all(&mut *conn)
+            .await?;
             let mut claimed: HashMap<String, ClaimedRecord> = HashMap::with_capacity(rows.len());
             for row in &rows {
-                claimed.insert(row.try_get("message_id")?, claimed_from_row(row, batch.lease, false)?);
+                let record = match batch.claim_as {
+                    ClaimAs::Processing | ClaimAs::Succeeded => claimed_from_row(row, batch.lease, false)?,
+                    ClaimAs::Leased => leased_claim_from_row(row, batch.lease, row.try_get("took_over")?)?,
+                };
+                claimed.insert(row.try_get("message_id")?, record);
             }
             let rest: Vec<usize> = pending
                 .iter()
@@ -313,6 +332,29 @@ impl DedupStore for PgStore {
             .await?)
     }
 
+    #[tracing::instrument(level = "debug", name = "complete", skip_all, fields(count = done.len(), mode = "leased"))]
+    async fn complete_many_leased(
+        &self,
+        conn: &mut PgConnection,
+        done: &[(&ClaimedRecord, Option<&EffectAnswer>)],
+    ) -> Result<Vec<i64>, StoreError> {
+        if done.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sorted = done.to_vec();
+        // One lock order (the record id) for every writer of a batch of these rows.
+        sorted.sort_by_key(|(claim, _)| claim.id);
+        let answers: Vec<_> = sorted.iter().map(|(_, answer)| answer_columns(*answer)).collect();
+        Ok(sqlx::query_scalar(&self.sql.complete_many_leased)
+            .bind(sorted.iter().map(|(claim, _)| claim.id).collect::<Vec<_>>())
+            .bind(sorted.iter().map(|(claim, _)| claim.lease_token).collect::<Vec<_>>())
+            .bind(answers.iter().map(|a| a.0).collect::<Vec<_>>())
+            .bind(answers.iter().map(|a| a.1).collect::<Vec<_>>())
+            .bind(answers.into_iter().map(|a| a.2).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?)
+    }
+
     #[tracing::instrument(
         level = "debug",
         name = "record_failure",
@@ -380,20 +422,24 @@ impl DedupStore for PgStore {
         Ok(count == 1)
     }
 
-    #[tracing::instrument(level = "debug", name = "extend_lease", skip_all, fields(record = claim.id))]
-    async fn extend_lease(
+    #[tracing::instrument(level = "debug", name = "extend_lease", skip_all, fields(count = claims.len()))]
+    async fn extend_leases(
         &self,
         conn: &mut PgConnection,
-        claim: &ClaimedRecord,
+        claims: &[&ClaimedRecord],
         lease: &Lease,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql.extend_lease)
-            .bind(claim.id)
-            .bind(claim.lease_token)
+    ) -> Result<Vec<i64>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sorted = claims.to_vec();
+        sorted.sort_by_key(|claim| claim.id);
+        Ok(sqlx::query_scalar(&self.sql.extend_leases)
+            .bind(sorted.iter().map(|claim| claim.id).collect::<Vec<_>>())
+            .bind(sorted.iter().map(|claim| claim.lease_token).collect::<Vec<_>>())
             .bind(lease.millis())
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+            .fetch_all(&mut *conn)
+            .await?)
     }
 
     #[tracing::instrument(level = "debug", name = "note_late_effect", skip_all, fields(record = claim.id))]

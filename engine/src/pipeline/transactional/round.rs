@@ -15,7 +15,7 @@ use crate::pipeline::{AckReason, Disposition, Pipeline, Routed};
 use crate::record::HandlerMode;
 use crate::stats::Event;
 use crate::store::{
-    ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
 };
 
 /// How often a handler (or a batch's claim) is retried inside the transaction after a deadlock
@@ -42,15 +42,7 @@ impl Pipeline {
                 Isolation::Optimistic => ClaimAs::Succeeded,
                 Isolation::Savepoints => ClaimAs::Processing,
             },
-            items: items
-                .iter()
-                .map(|r| ClaimItem {
-                    message_id: &r.identified.id,
-                    message_type: &r.identified.message_type,
-                    payload_hash: &r.payload_hash,
-                    message: r.message,
-                })
-                .collect(),
+            items: items.iter().map(|r| r.claim_item()).collect(),
         };
         let claims = self.claim_batch(tx, attempt.isolation, &batch).await?;
         let mut savepoint_open = false;
@@ -77,6 +69,7 @@ impl Pipeline {
         }
         let completed: HashSet<i64> = match batch.claim_as {
             ClaimAs::Succeeded => succeeded.iter().map(|(_, c)| c.id).collect(),
+            ClaimAs::Leased => unreachable!("a transaction claims as processing or succeeded"),
             ClaimAs::Processing if succeeded.is_empty() => HashSet::new(),
             ClaimAs::Processing => {
                 let claims: Vec<&ClaimedRecord> = succeeded.iter().map(|(_, c)| c).collect();

@@ -56,12 +56,35 @@ macro_rules! count_created {
     };
 }
 
+/// A leased claim's attempt rows (`$worker`: the parameter naming the worker): the attempt it
+/// opens, and the superseded one it closes as `lease_lost` when it took an expired lease over.
+macro_rules! leased_attempts {
+    ($worker:literal) => {
+        concat!(
+            r#", attempt AS (
+    INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, consumer_group, message_type)
+    SELECT id, attempts, "#,
+            $worker,
+            r#", now(), $1, message_type FROM claimed
+), superseded AS (
+    UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'lease_lost', taken_over_by = "#,
+            $worker,
+            r#",
+           error = 'the lease expired; taken over by ' || "#,
+            $worker,
+            r#"
+    FROM claimed c WHERE a.record_id = c.id AND a.ended_at IS NULL AND a.attempt < c.attempts
+)"#
+        )
+    };
+}
+
 /// Claim: insert, or take over a claimable record; for leased handlers the same statement
 /// opens the attempt row (a transactional attempt is written when it ends, in its transaction).
 /// `$17` says whether an expired lease may be reclaimed; `$18` is the AMQP `type` property. `prior` reads the status the statement
 /// started from, only to tell a lease takeover apart for metrics.
 macro_rules! claim_sql {
-    ($attempt_cte:literal, $columns:literal) => {
+    ($attempt_cte:expr, $columns:literal) => {
         concat!(
             r#"
 WITH prior AS (
@@ -97,20 +120,17 @@ pub(super) const CLAIM_TX_SQL: &str = claim_sql!("", "");
 /// A leased claim opens its attempt row, and when it took an expired lease over, closes the
 /// superseded attempt as `lease_lost`: when (now) and by whom. It reports the runs so far, this
 /// one included (`calls`: the attempt rows, which the statement's snapshot shows without the
-/// one it opens), and what the last one's far side answered (`previous_status`). The attempt
-/// row names its endpoint (group and type), which the console's endpoint cards read.
+/// one it opens), and what the last one's far side answered (`previous_status`). The record's
+/// attempt rows are read through `record_attempts_record_idx` and sorted (`OFFSET 0` keeps the
+/// planner from walking the whole primary key backwards for `ORDER BY id DESC LIMIT 1`
+/// instead: 40 ms per claim at 80 000 attempt rows). The attempt row names its endpoint (group and
+/// type), which the console's endpoint cards read.
 pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
-    r#", attempt AS (
-    INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, consumer_group, message_type)
-    SELECT id, attempts, $6, now(), $1, $3 FROM claimed
-), superseded AS (
-    UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'lease_lost', taken_over_by = $6,
-           error = 'the lease expired; taken over by ' || $6
-    FROM claimed c WHERE a.record_id = c.id AND a.ended_at IS NULL AND a.attempt < c.attempts
-)"#,
+    leased_attempts!("$6"),
     r#",
        (SELECT count(*) FROM {s}.record_attempts a WHERE a.record_id = c.id)::int + 1 AS calls,
-       (SELECT a.answer_status FROM {s}.record_attempts a WHERE a.record_id = c.id
+       (SELECT a.answer_status FROM (SELECT a.id, a.answer_status FROM {s}.record_attempts a
+                                     WHERE a.record_id = c.id OFFSET 0) a
         ORDER BY a.id DESC LIMIT 1) AS previous_status"#
 );
 
@@ -215,6 +235,73 @@ WITH claimed AS (
 SELECT id, message_id, attempts, max_attempts, created, first_seen_at, claimed_at FROM claimed
 "#
 );
+
+/// Claims of a leased batch ([`crate::store::ClaimAs::Leased`]): one INSERT ... ON CONFLICT
+/// for all messages under the lease `$3`..`$5`, with payload, headers and AMQP `type` property
+/// (`$14`..`$16`; a leased record keeps them until it succeeds), each claim opening its attempt
+/// row and closing a superseded one as `lease_lost`, as [`CLAIM_LEASED_SQL`] does for one.
+/// `$17`: the message ids whose type may take over an expired lease (`on_lease_expiry =
+/// reclaim`). `prior` reads the status each record started from, only to tell a takeover apart.
+pub(super) const CLAIM_MANY_LEASED_SQL: &str = concat!(
+    r#"
+WITH prior AS (
+    SELECT p.message_id, p.status FROM {s}.dedup_records p
+    WHERE p.consumer_group = $1 AND p.message_id = ANY($6::text[])
+), claimed AS (
+    INSERT INTO {s}.dedup_records AS r (
+        consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
+        lease_owner, lease_token, lease_expires_at, payload_hash, payload, headers, content_type,
+        source_broker, source_exchange, source_routing_key, source_queue, type_property)
+    SELECT $1, i.message_id, i.message_type, 'processing', 'leased', 1, $2,
+           $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.payload, i.headers, i.content_type,
+           i.broker, i.exchange, i.routing_key, i.queue, i.type_property
+    FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
+                $14::bytea[], $15::jsonb[], $16::text[])
+         AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue,
+              payload, headers, type_property)
+    ORDER BY i.message_id"#,
+    take_over!(),
+    r#"
+    WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
+       OR (r.status = 'processing' AND r.lease_expires_at < now() AND r.message_id = ANY($17::text[]))
+    RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
+              r.first_seen_at
+)"#,
+    count_created!("claimed", "processing"),
+    leased_attempts!("$3"),
+    r#"
+SELECT c.id, c.message_id, c.attempts, c.max_attempts, c.created, c.first_seen_at, now() AS claimed_at,
+       COALESCE(p.status = 'processing', false) AS took_over,
+       (SELECT count(*) FROM {s}.record_attempts a WHERE a.record_id = c.id)::int + 1 AS calls,
+       (SELECT a.answer_status FROM (SELECT a.id, a.answer_status FROM {s}.record_attempts a
+                                     WHERE a.record_id = c.id OFFSET 0) a
+        ORDER BY a.id DESC LIMIT 1) AS previous_status
+FROM claimed c LEFT JOIN prior p ON p.message_id = c.message_id
+"#
+);
+
+/// Completions of a leased batch, fenced by each record's lease token, with their attempt
+/// rows closed with the effect's answer: `$1` record ids, `$2` lease tokens, `$3`..`$5` the
+/// answers (status, latency in ms, summary). Returns the ids completed.
+pub(super) const COMPLETE_MANY_LEASED_SQL: &str = r#"
+WITH c AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::smallint[], $4::int[], $5::text[])
+             AS c(id, token, answer_status, latency_ms, answer)
+), done AS (
+    UPDATE {s}.dedup_records r SET
+        status = 'succeeded', version = r.version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
+        payload = NULL, headers = NULL
+    FROM c WHERE r.id = c.id AND r.status = 'processing' AND r.lease_token = c.token
+    RETURNING r.id, r.attempts
+), attempt AS (
+    UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'succeeded',
+           answer_status = c.answer_status, latency_ms = c.latency_ms, answer = c.answer
+    FROM done JOIN c ON c.id = done.id
+    WHERE a.record_id = done.id AND a.attempt = done.attempts AND a.ended_at IS NULL
+)
+SELECT id FROM done
+"#;
 
 /// Completions of a transactional batch with the attempt rows of retries (see
 /// [`COMPLETE_TX_SQL`]); `$3` is the worker, `$4` when the claims were made.
@@ -372,10 +459,13 @@ UPDATE {s}.record_attempts SET late_effect = true, outcome = COALESCE(outcome, '
        answer = COALESCE($5, answer)
 WHERE record_id = $1 AND attempt = $2 AND outcome IS DISTINCT FROM 'deferred'";
 
-/// Heartbeat: the lease extended by its duration from now, fenced by the token.
-pub(super) const EXTEND_LEASE_SQL: &str = "
-UPDATE {s}.dedup_records SET lease_expires_at = now() + $3 * interval '1 millisecond'
-WHERE id = $1 AND status = 'processing' AND lease_token = $2";
+/// Heartbeat of a worker: the leases of all its in-flight records (`$1` ids, `$2` their lease
+/// tokens) extended by `$3` ms from now, each fenced by its token. Returns the ids still held.
+pub(super) const EXTEND_LEASES_SQL: &str = "
+UPDATE {s}.dedup_records r SET lease_expires_at = now() + $3 * interval '1 millisecond'
+FROM unnest($1::bigint[], $2::uuid[]) AS l(id, token)
+WHERE r.id = l.id AND r.status = 'processing' AND r.lease_token = l.token
+RETURNING r.id";
 
 /// Duplicates caught by the fast path, added to their records (`$1`..`$4`: groups, message
 /// ids, copies, latest arrival).
@@ -395,14 +485,16 @@ pub(super) struct Statements {
     pub note_duplicates: String,
     pub claim_many: String,
     pub claim_many_succeeded: String,
+    pub claim_many_leased: String,
     pub complete_many: String,
+    pub complete_many_leased: String,
     pub complete_tx: String,
     pub complete_leased: String,
     pub fail_tx: String,
     pub fail_leased: String,
     pub defer: String,
     pub poison: String,
-    pub extend_lease: String,
+    pub extend_leases: String,
     pub late_effect: String,
     pub add_fast_path_duplicates: String,
 }
@@ -417,14 +509,16 @@ impl Statements {
             note_duplicates: render(NOTE_DUPLICATES_SQL),
             claim_many: render(CLAIM_MANY_SQL),
             claim_many_succeeded: render(CLAIM_MANY_SUCCEEDED_SQL),
+            claim_many_leased: render(CLAIM_MANY_LEASED_SQL),
             complete_many: render(COMPLETE_MANY_SQL),
+            complete_many_leased: render(COMPLETE_MANY_LEASED_SQL),
             complete_tx: render(COMPLETE_TX_SQL),
             complete_leased: render(COMPLETE_LEASED_SQL),
             fail_tx: render(FAIL_TX_SQL),
             fail_leased: render(FAIL_LEASED_SQL),
             defer: render(DEFER_SQL),
             poison: render(POISON_SQL),
-            extend_lease: render(EXTEND_LEASE_SQL),
+            extend_leases: render(EXTEND_LEASES_SQL),
             late_effect: render(LATE_EFFECT_SQL),
             add_fast_path_duplicates: render(ADD_FAST_PATH_DUPLICATES_SQL),
         }

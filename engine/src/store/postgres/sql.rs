@@ -56,8 +56,10 @@ macro_rules! count_created {
     };
 }
 
-/// A leased claim's attempt rows (`$worker`: the parameter naming the worker): the attempt it
-/// opens, and the superseded one it closes as `lease_lost` when it took an expired lease over.
+/// A leased claim's attempt rows (`$worker`: the parameter naming the worker; `$1` is the
+/// group): the attempt it opens, named by its endpoint (group and type) for the console's
+/// endpoint cards, and the superseded one it closes as `lease_lost` when it took an expired
+/// lease over.
 macro_rules! leased_attempts {
     ($worker:literal) => {
         concat!(

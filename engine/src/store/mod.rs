@@ -148,6 +148,7 @@ impl ClaimAs {
     }
 }
 
+#[cfg(feature = "testing")]
 /// What a claim needs to know.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
@@ -307,6 +308,7 @@ pub trait DedupStore: Send + Sync + 'static {
     /// The store's pool.
     fn pool(&self) -> &sqlx::Pool<Self::Db>;
 
+    #[cfg(feature = "testing")]
     /// Claims the record (DESIGN.md, "Claim"): creates it as `processing` with the lease, or
     /// takes an existing one that is claimable — `failed` with attempts left, or `processing`
     /// with an expired lease when `reclaim_expired`. Otherwise counts the delivery as a
@@ -317,6 +319,7 @@ pub trait DedupStore: Send + Sync + 'static {
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimOutcome, StoreError>;
 
+    #[cfg(feature = "testing")]
     /// Marks a claimed record `succeeded`, fenced by status and lease token, clears the lease
     /// and the stored payload, and closes the attempt (leased mode: with the effect's `answer`).
     /// False when the lease was lost.

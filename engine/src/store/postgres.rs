@@ -24,9 +24,11 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 use tracing::field::Empty;
 
+#[cfg(feature = "testing")]
+use super::ClaimRequest;
 use super::{
-    ClaimAs, ClaimBatch, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, ExistingRecord, FailureOutcome,
-    FailureReport, Lease, PoisonRecord, StoreError,
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, ExistingRecord, FailureOutcome, FailureReport, Lease,
+    PoisonRecord, StoreError,
 };
 use crate::db::Schema;
 use crate::db::storable::{self, Storable};
@@ -144,6 +146,7 @@ impl DedupStore for PgStore {
         &self.pool
     }
 
+    #[cfg(feature = "testing")]
     #[tracing::instrument(level = "debug", name = "claim", skip_all, fields(count = 1, mode = req.mode.as_str()))]
     async fn claim(&self, conn: &mut PgConnection, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let sql = match req.mode {
@@ -285,6 +288,7 @@ impl DedupStore for PgStore {
             .collect()
     }
 
+    #[cfg(feature = "testing")]
     #[tracing::instrument(level = "debug", name = "complete", skip_all, fields(count = 1, mode = mode.as_str()))]
     async fn complete(
         &self,

@@ -81,6 +81,7 @@ macro_rules! leased_attempts {
     };
 }
 
+#[cfg(feature = "testing")]
 /// Claim: insert, or take over a claimable record; for leased handlers the same statement
 /// opens the attempt row (a transactional attempt is written when it ends, in its transaction).
 /// `$17` says whether an expired lease may be reclaimed; `$18` is the AMQP `type` property. `prior` reads the status the statement
@@ -118,7 +119,9 @@ FROM claimed c
         )
     };
 }
+#[cfg(feature = "testing")]
 pub(super) const CLAIM_TX_SQL: &str = claim_sql!("", "");
+#[cfg(feature = "testing")]
 /// A leased claim opens its attempt row, and when it took an expired lease over, closes the
 /// superseded attempt as `lease_lost`: when (now) and by whom. It reports the runs so far, this
 /// one included (`calls`: the attempt rows, which the statement's snapshot shows without the
@@ -323,6 +326,7 @@ WITH done AS (
 SELECT id FROM done
 "#;
 
+#[cfg(feature = "testing")]
 /// Completion: `succeeded`, lease and stored payload cleared, attempt closed.
 macro_rules! complete_sql {
     ($attempt_cte:literal) => {
@@ -343,6 +347,7 @@ SELECT count(*) FROM done
         )
     };
 }
+#[cfg(feature = "testing")]
 /// Transactional attempts are written when they end (their claim may be rolled back); `$3` is
 /// the worker, `$4` when the claim was made. A first-try success writes none: the record says
 /// it all (attempt 1, `succeeded`, `completed_at`; the console shows it as the attempt, see
@@ -351,6 +356,7 @@ pub(super) const COMPLETE_TX_SQL: &str = complete_sql!(
     "INSERT INTO {s}.record_attempts (record_id, attempt, worker, started_at, ended_at, outcome)
      SELECT id, attempts, $3, $4, now(), 'succeeded' FROM done WHERE attempts > 1"
 );
+#[cfg(feature = "testing")]
 /// Leased attempts were opened by the claim; `$3`..`$5` the effect's answer (status, latency in
 /// ms, summary).
 pub(super) const COMPLETE_LEASED_SQL: &str = complete_sql!(
@@ -482,7 +488,9 @@ WHERE r.consumer_group = d.consumer_group AND r.message_id = d.message_id COLLAT
 /// store.
 #[derive(Debug)]
 pub(super) struct Statements {
+    #[cfg(feature = "testing")]
     pub claim_tx: String,
+    #[cfg(feature = "testing")]
     pub claim_leased: String,
     pub note_duplicates: String,
     pub claim_many: String,
@@ -490,7 +498,9 @@ pub(super) struct Statements {
     pub claim_many_leased: String,
     pub complete_many: String,
     pub complete_many_leased: String,
+    #[cfg(feature = "testing")]
     pub complete_tx: String,
+    #[cfg(feature = "testing")]
     pub complete_leased: String,
     pub fail_tx: String,
     pub fail_leased: String,
@@ -506,7 +516,9 @@ impl Statements {
         let s = schema.quoted();
         let render = |template: &str| template.replace("{s}", &s);
         Self {
+            #[cfg(feature = "testing")]
             claim_tx: render(CLAIM_TX_SQL),
+            #[cfg(feature = "testing")]
             claim_leased: render(CLAIM_LEASED_SQL),
             note_duplicates: render(NOTE_DUPLICATES_SQL),
             claim_many: render(CLAIM_MANY_SQL),
@@ -514,7 +526,9 @@ impl Statements {
             claim_many_leased: render(CLAIM_MANY_LEASED_SQL),
             complete_many: render(COMPLETE_MANY_SQL),
             complete_many_leased: render(COMPLETE_MANY_LEASED_SQL),
+            #[cfg(feature = "testing")]
             complete_tx: render(COMPLETE_TX_SQL),
+            #[cfg(feature = "testing")]
             complete_leased: render(COMPLETE_LEASED_SQL),
             fail_tx: render(FAIL_TX_SQL),
             fail_leased: render(FAIL_LEASED_SQL),

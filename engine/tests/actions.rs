@@ -211,6 +211,16 @@ async fn mark_succeeded_and_dead_letter_follow_their_status_rules() {
     assert_eq!(error, "dead-lettered by cli:op: customer cancelled");
     let err = record_action(pool, "cli:op", DeadLetter, &params(&failed, Some("x")), &NONE).await.unwrap_err();
     assert!(matches!(err, ActionError::WrongStatus { actual: RecordStatus::Dead, .. }), "{err}");
+    // Marked succeeded after all (the effect was found): the record has no current error class
+    // any more, and its last error stays as history.
+    record_action(pool, "cli:op", MarkSucceeded, &params(&failed, Some("found in the ledger")), &NONE).await.unwrap();
+    let (class, error): (Option<String>, String) =
+        sqlx::query_as("SELECT error_class, last_error FROM dedup_records WHERE id = $1")
+            .bind(failed.id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!((class, error.as_str()), (None, "dead-lettered by cli:op: customer cancelled"));
 }
 
 /// Publishers whose group `g` (the records' group) reads from a test broker whose work queue

@@ -360,6 +360,11 @@ async fn a_retried_transactional_message_succeeds_with_its_whole_history() {
     .await
     .unwrap();
     assert_eq!(row, ("succeeded".into(), 2, true, true, true, true, version_after_failure + 1));
+    // The failure is history now: its text stays, but the record no longer has an error class
+    // (an error-class filter or a dead-letter group would find a succeeded record otherwise).
+    let (class, last_error): (Option<String>, Option<String>) =
+        sqlx::query_as("SELECT error_class, last_error FROM dedup_records").fetch_one(h.pool()).await.unwrap();
+    assert_eq!((class, last_error.as_deref()), (None, Some("DOWNSTREAM_DOWN: downstream 503")));
     let history: Vec<(i32, String, bool)> =
         sqlx::query_as("SELECT attempt, outcome, ended_at >= started_at FROM record_attempts ORDER BY attempt")
             .fetch_all(h.pool())

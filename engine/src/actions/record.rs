@@ -359,7 +359,7 @@ pub async fn record_action(
                     "UPDATE dedup_records SET status = 'succeeded', version = version + 1, lease_owner = NULL,
                             lease_token = NULL, lease_expires_at = NULL, completed_at = now(),
                             next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL,
-                            updated_at = now()
+                            error_class = NULL, updated_at = now()
                      WHERE id = $1 AND status = $2",
                 )
                 .bind(id)

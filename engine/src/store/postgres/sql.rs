@@ -226,7 +226,7 @@ WITH claimed AS (
         handler_mode = 'transactional',
         message_type = EXCLUDED.message_type,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL,
+        next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL, error_class = NULL,
         completed_at = now(), updated_at = now()
     WHERE r.status = 'failed' AND r.attempts < r.max_attempts
     RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
@@ -296,7 +296,7 @@ WITH c AS (
     UPDATE {s}.dedup_records r SET
         status = 'succeeded', version = r.version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
-        payload = NULL, headers = NULL
+        payload = NULL, headers = NULL, error_class = NULL
     FROM c WHERE r.id = c.id AND r.status = 'processing' AND r.lease_token = c.token
     RETURNING r.id, r.attempts
 ), attempt AS (
@@ -315,7 +315,7 @@ WITH done AS (
     UPDATE {s}.dedup_records r SET
         status = 'succeeded', version = r.version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
-        payload = NULL, headers = NULL
+        payload = NULL, headers = NULL, error_class = NULL
     FROM unnest($1::bigint[]) AS c(id)
     WHERE r.id = c.id AND r.status = 'processing' AND r.lease_token = $2
     RETURNING r.id, r.attempts
@@ -336,7 +336,7 @@ WITH done AS (
     UPDATE {s}.dedup_records SET
         status = 'succeeded', version = version + 1, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         completed_at = now(), updated_at = now(), next_attempt_at = NULL, parked_at = NULL,
-        payload = NULL, headers = NULL
+        payload = NULL, headers = NULL, error_class = NULL
     WHERE id = $1 AND status = 'processing' AND lease_token = $2
     RETURNING id, attempts
 ), attempt AS ("#,

@@ -9,7 +9,9 @@ use dedup_engine::{HandlerError, HandlerInput, LeaseGuard, LeasedHandler, Transa
 /// `ORDER.CREATE` (transactional): the order as `PENDING`, and its stock reserved.
 ///
 /// Payload: `{ "orderNo", "sku", "quantity", "amountCents", "phone" }`.
-/// Errors: `INVALID_PAYLOAD`, `OUT_OF_STOCK` and `ORDER_EXISTS` (permanent).
+/// Errors: `INVALID_PAYLOAD`, `OUT_OF_STOCK` and `ORDER_EXISTS` (another order under the same
+/// number; all permanent). The same order again (a replay under a new message id, or a late
+/// duplicate after its record was cleaned up) is a no-op, as PAY treats an order already `PAID`.
 pub struct CreateOrder;
 
 #[async_trait]
@@ -23,6 +25,21 @@ impl TransactionalHandler for CreateOrder {
             .ok_or_else(|| HandlerError::permanent("INVALID_PAYLOAD", "quantity must be a positive integer"))?;
         let amount = input.i64_field("amountCents")?;
         let phone = input.str_field("phone")?;
+        let existing: Option<(String, i32, i64, String)> =
+            sqlx::query_as("SELECT sku, quantity, amount_cents, phone FROM shop.orders WHERE order_no = $1")
+                .bind(order_no)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some((e_sku, e_quantity, e_amount, e_phone)) = existing {
+            return if (e_sku.as_str(), e_quantity, e_amount, e_phone.as_str()) == (sku, quantity, amount, phone) {
+                Ok(()) // this order, created before: nothing is reserved twice
+            } else {
+                Err(HandlerError::permanent(
+                    "ORDER_EXISTS",
+                    format!("order {order_no} exists already, with other lines"),
+                ))
+            };
+        }
         let reserved = sqlx::query(
             "UPDATE shop.inventory SET available = available - $2, reserved = reserved + $2
              WHERE sku = $1 AND available >= $2",

@@ -12,6 +12,10 @@ use serde_json::json;
 
 #[tokio::test]
 async fn poison_messages_are_dead_lettered_once_and_never_retried() {
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+    let _default = tracing::subscriber::set_default(subscriber);
     let h = Harness::new().await;
     let pipeline = h.pipeline(recording(), 5);
     let no_id = raw_message(None, br#"{"orderNo":"12"}"#.to_vec());
@@ -38,6 +42,12 @@ async fn poison_messages_are_dead_lettered_once_and_never_retried() {
             ("SHIPMENT.SENT".into(), "NO_HANDLER: SHIPMENT.SENT".into(), true, false)
         ]
     );
+    // The log says so too: only the poison ones are logged as poison.
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let line = |needle: &str| log.lines().find(|l| l.contains(needle)).unwrap_or_default().to_owned();
+    assert!(line("message_id=\"ORDER.PAY.13:2\"").contains("poison message dead-lettered"), "{log}");
+    let no_handler = line("message_id=\"SHIPMENT.SENT.14:1\"");
+    assert!(no_handler.contains("no handler for the message's type") && !no_handler.contains("poison"), "{log}");
 }
 
 #[tokio::test]

@@ -18,8 +18,9 @@ pub(super) struct Tally {
     conflicts: Vec<(String, i64)>,
     /// (message id, record id) of redeliveries of stuck records parked under `hold`.
     parked: Vec<(String, i64)>,
-    /// (record's message id, reason) of poison messages recorded as dead.
-    poison: Vec<(String, String)>,
+    /// (record's message id, reason, whether it is poison) of messages recorded as dead at once:
+    /// poison ones, and ones whose type has no handler (not poison: DESIGN.md, "Terms").
+    dead_at_once: Vec<(String, String, bool)>,
     /// Ages (ms) of new records' deliveries older than the retention.
     late: Vec<i64>,
 }
@@ -53,9 +54,10 @@ impl Tally {
         self.late.push(age_ms);
     }
 
-    /// A poison message recorded as `dead`: logged as a warning when applied.
-    pub(super) fn poison_dead_lettered(&mut self, message_id: &str, reason: &str) {
-        self.poison.push((message_id.to_owned(), reason.to_owned()));
+    /// A message recorded as `dead` at once (`poison`, or without a handler): logged as a
+    /// warning when applied.
+    pub(super) fn dead_at_once(&mut self, message_id: &str, reason: &str, poison: bool) {
+        self.dead_at_once.push((message_id.to_owned(), reason.to_owned(), poison));
     }
 
     /// Adds everything to `stats` for `group`.
@@ -73,8 +75,17 @@ impl Tally {
         for (message_id, record) in self.parked {
             tracing::info!(message_id, record, "redelivery of a stuck record parked (on_lease_expiry = hold)");
         }
-        for (message_id, reason) in self.poison {
-            tracing::warn!(message_id, reason, "poison message dead-lettered");
+        for (message_id, reason, poison) in self.dead_at_once {
+            if poison {
+                tracing::warn!(message_id, reason, "poison message dead-lettered");
+            } else {
+                tracing::warn!(
+                    message_id,
+                    reason,
+                    "no handler for the message's type: dead-lettered with its payload (requeue it once a handler \
+                     or a type mapping is added)"
+                );
+            }
         }
         if let Some(oldest) = self.late.iter().max() {
             tracing::warn!(

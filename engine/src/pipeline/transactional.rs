@@ -328,7 +328,7 @@ impl Pipeline {
                 tally.count(Event::Poison);
             }
             tally.count(Event::Dead);
-            tally.poison_dead_lettered(p.record_id.as_str(), &reason);
+            tally.dead_at_once(p.record_id.as_str(), &reason, p.reason.is_poison());
             Ok(Disposition::DeadLetter { reason })
         } else {
             // The same poison again: its record and dead-letter copy exist already.

@@ -58,6 +58,17 @@ pub fn millis(ms: i64) -> String {
     if ms < 1000 { format!("{ms} ms") } else { duration(ms / 1000) }
 }
 
+/// What a handler's pause state means (`handler_pauses.state`), for tables and cards.
+pub fn pause_state_label(state: &str) -> &'static str {
+    match state {
+        "running" => "running",
+        "breaker" => "paused: circuit breaker",
+        "gone" => "paused: 410 Gone",
+        "operator" => "paused by an operator",
+        _ => "unknown",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use crate::components::confirm::ReasonAndButtons;
 use crate::components::session::IfRole;
 use crate::components::ticker::use_ticker;
 use crate::error::ConsoleError;
-use crate::format::{opt_time, short_time};
+use crate::format::{opt_time, pause_state_label, short_time};
 use crate::wire::account::RoleView;
 use crate::wire::handlers::{HandlerControlKind, HandlerControlRequest, HandlerView};
 
@@ -92,17 +92,6 @@ fn Handlers(list: Vec<HandlerView>, done: RwSignal<u32>) -> impl IntoView {
     }
 }
 
-/// What a state means, for the table.
-fn state_label(state: &str) -> &'static str {
-    match state {
-        "running" => "running",
-        "breaker" => "paused: circuit breaker",
-        "gone" => "paused: 410 Gone",
-        "operator" => "paused by an operator",
-        _ => "unknown",
-    }
-}
-
 #[component]
 fn HandlerRow(h: HandlerView, open: RwSignal<Option<(HandlerView, HandlerControlKind)>>) -> impl IntoView {
     let kind = if h.paused() { HandlerControlKind::Resume } else { HandlerControlKind::Pause };
@@ -117,7 +106,7 @@ fn HandlerRow(h: HandlerView, open: RwSignal<Option<(HandlerView, HandlerControl
             <td>{h.consumer_group.clone()}</td>
             <td class="mono">{h.message_type.clone()}</td>
             <td>{h.kind.clone().unwrap_or_default()}</td>
-            <td class=if h.paused() { "error" } else { "" } data-testid="handler-state">{state_label(&h.state)}</td>
+            <td class=if h.paused() { "error" } else { "" } data-testid="handler-state">{pause_state_label(&h.state)}</td>
             <td>{short_time(&h.since)}</td>
             <td>{h.changed_by.clone().unwrap_or_default()}</td>
             <td>
@@ -182,7 +171,7 @@ fn ConfirmControl(
             <h3 id="handler-confirm-title">{format!("{} the handler of {}?", kind.label(), h.message_type)}</h3>
             <p>
                 "Group " <strong>{h.consumer_group.clone()}</strong> " · " <span class="mono">{h.message_type.clone()}</span>
-                " · " {state_label(&h.state)}
+                " · " {pause_state_label(&h.state)}
             </p>
             <p class="muted small">{consequence}</p>
             <ReasonAndButtons
@@ -201,7 +190,7 @@ fn ConfirmControl(
                         Ok(h) => {
                             view! {
                                 <p class="ok" role="status" data-testid="action-result">
-                                    {format!("Done: the handler of {} is {} now.", h.message_type, state_label(&h.state))}
+                                    {format!("Done: the handler of {} is {} now.", h.message_type, pause_state_label(&h.state))}
                                 </p>
                             }
                                 .into_any()

@@ -165,6 +165,13 @@ pub struct EndpointView {
     pub url: String,
     /// Whether its group's workers run in this process.
     pub consuming: bool,
+    /// The handler's pause state (shared by every process of the group): `running`, `breaker`
+    /// (its circuit breaker), `gone` (the service answered 410) or `operator`.
+    pub pause_state: String,
+    /// While paused: why (the operator's reason, or the failure that paused it) and since when
+    /// (RFC 3339).
+    pub pause_reason: Option<String>,
+    pub paused_since: Option<String>,
     /// The window, seconds (900).
     pub window_secs: i64,
     /// Most calls read (5 000).

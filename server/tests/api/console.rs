@@ -241,11 +241,36 @@ async fn http_endpoints_show_their_calls_on_the_overview_without_secrets() {
     assert_eq!(conflict["calls"], 1);
     assert_eq!((e["window_secs"].as_i64(), e["sample_calls"].as_i64()), (Some(900), Some(5000)));
 
+    assert_eq!(e["pause_state"], "running", "{e}");
+    assert!(e["pause_reason"].is_null());
+
     let html = app.get("/").await.text().await.unwrap();
     assert!(html.contains("data-testid=\"endpoint\""), "the card is rendered on the server");
+    assert!(!html.contains("data-testid=\"endpoint-paused\""), "not paused");
     for text in [agg.to_string(), html] {
         assert!(!text.contains("panel-s3cret") && !text.contains("api_key"), "no header value, no query string");
     }
+
+    // Its circuit breaker paused it (as every process of the group sees it): the card says so,
+    // and why, with the reason escaped.
+    sqlx::query(
+        "INSERT INTO handler_pauses (consumer_group, message_type, state, changed_by, reason, error_class, http_status)
+         VALUES ('order-service', 'ORDER.PAID', 'breaker', 'engine', 'HTTP 503 <b>down</b>', 'HTTP_UNAVAILABLE', 503)
+         ON CONFLICT (consumer_group, message_type) DO UPDATE SET state = 'breaker', reason = EXCLUDED.reason",
+    )
+    .execute(&app._db.pool)
+    .await
+    .unwrap();
+    let (_, agg) = json(&app, "/api/v1/aggregates").await;
+    let e = &agg["endpoints"][0];
+    assert_eq!(
+        (e["pause_state"].as_str(), e["pause_reason"].as_str()),
+        (Some("breaker"), Some("HTTP 503 <b>down</b>"))
+    );
+    assert!(e["paused_since"].is_string(), "{e}");
+    let html = app.get("/").await.text().await.unwrap();
+    assert!(html.contains("paused: circuit breaker") && html.contains("data-testid=\"endpoint-pause-reason\""));
+    assert!(html.contains("HTTP 503 &lt;b&gt;down&lt;/b&gt;") && !html.contains("<b>down</b>"), "escaped");
 }
 
 #[tokio::test]

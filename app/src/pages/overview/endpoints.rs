@@ -1,10 +1,12 @@
 //! The overview's HTTP endpoint cards: one per HTTP handler (consumer group and message type),
-//! with its URL, its calls of the last 15 minutes by answer class, success rate and p50/p95
-//! latency. Header values are never shown (the engine does not hand them out).
+//! with its URL, whether it is paused and why, its calls of the last 15 minutes by answer class,
+//! success rate and p50/p95 latency. Header values are never shown (the engine does not hand
+//! them out).
 
 use leptos::prelude::*;
 
-use crate::format::{count, duration, percent, short_time};
+use crate::base::href;
+use crate::format::{count, duration, pause_state_label, percent, short_time};
 use crate::wire::overview::EndpointView;
 
 /// What an answer class means, as the card says it.
@@ -51,20 +53,35 @@ fn EndpointCard(e: EndpointView) -> impl IntoView {
     };
     let ms = |v: Option<i32>| v.map_or_else(|| "—".to_owned(), |v| format!("{} ms", count(i64::from(v))));
     let (state, badge) = if e.consuming { ("consuming", "badge badge-up") } else { ("not consuming here", "badge") };
+    let paused = e.pause_state != "running";
     view! {
         <article class="endpoint" data-testid="endpoint" data-group=e.group.clone() data-type=e.message_type.clone()>
             <div class="panel-head">
                 <h3 class="mono">{e.message_type.clone()}</h3>
                 <span class="muted small mono">{e.group.clone()}</span>
-                // PAUSE (issue 22, part 4): whether the handler is paused, and why (circuit breaker,
-                // a 410, an operator), goes here beside the group's state, with the resume button.
                 <span class=badge data-testid="endpoint-state">
                     {state}
                 </span>
+                {paused.then(|| {
+                    view! {
+                        <a class="badge badge-down" href=href("/handlers") data-testid="endpoint-paused">
+                            {pause_state_label(&e.pause_state)}
+                        </a>
+                    }
+                })}
             </div>
             <p class="mono small" data-testid="endpoint-url">
                 {e.method.clone()} " " {e.url.clone()}
             </p>
+            {paused.then(|| {
+                let since = e.paused_since.as_deref().map(short_time).unwrap_or_default();
+                view! {
+                    <p class="small error" data-testid="endpoint-pause-reason">
+                        "Paused since " {since} ": " {e.pause_reason.clone().unwrap_or_default()}
+                        " — its deliveries wait in the broker; resume it on the Handlers page."
+                    </p>
+                }
+            })}
             <div class="stats">
                 <div class="stat" data-testid="endpoint-calls" data-value=e.calls>
                     <span class="stat-value">{count(e.calls)}</span>

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use dedup_engine::console::actions::handlers;
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::{endpoints, failures, overview, records};
 
@@ -56,11 +57,18 @@ pub async fn consumers(state: &ConsoleState) -> Vec<ConsumerView> {
 pub async fn endpoints(state: &ConsoleState) -> Result<Vec<EndpointView>, ConsoleError> {
     let declared: Vec<_> = state.engine.groups().iter().flat_map(|g| g.http.iter().map(move |e| (g, e))).collect();
     let keys: Vec<(&str, &str)> = declared.iter().map(|(g, e)| (g.name.as_str(), e.message_type.as_str())).collect();
-    let calls = endpoints::endpoint_calls(state.pool(), &keys).await?;
+    let (calls, pauses) =
+        tokio::join!(endpoints::endpoint_calls(state.pool(), &keys), handlers::handler_pauses(state.pool()));
+    let pauses = pauses?;
+    let pause = |group: &str, message_type: &str| {
+        pauses.iter().find(|p| p.consumer_group == group && p.message_type == message_type)
+    };
     Ok(declared
         .into_iter()
-        .zip(calls)
-        .map(|((g, e), c)| endpoint_view(e, g.name.as_str(), g.status.is_some(), c))
+        .zip(calls?)
+        .map(|((g, e), c)| {
+            endpoint_view(e, g.name.as_str(), g.status.is_some(), c, pause(g.name.as_str(), &e.message_type))
+        })
         .collect())
 }
 

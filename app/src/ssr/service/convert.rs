@@ -2,6 +2,7 @@
 //! text (pretty JSON, UTF-8 or hex).
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use dedup_engine::console::actions::handlers::HandlerPause;
 use dedup_engine::console::endpoints::{self, EndpointCalls};
 use dedup_engine::console::failures::{DeadLetterGroup, RetryOverview, StuckList};
 use dedup_engine::console::overview::{DelayBucket, GrowthPoint, LiveSnapshot, StatusCount, Traffic};
@@ -277,8 +278,16 @@ impl From<DeadLetterGroup> for DeadLetterGroupView {
     }
 }
 
-/// An HTTP endpoint of the engine with its calls.
-pub fn endpoint_view(endpoint: &HttpEndpoint, group: &str, consuming: bool, c: EndpointCalls) -> EndpointView {
+/// An HTTP endpoint of the engine with its calls and its handler's pause state (`None`: no
+/// state recorded yet, running).
+pub fn endpoint_view(
+    endpoint: &HttpEndpoint,
+    group: &str,
+    consuming: bool,
+    c: EndpointCalls,
+    pause: Option<&HandlerPause>,
+) -> EndpointView {
+    let paused = pause.filter(|p| p.state != "running");
     let answers = [
         ("succeeded", c.succeeded),
         ("in_progress", c.in_progress),
@@ -294,6 +303,9 @@ pub fn endpoint_view(endpoint: &HttpEndpoint, group: &str, consuming: bool, c: E
         method: endpoint.method.clone(),
         url: endpoint.url.clone(),
         consuming,
+        pause_state: pause.map_or_else(|| "running".to_owned(), |p| p.state.clone()),
+        pause_reason: paused.and_then(|p| p.reason.clone()),
+        paused_since: paused.map(|p| time(p.since)),
         window_secs: endpoints::WINDOW_SECS,
         sample_calls: endpoints::SAMPLE_CALLS,
         calls: c.calls,

@@ -1,8 +1,8 @@
 //! The hot path's `tracing` spans: one batch through the consumer on a real RabbitMQ, captured
 //! by a layer on a registry this test owns (installed for the test's thread only, with
-//! `set_default`: the engine installs nothing global, and neither does this test). Prints the
-//! batch's trace tree (`cargo test -p dedup-engine --test traces -- --nocapture`); DESIGN.md,
-//! "Tracing", shows one.
+//! `set_default`: the engine installs nothing global; the test harness's global subscriber keeps
+//! nothing and only keeps callsites enabled). Prints the batch's trace tree
+//! (`cargo test -p dedup-engine --test traces -- --nocapture`); DESIGN.md, "Tracing", shows one.
 
 mod common;
 

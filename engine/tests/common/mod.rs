@@ -42,6 +42,7 @@ impl Harness {
 
     /// With Redis at `url` (e.g. a closed port: Redis down).
     pub async fn with_redis(url: &str) -> Self {
+        keep_log_callsites_enabled();
         let db = TestDatabase::create().await;
         sqlx::query(
             "CREATE TABLE test_effects (message_id TEXT NOT NULL, payload JSONB, at TIMESTAMPTZ DEFAULT now())",
@@ -234,6 +235,20 @@ pub async fn spawn_consumer(
     let task = tokio::spawn(consumer.run(token.clone()));
     eventually(Duration::from_secs(10), || async { status.running_workers() == concurrency }).await;
     (token, task)
+}
+
+/// Installs, once per test binary, a global subscriber that keeps nothing but is interested in
+/// every callsite. `tracing` caches a callsite's interest process-wide, computed on the thread
+/// that first reaches it: without this, a sibling test without a subscriber can reach a log line
+/// first and disable it for a test that captures logs with `set_default` (its event is then never
+/// built). Every test that captures logs builds a [`Harness`] before its events, so this runs
+/// before them; installing it rebuilds the interest of callsites registered earlier.
+fn keep_log_callsites_enabled() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Fails only if another global subscriber is set, which is then interested on its own.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+    });
 }
 
 /// Log lines, kept for the test to read (a `tracing` writer).

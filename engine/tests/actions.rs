@@ -402,6 +402,42 @@ async fn a_copy_the_broker_does_not_take_rolls_the_requeue_back_and_is_audited_a
 }
 
 #[tokio::test]
+async fn releasing_a_record_whose_redelivery_was_parked_requeues_it_since_no_delivery_is_left() {
+    let db = TestDatabase::create().await;
+    let pool = &db.pool;
+    let (broker, publisher) = broker().await;
+    let stuck = insert(pool, "ORDER.PAY.10:1", "processing", -1, &broker.settings.exchange).await;
+    let not_parked = insert(pool, "ORDER.PAY.11:1", "processing", -1, &broker.settings.exchange).await;
+    sqlx::query("UPDATE dedup_records SET parked_at = now() WHERE id = $1").bind(stuck.id).execute(pool).await.unwrap();
+    let publisher = &publisher;
+    let release = |record| async move {
+        record_action(pool, "user:ann", Release, &params(record, Some("worker died")), publisher).await.unwrap()
+    };
+    assert!(!release(&not_parked).await.republished, "its delivery is still in the broker: nothing republished");
+    assert!(release(&stuck).await.republished, "the parked delivery was acked: the release requeues it");
+    let channel = broker.channel().await;
+    let mut consumer = channel
+        .basic_consume(
+            broker.settings.queue.as_str().into(),
+            "t".into(),
+            BasicConsumeOptions { no_ack: true, ..Default::default() },
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let delivery =
+        tokio::time::timeout(std::time::Duration::from_secs(5), consumer.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(delivery.properties.message_id().as_ref().map(|s| s.as_str()), Some("ORDER.PAY.10:1"));
+    let claimable: Option<bool> =
+        sqlx::query_scalar("SELECT next_attempt_at IS NOT NULL AND parked_at IS NULL FROM dedup_records WHERE id = $1")
+            .bind(stuck.id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!((status(pool, stuck.id).await, claimable), ("failed".to_owned(), Some(true)));
+}
+
+#[tokio::test]
 async fn release_with_requeue_publishes_the_parked_payload_and_a_consumer_gets_it() {
     let db = TestDatabase::create().await;
     let pool = &db.pool;

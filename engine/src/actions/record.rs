@@ -68,6 +68,9 @@ struct Locked {
     lease_token: Option<Uuid>,
     lease_expires_at: Option<DateTime<Utc>>,
     lease_expired: bool,
+    /// A redelivery of the stuck record was parked (acked, payload kept): no delivery of it is
+    /// left in the broker.
+    parked: bool,
     version: i64,
     #[sqlx(flatten)]
     stored: StoredMessage,
@@ -83,7 +86,8 @@ impl Locked {
 async fn lock(conn: &mut PgConnection, id: i64) -> Result<Locked, ActionError> {
     let sql = format!(
         "SELECT consumer_group, status, lease_owner, lease_token, lease_expires_at,
-                COALESCE(lease_expires_at < now(), false) AS lease_expired, version, {}
+                COALESCE(lease_expires_at < now(), false) AS lease_expired, parked_at IS NOT NULL AS parked,
+                version, {}
          FROM dedup_records WHERE id = $1 FOR UPDATE",
         StoredMessage::COLUMNS
     );
@@ -339,6 +343,9 @@ pub async fn record_action(
                 if params.requeue {
                     row.stored.check_republishable()?;
                 }
+                // A parked redelivery was acknowledged: without a republish nothing would ever
+                // bring the released record back, so it is requeued with the release.
+                let requeue = params.requeue || (row.parked && row.stored.check_republishable().is_ok());
                 sqlx::query(
                     "UPDATE dedup_records SET status = 'failed', version = version + 1, lease_owner = NULL,
                             lease_token = NULL, lease_expires_at = NULL,
@@ -348,11 +355,11 @@ pub async fn record_action(
                      WHERE id = $1 AND status = 'processing'",
                 )
                 .bind(id)
-                .bind(params.requeue)
+                .bind(requeue)
                 .execute(&mut *tx)
                 .await?;
                 close_attempt(&mut tx, id, "released", &note("released")).await?;
-                (RecordStatus::Failed, params.requeue)
+                (RecordStatus::Failed, requeue)
             }
             RecordActionKind::MarkSucceeded => {
                 sqlx::query(

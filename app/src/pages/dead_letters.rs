@@ -48,7 +48,11 @@ pub fn DeadLettersPage() -> impl IntoView {
 
 /// The answer classes of HTTP handlers' dead letters: URL value, label, what it means.
 const ANSWER_CLASSES: [(&str, &str, &str); 4] = [
-    ("conflict", "Conflict (422)", "the key was used before with another payload"),
+    (
+        "conflict",
+        "Conflict (422)",
+        "the key was used before with another payload, or the payload failed the service's validation",
+    ),
     ("refused", "Refused (4xx)", "another 4xx, or a 2xx answering dead"),
     ("exhausted", "Exhausted retries", "retried answers (5xx, 429, 409 past its limit, …) until the attempts ran out"),
     ("transport", "Transport", "timeouts and connection errors until the attempts ran out"),

@@ -34,7 +34,7 @@ pub struct EndpointCalls {
     pub succeeded: i64,
     /// 409: the service was still working on the key.
     pub in_progress: i64,
-    /// 422: the key was used before with another payload.
+    /// 422: the key was used before with another payload, or the payload failed validation.
     pub conflict: i64,
     /// Any other 4xx but 408, 425 and 429 (410 included), and a 2xx answering `dead`.
     pub refused: i64,
@@ -138,7 +138,8 @@ pub fn error_kind(text: &str) -> Option<&str> {
 /// handlers"): the dead letters page groups them so, beside the error classes of Rust handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeadLetterClass {
-    /// 422: the key was used before with another payload (`HTTP_CONFLICT`).
+    /// 422: the key was used before with another payload, or the payload failed validation
+    /// (`HTTP_CONFLICT`).
     Conflict,
     /// Refused: another 4xx (`HTTP_REFUSED`, dead at once; `HTTP_GONE`, a 410, which pauses
     /// the handler and is not counted, should one still end dead) or a 2xx answering `dead`

@@ -113,7 +113,9 @@ pub(crate) fn judge(answer: &Answer<'_>, limits: &Limits) -> Result<(), HandlerE
         }
         422 => Err(HandlerError::permanent(
             "HTTP_CONFLICT",
-            with_body(format!("{line}: the service refused the key (used before with another payload)")),
+            with_body(format!(
+                "{line}: unprocessable: the key was used before with another payload, or the service's validation refused the payload; a retry cannot change it"
+            )),
         )),
         // Standard Webhooks: the endpoint is gone. The handler pauses (the pipeline's pause
         // states) and the delivery is not burned: its attempt is not counted, and it waits

@@ -66,6 +66,7 @@ async fn claimer(pool: PgPool, tag: &'static str, stop: Arc<AtomicBool>) -> Vec<
                 payload_hash: h,
                 message: m,
                 reclaim_expired: false,
+                starts_at_once: true,
             })
             .collect();
         let started = Instant::now();

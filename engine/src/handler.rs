@@ -193,10 +193,24 @@ impl HandlerError {
     pub fn is_lease_lost(&self) -> bool {
         self.class == LEASE_LOST
     }
+
+    /// The handler was paused before this effect started ([`LeaseGuard::effect_starts`]):
+    /// nothing was done; the claim is given back without counting and the delivery held.
+    pub(crate) fn held() -> Self {
+        Self::retryable(HELD, "the handler was paused before the effect started; held, not counted")
+    }
+
+    /// True for [`HandlerError::held`].
+    pub(crate) fn is_held(&self) -> bool {
+        self.class == HELD
+    }
 }
 
 /// Class of [`HandlerError::lease_lost`].
 const LEASE_LOST: &str = "LEASE_LOST";
+
+/// Class of [`HandlerError::held`].
+const HELD: &str = "HANDLER_PAUSED";
 
 fn cut_class(class: Cow<'static, str>) -> Cow<'static, str> {
     match class.char_indices().nth(MAX_ERROR_CLASS_CHARS) {
@@ -303,6 +317,26 @@ pub trait LeasedHandler: Send + Sync + 'static {
     fn longest_run(&self) -> Option<Duration> {
         None
     }
+
+    /// The most runs of the effect at a time in this process, if the handler limits them (the
+    /// HTTP handler's `concurrency`). Such a handler must call [`LeaseGuard::effect_starts`]
+    /// right before each effect, when its run has its slot: the engine marks a record's effect
+    /// started in its claim for the first `concurrency` records of a batch, and the others in
+    /// waves from there. Without a limit (`None`) every run starts at once: the claim marks them
+    /// all, and the engine calls [`LeaseGuard::effect_starts`] itself before the handler.
+    fn concurrency(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// What the engine does when a leased handler's effect starts ([`LeaseGuard::effect_starts`]):
+/// holds it when its handler is paused, and makes sure its record is marked started.
+#[async_trait]
+pub(crate) trait EffectStart: Send + Sync + 'static {
+    /// `Ok` when the effect may start, its mark committed. Errors: [`HandlerError::held`],
+    /// [`HandlerError::lease_lost`] (the mark found the record no longer held), or a retryable
+    /// failure when the mark could not be written (the effect must not start unmarked).
+    async fn starts(&self) -> Result<(), HandlerError>;
 }
 
 /// What the far side of a leased handler's effect answered (an HTTP status and body, an SMS
@@ -329,12 +363,25 @@ pub struct EffectAnswer {
 ///
 /// It also carries what the effect's far side answered ([`LeaseGuard::answered`]) back to the
 /// engine, which writes it on the attempt row.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LeaseGuard {
     lost: CancellationToken,
     /// When the lease runs out unless extended again (local monotonic clock).
     valid_until: Arc<Mutex<Instant>>,
     answer: Arc<Mutex<Option<EffectAnswer>>>,
+    /// The engine's part of [`LeaseGuard::effect_starts`]; `None` for a guard built outside the
+    /// engine's leased path.
+    start: Option<Arc<dyn EffectStart>>,
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("lost", &self.lost.is_cancelled())
+            .field("valid_until", &self.valid_until)
+            .field("answer", &self.answer)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LeaseGuard {
@@ -344,7 +391,35 @@ impl LeaseGuard {
             lost: CancellationToken::new(),
             valid_until: Arc::new(Mutex::new(confirmed_at + duration)),
             answer: Arc::default(),
+            start: None,
         }
+    }
+
+    /// The same guard, with what the engine does when the effect starts.
+    pub(crate) fn with_start(mut self, start: Arc<dyn EffectStart>) -> Self {
+        self.start = Some(start);
+        self
+    }
+
+    /// Call right before the effect, once it is really about to start (a handler that limits
+    /// its runs: when the run has its slot, see [`LeasedHandler::concurrency`]). `Ok` while the
+    /// lease holds, the handler is not paused, and the record is marked as having its effect
+    /// started — durably, before the effect: a record whose lease runs out unmarked (the
+    /// process died while it waited) is taken over by the next delivery whatever its
+    /// `on_lease_expiry`, since no effect was attempted; one marked is parked under `hold`.
+    /// Marks are written one statement per wave of runs, not per run.
+    ///
+    /// Errors: [`HandlerError::lease_lost`]; a failure of the engine's own class
+    /// `HANDLER_PAUSED` when the handler was paused (circuit breaker, 410, operator) since the
+    /// batch was taken — return it as it is: the claim is given back without counting the
+    /// attempt and the delivery waits with the held ones; a retryable failure when the mark
+    /// could not be written.
+    pub async fn effect_starts(&self) -> Result<(), HandlerError> {
+        self.check()?;
+        if let Some(start) = &self.start {
+            start.starts().await?;
+        }
+        self.check()
     }
 
     /// Reports what the effect's far side answered (the last report of a run wins); the engine
@@ -425,6 +500,14 @@ impl Handler {
     /// Whether an expired lease may be claimed again automatically.
     pub(crate) fn reclaims_expired(&self) -> bool {
         matches!(self, Handler::Leased { on_lease_expiry: LeaseExpiryPolicy::Reclaim, .. })
+    }
+
+    /// [`LeasedHandler::concurrency`]; `None` for transactional handlers.
+    pub(crate) fn concurrency(&self) -> Option<usize> {
+        match self {
+            Handler::Transactional(_) => None,
+            Handler::Leased { handler, .. } => handler.concurrency(),
+        }
     }
 
     /// [`LeasedHandler::longest_run`]; `None` for transactional handlers.

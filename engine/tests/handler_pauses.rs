@@ -133,6 +133,88 @@ async fn the_breaker_pauses_after_a_run_of_503s_holds_without_dead_letters_and_a
     assert_eq!(service.calls().len(), 3 + 6, "three 503s, then each key once");
 }
 
+/// (records, of which dead, records at `attempts`, attempt rows) of `PAY`.
+async fn tally(h: &Harness, attempts: i32) -> (i64, i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'dead'), count(*) FILTER (WHERE attempts = $2),
+                (SELECT count(*) FROM record_attempts)
+         FROM dedup_records WHERE message_type = $1",
+    )
+    .bind(PAY)
+    .bind(attempts)
+    .fetch_one(h.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn once_the_breaker_trips_no_further_call_starts_and_failed_probes_spend_no_attempt() {
+    let h = Harness::new().await;
+    let service = Service::start([Reply::status(503).delay(Duration::from_millis(20))]).await;
+    let mut s = http_settings(&service, 3, 300);
+    s.concurrency = 2;
+    // Two attempts: a probe failure that counted would kill its record at the second probe.
+    let backoff = Backoff { initial_ms: 100, max_ms: 400 };
+    let p = h.pipeline_with(registry(&s), PipelineSettings { backoff, ..common::settings(2, Duration::from_secs(30)) });
+    let keys: Vec<String> = (0..40).map(|i| format!("B{i}")).collect();
+    let m: Vec<InboundMessage> = keys.iter().map(|k| msg(PAY, k)).collect();
+
+    // One batch much larger than the concurrency: the breaker trips after 3 failures, and the
+    // calls still waiting for a slot are not made — given back uncounted and held.
+    let first = p.process("host:1:0", &m).await;
+    let called = service.calls().len();
+    assert!((3..=3 + 2).contains(&called), "at most pause_after + concurrency calls: {called}");
+    let held_now = first.iter().filter(|d| **d == Disposition::Held { delay: Duration::from_millis(300) }).count();
+    let retried = first.iter().filter(|d| matches!(d, Disposition::Retry { .. })).count();
+    assert_eq!((retried, held_now), (called, 40 - called), "{first:?}");
+    assert_eq!(pause_row(&h, PAY).await.state, "breaker");
+    assert_eq!(
+        tally(&h, 0).await,
+        (40, 0, 40 - called as i64, called as i64),
+        "held: no attempt spent, no attempt row"
+    );
+
+    // Paused: one probe per interval goes through; each fails, spends no attempt, is held for
+    // the probe interval; nothing dies.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let d = p.process("host:1:0", &m).await;
+        assert_eq!(d[0], Disposition::Retry { delay: Duration::from_millis(300) }, "the probe: {d:?}");
+        assert!(d[1..].iter().all(held), "{d:?}");
+    }
+    assert_eq!(service.calls().len(), called + 3, "one call per probe");
+    let (attempts, status): (i32, String) =
+        sqlx::query_as("SELECT attempts, status FROM dedup_records WHERE message_id = $1")
+            .bind(format!("{PAY}.B0:1"))
+            .fetch_one(h.pool())
+            .await
+            .unwrap();
+    assert_eq!((attempts, status.as_str()), (1, "failed"), "three failed probes spent no attempt");
+    assert_eq!(tally(&h, 0).await.1, 0, "nothing dead");
+    assert_eq!(pause_row(&h, PAY).await.state, "breaker");
+
+    // The service recovers: the next probe resumes the handler, then every key succeeds once.
+    *service.inner.replies.lock().unwrap() = [Reply::status(200)].into();
+    let before = service.calls().len();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let d = p.process("host:1:0", &m).await;
+    assert_eq!(d[0], PROCESSED, "the probe succeeds: {d:?}");
+    assert_eq!(pause_row(&h, PAY).await.state, "running");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let d = p.process("host:1:0", &m[1..]).await;
+    assert!(d.iter().all(|d| *d == PROCESSED), "{d:?}");
+    let after: Vec<_> = service.calls()[before..].to_vec();
+    assert_eq!(after.len(), 40, "each key called once after the recovery");
+    let keys_called: std::collections::HashSet<_> =
+        after.iter().map(|c| c.headers["idempotency-key"].to_str().unwrap().to_owned()).collect();
+    assert_eq!(keys_called.len(), 40);
+    let succeeded: i64 = sqlx::query_scalar("SELECT count(*) FROM dedup_records WHERE status = 'succeeded'")
+        .fetch_one(h.pool())
+        .await
+        .unwrap();
+    assert_eq!(succeeded, 40);
+}
+
 #[tokio::test]
 async fn without_a_breaker_a_run_of_503s_pauses_nothing() {
     let h = Harness::new().await;

@@ -228,6 +228,7 @@ async fn every_insert_statement_counts_what_it_creates() {
                 payload_hash: &hashes[i],
                 message: &messages[i].1,
                 reclaim_expired: false,
+                starts_at_once: true,
             })
             .collect(),
     };

@@ -51,6 +51,8 @@ pub struct HttpHandler {
     forward: Vec<HeaderName>,
     signing_key: Option<SigningKey>,
     permits: Semaphore,
+    /// The most calls in flight (`concurrency`).
+    concurrency: usize,
     pace: Option<Pace>,
     limits: answer::Limits,
     on_lease_expiry: LeaseExpiryPolicy,
@@ -69,7 +71,7 @@ impl std::fmt::Debug for HttpHandler {
             .field("headers", &self.extra.keys().map(HeaderName::as_str).collect::<Vec<_>>())
             .field("forward_headers", &self.forward)
             .field("signed", &self.signing_key.is_some())
-            .field("concurrency", &self.permits.available_permits())
+            .field("concurrency", &self.concurrency)
             .finish_non_exhaustive()
     }
 }
@@ -191,6 +193,7 @@ impl HttpHandler {
             forward,
             signing_key,
             permits: Semaphore::new(settings.concurrency),
+            concurrency: settings.concurrency,
             pace,
             limits: answer::Limits {
                 in_progress_within: Duration::from_millis(settings.in_progress_limit_ms),
@@ -301,7 +304,9 @@ impl LeasedHandler for HttpHandler {
         if let Some(pace) = &self.pace {
             pace.wait().await;
         }
-        lease.check()?;
+        // Not made when the handler was paused while this call waited (the claim is given back
+        // uncounted); marked started, durably, before it is sent.
+        lease.effect_starts().await?;
         let request = self.request(input);
         let started = Instant::now();
         let sent = self.send(request).await;
@@ -330,5 +335,9 @@ impl LeasedHandler for HttpHandler {
 
     fn longest_run(&self) -> Option<Duration> {
         Some(self.timeout)
+    }
+
+    fn concurrency(&self) -> Option<usize> {
+        Some(self.concurrency)
     }
 }

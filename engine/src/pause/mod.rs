@@ -285,8 +285,23 @@ impl Pauses {
         Ok(())
     }
 
-    fn hold_for(&self, message_type: &str) -> Duration {
+    /// Whether `message_type` is paused, on a reading at most [`FRESH_FOR`] old (a pause this
+    /// process wrote counts at once): asked right before each leased effect starts, so that a
+    /// pause holds the calls of a batch that have not started yet.
+    pub(crate) async fn is_paused(&self, message_type: &str) -> bool {
+        self.refresh().await;
+        self.reading().paused.contains_key(message_type)
+    }
+
+    /// How long a held delivery of `message_type` waits before it is judged again.
+    pub(crate) fn hold_for(&self, message_type: &str) -> Duration {
         self.hold.get(message_type).copied().unwrap_or(DEFAULT_HOLD)
+    }
+
+    /// Counts `count` held deliveries of `message_type` (metric `dedup_held_total`).
+    pub(crate) fn count_held(&self, message_type: &str, count: u64) {
+        metrics::counter!("dedup_held_total", "group" => self.group.clone(), "type" => message_type.to_owned())
+            .increment(count);
     }
 }
 
@@ -317,11 +332,11 @@ impl Gate<'_> {
         self.paused.is_empty()
     }
 
-    /// `None`: a delivery of `message_type` goes on; `Some(delay)`: it is held that long. Of a
+    /// Whether a delivery of `message_type` goes on, as the probe, or is held. Of a
     /// breaker-paused type, the first delivery after its probe is due goes on as the probe when
     /// this process wins it.
-    pub(crate) async fn hold(&mut self, message_type: &str) -> Option<Duration> {
-        let paused = *self.paused.get(message_type)?;
+    pub(crate) async fn pass(&mut self, message_type: &str) -> Passage {
+        let Some(&paused) = self.paused.get(message_type) else { return Passage::Go };
         let due = paused.probe_at.is_none_or(|at| at <= Utc::now());
         if paused.state == PauseState::Breaker && due && self.probed.insert(message_type.to_owned()) {
             let interval = self.pauses.hold_for(message_type);
@@ -337,14 +352,25 @@ impl Gate<'_> {
                         p.probe_at = Some(next);
                     }
                     tracing::info!(group = %self.pauses.group, message_type, "circuit breaker: one delivery goes through as the probe");
-                    return None;
+                    return Passage::Probe;
                 }
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, message_type, "taking the probe failed; held"),
             }
         }
-        metrics::counter!("dedup_held_total", "group" => self.pauses.group.clone(), "type" => message_type.to_owned())
-            .increment(1);
-        Some(self.pauses.hold_for(message_type))
+        self.pauses.count_held(message_type, 1);
+        Passage::Hold(self.pauses.hold_for(message_type))
     }
+}
+
+/// What the gate says of one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Passage {
+    /// Its handler is running: it goes on.
+    Go,
+    /// Its handler is paused by its circuit breaker and this delivery is the probe: it goes on,
+    /// and its failure spends no attempt (DESIGN.md, "Pause and circuit breaker").
+    Probe,
+    /// Its handler is paused: held this long.
+    Hold(Duration),
 }

@@ -5,9 +5,15 @@
 //! A batch's leased messages are claimed in one set-based statement ([`ClaimAs::Leased`]). Every
 //! claimed message's call starts at once; a handler with a concurrency limit (the HTTP handler's
 //! `concurrency`) lets them through as its slots free up, so the batch (at most the prefetch) is
-//! the bound. Calls finish in any order: whatever has finished is completed in one statement
-//! while the others still run, so a slow call holds back neither the calls nor the completions
-//! of the batch's other messages. The dispositions — and so the acks — follow the commits.
+//! the bound. Right before each effect starts, `starts.rs` holds it if its handler was paused
+//! meanwhile (the claim is given back uncounted, the delivery held) and makes sure its record
+//! is marked started (in the claim, or in one statement per wave). Calls finish in any order:
+//! whatever has finished is completed in one statement while the others still run, so a slow
+//! call holds back neither the calls nor the completions of the batch's other messages. The
+//! dispositions — and so the acks — follow the commits.
+//!
+//! A failed call of a paused handler's probe spends no attempt: given back like a 409, and held
+//! for the probe interval (DESIGN.md, "Pause and circuit breaker").
 //!
 //! One heartbeat statement every third of the lease extends the leases of all the worker's
 //! in-flight records ([`DedupStore::extend_leases`]). Each handler gets a [`LeaseGuard`]: lost
@@ -27,6 +33,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tracing::Instrument;
 
+use super::starts::Starts;
 use super::tally::Tally;
 use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
 use crate::handler::{EffectAnswer, Handler, HandlerError, HandlerInput, LeaseGuard};
@@ -42,6 +49,16 @@ type Outcome = (usize, Disposition, Option<DueMarker>);
 /// The records a worker's heartbeat keeps leased: the claims whose call has not finished, with
 /// their guards, by record id.
 type InFlight = Arc<Mutex<HashMap<i64, (ClaimedRecord, LeaseGuard)>>>;
+
+/// Aborts the heartbeat when the batch ends — also when its future is dropped (a worker
+/// cancelled mid-batch): its leases then run out, as after a crash.
+struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// A claimed message whose handler has returned.
 struct Finished<'r, 'a> {
@@ -62,7 +79,8 @@ impl Pipeline {
         let lease = Lease::new(worker, self.settings.lease);
         // The database starts the leases after this instant: counting from here errs on the safe side.
         let asked_at = Instant::now();
-        let claims = match self.claim_leased(&lease, &items).await {
+        let at_once = Self::starts_at_once(&items);
+        let claims = match self.claim_leased(&lease, &items, &at_once).await {
             Ok(claims) => claims,
             Err(e) => {
                 tracing::warn!(error = %e, count = items.len(), "leased claims failed; redelivering");
@@ -72,8 +90,9 @@ impl Pipeline {
         let mut outcomes = Vec::with_capacity(items.len());
         let mut tally = Tally::default();
         let in_flight: InFlight = Arc::default();
-        let mut calls = FuturesUnordered::new();
-        for (item, claim) in items.iter().zip(claims) {
+        let mut claimed = Vec::with_capacity(items.len());
+        let mut waiting = Vec::new();
+        for ((item, claim), at_once) in items.iter().zip(claims).zip(at_once) {
             let claim = match claim {
                 ClaimOutcome::Existing(existing) => {
                     // Nothing to roll back here: the judgement is final.
@@ -90,20 +109,35 @@ impl Pipeline {
             }
             if claim.took_over {
                 tally.count(Event::LeaseTakeover);
-                tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "expired lease taken over (on_lease_expiry = reclaim)");
+                let why = if item.handler.reclaims_expired() {
+                    "on_lease_expiry = reclaim"
+                } else {
+                    "its effect had not started"
+                };
+                tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, why, "expired lease taken over");
             }
-            let guard = LeaseGuard::new(lease.duration, asked_at);
+            if !at_once && let Some(concurrency) = item.handler.concurrency() {
+                waiting.push((claim.clone(), concurrency));
+            }
+            claimed.push((item, claim));
+        }
+        tally.apply(&self.stats, group);
+        if claimed.is_empty() {
+            return outcomes;
+        }
+        let starts = Starts::new(self.store.clone(), self.pauses.clone(), waiting);
+        let mut calls = FuturesUnordered::new();
+        for (item, claim) in claimed {
+            let start = starts.of(&claim, &item.identified.message_type, item.probe);
+            let guard = LeaseGuard::new(lease.duration, asked_at).with_start(start);
             in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(claim.id, (claim.clone(), guard.clone()));
             calls.push(self.call_leased(item, claim, guard));
         }
-        tally.apply(&self.stats, group);
-        if calls.is_empty() {
-            return outcomes;
-        }
 
         // In the batch's span, so that the lease extensions show under the batch.
-        let heartbeat =
-            tokio::spawn(self.clone().extend_leases_while_running(in_flight.clone(), lease.clone()).in_current_span());
+        let _heartbeat = Heartbeat(tokio::spawn(
+            self.clone().extend_leases_while_running(in_flight.clone(), lease.clone()).in_current_span(),
+        ));
         // Finished calls wait here while a settlement runs; the next one takes them all.
         let mut finished = Vec::new();
         let mut settling = FuturesUnordered::new();
@@ -127,13 +161,36 @@ impl Pipeline {
                 else => break,
             }
         }
-        heartbeat.abort();
         outcomes
+    }
+
+    /// For each of `items`, whether its effect starts as soon as it is claimed: always for a
+    /// handler without a concurrency limit; for one with a limit, the first `concurrency` of
+    /// its type in the batch. The claim marks those started; the others are marked in waves
+    /// right before they start (`starts.rs`).
+    fn starts_at_once(items: &[Routed<'_>]) -> Vec<bool> {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        items
+            .iter()
+            .map(|item| match item.handler.concurrency() {
+                None => true,
+                Some(concurrency) => {
+                    let before = seen.entry(item.identified.message_type.as_str()).or_default();
+                    *before += 1;
+                    *before <= concurrency
+                }
+            })
+            .collect()
     }
 
     /// The claims of `items`, in their order: one statement per round of distinct message ids
     /// (a message id twice in a batch is judged the second time after the first was claimed).
-    async fn claim_leased(&self, lease: &Lease, items: &[Routed<'_>]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    async fn claim_leased(
+        &self,
+        lease: &Lease,
+        items: &[Routed<'_>],
+        at_once: &[bool],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
         let mut claims: Vec<Option<ClaimOutcome>> = vec![None; items.len()];
         let position: HashMap<usize, usize> = items.iter().enumerate().map(|(at, item)| (item.index, at)).collect();
@@ -143,7 +200,7 @@ impl Pipeline {
                 max_attempts: self.settings.max_attempts,
                 lease,
                 claim_as: ClaimAs::Leased,
-                items: round.iter().map(|r| r.claim_item()).collect(),
+                items: round.iter().map(|r| r.claim_item(at_once[position[&r.index]])).collect(),
             };
             for (item, claim) in round.iter().zip(self.store.claim_many(&mut conn, &batch).await?) {
                 claims[position[&item.index]] = Some(claim);
@@ -152,7 +209,9 @@ impl Pipeline {
         Ok(claims.into_iter().map(|c| c.expect("every item is in one round")).collect())
     }
 
-    /// Calls the handler of one claimed message, unless its lease is lost already.
+    /// Calls the handler of one claimed message, unless its lease is lost already. A handler
+    /// without a concurrency limit starts its effect at once: the engine asks
+    /// [`LeaseGuard::effect_starts`] for it; one with a limit asks when its run has its slot.
     async fn call_leased<'r, 'a>(
         &self,
         item: &'r Routed<'a>,
@@ -161,7 +220,11 @@ impl Pipeline {
     ) -> Finished<'r, 'a> {
         let Handler::Leased { handler, .. } = &item.handler else { unreachable!("partitioned by mode") };
         let call = async {
-            guard.check()?;
+            if handler.concurrency().is_some() {
+                guard.check()?;
+            } else {
+                guard.effect_starts().await?;
+            }
             let input =
                 HandlerInput { calls: claim.calls, previous_status: claim.previous_status, ..self.input(item, claim.attempt) };
             handler.handle(&input, &guard).await
@@ -178,7 +241,8 @@ impl Pipeline {
     }
 
     /// Records what became of `finished` calls: the successes completed in one statement, the
-    /// failures each recorded (fenced by the lease token).
+    /// calls held before they started given back in one statement per type, the failures each
+    /// recorded (fenced by the lease token).
     async fn settle_leased(&self, lease: &Lease, finished: Vec<Finished<'_, '_>>) -> Vec<Outcome> {
         let Ok(mut conn) = self.store.pool().acquire().await else {
             // The effects may have happened; the records stay processing and, once their
@@ -186,7 +250,10 @@ impl Pipeline {
             return finished.iter().map(|f| (f.item.index, Disposition::Redeliver, None)).collect();
         };
         let (succeeded, failed): (Vec<_>, Vec<_>) = finished.into_iter().partition(|f| f.result.is_ok());
-        let mut outcomes = Vec::with_capacity(succeeded.len() + failed.len());
+        let (held, failed): (Vec<_>, Vec<_>) =
+            failed.into_iter().partition(|f| f.result.as_ref().is_err_and(HandlerError::is_held));
+        let mut outcomes = Vec::with_capacity(succeeded.len() + held.len() + failed.len());
+        outcomes.extend(self.release_held(&mut conn, &held).await);
         if !succeeded.is_empty() {
             let done: Vec<_> = succeeded.iter().map(|f| (&f.claim, f.answer.as_ref())).collect();
             match self.store.complete_many_leased(&mut conn, &done).await {
@@ -215,6 +282,41 @@ impl Pipeline {
         outcomes
     }
 
+    /// Gives back the claims of `held` calls, which never started because their handler was
+    /// paused meanwhile: not counted, their deliveries held like those the routing step holds.
+    async fn release_held(&self, conn: &mut sqlx::PgConnection, held: &[Finished<'_, '_>]) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(held.len());
+        let types: HashSet<&str> = held.iter().map(|f| f.item.identified.message_type.as_str()).collect();
+        for message_type in types {
+            let of_type: Vec<&Finished<'_, '_>> =
+                held.iter().filter(|f| f.item.identified.message_type == message_type).collect();
+            let delay = self.pauses.hold_for(message_type);
+            let claims: Vec<&ClaimedRecord> = of_type.iter().map(|f| &f.claim).collect();
+            let millis = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+            match self.store.release_unstarted(conn, &claims, millis).await {
+                Ok(released) => {
+                    let released: HashSet<i64> = released.into_iter().collect();
+                    self.pauses.count_held(message_type, released.len() as u64);
+                    tracing::info!(message_type, count = released.len(),
+                        "handler paused before these calls started; given back uncounted and held");
+                    outcomes.extend(of_type.iter().map(|f| {
+                        let disposition = if released.contains(&f.claim.id) {
+                            Disposition::Held { delay }
+                        } else {
+                            Disposition::Ack(AckReason::LeaseLost)
+                        };
+                        (f.item.index, disposition, None)
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, count = claims.len(), "giving back held claims failed; redelivering");
+                    outcomes.extend(of_type.iter().map(|f| (f.item.index, Disposition::Redeliver, None)));
+                }
+            }
+        }
+        outcomes
+    }
+
     /// The effect ran, but the record is someone else's now (taken over, or released by an
     /// operator): it may run again there. Says so on its attempt, with the late answer.
     async fn note_late_effect(&self, conn: &mut sqlx::PgConnection, f: &Finished<'_, '_>) {
@@ -228,7 +330,8 @@ impl Pipeline {
     }
 
     /// Records a failed call: deferred without counting the attempt while the far side is
-    /// still working on it, else failed (retry) or dead; fenced by the lease token.
+    /// still working on it, or when it was a paused handler's probe (a retryable failure; held
+    /// for the probe interval), else failed (retry) or dead; fenced by the lease token.
     async fn record_leased_failure(
         &self,
         conn: &mut sqlx::PgConnection,
@@ -251,8 +354,16 @@ impl Pipeline {
             answer: f.answer.as_ref(),
             in_progress: error.uncounted_within.is_some(),
         };
-        if let Some(within) = error.uncounted_within.filter(|_| !error.is_permanent()) {
+        // A probe: `Some(None)`, uncounted in any case; a 409 or 410: uncounted within its limit.
+        let uncounted = if f.item.probe { Some(None) } else { error.uncounted_within.map(Some) };
+        if let Some(within) = uncounted.filter(|_| !error.is_permanent()) {
             match self.store.defer_claimed(conn, &failure, within).await {
+                Ok(true) if f.item.probe => {
+                    tracing::info!(message_id = %message_id, attempt = claim.attempt, error = %text,
+                        "the circuit breaker's probe failed; held without counting the attempt");
+                    self.stats.count(group, Event::Retry, 1);
+                    return Disposition::Retry { delay: self.pauses.hold_for(&f.item.identified.message_type) };
+                }
                 Ok(true) => {
                     tracing::info!(message_id = %message_id, attempt = claim.attempt, error = %text,
                         "the far side is still working on it; retried without counting the attempt");

@@ -12,6 +12,7 @@
 
 mod leased;
 mod spans;
+mod starts;
 mod tally;
 mod transactional;
 
@@ -25,7 +26,7 @@ use crate::actions::cleanup::late::RetentionWatch;
 use crate::fastpath::{FastPath, Lookup, Marker};
 use crate::handler::{Handler, HandlerInput, HandlerRegistry};
 use crate::message::{IdPolicy, Identified, InboundMessage, Poison, PoisonReason, TypePolicy};
-use crate::pause::Pauses;
+use crate::pause::{Passage, Pauses};
 use crate::record::{ConsumerGroup, RecordStatus};
 use crate::retry::Backoff;
 use crate::stats::{Event, Stats};
@@ -54,9 +55,11 @@ pub enum Disposition {
     /// The pipeline could not judge it (database unavailable, transaction failed): give it
     /// back to the broker unacknowledged, to be judged again.
     Redeliver,
-    /// Its handler is paused: nothing was claimed or recorded. Held on the retry path like
-    /// [`Disposition::Retry`] (a copy due after `delay`, confirmed before the original is
-    /// acknowledged), to be judged again then.
+    /// Its handler is paused: nothing was claimed or recorded — or, for a leased handler paused
+    /// while the delivery's call waited for its slot, the claim was given back unstarted,
+    /// without counting the attempt. Held on the retry path like [`Disposition::Retry`] (a copy
+    /// due after `delay`, confirmed before the original is acknowledged), to be judged again
+    /// then.
     Held {
         /// How long until the copy comes back.
         delay: Duration,
@@ -116,18 +119,22 @@ struct Routed<'a> {
     identified: Identified,
     handler: Handler,
     payload_hash: Vec<u8>,
+    /// The probe of its breaker-paused handler ([`Passage::Probe`]).
+    probe: bool,
 }
 
 impl Routed<'_> {
     /// Its item in a batch claim; only a leased handler under `reclaim` takes an expired lease
-    /// over.
-    fn claim_item(&self) -> ClaimItem<'_> {
+    /// over (or any whose effect never started). `starts_at_once`: see
+    /// [`ClaimItem::starts_at_once`].
+    fn claim_item(&self, starts_at_once: bool) -> ClaimItem<'_> {
         ClaimItem {
             message_id: &self.identified.id,
             message_type: &self.identified.message_type,
             payload_hash: &self.payload_hash,
             message: self.message,
             reclaim_expired: self.handler.reclaims_expired(),
+            starts_at_once,
         }
     }
 }
@@ -226,6 +233,7 @@ impl Pipeline {
                         payload_hash: message.payload_hash(),
                         handler: handler.clone(),
                         identified,
+                        probe: false,
                     }),
                     None => {
                         let reason = PoisonReason::NoHandler {
@@ -274,9 +282,10 @@ impl Pipeline {
         }
         let mut rest = Vec::with_capacity(routed.len());
         for r in routed {
-            match gate.hold(&r.identified.message_type).await {
-                Some(delay) => dispositions[r.index] = Some(Disposition::Held { delay }),
-                None => rest.push(r),
+            match gate.pass(&r.identified.message_type).await {
+                Passage::Hold(delay) => dispositions[r.index] = Some(Disposition::Held { delay }),
+                Passage::Probe => rest.push(Routed { probe: true, ..r }),
+                Passage::Go => rest.push(r),
             }
         }
         rest

@@ -71,6 +71,7 @@ impl Pipeline {
             match &result {
                 Ok(()) => "ok",
                 Err(e) if e.is_lease_lost() => "lease_lost",
+                Err(e) if e.is_held() => "held",
                 Err(_) => "error",
             },
         );

@@ -86,8 +86,13 @@ pub struct ClaimItem<'a> {
     /// and headers too).
     pub message: &'a InboundMessage,
     /// Whether a processing record whose lease expired may be taken over (the type's
-    /// `on_lease_expiry = reclaim`); read by [`ClaimAs::Leased`] claims only.
+    /// `on_lease_expiry = reclaim`); read by [`ClaimAs::Leased`] claims only. One whose effect
+    /// never started is taken over whatever this says.
     pub reclaim_expired: bool,
+    /// [`ClaimAs::Leased`]: whether the effect starts as soon as the claim commits, so the claim
+    /// marks it started (`effect_started`); false for one that waits for a slot of its
+    /// handler's concurrency, marked by [`DedupStore::mark_effects_started`] before it starts.
+    pub starts_at_once: bool,
 }
 
 /// A batch of claims sharing group, limits and lease.
@@ -122,9 +127,10 @@ pub enum ClaimAs {
     Succeeded,
     /// `processing` under the batch's lease for leased handlers, committed at once
     /// (autocommit): the payload, headers and AMQP `type` property are stored (the record must
-    /// be requeueable while its effect runs), each claim opens its attempt row, and a record
-    /// whose lease expired is taken over when its item's [`ClaimItem::reclaim_expired`] says
-    /// so, closing the superseded attempt as `lease_lost`. Completed with
+    /// be requeueable while its effect runs), each claim opens its attempt row and says whether
+    /// its effect starts at once ([`ClaimItem::starts_at_once`]), and a record whose lease
+    /// expired is taken over when its item's [`ClaimItem::reclaim_expired`] says so or its
+    /// effect never started, closing the superseded attempt as `lease_lost`. Completed with
     /// [`DedupStore::complete_many_leased`].
     Leased,
 }
@@ -376,13 +382,16 @@ pub trait DedupStore: Send + Sync + 'static {
     /// the message, [`crate::handler::HandlerError::in_progress`]), fenced by the lease token:
     /// `failed` with the retry due time, `attempts` one less, the attempt closed as `deferred`.
     /// Only while the run of such answers — the attempts marked in progress since the last one
-    /// that was not — started less than `within` ago (database clock). False when not done — the lease was lost, or the run is older:
-    /// then the caller records an ordinary failure ([`DedupStore::fail_claimed`]).
+    /// that was not — started less than `within` ago (database clock); `None`: in any case (a
+    /// failed probe of a paused handler, see DESIGN.md "Pause and circuit breaker"). The
+    /// attempt is marked in progress when [`FailureReport::in_progress`] says so. False when not
+    /// done — the lease was lost, or the run is older: then the caller records an ordinary
+    /// failure ([`DedupStore::fail_claimed`]).
     async fn defer_claimed(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         failure: &FailureReport<'_>,
-        within: Duration,
+        within: Option<Duration>,
     ) -> Result<bool, StoreError>;
 
     /// A worker's heartbeat: extends the leases of all its in-flight `claims` in one statement
@@ -393,6 +402,28 @@ pub trait DedupStore: Send + Sync + 'static {
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         claims: &[&ClaimedRecord],
         lease: &Lease,
+    ) -> Result<Vec<i64>, StoreError>;
+
+    /// Marks a wave of leased claims whose effects are about to start (`effect_started`), in one
+    /// statement committed before any of them starts, each fenced by its own lease token. A
+    /// record whose lease expires unmarked never had its effect attempted, and is taken over by
+    /// the next claim whatever its `on_lease_expiry`. Returns the ids still held; the others'
+    /// leases are lost.
+    async fn mark_effects_started(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        claims: &[&ClaimedRecord],
+    ) -> Result<Vec<i64>, StoreError>;
+
+    /// Gives back leased claims whose effect never started because their handler was paused
+    /// meanwhile, in one statement, each fenced by its own lease token: `failed` with one
+    /// attempt less, due again in `retry_delay_ms`, the attempt row the claim opened removed.
+    /// Returns the ids given back; the others' leases were lost.
+    async fn release_unstarted(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        claims: &[&ClaimedRecord],
+        retry_delay_ms: i64,
     ) -> Result<Vec<i64>, StoreError>;
 
     /// Flags the attempt of `claim` as a late effect: its effect ran, but the completion was

@@ -123,6 +123,31 @@ fn existing_from_row(row: &PgRow) -> Result<ExistingRecord, sqlx::Error> {
 }
 
 impl PgStore {
+    /// Runs `sql`, a statement over leased claims fenced each by its own lease token (`$1` ids,
+    /// `$2` tokens, `$3` the `millis` when given), returning the ids it found held. The ids go
+    /// in one lock order (ascending) for every writer of a batch of these rows.
+    async fn fenced_many(
+        &self,
+        conn: &mut PgConnection,
+        sql: &str,
+        claims: &[&ClaimedRecord],
+        millis: Option<i64>,
+    ) -> Result<Vec<i64>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sorted = claims.to_vec();
+        sorted.sort_by_key(|claim| claim.id);
+        let query = sqlx::query_scalar(sql)
+            .bind(sorted.iter().map(|claim| claim.id).collect::<Vec<_>>())
+            .bind(sorted.iter().map(|claim| claim.lease_token).collect::<Vec<_>>());
+        let query = match millis {
+            Some(ms) => query.bind(ms),
+            None => query,
+        };
+        Ok(query.fetch_all(&mut *conn).await?)
+    }
+
     /// Counts a duplicate delivery on each existing record; returns
     /// what it saw, by message id. Ids without a record (deleted meanwhile) are missing.
     async fn note_duplicates(
@@ -239,7 +264,8 @@ impl DedupStore for PgStore {
                     .bind(items.iter().map(|it| it.message.payload.as_slice()).collect::<Vec<_>>())
                     .bind(stored.iter().map(|s| Json(&s.headers)).collect::<Vec<_>>())
                     .bind(column(&|s| s.type_property.as_deref().map(str::to_owned)))
-                    .bind(items.iter().filter(|it| it.reclaim_expired).map(|it| it.message_id.as_str()).collect::<Vec<_>>()),
+                    .bind(items.iter().filter(|it| it.reclaim_expired).map(|it| it.message_id.as_str()).collect::<Vec<_>>())
+                    .bind(items.iter().map(|it| it.starts_at_once).collect::<Vec<_>>()),
             }
             .fetch_all(&mut *conn)
             .await?;
@@ -408,7 +434,7 @@ impl DedupStore for PgStore {
         &self,
         conn: &mut PgConnection,
         failure: &FailureReport<'_>,
-        within: Duration,
+        within: Option<Duration>,
     ) -> Result<bool, StoreError> {
         let (status, latency, summary) = answer_columns(failure.answer);
         let count: i64 = sqlx::query_scalar(&self.sql.defer)
@@ -417,10 +443,11 @@ impl DedupStore for PgStore {
             .bind(storable::text(failure.error))
             .bind(storable::text(failure.error_class))
             .bind(failure.retry_delay_ms)
-            .bind(i64::try_from(within.as_millis()).unwrap_or(i64::MAX))
+            .bind(within.map(|w| i64::try_from(w.as_millis()).unwrap_or(i64::MAX)))
             .bind(status)
             .bind(latency)
             .bind(summary)
+            .bind(failure.in_progress)
             .fetch_one(&mut *conn)
             .await?;
         Ok(count == 1)
@@ -433,17 +460,26 @@ impl DedupStore for PgStore {
         claims: &[&ClaimedRecord],
         lease: &Lease,
     ) -> Result<Vec<i64>, StoreError> {
-        if claims.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut sorted = claims.to_vec();
-        sorted.sort_by_key(|claim| claim.id);
-        Ok(sqlx::query_scalar(&self.sql.extend_leases)
-            .bind(sorted.iter().map(|claim| claim.id).collect::<Vec<_>>())
-            .bind(sorted.iter().map(|claim| claim.lease_token).collect::<Vec<_>>())
-            .bind(lease.millis())
-            .fetch_all(&mut *conn)
-            .await?)
+        self.fenced_many(conn, &self.sql.extend_leases, claims, Some(lease.millis())).await
+    }
+
+    #[tracing::instrument(level = "debug", name = "mark_effects_started", skip_all, fields(count = claims.len()))]
+    async fn mark_effects_started(
+        &self,
+        conn: &mut PgConnection,
+        claims: &[&ClaimedRecord],
+    ) -> Result<Vec<i64>, StoreError> {
+        self.fenced_many(conn, &self.sql.mark_effects_started, claims, None).await
+    }
+
+    #[tracing::instrument(level = "debug", name = "release_unstarted", skip_all, fields(count = claims.len()))]
+    async fn release_unstarted(
+        &self,
+        conn: &mut PgConnection,
+        claims: &[&ClaimedRecord],
+        retry_delay_ms: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.fenced_many(conn, &self.sql.release_unstarted, claims, Some(retry_delay_ms)).await
     }
 
     #[tracing::instrument(level = "debug", name = "note_late_effect", skip_all, fields(record = claim.id))]

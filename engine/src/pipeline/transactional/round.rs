@@ -42,7 +42,7 @@ impl Pipeline {
                 Isolation::Optimistic => ClaimAs::Succeeded,
                 Isolation::Savepoints => ClaimAs::Processing,
             },
-            items: items.iter().map(|r| r.claim_item()).collect(),
+            items: items.iter().map(|r| r.claim_item(true)).collect(),
         };
         let claims = self.claim_batch(tx, attempt.isolation, &batch).await?;
         let mut savepoint_open = false;

@@ -9,7 +9,8 @@
 
 /// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
 /// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
-/// was still `processing` (an expired lease).
+/// was still `processing` (an expired lease), and whether its effect may have started as the
+/// claim says (NULL: unknown, when the claim does not say).
 macro_rules! take_over {
     () => {
         r#"
@@ -23,6 +24,7 @@ macro_rules! take_over {
         lease_owner = EXCLUDED.lease_owner,
         lease_token = EXCLUDED.lease_token,
         lease_expires_at = EXCLUDED.lease_expires_at,
+        effect_started = EXCLUDED.effect_started,
         next_attempt_at = NULL,
         parked_at = NULL,
         updated_at = now()"#
@@ -246,7 +248,11 @@ SELECT id, message_id, attempts, max_attempts, created, first_seen_at, claimed_a
 /// (`$14`..`$16`; a leased record keeps them until it succeeds), each claim opening its attempt
 /// row and closing a superseded one as `lease_lost`, as [`CLAIM_LEASED_SQL`] does for one.
 /// `$17`: the message ids whose type may take over an expired lease (`on_lease_expiry =
-/// reclaim`). `prior` reads the status each record started from, only to tell a takeover apart.
+/// reclaim`). `$18`: whether each item's effect starts at once (`effect_started`; the others are
+/// marked by [`MARK_EFFECTS_STARTED_SQL`] before they start). A record whose lease expired
+/// before its effect started (`effect_started = false`) is taken over whatever the policy: no
+/// effect was attempted. `prior` reads the status each record started from, only to tell a
+/// takeover apart.
 pub(super) const CLAIM_MANY_LEASED_SQL: &str = concat!(
     r#"
 WITH prior AS (
@@ -256,19 +262,20 @@ WITH prior AS (
     INSERT INTO {s}.dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         lease_owner, lease_token, lease_expires_at, payload_hash, payload, headers, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue, type_property)
+        source_broker, source_exchange, source_routing_key, source_queue, type_property, effect_started)
     SELECT $1, i.message_id, i.message_type, 'processing', 'leased', 1, $2,
            $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.payload, i.headers, i.content_type,
-           i.broker, i.exchange, i.routing_key, i.queue, i.type_property
+           i.broker, i.exchange, i.routing_key, i.queue, i.type_property, i.started
     FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
-                $14::bytea[], $15::jsonb[], $16::text[])
+                $14::bytea[], $15::jsonb[], $16::text[], $18::boolean[])
          AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue,
-              payload, headers, type_property)
+              payload, headers, type_property, started)
     ORDER BY i.message_id"#,
     take_over!(),
     r#"
     WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
-       OR (r.status = 'processing' AND r.lease_expires_at < now() AND r.message_id = ANY($17::text[]))
+       OR (r.status = 'processing' AND r.lease_expires_at < now()
+           AND (r.message_id = ANY($17::text[]) OR r.effect_started = false))
     RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
               r.first_seen_at
 )"#,
@@ -407,10 +414,11 @@ pub(super) const FAIL_LEASED_SQL: &str = fail_sql!(
 
 /// A leased claim given back without counting its attempt (`$1` record, `$2` lease token, `$3`
 /// error, `$4` its class, `$5` retry delay in ms, `$6` how long a run of such answers stays
-/// uncounted, in ms, `$7`..`$9` the answer): `failed`, one attempt less, the attempt closed as
-/// `deferred` — while the run of such answers (attempts `in_progress`, deferred or counted,
-/// since the last closed attempt that was not) started less than `$6` ago. Its first one is
-/// this very attempt when there is none before.
+/// uncounted, in ms, NULL: always, `$7`..`$9` the answer, `$10` whether the far side said it
+/// was still working on it): `failed`, one attempt less, the attempt closed as `deferred` —
+/// while the run of such answers (attempts `in_progress`, deferred or counted, since the last
+/// closed attempt that was not) started less than `$6` ago. Its first one is this very attempt
+/// when there is none before.
 pub(super) const DEFER_SQL: &str = r#"
 WITH streak AS (
     SELECT min(a.started_at) AS since FROM {s}.record_attempts a
@@ -424,11 +432,11 @@ WITH streak AS (
         last_error = $3, error_class = $4,
         next_attempt_at = now() + $5 * interval '1 millisecond', updated_at = now()
     WHERE id = $1 AND status = 'processing' AND lease_token = $2
-      AND COALESCE((SELECT since FROM streak), now()) > now() - $6 * interval '1 millisecond'
+      AND ($6::bigint IS NULL OR COALESCE((SELECT since FROM streak), now()) > now() - $6 * interval '1 millisecond')
     RETURNING id, attempts
 ), attempt AS (
     UPDATE {s}.record_attempts a SET ended_at = now(), outcome = 'deferred', error = $3,
-           answer_status = $7, latency_ms = $8, answer = $9, in_progress = true
+           answer_status = $7, latency_ms = $8, answer = $9, in_progress = $10
     FROM deferred d WHERE a.record_id = d.id AND a.attempt = d.attempts + 1 AND a.ended_at IS NULL
 )
 SELECT count(*) FROM deferred
@@ -475,6 +483,34 @@ FROM unnest($1::bigint[], $2::uuid[]) AS l(id, token)
 WHERE r.id = l.id AND r.status = 'processing' AND r.lease_token = l.token
 RETURNING r.id";
 
+/// A wave of leased claims whose effects are about to start (`$1` ids, `$2` their lease tokens):
+/// `effect_started`, each fenced by its token, committed before any of them starts. Returns
+/// the ids still held; the others' leases are lost.
+pub(super) const MARK_EFFECTS_STARTED_SQL: &str = "
+UPDATE {s}.dedup_records r SET effect_started = true
+FROM unnest($1::bigint[], $2::uuid[]) AS l(id, token)
+WHERE r.id = l.id AND r.status = 'processing' AND r.lease_token = l.token
+RETURNING r.id";
+
+/// Leased claims whose effect never started, given back because their handler was paused
+/// meanwhile (`$1` ids, `$2` their lease tokens, `$3` when the held copy is due, in ms): `failed`
+/// with one attempt less, each fenced by its token, and the attempt row the claim opened
+/// removed (no call was made: it is no attempt). Returns the ids given back.
+pub(super) const RELEASE_UNSTARTED_SQL: &str = "
+WITH released AS (
+    UPDATE {s}.dedup_records r SET
+        status = 'failed', version = r.version + 1, attempts = r.attempts - 1,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, effect_started = NULL,
+        next_attempt_at = now() + $3 * interval '1 millisecond', updated_at = now()
+    FROM unnest($1::bigint[], $2::uuid[]) AS l(id, token)
+    WHERE r.id = l.id AND r.status = 'processing' AND r.lease_token = l.token
+    RETURNING r.id, r.attempts
+), unopened AS (
+    DELETE FROM {s}.record_attempts a USING released
+    WHERE a.record_id = released.id AND a.attempt = released.attempts + 1 AND a.ended_at IS NULL
+)
+SELECT id FROM released";
+
 /// Duplicates caught by the fast path, added to their records (`$1`..`$4`: groups, message
 /// ids, copies, latest arrival).
 pub(super) const ADD_FAST_PATH_DUPLICATES_SQL: &str = r#"
@@ -507,6 +543,8 @@ pub(super) struct Statements {
     pub defer: String,
     pub poison: String,
     pub extend_leases: String,
+    pub mark_effects_started: String,
+    pub release_unstarted: String,
     pub late_effect: String,
     pub add_fast_path_duplicates: String,
 }
@@ -535,6 +573,8 @@ impl Statements {
             defer: render(DEFER_SQL),
             poison: render(POISON_SQL),
             extend_leases: render(EXTEND_LEASES_SQL),
+            mark_effects_started: render(MARK_EFFECTS_STARTED_SQL),
+            release_unstarted: render(RELEASE_UNSTARTED_SQL),
             late_effect: render(LATE_EFFECT_SQL),
             add_fast_path_duplicates: render(ADD_FAST_PATH_DUPLICATES_SQL),
         }

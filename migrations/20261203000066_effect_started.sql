@@ -1,0 +1,13 @@
+-- Whether a leased record's effect (an HTTP handler's call) may have started under its current
+-- claim (docs/DESIGN.md, "Two handler modes", lease expiry): `false` from a leased claim whose
+-- call waits for a slot of the handler's concurrency, set `true` by one statement per wave of
+-- such calls before any of them starts; `true` from a claim whose calls start at once; NULL for
+-- transactional records and records from before this column (unknown: treated as started).
+--
+-- A `processing` record whose lease expired with `effect_started = false` never called the far
+-- side: the next delivery takes it over automatically even under `on_lease_expiry = hold`. Only
+-- records whose effect may have started are parked for an operator.
+--
+-- No default and no rewrite: adding a nullable column is a catalog change; rows get the value
+-- when they are next claimed.
+ALTER TABLE dedup_records ADD COLUMN effect_started BOOLEAN;

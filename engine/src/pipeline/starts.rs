@@ -10,9 +10,12 @@
 //! have reached the far side (DESIGN.md, "Two handler modes"): the first claim of an unmarked
 //! record whose lease expired takes it over whatever its `on_lease_expiry`. The claim marks the
 //! records whose effect starts at once (all of them for a handler without a concurrency limit,
-//! the first `concurrency` of a batch for one with a limit); the others are marked in waves, one
-//! statement for the next `concurrency` of them when the first of those is about to start. A
-//! record is thus marked before its effect starts, and at most one wave ahead of it.
+//! the first `concurrency` of a batch for one with a limit); the others are marked in waves of
+//! the next `concurrency` in claim order, one statement each, written when the first call of
+//! the wave is about to start (the wave's other calls that arrive meanwhile wait for it). A
+//! record is thus marked before its effect starts, and at a crash at most one wave is marked
+//! without having started. Not marked ahead in the background: a wave marked ahead would park
+//! records whose calls never started.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -22,36 +25,42 @@ use async_trait::async_trait;
 use crate::handler::{EffectStart, HandlerError};
 use crate::pause::Pauses;
 use crate::store::postgres::PgStore;
-use crate::store::{ClaimedRecord, DedupStore};
+use crate::store::{ClaimedRecord, DedupStore, StoreError};
 
-/// The claims of one batch whose effects wait for a slot, and how far they are marked.
+/// The claims of one batch whose effects wait for a slot, in waves, and how far they are marked.
 pub(super) struct Starts {
     store: PgStore,
     pauses: Arc<Pauses>,
-    /// The claims the claim statement did not mark, in claim order, each with its wave's size
-    /// (its handler's concurrency).
-    waiting: Vec<(ClaimedRecord, usize)>,
-    /// Record id → its place in `waiting`.
-    place: HashMap<i64, usize>,
-    /// One wave statement at a time; the runs that need the next wave wait for it.
+    /// The claims the claim statement did not mark, in claim order, cut in waves.
+    waves: Vec<Vec<ClaimedRecord>>,
+    /// Record id → its wave.
+    wave_of: HashMap<i64, usize>,
+    /// One wave statement at a time; the calls that need a wave wait for it.
     marks: tokio::sync::Mutex<Marks>,
 }
 
-/// How far the waiting claims are marked.
+/// How far the waves are marked.
 #[derive(Default)]
 struct Marks {
-    /// `waiting[..upto]` went through a wave statement.
-    upto: usize,
-    /// Of those, the ones it found held (marked).
+    /// `waves[..done]` went through their statements.
+    done: usize,
+    /// The records those found held (marked).
     marked: HashSet<i64>,
 }
 
 impl Starts {
-    /// The batch's claims that wait for a slot (`waiting`: each with its handler's concurrency),
-    /// to be marked on `store`, paused by `pauses`.
+    /// The batch's claims that wait for a slot (`waiting`, in claim order, each with its
+    /// handler's concurrency: the size of its wave), to be marked on `store`, paused by `pauses`.
     pub(super) fn new(store: PgStore, pauses: Arc<Pauses>, waiting: Vec<(ClaimedRecord, usize)>) -> Arc<Self> {
-        let place = waiting.iter().enumerate().map(|(at, (claim, _))| (claim.id, at)).collect();
-        Arc::new(Self { store, pauses, waiting, place, marks: tokio::sync::Mutex::default() })
+        let mut waves: Vec<Vec<ClaimedRecord>> = Vec::new();
+        for (claim, size) in waiting {
+            match waves.last_mut() {
+                Some(wave) if wave.len() < size.max(1) => wave.push(claim),
+                _ => waves.push(vec![claim]),
+            }
+        }
+        let wave_of = waves.iter().enumerate().flat_map(|(w, wave)| wave.iter().map(move |c| (c.id, w))).collect();
+        Arc::new(Self { store, pauses, waves, wave_of, marks: tokio::sync::Mutex::default() })
     }
 
     /// The hook of one claim's guard: `probe` says whether it is its paused handler's probe.
@@ -59,28 +68,32 @@ impl Starts {
         Arc::new(Start { starts: self.clone(), record: claim.id, message_type: message_type.to_owned(), probe })
     }
 
-    /// Makes sure `record` is marked: marked by its claim, or by a wave, this one's if it is
-    /// the first of its wave to start. Errors: [`HandlerError::lease_lost`] when the wave did
-    /// not find it held; a retryable failure when the wave could not be written.
+    /// Makes sure `record` is marked: by its claim, or by its wave (written now if it is not
+    /// yet). Errors: [`HandlerError::lease_lost`] when its wave did not find it held; a
+    /// retryable failure when its wave could not be written.
     async fn mark(&self, record: i64) -> Result<(), HandlerError> {
-        let Some(&at) = self.place.get(&record) else { return Ok(()) };
+        let Some(&wave) = self.wave_of.get(&record) else { return Ok(()) };
         let mut marks = self.marks.lock().await;
-        if at >= marks.upto {
-            let size = self.waiting[at].1.max(1);
-            let end = (at + 1).max(marks.upto + size).min(self.waiting.len());
-            let wave: Vec<&ClaimedRecord> = self.waiting[marks.upto..end].iter().map(|(claim, _)| claim).collect();
-            let unmarked = |e: &dyn std::fmt::Display| {
-                HandlerError::retryable(
-                    "EFFECT_START_UNRECORDED",
-                    format!("the effect was not started: marking it started failed: {e}"),
-                )
-            };
-            let mut conn = self.store.pool().acquire().await.map_err(|e| unmarked(&e))?;
-            let held = self.store.mark_effects_started(&mut conn, &wave).await.map_err(|e| unmarked(&e))?;
-            marks.marked.extend(held);
-            marks.upto = end;
-        }
+        self.mark_through(&mut marks, wave).await.map_err(|e| {
+            HandlerError::retryable(
+                "EFFECT_START_UNRECORDED",
+                format!("the effect was not started: marking it started failed: {e}"),
+            )
+        })?;
         if marks.marked.contains(&record) { Ok(()) } else { Err(HandlerError::lease_lost()) }
+    }
+
+    /// Marks the waves up to `wave` that are not marked yet, in one statement (more than one
+    /// only when a later wave's call starts first).
+    async fn mark_through(&self, marks: &mut Marks, wave: usize) -> Result<(), StoreError> {
+        if marks.done > wave {
+            return Ok(());
+        }
+        let claims: Vec<&ClaimedRecord> = self.waves[marks.done..=wave].iter().flatten().collect();
+        let mut conn = self.store.pool().acquire().await?;
+        marks.marked.extend(self.store.mark_effects_started(&mut conn, &claims).await?);
+        marks.done = wave + 1;
+        Ok(())
     }
 }
 

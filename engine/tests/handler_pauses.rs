@@ -216,6 +216,36 @@ async fn once_the_breaker_trips_no_further_call_starts_and_failed_probes_spend_n
 }
 
 #[tokio::test]
+async fn an_operators_pause_holds_the_calls_of_a_running_batch_that_have_not_started() {
+    let h = Harness::new().await;
+    let service = Service::start([Reply::status(200).delay(Duration::from_millis(700))]).await;
+    let mut s = http_settings(&service, 5, 300);
+    s.concurrency = 1;
+    let p = pipeline(&h, &s);
+    let m: Vec<InboundMessage> = (0..4).map(|i| msg(PAY, &format!("O{i}"))).collect();
+    let batch = m.clone();
+    let worker = tokio::spawn({
+        let p = p.clone();
+        async move { p.process("host:1:0", &batch).await }
+    });
+    eventually(Duration::from_secs(5), || async { !service.calls().is_empty() }).await;
+    handler_control(h.pool(), "user:olga", GROUP, PAY, HandlerControl::Pause, Some("drill"), None).await.unwrap();
+    let done = worker.await.unwrap();
+    // The process reads the pause within FRESH_FOR (1 s): the call then waiting for the slot,
+    // and those after it, are not made.
+    let called = service.calls().len();
+    assert!((1..=3).contains(&called), "{called} calls of 4");
+    let processed = done.iter().filter(|d| **d == PROCESSED).count();
+    assert_eq!((processed, done.iter().filter(|d| held(d)).count()), (called, 4 - called), "{done:?}");
+    let given_back: Vec<(String, i32)> =
+        sqlx::query_as("SELECT status, attempts FROM dedup_records WHERE status <> 'succeeded' ORDER BY message_id")
+            .fetch_all(h.pool())
+            .await
+            .unwrap();
+    assert_eq!(given_back, vec![("failed".to_owned(), 0); 4 - called], "given back uncounted");
+}
+
+#[tokio::test]
 async fn without_a_breaker_a_run_of_503s_pauses_nothing() {
     let h = Harness::new().await;
     let service = Service::start([Reply::status(503)]).await;

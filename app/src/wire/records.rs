@@ -39,6 +39,11 @@ pub struct RecordsQuery {
     /// Message id prefix.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
+    /// A mark to check: `double_effect` (an attempt's effect ran after its lease was lost, so
+    /// the effect may have run twice; the overview's "possible double effects").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "ssr", param(pattern = "^(|double_effect)$"))]
+    pub flag: Option<String>,
     /// `time` (default; `message_id` with `prefix`), `attempts` or `message_id`.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "ssr", param(pattern = "^(|time|attempts|message_id)$"))]
@@ -61,7 +66,7 @@ pub struct RecordsQuery {
 
 impl RecordsQuery {
     /// The URL keys, in the order [`RecordsQuery::pairs`] yields them.
-    pub const KEYS: [&'static str; 14] = [
+    pub const KEYS: [&'static str; 15] = [
         "group",
         "status",
         "type",
@@ -71,6 +76,7 @@ impl RecordsQuery {
         "min_attempts",
         "id",
         "prefix",
+        "flag",
         "sort",
         "order",
         "after",
@@ -78,7 +84,7 @@ impl RecordsQuery {
         "limit",
     ];
 
-    fn fields(&self) -> [&Option<String>; 14] {
+    fn fields(&self) -> [&Option<String>; 15] {
         [
             &self.group,
             &self.status,
@@ -89,6 +95,7 @@ impl RecordsQuery {
             &self.min_attempts,
             &self.id,
             &self.prefix,
+            &self.flag,
             &self.sort,
             &self.order,
             &self.after,
@@ -111,11 +118,12 @@ impl RecordsQuery {
             min_attempts: take(6),
             id: take(7),
             prefix: take(8),
-            sort: take(9),
-            order: take(10),
-            after: take(11),
-            before: take(12),
-            limit: take(13),
+            flag: take(9),
+            sort: take(10),
+            order: take(11),
+            after: take(12),
+            before: take(13),
+            limit: take(14),
         }
     }
 

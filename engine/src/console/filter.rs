@@ -37,6 +37,8 @@ pub struct FilterText<'a> {
     pub message_id: Option<&'a str>,
     /// Message id prefix.
     pub id_prefix: Option<&'a str>,
+    /// A mark an operator checks ([`RecordFlag`]): `double_effect`.
+    pub flag: Option<&'a str>,
     /// `time` (default) or `attempts`.
     pub sort: Option<&'a str>,
     /// `desc` (default) or `asc`.
@@ -71,6 +73,41 @@ pub struct RecordFilter {
     pub message_id: Option<String>,
     /// Message id prefix.
     pub id_prefix: Option<String>,
+    /// Only records carrying this mark.
+    pub flag: Option<RecordFlag>,
+}
+
+/// A mark on a record that an operator should check, listed by the `flag` filter (each set is
+/// small and has an index of its own, so the filter narrows before anything else).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordFlag {
+    /// Possible double effect: an attempt's effect ran after its lease was lost, so the effect
+    /// may have run twice (the overview's "possible double effects" count, the record page's
+    /// warning; partial index `record_attempts_late_effect_idx`).
+    DoubleEffect,
+}
+
+impl RecordFlag {
+    /// Every flag, as the console offers them.
+    pub const ALL: [RecordFlag; 1] = [RecordFlag::DoubleEffect];
+
+    /// The text form (`double_effect`), as in URLs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordFlag::DoubleEffect => "double_effect",
+        }
+    }
+
+    /// Parses the text form.
+    ///
+    /// Errors: [`QueryError::BadFilter`] naming the flags there are.
+    pub fn parse(text: &str) -> Result<Self, QueryError> {
+        Self::ALL.into_iter().find(|f| f.as_str() == text).ok_or_else(|| {
+            let known: Vec<&str> = Self::ALL.iter().map(|f| f.as_str()).collect();
+            QueryError::BadFilter(format!("unknown flag {:?}; expected {}", clip(text), known.join(" or ")))
+        })
+    }
 }
 
 /// The column a list is ordered by (ties broken by record id).
@@ -272,6 +309,7 @@ impl RecordFilter {
             min_attempts,
             message_id: search_text("message id", text.message_id)?,
             id_prefix: search_text("message id prefix", text.id_prefix)?,
+            flag: present(text.flag).map(RecordFlag::parse).transpose()?,
         })
     }
 }
@@ -363,6 +401,7 @@ mod tests {
         assert!(bad(FilterText { sort: Some("size"), ..Default::default() }).contains("unknown sort"));
         assert!(bad(FilterText { limit: Some("0"), ..Default::default() }).contains("limit"));
         assert!(bad(FilterText { after: Some("zz"), ..Default::default() }).contains("cursor"));
+        assert!(bad(FilterText { flag: Some("doubled"), ..Default::default() }).contains("expected double_effect"));
         let range = FilterText { from: Some("2026-02-01"), to: Some("2026-01-01"), ..Default::default() };
         assert!(bad(range).contains("empty"));
     }

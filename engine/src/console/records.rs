@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use super::QueryError;
 use super::filter::{
-    Cursor, CursorKey, PageAt, RecordFilter, RecordListParams, SortKey, SortOrder, prefix_upper_bound,
+    Cursor, CursorKey, PageAt, RecordFilter, RecordFlag, RecordListParams, SortKey, SortOrder, prefix_upper_bound,
 };
 use crate::fastpath::FastPath;
 use crate::record::{HandlerMode, RecordStatus};
@@ -134,6 +134,13 @@ pub(crate) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFil
             q.push(" AND message_id < ").push_bind(upper);
         }
     }
+    match filter.flag {
+        // The few ids, read once from the partial index, then found by the primary key.
+        Some(RecordFlag::DoubleEffect) => {
+            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM record_attempts WHERE late_effect))");
+        }
+        None => {}
+    }
 }
 
 /// Whether a time-ordered list under `filter` must be bounded by [`SCAN_WINDOW`]: a group,
@@ -142,7 +149,8 @@ fn needs_window(filter: &RecordFilter) -> bool {
     let narrowed = filter.status.is_some_and(|s| s != RecordStatus::Succeeded)
         || filter.message_id.is_some()
         || filter.id_prefix.is_some()
-        || filter.min_attempts.is_some_and(|n| n > 1);
+        || filter.min_attempts.is_some_and(|n| n > 1)
+        || filter.flag.is_some();
     let selective = filter.group.is_some() || filter.message_type.is_some() || filter.error_class.is_some();
     selective && !narrowed
 }

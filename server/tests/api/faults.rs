@@ -233,33 +233,44 @@ async fn durations_read_in_the_unit_that_fits() {
     assert_eq!(api["minimum_retention_ms"], 64_000, "the API says ms");
 }
 
-#[tokio::test]
-async fn a_possible_double_effect_shows_on_the_record_in_the_api_and_on_the_overview() {
-    let app = spawn_app().await;
-    // A leased record worker A held until its lease ran out; B took it over and completed it;
-    // A's effect had run (its completion was refused): what the engine writes in that case.
+/// A succeeded leased record of `notify-service`. With `late_effect` given, worker A held it
+/// until its lease ran out and B took it over and completed it, A's effect having run after all
+/// (its completion refused: `late_effect` true) or not; without, it succeeded at the first try.
+async fn leased_record(app: &TestApp, message_id: &str, late_effect: Option<bool>) -> i64 {
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, handler_mode, attempts,
              max_attempts, payload_hash, source_broker, completed_at)
-         VALUES ('notify-service', 'ORDER.NOTIFY.7:3', 'ORDER.NOTIFY', 'succeeded', 'leased', 2, 5, '\\x00',
-                 'rabbitmq', now())
+         VALUES ('notify-service', $1, 'ORDER.NOTIFY', 'succeeded', 'leased', $2, 5, '\\x00', 'rabbitmq', now())
          RETURNING id",
     )
+    .bind(message_id)
+    .bind(if late_effect.is_some() { 2 } else { 1 })
     .fetch_one(&app._db.pool)
     .await
     .unwrap();
-    sqlx::query(
-        "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, taken_over_by,
-             late_effect)
-         VALUES ($1, 1, 'host-a:1:0', now() - interval '5 seconds', now() - interval '3 seconds', 'lease_lost',
-                 'host-b:2:0', true),
-                ($1, 2, 'host-b:2:0', now() - interval '3 seconds', now() - interval '2 seconds', 'succeeded',
-                 NULL, false)",
-    )
-    .bind(id)
-    .execute(&app._db.pool)
-    .await
-    .unwrap();
+    if let Some(late_effect) = late_effect {
+        sqlx::query(
+            "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, taken_over_by,
+                 late_effect)
+             VALUES ($1, 1, 'host-a:1:0', now() - interval '5 seconds', now() - interval '3 seconds', 'lease_lost',
+                     'host-b:2:0', $2),
+                    ($1, 2, 'host-b:2:0', now() - interval '3 seconds', now() - interval '2 seconds', 'succeeded',
+                     NULL, false)",
+        )
+        .bind(id)
+        .bind(late_effect)
+        .execute(&app._db.pool)
+        .await
+        .unwrap();
+    }
+    id
+}
+
+#[tokio::test]
+async fn a_possible_double_effect_shows_on_the_record_in_the_api_and_on_the_overview() {
+    let app = spawn_app().await;
+    // What the engine writes when A's effect had run before its completion was refused.
+    let id = leased_record(&app, "ORDER.NOTIFY.7:3", Some(true)).await;
 
     let record: Value = app.get(&format!("/api/v1/records/{id}")).await.json().await.unwrap();
     assert_eq!(record["possible_double_effect"], true, "{record}");
@@ -275,6 +286,25 @@ async fn a_possible_double_effect_shows_on_the_record_in_the_api_and_on_the_over
     let overview = app.get("/").await.text().await.unwrap();
     let stat = overview.split("data-testid=\"live-double-effects\"").nth(1).expect("the overview counts them");
     assert!(stat[..200.min(stat.len())].contains(">1<"), "one record: {}", &stat[..200.min(stat.len())]);
+
+    // The count links to the records it counts, and the API filter lists exactly those: not a
+    // record taken over without a late effect, nor one never taken over.
+    assert!(
+        stat[..600.min(stat.len())].contains("href=\"/records?flag=double_effect\""),
+        "{}",
+        &stat[..600.min(stat.len())]
+    );
+    leased_record(&app, "ORDER.NOTIFY.8:3", Some(false)).await;
+    leased_record(&app, "ORDER.NOTIFY.9:3", None).await;
+    let listed: Value = app.get("/api/v1/records?flag=double_effect").await.json().await.unwrap();
+    let ids: Vec<&Value> = listed["rows"].as_array().unwrap().iter().map(|r| &r["id"]).collect();
+    assert_eq!(ids, [&json!(id)], "exactly the flagged record: {listed}");
+    let all: Value = app.get("/api/v1/records").await.json().await.unwrap();
+    assert_eq!(all["rows"].as_array().unwrap().len(), 3, "without the flag, all three");
+    let bad = app.get("/api/v1/records?flag=doubled").await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST, "an unknown flag is refused");
+    let page = app.get("/records?flag=double_effect").await.text().await.unwrap();
+    assert!(page.contains("ORDER.NOTIFY.7:3") && !page.contains("ORDER.NOTIFY.8:3"), "the records page lists it alone");
 }
 
 #[tokio::test]

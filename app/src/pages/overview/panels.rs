@@ -11,13 +11,28 @@ use crate::wire::overview::{
     ConsumerView, DelayBucketView, GROWTH_RANGES, GroupView, GrowthView, LiveView, TrafficView,
 };
 
-/// One number with its label; `data-value` carries the raw number for tests and scrapers.
+/// One number with its label; `data-value` carries the raw number for tests and scrapers. With
+/// `list`, the label links to the records it counts (a `/records?…` path).
 #[component]
-fn Stat(label: &'static str, testid: &'static str, value: Signal<i64>) -> impl IntoView {
+fn Stat(
+    label: &'static str,
+    testid: &'static str,
+    value: Signal<i64>,
+    #[prop(optional)] list: Option<&'static str>,
+) -> impl IntoView {
+    let label = match list {
+        Some(path) => view! {
+            <A href=href(path) attr:class="stat-label" attr:data-testid=format!("{testid}-list")>
+                {label}
+            </A>
+        }
+        .into_any(),
+        None => view! { <span class="stat-label">{label}</span> }.into_any(),
+    };
     view! {
         <div class="stat" data-testid=testid data-value=move || value.get()>
             <span class="stat-value">{move || count(value.get())}</span>
-            <span class="stat-label">{label}</span>
+            {label}
         </div>
     }
 }
@@ -59,7 +74,12 @@ pub fn LivePanel(initial: LiveView, live: RwSignal<Option<LiveView>>, paused: Rw
                 <Stat label="failed" testid="live-failed" value=stat(|l| l.totals.failed) />
                 <Stat label="dead" testid="live-dead" value=stat(|l| l.totals.dead) />
                 <Stat label="stuck" testid="live-stuck" value=stat(|l| l.stuck) />
-                <Stat label="possible double effects" testid="live-double-effects" value=stat(|l| l.double_effects) />
+                <Stat
+                    label="possible double effects"
+                    testid="live-double-effects"
+                    value=stat(|l| l.double_effects)
+                    list="/records?flag=double_effect"
+                />
                 <Stat
                     label="deliveries, last minute"
                     testid="live-deliveries"

@@ -147,6 +147,7 @@ pub fn filter_text(q: &RecordsQuery) -> FilterText<'_> {
         min_attempts: q.min_attempts.as_deref(),
         message_id: q.id.as_deref(),
         id_prefix: q.prefix.as_deref(),
+        flag: q.flag.as_deref(),
         sort: q.sort.as_deref(),
         order: q.order.as_deref(),
         after: q.after.as_deref(),

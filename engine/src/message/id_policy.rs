@@ -196,16 +196,16 @@ impl IdPolicy {
         };
         let found = self.from.iter().find_map(|source| match source {
             IdSource::JsonPointer(pointer) => Some(match json.as_ref()?.pointer(pointer)? {
-                Value::String(s) => MessageId::parse(s.clone()),
-                Value::Number(n) => MessageId::parse(n.to_string()),
-                _ => MessageId::parse(String::new()),
+                Value::String(s) => parse_id(s),
+                Value::Number(n) => parse_id(&n.to_string()),
+                _ => parse_id(""),
             }),
             IdSource::Offset => offset_id(message),
             _ => envelope(source, message),
         });
         match found {
             None => Err(poison(PoisonReason::NoMessageId { looked_at: self.from.clone() }, None)),
-            Some(Err(e)) => Err(poison(PoisonReason::InvalidMessageId(e), None)),
+            Some(Err((error, found))) => Err(poison(PoisonReason::InvalidMessageId { error, found }, None)),
             Some(Ok(id)) => {
                 let found = types.resolve(message, Some(&id), json.as_ref());
                 Ok(Identified { id, message_type: found.name, raw_type: found.raw, json })
@@ -214,33 +214,42 @@ impl IdPolicy {
     }
 }
 
+/// What an id source yielded: the id, or why it is not one with the value as sent (escaped and
+/// bounded; `None` for bytes that are not text).
+type Found = Result<MessageId, (IdError, Option<String>)>;
+
+/// Parses a source's text as a message id, keeping the text when it is not one.
+fn parse_id(value: &str) -> Found {
+    MessageId::parse(value).map_err(|e| (e, Some(super::shown_id(value))))
+}
+
 /// The id an envelope source (property, header, Kafka key) yields, if it has one; `None` for
 /// the payload and the offset.
-fn envelope(source: &IdSource, message: &InboundMessage) -> Option<Result<MessageId, IdError>> {
+fn envelope(source: &IdSource, message: &InboundMessage) -> Option<Found> {
     match source {
-        IdSource::Property => message.property_message_id.as_deref().filter(|s| !s.is_empty()).map(MessageId::parse),
+        IdSource::Property => message.property_message_id.as_deref().filter(|s| !s.is_empty()).map(parse_id),
         IdSource::Header(name) => Some(match message.headers.get(name)? {
-            Value::String(s) => MessageId::parse(s.clone()),
-            Value::Number(n) => MessageId::parse(n.to_string()),
+            Value::String(s) => parse_id(s),
+            Value::Number(n) => parse_id(&n.to_string()),
             // Bytes that are not UTF-8 (see `bytes_to_json`).
-            Value::Array(_) => Err(IdError::NotText { what: "message id header" }),
-            _ => MessageId::parse(String::new()),
+            Value::Array(_) => Err((IdError::NotText { what: "message id header" }, None)),
+            _ => parse_id(""),
         }),
         IdSource::Key if message.broker == Broker::Kafka => {
             if message.source.key_not_text {
-                return Some(Err(IdError::NotText { what: "record key" }));
+                return Some(Err((IdError::NotText { what: "record key" }, None)));
             }
-            message.source.routing_key.as_deref().filter(|k| !k.is_empty()).map(MessageId::parse)
+            message.source.routing_key.as_deref().filter(|k| !k.is_empty()).map(parse_id)
         }
         IdSource::Key | IdSource::JsonPointer(_) | IdSource::Offset => None,
     }
 }
 
 /// `<topic>-<partition>-<offset>` of a Kafka record.
-fn offset_id(message: &InboundMessage) -> Option<Result<MessageId, IdError>> {
+fn offset_id(message: &InboundMessage) -> Option<Found> {
     if message.broker != Broker::Kafka {
         return None;
     }
     let s = &message.source;
-    Some(MessageId::parse(format!("{}-{}-{}", s.exchange.as_deref()?, s.queue.as_deref()?, s.offset?)))
+    Some(parse_id(&format!("{}-{}-{}", s.exchange.as_deref()?, s.queue.as_deref()?, s.offset?)))
 }

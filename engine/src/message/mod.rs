@@ -127,8 +127,15 @@ pub enum PoisonReason {
         looked_at: Vec<IdSource>,
     },
     /// An id was found but is not acceptable.
-    #[error("invalid message id: {0}")]
-    InvalidMessageId(IdError),
+    #[error("invalid message id: {error}{}", as_sent_note(found.as_deref()))]
+    InvalidMessageId {
+        /// Why it is not acceptable.
+        error: IdError,
+        /// The value as the producer sent it, so an operator can find the producer's message:
+        /// escaped (`char::escape_debug`: control and invisible characters as `\u{…}`) and cut
+        /// at [`MAX_SHOWN_ID_CHARS`] characters (then `…`). `None` for bytes that are not text.
+        found: Option<String>,
+    },
     /// The payload is not valid JSON (and the message is not declared binary).
     #[error("unparsable payload: {0}")]
     UnparsablePayload(String),
@@ -177,7 +184,7 @@ impl PoisonReason {
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             PoisonReason::NoMessageId { .. } => "NO_MESSAGE_ID",
-            PoisonReason::InvalidMessageId(_) => "INVALID_MESSAGE_ID",
+            PoisonReason::InvalidMessageId { .. } => "INVALID_MESSAGE_ID",
             PoisonReason::UnparsablePayload(_) => "UNPARSABLE_PAYLOAD",
             PoisonReason::TooLarge { .. } => "PAYLOAD_TOO_LARGE",
             PoisonReason::HeadersTooDeep { .. } => "HEADERS_TOO_DEEP",
@@ -189,6 +196,23 @@ impl PoisonReason {
 /// The sources, as written in configuration, comma-separated.
 fn sources(sources: &[IdSource]) -> String {
     sources.iter().map(IdSource::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// Most characters of an invalid id kept on its poison record ([`PoisonReason::InvalidMessageId`]).
+pub const MAX_SHOWN_ID_CHARS: usize = 200;
+
+/// An invalid id as sent, escaped and bounded (see [`PoisonReason::InvalidMessageId`]).
+fn shown_id(value: &str) -> String {
+    let mut shown: String = value.escape_debug().take(MAX_SHOWN_ID_CHARS).collect();
+    if value.escape_debug().nth(MAX_SHOWN_ID_CHARS).is_some() {
+        shown.push('…');
+    }
+    shown
+}
+
+/// ` (as sent: "…")` when the invalid id was text.
+fn as_sent_note(found: Option<&str>) -> String {
+    found.map(|f| format!(" (as sent: \"{f}\")")).unwrap_or_default()
 }
 
 /// `(raw value "…")` when the raw type differs from the mapped one.

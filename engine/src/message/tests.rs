@@ -130,13 +130,14 @@ fn a_kafka_key_or_id_header_that_is_not_utf8_is_an_invalid_id_never_a_lossy_one(
     m.source.routing_key = Some("ORDER.CREATE.A\u{fffd}:1".into());
     m.source.key_not_text = true;
     let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
-    assert_eq!(p.reason, PoisonReason::InvalidMessageId(IdError::NotText { what: "record key" }));
+    assert_eq!(p.reason, PoisonReason::InvalidMessageId { error: IdError::NotText { what: "record key" }, found: None });
     assert_eq!(p.reason.to_string(), "invalid message id: record key is not UTF-8 text");
     assert!(p.record_id.as_str().starts_with("POISON.INVALID_MESSAGE_ID."), "{}", p.record_id);
 
     m.headers.insert("x-message-id".into(), serde_json::json!([255, 254, 0]));
     let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
-    assert_eq!(p.reason, PoisonReason::InvalidMessageId(IdError::NotText { what: "message id header" }));
+    let not_text = IdError::NotText { what: "message id header" };
+    assert_eq!(p.reason, PoisonReason::InvalidMessageId { error: not_text, found: None });
     m.headers.insert("x-message-id".into(), Value::String("ORDER.CREATE.7:1".into()));
     assert_eq!(
         policy.identify(&m, &TypePolicy::default()).unwrap().id.as_str(),
@@ -163,7 +164,26 @@ fn an_invalid_id_is_poison() {
     let mut m = message(b"{}");
     m.property_message_id = Some("bad\u{0}id".into());
     let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
-    assert!(matches!(p.reason, PoisonReason::InvalidMessageId(_)));
+    assert!(matches!(p.reason, PoisonReason::InvalidMessageId { .. }));
+}
+
+#[test]
+fn an_invalid_id_is_kept_on_its_poison_record_escaped_and_bounded() {
+    let policy = IdPolicy::default();
+    let mut m = message(b"{}");
+    // What the producer sent, so an operator can find its message: escaped, never raw.
+    m.property_message_id = Some("ORDER.PAY.7\n<b>\u{202e}:1".into());
+    let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
+    assert_eq!(
+        p.reason.to_string(),
+        "invalid message id: message id contains a control or invisible formatting character \
+         (as sent: \"ORDER.PAY.7\\n<b>\\u{202e}:1\")"
+    );
+    m.property_message_id = Some("x".repeat(600));
+    let p = policy.identify(&m, &TypePolicy::default()).unwrap_err();
+    let PoisonReason::InvalidMessageId { found: Some(found), .. } = &p.reason else { panic!("{:?}", p.reason) };
+    assert_eq!(found.chars().count(), MAX_SHOWN_ID_CHARS + 1, "cut, with an ellipsis");
+    assert!(found.ends_with("x…"));
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! `DEDUP_<KEY>` for every key of [`Settings`] (e.g. `DEDUP_LISTEN=0.0.0.0:3000`). The TOML file is
 //! given with `--config <path>` or `DEDUP_CONFIG`. The table of keys is in README.md.
 
+mod env;
 mod groups;
 
 use std::net::SocketAddr;
@@ -13,6 +14,8 @@ use dedup_engine::{FastPathSettings, Schema};
 use dedup_example_orders::OrderSettings;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
+
+use self::env::DedupEnv;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -197,14 +200,7 @@ impl Settings {
             )
             // Other tools use DEDUP_ variables too (DEDUP_BIN, DEDUP_CACHE_DIR): only keys of
             // these settings are read from the environment. Keys inside a section are strict.
-            .merge(
-                Env::prefixed("DEDUP_")
-                    .filter(|key| {
-                        let top = key.as_str().split("__").next().unwrap_or_default();
-                        TOP_LEVEL_KEYS.iter().any(|k| k.eq_ignore_ascii_case(top))
-                    })
-                    .split("__"),
-            )
+            .merge(DedupEnv { top_level: &TOP_LEVEL_KEYS })
             .extract()
             .map_err(Box::new)
     }
@@ -345,6 +341,41 @@ signing_secret = "whsec_c2VjcmV0LXNpZ25pbmc="
             assert_eq!(s.consumer.kafka.topics, ["t-1.orders", "t-2"]);
             assert_eq!(s.consumer.kafka.session_timeout_ms, 6000);
             assert_eq!(s.consumer.kafka.brokers, "127.0.0.1:9092");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn map_valued_keys_have_an_environment_form_that_keeps_keys_as_written() {
+        figment::Jail::expect_with(|jail| {
+            // A whole map as JSON, and single entries by name; dotted, mixed-case keys kept.
+            jail.set_env("DEDUP_CONSUMER__TYPES__MAP", r#"{"com.acme.OrderPaid": "ORDER.PAY"}"#);
+            jail.set_env("DEDUP_CONSUMER__TYPES__MAP__com.acme.OrderCreated", "ORDER.CREATE");
+            jail.set_env("DEDUP_CONSUMER__HTTP__ORDER.PAID__URL", "http://127.0.0.1:8080/charge");
+            jail.set_env("DEDUP_CONSUMER__HTTP__ORDER.PAID__TIMEOUT_MS", "5000");
+            jail.set_env("DEDUP_CONSUMER__HTTP__ORDER.PAID__HEADERS__X-Api-Key", r#"{"env": "BILLING_KEY"}"#);
+            let s = Settings::load(None).map_err(|e| e.to_string())?;
+            let map = &s.consumer.settings.types.map;
+            assert_eq!(map.get("com.acme.OrderPaid").map(String::as_str), Some("ORDER.PAY"), "{map:?}");
+            assert_eq!(map.get("com.acme.OrderCreated").map(String::as_str), Some("ORDER.CREATE"), "{map:?}");
+            let groups = s.consumer_groups().map_err(|e| e.to_string())?;
+            let paid = &groups[0].http["ORDER.PAID"];
+            assert_eq!((paid.url.as_str(), paid.timeout_ms), ("http://127.0.0.1:8080/charge", 5000));
+            assert!(format!("{paid:?}").contains("X-Api-Key"), "{paid:?}");
+            // A typo in a setting name inside a map entry is still refused, by name.
+            jail.set_env("DEDUP_CONSUMER__HTTP__ORDER.PAID__TIMOUT_MS", "5");
+            let err = Settings::load(None).map(|_| ()).unwrap_err().to_string();
+            assert!(err.contains("timout_ms"), "{err}");
+            jail.clear_env();
+            // A list of tables as JSON: [[groups]], with its own map keys as written.
+            let groups = r#"[{"group": "billing", "rabbitmq": {"queue": "q.billing"},
+                              "types": {"map": {"com.acme.Charge": "CHARGE"}}}]"#;
+            jail.set_env("DEDUP_GROUPS", groups);
+            let groups =
+                Settings::load(None).map_err(|e| e.to_string())?.consumer_groups().map_err(|e| e.to_string())?;
+            assert_eq!(groups.len(), 1);
+            assert_eq!(groups[0].group, "billing");
+            assert_eq!(groups[0].settings.types.map.get("com.acme.Charge").map(String::as_str), Some("CHARGE"));
             Ok(())
         });
     }

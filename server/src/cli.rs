@@ -1,6 +1,6 @@
 //! The command line: `serve` (default), `migrate`, `simulate`, `publish`, `verify`, `seed`, `user`, and the operator
-//! commands (`release`, `mark-succeeded`, `dead-letter`, `requeue`, `requeue-bulk`, `cleanup`; see
-//! [`crate::operator`]).
+//! commands (`release`, `mark-succeeded`, `dead-letter`, `requeue`, `requeue-bulk`; see
+//! [`crate::operator`]) and `cleanup` ([`crate::cli_cleanup`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,9 +12,10 @@ use dedup_engine::console::seed::{SeedParams, seed_records};
 use dedup_example_orders::simulate::{SimulateParams, simulate};
 use dedup_example_orders::verify::{VerifyReport, check_kafka_lag, verify};
 
+use crate::cli_cleanup::{CleanupArgs, run_cleanup};
 use crate::cli_users::UserCommand;
 use crate::config::{GroupConfig, Settings};
-use crate::operator::{BulkArgs, CleanupArgs, RecordArgs, run_bulk, run_cleanup, run_record};
+use crate::operator::{BulkArgs, RecordArgs, run_bulk, run_record};
 use crate::publish::{PublishArgs, run_publish};
 use crate::startup::{Application, open_database, open_database_with_example};
 use crate::telemetry;
@@ -68,7 +69,8 @@ pub enum Command {
     /// Requeue the records a filter matches, rate-limited with a canary: prints the preview;
     /// --yes starts the job and runs it.
     RequeueBulk(BulkArgs),
-    /// Dry-run (--dry-run) or run a cleanup schedule now.
+    /// Cleanup schedules: list, create, edit, or run one now (cleanup run ID [--dry-run], or
+    /// cleanup ID [--dry-run]).
     Cleanup(CleanupArgs),
 }
 

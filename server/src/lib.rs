@@ -3,6 +3,7 @@
 //! line. The binary (`main.rs`) only parses the command line and calls [`cli::run`].
 
 pub mod cli;
+pub mod cli_cleanup;
 pub mod cli_users;
 pub mod config;
 pub mod hints;

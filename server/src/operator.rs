@@ -200,38 +200,3 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
     );
     Ok(())
 }
-
-/// `cleanup` options.
-#[derive(Debug, Args)]
-pub struct CleanupArgs {
-    /// The schedule's id (see `GET /api/v1/cleanup`).
-    pub schedule: i64,
-    /// Only count what would be deleted.
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
-/// Dry-runs or runs a cleanup schedule now and waits for the run to finish.
-///
-/// Errors: unknown schedule, a run in progress, database errors.
-pub async fn run_cleanup(settings: &Settings, args: CleanupArgs) -> anyhow::Result<()> {
-    use dedup_engine::console::actions::cleanup::{cleanup_dry_run, cleanup_runs, scheduler};
-    let db = open_database(settings).await?;
-    let pool = &db.engine;
-    if args.dry_run {
-        println!("{} records would be deleted", cleanup_dry_run(pool, args.schedule).await?);
-        return Ok(());
-    }
-    let run_id = scheduler::cleanup_run_now(pool, &cli_actor(), args.schedule).await?;
-    loop {
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let runs = cleanup_runs(pool, Some(args.schedule), 20).await?;
-        if let Some(run) = runs.iter().find(|r| r.id == run_id && r.finished_at.is_some()) {
-            println!("run {run_id}: {} records deleted in {} batches", run.rows_deleted, run.batches);
-            anyhow::ensure!(run.error.is_none(), "cleanup stopped early: {}", run.error.clone().unwrap_or_default());
-            break;
-        }
-    }
-    db.close().await;
-    Ok(())
-}

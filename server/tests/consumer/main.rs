@@ -5,8 +5,9 @@
 //! groups on two queues; a Spring-style producer typed by a header; an HTTP handler declared in the
 //! configuration calling a service the test runs, and the Python example service behind it; the
 //! exactly-once drill of HTTP handlers (5 000 messages, two processes, the service and one
-//! process killed).
+//! process killed); cleanup schedules managed from the command line.
 
+mod cleanup_cli;
 mod crashes;
 mod exactly_once;
 mod groups;

@@ -22,6 +22,8 @@
 //! 8. HTTP (with `--features http`): a leased HTTP handler calling a local axum endpoint that
 //!    answers 200 at once — what the gateway costs over the leased phase (issue 22 asks for at
 //!    least 70 % of its rate);
+//!    Beside it, the same calls alone (one pooled reqwest client, `workers × concurrency` in
+//!    flight, no broker, pipeline or database): the floor these two cores allow the HTTP phase;
 //! 9. RabbitMQ: raw again; the faster raw phase is the reference (100 %).
 //!
 //! Run: `cargo bench -p dedup-engine [--features http] --bench consume [-- [kafka] [MESSAGES [WORKERS [BATCH]]]]`
@@ -101,6 +103,34 @@ async fn instant_endpoint() -> String {
     let app = axum::Router::new().route("/hook", axum::routing::post(|| async { axum::http::StatusCode::OK }));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     url
+}
+
+/// The machine's floor for the HTTP phase: `total` POSTs of the bench's body to `url` through
+/// one pooled keep-alive reqwest client, `in_flight` at a time (the HTTP phase's workers ×
+/// its handler's concurrency), with no broker, no pipeline and no database.
+#[cfg(feature = "http")]
+async fn http_calls_alone(url: &str, total: usize, in_flight: usize) -> Phase {
+    use futures::StreamExt;
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    futures::stream::iter(0..total)
+        .map(|i| {
+            let request = client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("idempotency-key", format!("\"BENCH.HTTP.{i}:1\""))
+                .body(BODY);
+            async move { assert!(request.send().await.unwrap().status().is_success()) }
+        })
+        .buffer_unordered(in_flight)
+        .collect::<()>()
+        .await;
+    Phase {
+        name: "HTTP calls alone, no broker or pipeline",
+        messages: total,
+        elapsed: started.elapsed(),
+        pipeline: Duration::ZERO,
+    }
 }
 
 struct Phase {
@@ -497,6 +527,13 @@ fn main() {
             let work = Work::Pipeline(pipeline(&db, redis.clone(), http_url.as_deref()), AckReason::Processed);
             phases.push(consume(name, bench.factory(), work, total, workers, batch).await);
         }
+        // What the endpoint and the client alone allow on these two cores: the HTTP phase's
+        // floor, beside it.
+        #[cfg(feature = "http")]
+        if let Some(url) = &http_url {
+            let concurrency = dedup_engine::http::HttpSettings::new(url.as_str()).concurrency;
+            phases.push(http_calls_alone(url, total, workers * concurrency).await);
+        }
         // The raw phase again, warm: the first one also pays for the run's first connections,
         // and its rate varies most. The faster of the two is the reference (100 %).
         if !kafka {
@@ -533,6 +570,16 @@ fn main() {
         let rate_of = |prefix: &str| phases.iter().find(|p| p.name.starts_with(prefix)).map(Phase::rate);
         if let (Some(leased), Some(http)) = (rate_of("leased"), rate_of("HTTP")) {
             println!("HTTP phase vs leased phase: {:.1} % (issue 22 asks for at least 70 %)", 100.0 * http / leased);
+            if let Some(alone) = rate_of("HTTP calls alone") {
+                // The leased work and the calls, each at its own rate, one after the other on
+                // the same two cores: what the HTTP phase reaches if nothing overlaps.
+                let serial = 1.0 / (1.0 / leased + 1.0 / alone);
+                println!(
+                    "leased phase and calls alone, one after the other: {serial:.0} msg/s ({:.1} % of leased); the HTTP phase made {:.1} % of that",
+                    100.0 * serial / leased,
+                    100.0 * http / serial
+                );
+            }
         }
     });
 }

@@ -27,7 +27,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
@@ -59,6 +59,13 @@ impl Drop for Heartbeat {
         self.0.abort();
     }
 }
+
+/// How long the completions of a batch's finished calls wait for more calls to finish after the
+/// first: calls that answer at once (an HTTP service on the same network) then complete in one
+/// statement, not in one statement each as they come in; a slow call's completion waits no
+/// more than this. With an HTTP handler answering at once, batches of 50 went from several
+/// completion statements each to about one (BENCHMARKS.md, "Leased and HTTP handlers").
+const COMPLETION_LINGER: Duration = Duration::from_millis(20);
 
 /// A claimed message whose handler has returned.
 struct Finished<'r, 'a> {
@@ -138,15 +145,23 @@ impl Pipeline {
         let _heartbeat = Heartbeat(tokio::spawn(
             self.clone().extend_leases_while_running(in_flight.clone(), lease.clone()).in_current_span(),
         ));
-        // Finished calls wait here while a settlement runs; the next one takes them all.
+        // Finished calls wait here while a settlement runs, or for COMPLETION_LINGER after the
+        // first of them; the next settlement takes them all.
         let mut finished = Vec::new();
+        let mut settle_at: Option<tokio::time::Instant> = None;
         let mut settling = FuturesUnordered::new();
         loop {
-            if settling.is_empty() && !finished.is_empty() {
+            let due = calls.is_empty() || settle_at.is_some_and(|at| at <= tokio::time::Instant::now());
+            if settling.is_empty() && !finished.is_empty() && due {
                 settling.push(self.settle_leased(&lease, std::mem::take(&mut finished)));
+                settle_at = None;
             }
+            let lingering = settling.is_empty() && !finished.is_empty();
             tokio::select! {
                 Some(done) = calls.next() => {
+                    if finished.is_empty() {
+                        settle_at = Some(tokio::time::Instant::now() + COMPLETION_LINGER);
+                    }
                     finished.push(done);
                     // Whatever else has finished by now goes into the same statement.
                     while let Some(Some(done)) = calls.next().now_or_never() {
@@ -158,6 +173,7 @@ impl Pipeline {
                     }
                 }
                 Some(settled) = settling.next() => outcomes.extend(settled),
+                () = tokio::time::sleep_until(settle_at.unwrap_or_else(tokio::time::Instant::now)), if lingering => {}
                 else => break,
             }
         }

@@ -395,17 +395,19 @@ impl Pipeline {
                 }
             }
         }
-        self.stats.count(group, Event::Failed, 1);
         tracing::info!(message_id = %message_id, attempt = claim.attempt, error = %text, "handler failed");
         match self.store.fail_claimed(conn, &failure).await {
             Ok(FailureOutcome::Failed) => {
+                self.stats.count(group, Event::Failed, 1);
                 self.stats.count(group, Event::Retry, 1);
                 Disposition::Retry { delay }
             }
             Ok(FailureOutcome::Dead) => {
+                self.stats.count(group, Event::Failed, 1);
                 self.stats.count(group, Event::Dead, 1);
                 Disposition::DeadLetter { reason: text }
             }
+            // No record failed: the record is its new holder's, whose claim counted the takeover.
             Ok(FailureOutcome::Superseded) => Disposition::Ack(AckReason::LeaseLost),
             Err(e) => {
                 tracing::warn!(error = %e, "recording a failure failed; redelivering");

@@ -19,6 +19,9 @@ async fn overview_is_server_rendered_with_navigation_and_health() {
     assert!(html.contains("data-testid=\"health-table\""), "health rendered on the server");
     assert!(html.contains("data-dependency=\"database\" data-state=\"up\""));
     assert!(html.contains("/pkg/dedup-console.js"), "hydration script referenced");
+    // The traffic figures say what a crash can cost them (counted in memory between flushes).
+    let note = html.split("data-testid=\"traffic-flush-note\"").nth(1).expect("the traffic panel's note");
+    assert!(note[..300].contains("loses up to that much of its counts, never a record"), "{}", &note[..300]);
 }
 
 #[tokio::test]

@@ -132,6 +132,9 @@ pub fn TrafficPanel(last_hour: TrafficView, last_day: TrafficView) -> impl IntoV
                         .collect_view()}
                 </tbody>
             </table>
+            <p class="muted" data-testid="traffic-flush-note">
+                "Counted in memory and written every stats_flush_ms (1 s by default): a process killed without a clean stop loses up to that much of its counts, never a record."
+            </p>
         </section>
     }
 }

@@ -24,7 +24,8 @@ pub enum ConsoleError {
     /// lease, nothing to republish); nothing changed. The text says what to do.
     #[error("{0}")]
     Conflict(String),
-    /// A dependency (the broker) failed the action; nothing changed. Try again later.
+    /// A dependency failed the request (the broker, or the database did not answer within the
+    /// console's bound); nothing changed. Try again later.
     #[error("{0}")]
     Unavailable(String),
     /// Something failed on the server; details are in the server log under this request.
@@ -88,16 +89,48 @@ impl ConsoleError {
         tracing::error!(error = %format_args!("{error:#}"), "server function failed");
         ConsoleError::Internal
     }
+
+    /// A failed database call: [`ConsoleError::Unavailable`] when a wait hit the console's bound
+    /// (PostgreSQL cancelled the statement at the console's `statement_timeout`, SQLSTATE 57014
+    /// `query_canceled`, or no connection of its pool came in time), logged as a warning; else
+    /// [`ConsoleError::internal`]. A cancelled statement changed nothing: its transaction rolls
+    /// back.
+    fn database<E: std::error::Error + 'static>(error: E) -> Self {
+        if !database_timed_out(&error) {
+            return ConsoleError::internal(error);
+        }
+        tracing::warn!(error = %format_args!("{error:#}"), "the database did not answer within the console's bound");
+        ConsoleError::Unavailable(DATABASE_TIMED_OUT.to_owned())
+    }
+}
+
+/// What a request is told when the database did not answer within the console's bound.
+#[cfg(feature = "ssr")]
+pub(crate) const DATABASE_TIMED_OUT: &str =
+    "the database did not answer in time (a long lock or an overload); nothing was changed, try again";
+
+/// Whether `error` (or a cause of it) is a database wait cut by the console's bounds:
+/// PostgreSQL cancelled the statement at its `statement_timeout` (SQLSTATE 57014
+/// `query_canceled`), or no connection of the pool came in time.
+#[cfg(feature = "ssr")]
+pub(crate) fn database_timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |e| e.source()).filter_map(|e| e.downcast_ref::<sqlx::Error>()).any(
+        |e| match e {
+            sqlx::Error::PoolTimedOut => true,
+            other => other.as_database_error().and_then(|d| d.code()).is_some_and(|code| code == "57014"),
+        },
+    )
 }
 
 #[cfg(feature = "ssr")]
 impl From<dedup_engine::console::QueryError> for ConsoleError {
-    /// A bad filter keeps its message (it is about the request); a database error is logged and
-    /// becomes the opaque [`ConsoleError::Internal`].
+    /// A bad filter keeps its message (it is about the request); a database error is
+    /// [`ConsoleError::Unavailable`] when it hit the console's bound, else logged and the opaque
+    /// [`ConsoleError::Internal`].
     fn from(error: dedup_engine::console::QueryError) -> Self {
         match error {
             dedup_engine::console::QueryError::BadFilter(message) => ConsoleError::BadRequest(message),
-            other => ConsoleError::internal(other),
+            other => ConsoleError::database(other),
         }
     }
 }
@@ -105,21 +138,23 @@ impl From<dedup_engine::console::QueryError> for ConsoleError {
 #[cfg(feature = "ssr")]
 impl From<dedup_engine::console::accounts::AccountError> for ConsoleError {
     /// Invalid input, a taken name, a missing user and the last-admin guard keep their message;
-    /// a database error is logged and becomes the opaque [`ConsoleError::Internal`].
+    /// a database error is [`ConsoleError::Unavailable`] when it hit the console's bound, else
+    /// logged and the opaque [`ConsoleError::Internal`].
     fn from(error: dedup_engine::console::accounts::AccountError) -> Self {
         use dedup_engine::console::accounts::AccountError as E;
         match error {
             E::Invalid(_) | E::NameTaken(_) | E::LastAdmin => ConsoleError::BadRequest(error.to_string()),
             E::NotFound(_) => ConsoleError::NotFound(error.to_string()),
-            E::Unexpected(e) => ConsoleError::internal(format!("{e:#}")),
+            E::Unexpected(_) => ConsoleError::database(error),
         }
     }
 }
 
 #[cfg(feature = "ssr")]
 impl From<dedup_engine::console::actions::ActionError> for ConsoleError {
-    /// Refusals keep their message (it is about the record and safe to show); internal errors
-    /// are logged and become the opaque [`ConsoleError::Internal`].
+    /// Refusals keep their message (it is about the record and safe to show); a database wait
+    /// that hit the console's bound is [`ConsoleError::Unavailable`]; other internal errors are
+    /// logged and become the opaque [`ConsoleError::Internal`].
     fn from(error: dedup_engine::console::actions::ActionError) -> Self {
         use dedup_engine::console::actions::ErrorKind;
         match error.kind() {
@@ -127,7 +162,7 @@ impl From<dedup_engine::console::actions::ActionError> for ConsoleError {
             ErrorKind::NotFound => ConsoleError::NotFound(error.to_string()),
             ErrorKind::Conflict => ConsoleError::Conflict(error.to_string()),
             ErrorKind::Unavailable => ConsoleError::Unavailable(error.to_string()),
-            ErrorKind::Internal => ConsoleError::internal(error),
+            ErrorKind::Internal => ConsoleError::database(error),
         }
     }
 }

@@ -100,8 +100,9 @@ fn probes(settings: &Settings, pool: PgPool, groups: &[GroupConfig]) -> anyhow::
 
 impl Application {
     /// Opens the database (the order example's migrations; the engine applies its own), checks
-    /// Redis and the broker (a warning, not a failure: the console still serves, `/readyz`
-    /// reports them down and the consumers keep reconnecting), starts the engine with the
+    /// Redis and the broker in the background without waiting for them (a warning, not a
+    /// failure: the console serves at once, `/readyz` reports them down and the consumers keep
+    /// reconnecting), starts the engine with the
     /// configured consumer groups bound to the order example's handlers, builds the router and
     /// binds the listener. `demo` turns on demo mode (see `serve --demo`).
     ///
@@ -150,12 +151,18 @@ impl Application {
         let engine = builder.start().await?;
         let handle = engine.handle().clone();
         let probes = probes(&settings, handle.pool().clone(), &groups)?;
-        let (redis, broker) = tokio::join!(probes.check_redis(), probes.check_broker());
-        for dependency in [redis, broker] {
-            if let Some(error) = dependency.error {
-                tracing::warn!(service = dependency.service, "{error}");
+        // In the background: the server serves at once, and `/readyz` probes on its own.
+        tokio::spawn({
+            let probes = probes.clone();
+            async move {
+                let (redis, broker) = tokio::join!(probes.check_redis(), probes.check_broker());
+                for dependency in [redis, broker] {
+                    if let Some(error) = dependency.error {
+                        tracing::warn!(service = dependency.service, "{error}");
+                    }
+                }
             }
-        }
+        });
         let demo = demo.then(|| start_demo(&settings, &pool, &engine, &groups, order_settings));
         let config = ConsoleConfig {
             site_root: settings.site_root.clone(),
@@ -164,6 +171,8 @@ impl Application {
             read_only: settings.console.read_only,
             https: false, // `auth.secure_cookies` implies it.
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            statement_timeout: Duration::from_millis(settings.console.statement_timeout_ms),
+            pool_size: settings.console.max_connections,
             max_body_bytes: settings.max_body_bytes,
             metrics: Some(metrics),
             shutdown: CancellationToken::new(),

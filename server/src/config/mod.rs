@@ -111,7 +111,7 @@ pub struct Settings {
 }
 
 /// `[console]`: how the console is served.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConsoleSettings {
     /// The prefix the console is served under, for a reverse proxy that keeps it (`/x/y`: the
@@ -119,6 +119,19 @@ pub struct ConsoleSettings {
     pub base_path: String,
     /// Refuse every change (403) whatever the role, and show no action button. Default false.
     pub read_only: bool,
+    /// PostgreSQL's `statement_timeout` for the console's queries and actions, lock waits
+    /// included, in milliseconds: past it a request answers 503 and its query is cancelled.
+    /// Shorter than `request_timeout_ms`. Default 10 000.
+    pub statement_timeout_ms: u64,
+    /// Most connections of the console's own pool, apart from the consumers' and the engine's.
+    /// Default 6.
+    pub max_connections: u32,
+}
+
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        Self { base_path: String::new(), read_only: false, statement_timeout_ms: 10_000, max_connections: 6 }
+    }
 }
 
 /// How log lines are written.

@@ -4,6 +4,7 @@
 mod actions;
 mod auth;
 mod console;
+mod database_waits;
 mod faults;
 mod handlers;
 mod health;

@@ -155,16 +155,25 @@ async fn list_server_functions_take_an_empty_filter() {
     }
 }
 
-/// A page whose data does not come in time gets 503, not 408: browsers send a 408 again on their
-/// own, and the database would run the page's queries once more each time.
+/// A page whose data does not come in time says so: its statements end at the console's
+/// statement timeout and the page shows that the database did not answer in time. Never 408:
+/// browsers send a 408 again on their own, and the database would run the page's queries once
+/// more each time.
 #[tokio::test]
-async fn a_page_that_times_out_answers_503() {
-    let app = crate::helpers::spawn_app_with(|s| s.request_timeout_ms = 500).await;
+async fn a_page_whose_data_does_not_come_in_time_says_so() {
+    let app = crate::helpers::spawn_app_with(|s| {
+        s.request_timeout_ms = 5_000;
+        s.console.statement_timeout_ms = 400;
+    })
+    .await;
     let mut lock = app._db.pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE dedup_records IN ACCESS EXCLUSIVE MODE").execute(&mut *lock).await.unwrap();
     let started = Instant::now();
     let response = app.get("/records").await;
-    assert_eq!(response.status(), 503);
-    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+    let status = response.status();
+    let html = response.text().await.unwrap();
+    assert!(status == 200 || status == 503, "{status}");
+    assert!(html.contains("the database did not answer in time"), "{html}");
+    assert!(started.elapsed() < Duration::from_secs(3), "answered after {:?}", started.elapsed());
     lock.rollback().await.unwrap();
 }

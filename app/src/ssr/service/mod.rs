@@ -21,4 +21,5 @@ pub mod handlers;
 pub mod operations;
 mod state;
 
-pub use state::{ConsoleState, console_state};
+pub(crate) use state::console_pool;
+pub use state::{CONSOLE_APPLICATION_NAME, ConsoleState, console_state};

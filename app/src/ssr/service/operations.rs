@@ -215,9 +215,11 @@ pub async fn schedule_dry_run(state: &ConsoleState, id: i64) -> Result<i64, Cons
     Ok(cleanup::cleanup_dry_run(state.pool(), id).await?)
 }
 
-/// Starts a manual run of schedule `id` as `actor`; returns the run id.
+/// Starts a manual run of schedule `id` as `actor`; returns the run id. The run outlives the
+/// request and its batches may take longer than the console's statement timeout: it runs on the
+/// engine's pool, as scheduled runs do.
 pub async fn schedule_run_now(state: &ConsoleState, actor: &str, id: i64) -> Result<i64, ConsoleError> {
-    Ok(scheduler::cleanup_run_now(state.pool(), actor, id).await?)
+    Ok(scheduler::cleanup_run_now(state.engine.pool(), actor, id).await?)
 }
 
 /// Publishes a drill copy as `actor`.

@@ -1,6 +1,8 @@
 //! What the service layer works with: the console's handle on the engine, its probes and its
 //! settings, given to every server function and REST handler.
 
+use std::time::Duration;
+
 use dedup_engine::console::FastPath;
 use dedup_engine::console::actions::Publishers;
 use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
@@ -15,8 +17,11 @@ use crate::wire::{DependencyView, HealthView};
 pub struct ConsoleState {
     /// Probes of PostgreSQL, Redis and the broker.
     pub probes: HealthProbes,
-    /// The running engine: its pool, fast path, publishers and consumer groups.
+    /// The running engine: its fast path, publishers and consumer groups.
     pub engine: EngineHandle,
+    /// The console's own pool (statements bounded by [`ConsoleConfig::statement_timeout`](crate::ssr::mount::ConsoleConfig::statement_timeout)):
+    /// every query and action of a request.
+    pub pool: PgPool,
     /// Every change is refused (the server's layer answers 403) and no action is shown.
     pub read_only: bool,
     /// The host's sign-out page, when the host signs users in (delegated auth).
@@ -24,9 +29,9 @@ pub struct ConsoleState {
 }
 
 impl ConsoleState {
-    /// The engine's pool (the console's queries and the operator actions run there).
+    /// The console's pool (the console's queries and the operator actions run there).
     pub fn pool(&self) -> &PgPool {
-        self.engine.pool()
+        &self.pool
     }
 
     /// The Redis fast path (marker state on record pages).
@@ -38,6 +43,33 @@ impl ConsoleState {
     pub fn publishers(&self) -> &Publishers {
         self.engine.publishers()
     }
+}
+
+/// The `application_name` of the console's connections (in `pg_stat_activity`), unless the
+/// host named its own; then they are `<host's name> (console)`.
+pub const CONSOLE_APPLICATION_NAME: &str = "dedup-console";
+
+/// The console's own pool beside the engine's (`engine`): the same database, user and
+/// `search_path` (the engine's schema), named [`CONSOLE_APPLICATION_NAME`] in `pg_stat_activity`,
+/// at most `max_connections` connections opened on demand,
+/// each statement cancelled by PostgreSQL after `statement_timeout` (lock waits included), and
+/// a wait for a connection bounded by it too. Its own connections keep a lock that holds the
+/// console's requests from taking the connections the consumers and schedulers need.
+pub(crate) fn console_pool(engine: &PgPool, statement_timeout: Duration, max_connections: u32) -> PgPool {
+    let ms = statement_timeout.as_millis().to_string();
+    let engine_options = engine.connect_options();
+    let name = match engine_options.get_application_name() {
+        Some(host) => format!("{host} (console)"),
+        None => CONSOLE_APPLICATION_NAME.to_owned(),
+    };
+    let options = engine_options.as_ref().clone().application_name(&name).options([("statement_timeout", ms.as_str())]);
+    engine
+        .options()
+        .clone()
+        .max_connections(max_connections.max(1))
+        .min_connections(0)
+        .acquire_timeout(statement_timeout)
+        .connect_lazy_with(options)
 }
 
 /// The [`ConsoleState`] of the current request.

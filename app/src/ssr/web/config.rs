@@ -103,6 +103,17 @@ pub struct ConsoleConfig {
     pub https: bool,
     /// Requests slower than this get 503 (not 408, which browsers send again on their own).
     pub request_timeout: Duration,
+    /// Longest a statement of the console's may run on PostgreSQL (its `statement_timeout`,
+    /// which counts time spent waiting for locks), shorter than `request_timeout`: past it the
+    /// statement is cancelled and the request answers 503 `unavailable`, so a request the client
+    /// gave up on leaves no query waiting behind a lock. Default 10 s. See
+    /// [`ConsoleConfig::pool_size`] for the pool it applies to.
+    pub statement_timeout: Duration,
+    /// Most connections of the console's own pool (default 6). Every query and action a request
+    /// runs uses it, so a table lock that holds the console's requests cannot take the
+    /// connections the consumers (the host pool) or the engine's schedulers (its own pool)
+    /// need. Waiting for one of its connections is bounded by `statement_timeout` too.
+    pub pool_size: u32,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
     /// When given, `GET /metrics` (public) renders it.
@@ -115,8 +126,8 @@ pub struct ConsoleConfig {
 
 impl ConsoleConfig {
     /// A console served from `site_root` under `base_path` with `auth`; not read-only, plain
-    /// HTTP, a shutdown token of its own, 30 s
-    /// request timeout, 1 MiB bodies, no `/metrics`.
+    /// HTTP, a shutdown token of its own, 30 s request timeout, 10 s statement timeout, a pool
+    /// of 6 connections, 1 MiB bodies, no `/metrics`.
     pub fn new(site_root: impl Into<PathBuf>, base_path: &str, auth: ConsoleAuth) -> Self {
         Self {
             site_root: site_root.into(),
@@ -125,6 +136,8 @@ impl ConsoleConfig {
             read_only: false,
             https: false,
             request_timeout: Duration::from_secs(30),
+            statement_timeout: Duration::from_secs(10),
+            pool_size: 6,
             max_body_bytes: 1024 * 1024,
             metrics: None,
             shutdown: CancellationToken::new(),

@@ -34,7 +34,7 @@ use super::router;
 use super::security::session;
 use super::state::{AppState, TaskGuard};
 use crate::base::ConsoleBase;
-use crate::ssr::service::ConsoleState;
+use crate::ssr::service::{ConsoleState, console_pool};
 /// The axum [`console_router`] builds its router with (0.8): a host's router must be of the same
 /// version to merge or nest it.
 pub use axum;
@@ -56,6 +56,13 @@ pub async fn console_router(
     config: ConsoleConfig,
 ) -> anyhow::Result<Router> {
     ConsoleBase::validate(&config.base_path).map_err(anyhow::Error::msg)?;
+    if config.statement_timeout.is_zero() || config.statement_timeout >= config.request_timeout {
+        anyhow::bail!(
+            "the console's statement timeout ({} ms) must be above zero and shorter than its request timeout ({} ms)",
+            config.statement_timeout.as_millis(),
+            config.request_timeout.as_millis()
+        );
+    }
     if let Some(problem) = bundle_problem(&config.site_root) {
         tracing::warn!("{problem}");
     }
@@ -75,7 +82,8 @@ pub async fn console_router(
         ConsoleAuth::Delegated(d) => d.sign_out_url.clone(),
         _ => None,
     };
-    let console = ConsoleState { probes, engine, read_only: config.read_only, host_sign_out };
+    let pool = console_pool(engine.pool(), config.statement_timeout, config.pool_size);
+    let console = ConsoleState { probes, engine, pool, read_only: config.read_only, host_sign_out };
     let state = AppState { leptos_options, console, base, config: Arc::new(config), _cleanup: cleanup };
     Ok(router::router(state, sessions))
 }

@@ -246,7 +246,13 @@ fn allowed(rule: Rule, user: Option<&CurrentUser>) -> Result<(), Refusal> {
     }
 }
 
-fn internal(e: &dyn std::fmt::Display) -> Refusal {
+/// A failure of the lookup behind authentication: 503 when the database did not answer within
+/// the console's bound (the request may be tried again), else 500.
+fn internal(e: &(dyn std::error::Error + 'static)) -> Refusal {
+    if crate::error::database_timed_out(e) {
+        tracing::warn!(error = %e, "authentication: the database did not answer within the console's bound");
+        return Refusal::new(StatusCode::SERVICE_UNAVAILABLE, crate::error::DATABASE_TIMED_OUT);
+    }
     tracing::error!(error = %e, "authentication failed");
     Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error; see the server log")
 }
@@ -449,10 +455,10 @@ fn refuse(ctx: &AuthLayerState, kind: RouteKind, req: &Request, refusal: Refusal
                 .into_response()
         }
         RouteKind::ServerFn => {
-            let error = if status == StatusCode::UNAUTHORIZED {
-                ConsoleError::Unauthorized(message.into_owned())
-            } else {
-                ConsoleError::Forbidden(message.into_owned())
+            let error = match status {
+                StatusCode::UNAUTHORIZED => ConsoleError::Unauthorized(message.into_owned()),
+                StatusCode::SERVICE_UNAVAILABLE => ConsoleError::Unavailable(message.into_owned()),
+                _ => ConsoleError::Forbidden(message.into_owned()),
             };
             let body = serde_json::to_string(&error).unwrap_or_default();
             (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -462,6 +468,7 @@ fn refuse(ctx: &AuthLayerState, kind: RouteKind, req: &Request, refusal: Refusal
                 StatusCode::UNAUTHORIZED => "unauthorized",
                 StatusCode::FORBIDDEN => "forbidden",
                 StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+                StatusCode::SERVICE_UNAVAILABLE => "unavailable",
                 _ => "internal",
             };
             let mut response =

@@ -5,9 +5,13 @@ use std::process::ExitCode;
 use clap::Parser;
 use dedup_console::cli;
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    match cli::run(cli::Cli::parse()).await {
+fn main() -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime");
+    let result = runtime.block_on(cli::run(cli::Cli::parse()));
+    // What a stop cut at its bound (`shutdown_timeout_ms`) may still hold a blocking thread:
+    // dropping the runtime would wait for it without end.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

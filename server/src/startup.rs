@@ -2,7 +2,8 @@
 //!
 //! [`Application::build`] does everything that can fail at start (so errors surface before the
 //! port opens); [`Application::run_until_stopped`] serves until the shutdown signal, then stops
-//! the engine (in-flight deliveries finish and are acked). Tests build an application on port 0
+//! within the stop bound (in-flight deliveries finish and are acked, or are left to the broker's
+//! redelivery). Tests build an application on port 0
 //! and read [`Application::port`].
 
 use std::sync::Arc;
@@ -31,6 +32,8 @@ pub struct Application {
     demo: Option<Demo>,
     /// The console's shutdown token: cancelled when the shutdown signal comes.
     console_shutdown: CancellationToken,
+    /// The stop bound, from the shutdown signal to the exit (`shutdown_timeout_ms`).
+    shutdown_timeout: Duration,
 }
 
 /// The server's two pools (see [`dedup_engine::Schema`]): the host pool (the consumers'
@@ -182,7 +185,8 @@ impl Application {
         let console = console_router(handle, probes, config).await?;
         let router = mount(Router::new(), base.as_str(), console);
         tracing::info!("console listening on http://{local_addr}{}/", base.as_str());
-        Ok(Self { listener, router, pool, engine, demo, console_shutdown })
+        let shutdown_timeout = Duration::from_millis(settings.shutdown_timeout_ms);
+        Ok(Self { listener, router, pool, engine, demo, console_shutdown, shutdown_timeout })
     }
 
     /// The port the listener is bound to (useful with port 0).
@@ -190,18 +194,24 @@ impl Application {
         self.listener.local_addr().map(|a| a.port()).unwrap_or_default()
     }
 
-    /// Serves until `shutdown` resolves, then stops the engine (the consumer finishes and acks
-    /// its in-flight batches), lets in-flight requests finish and closes the database pool.
-    /// Stopping the engine is bounded by [`ENGINE_STOP_TIMEOUT`] and closing the pool by
-    /// [`POOL_CLOSE_TIMEOUT`] (sqlx waits for every checked-out connection): past them the
-    /// process exits anyway, with a warning — what was not acked is redelivered, the database
-    /// decides.
+    /// Serves until `shutdown` resolves, then stops within the stop bound
+    /// (`shutdown_timeout_ms`, counted from the signal): requests in flight finish, then the demo
+    /// and the engine stop (the consumer finishes and acks its in-flight batches), then the
+    /// database pool closes (sqlx waits for every checked-out connection). What is still running
+    /// at the bound — a request or a batch waiting on a database that went away — is dropped with
+    /// a warning and the process exits: a batch that did not commit was not acked, so the broker
+    /// redelivers it and the database decides.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let service = self.router.into_make_service_with_connect_info::<std::net::SocketAddr>();
         let console_shutdown = self.console_shutdown.clone();
-        let shutdown = async move {
-            shutdown.await;
-            console_shutdown.cancel(); // open console tabs' event streams end now
+        let signalled = Arc::new(std::sync::OnceLock::new());
+        let shutdown = {
+            let signalled = signalled.clone();
+            async move {
+                shutdown.await;
+                let _ = signalled.set(tokio::time::Instant::now());
+                console_shutdown.cancel(); // open console tabs' event streams end now
+            }
         };
         // Pages go out in several writes (streamed HTML, compression): with Nagle's algorithm a
         // client's delayed ACK holds the last one back about 40 ms.
@@ -210,31 +220,40 @@ impl Application {
                 tracing::debug!(error = %e, "TCP_NODELAY not set");
             }
         });
-        axum::serve(listener, service).with_graceful_shutdown(shutdown).await?;
-        if let Some(demo) = self.demo {
-            demo.stop().await;
+        let serve = axum::serve(listener, service).with_graceful_shutdown(shutdown).into_future();
+        let bound = self.shutdown_timeout;
+        let signal_seen = self.console_shutdown.clone();
+        let drain_bound = async move {
+            signal_seen.cancelled().await;
+            tokio::time::sleep(bound).await;
+        };
+        tokio::select! {
+            served = serve => served?,
+            () = drain_bound => tracing::warn!(timeout_ms = bound.as_millis(), "requests still in flight at the stop bound; dropped"),
         }
-        if tokio::time::timeout(ENGINE_STOP_TIMEOUT, self.engine.stop()).await.is_err() {
+        let deadline = signalled.get().copied().unwrap_or_else(tokio::time::Instant::now) + bound;
+        let engine = async {
+            if let Some(demo) = self.demo {
+                demo.stop().await;
+            }
+            self.engine.stop().await;
+        };
+        if tokio::time::timeout_at(deadline, engine).await.is_err() {
             tracing::warn!(
-                timeout_s = ENGINE_STOP_TIMEOUT.as_secs(),
-                "the engine did not stop in time; exiting anyway"
+                timeout_ms = bound.as_millis(),
+                "the engine did not stop within the stop bound; exiting anyway (what was not acked is redelivered)"
             );
         }
-        if tokio::time::timeout(POOL_CLOSE_TIMEOUT, self.pool.close()).await.is_err() {
+        if tokio::time::timeout_at(deadline, self.pool.close()).await.is_err() {
             tracing::warn!(
-                timeout_s = POOL_CLOSE_TIMEOUT.as_secs(),
-                "database connections still checked out at shutdown; exiting anyway"
+                timeout_ms = bound.as_millis(),
+                "database connections still checked out at the stop bound; exiting anyway"
             );
         }
         tracing::info!("stopped");
         Ok(())
     }
 }
-
-/// Longest wait for the engine to stop at shutdown (in-flight batches finish and are acked).
-pub const ENGINE_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// Longest wait for the database pool to close at shutdown.
-pub const POOL_CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What `serve --demo` runs besides the server: the simulated traffic and the crashing worker.
 struct Demo {

@@ -87,6 +87,10 @@ pub struct Settings {
     pub request_timeout_ms: u64,
     /// Bound on each dependency probe of `/readyz` and the overview, in milliseconds.
     pub probe_timeout_ms: u64,
+    /// Longest a stop may take from SIGTERM (or Ctrl-C) to the exit, in milliseconds: requests
+    /// in flight, then the engine (in-flight batches commit and are acked, or are cut and left to
+    /// the broker's redelivery), then the pools. Default 10 000.
+    pub shutdown_timeout_ms: u64,
     /// Log format: `text` or `json`.
     pub log_format: LogFormat,
     /// How often the engine writes its in-memory aggregates, in milliseconds.
@@ -145,7 +149,7 @@ pub enum LogFormat {
 }
 
 /// The keys of [`Settings`]: the only `DEDUP_*` variables read.
-const TOP_LEVEL_KEYS: [&str; 18] = [
+const TOP_LEVEL_KEYS: [&str; 19] = [
     "listen",
     "database_url",
     "redis_url",
@@ -155,6 +159,7 @@ const TOP_LEVEL_KEYS: [&str; 18] = [
     "schema",
     "request_timeout_ms",
     "probe_timeout_ms",
+    "shutdown_timeout_ms",
     "log_format",
     "stats_flush_ms",
     "consumer",
@@ -178,6 +183,7 @@ impl Default for Settings {
             schema: Schema::default(),
             request_timeout_ms: 30_000,
             probe_timeout_ms: 2_000,
+            shutdown_timeout_ms: 10_000,
             log_format: LogFormat::Text,
             stats_flush_ms: 1000,
             consumer: GroupConfig::default(),

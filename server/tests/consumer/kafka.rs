@@ -110,7 +110,7 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     assert_eq!(
         (consumer["broker"].as_str(), consumer["connected"].as_bool()),
         (Some("kafka"), Some(true)),
-        "{consumer}"
+        "{aggregates}"
     );
     assert_eq!(consumer["queue_depth"], 0, "verify saw the lag reach 0: {consumer}");
     b.stop().await;

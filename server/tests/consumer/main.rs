@@ -9,6 +9,7 @@
 
 mod cleanup_cli;
 mod crashes;
+mod database_outage;
 mod exactly_once;
 mod groups;
 mod http;

@@ -246,12 +246,19 @@ impl Server {
         self.child.kill().await.unwrap();
     }
 
-    /// SIGTERM, then waits for a clean exit that logged no ERROR while stopping.
-    pub async fn stop(mut self) {
+    /// SIGTERM, then waits (at most 30 s) for the exit: its status, the time from the signal,
+    /// and the log.
+    pub async fn terminate(mut self) -> (std::process::ExitStatus, Duration, String) {
         let pid = self.child.id().expect("running");
+        let signalled = Instant::now();
         let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
         let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await.expect("exits").unwrap();
-        let log = self.log_text();
+        (status, signalled.elapsed(), self.log_text())
+    }
+
+    /// SIGTERM, then waits for a clean exit that logged no ERROR while stopping.
+    pub async fn stop(self) {
+        let (status, _, log) = self.terminate().await;
         assert!(status.success(), "clean exit after SIGTERM; log: {log}");
         // A normal shutdown is not an incident: an operator's alerting must not page on it (the
         // RabbitMQ client used to log an ERROR on most stops).

@@ -19,7 +19,7 @@ use sqlx::{FromRow, PgConnection, PgPool};
 
 use super::ActionError;
 use super::bulk::audit_on_pool;
-use crate::audit::AuditOutcome;
+use crate::audit::{self, AuditOutcome, NewAuditEntry};
 use crate::record::RecordStatus;
 
 /// Default retention, days.
@@ -422,15 +422,6 @@ pub(crate) async fn execute_run(
             }
         }
     }
-    let _ = sqlx::query(
-        "UPDATE cleanup_runs SET rows_deleted = $2, batches = $3, error = $4, finished_at = now() WHERE id = $1",
-    )
-    .bind(run_id)
-    .bind(deleted)
-    .bind(batches)
-    .bind(&error)
-    .execute(pool)
-    .await;
     let seconds = started.elapsed().as_secs_f64();
     tracing::info!(schedule = schedule.id, run_id, deleted, batches, seconds, "cleanup run finished");
     let outcome = if error.is_some() { AuditOutcome::Failed } else { AuditOutcome::Ok };
@@ -438,7 +429,36 @@ pub(crate) async fn execute_run(
         "schedule_id": schedule.id, "run_id": run_id, "cutoff": cutoff, "statuses": schedule.statuses,
         "rows_deleted": deleted, "batches": batches, "seconds": seconds, "error": error,
     });
-    audit_on_pool(pool, actor, "cleanup.run", outcome, None, detail).await;
+    let entry = NewAuditEntry {
+        actor,
+        action: "cleanup.run",
+        outcome,
+        reason: None,
+        consumer_group: None,
+        message_ids: &[],
+        detail,
+        source: None,
+    };
+    // The run's end and its audit entry in one transaction: whoever sees the run finished sees
+    // its audit entry too.
+    let finished = async {
+        let mut tx = pool.begin().await?;
+        sqlx::query(
+            "UPDATE cleanup_runs SET rows_deleted = $2, batches = $3, error = $4, finished_at = now() WHERE id = $1",
+        )
+        .bind(run_id)
+        .bind(deleted)
+        .bind(batches)
+        .bind(&error)
+        .execute(&mut *tx)
+        .await?;
+        audit::record(&mut *tx, &entry).await?;
+        tx.commit().await
+    }
+    .await;
+    if let Err(e) = finished {
+        tracing::error!(schedule = schedule.id, run_id, error = %e, "could not record the end of a cleanup run");
+    }
 }
 
 /// The retention advice: the longest delay a copy of a message was seen to arrive after the

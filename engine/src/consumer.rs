@@ -49,6 +49,28 @@ pub struct ConsumerStatus {
     in_flight: AtomicUsize,
     last_error: std::sync::Mutex<Option<(DateTime<Utc>, String)>>,
     refused: std::sync::Mutex<Option<String>>,
+    judging: std::sync::Mutex<Judging>,
+}
+
+/// A run of batches the pipeline could not judge (database trouble), as
+/// [`ConsumerStatus::failing`] and [`ConsumerStatus::last_recovery`] report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct FailedBatches {
+    /// When the first batch of the run was given back to the broker.
+    pub since: DateTime<Utc>,
+    /// Batches given back in the run, by all workers of the group.
+    pub batches: u64,
+    /// When a batch was judged again (its deliveries settled); `None` while the run lasts.
+    pub resumed_at: Option<DateTime<Utc>>,
+}
+
+/// The failed batches of a consumer: the count since start, the run in progress, the last
+/// run that ended.
+#[derive(Debug, Default)]
+struct Judging {
+    failed_batches: u64,
+    current: Option<FailedBatches>,
+    last_recovery: Option<FailedBatches>,
 }
 
 impl ConsumerStatus {
@@ -72,6 +94,47 @@ impl ConsumerStatus {
     /// source opens.
     pub fn topology_refused(&self) -> Option<String> {
         self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Batches given back to the broker unjudged since the consumer started: the pipeline could
+    /// not claim or record them (database trouble) and the source nacked them or left their
+    /// offsets uncommitted. Also counted by the `dedup_failed_batches_total` metric.
+    pub fn failed_batches(&self) -> u64 {
+        self.judging().failed_batches
+    }
+
+    /// The run of failed batches in progress: since the last batch that was judged, every
+    /// batch has been given back. `/readyz` is not ready meanwhile; the run ends with the next
+    /// batch judged (the consumer resumes by itself: its workers retry with the back-off of
+    /// [`ConsumerSettings`], DESIGN.md "Database waits").
+    pub fn failing(&self) -> Option<FailedBatches> {
+        self.judging().current
+    }
+
+    /// The last run of failed batches that ended, with when the consumer resumed.
+    pub fn last_recovery(&self) -> Option<FailedBatches> {
+        self.judging().last_recovery
+    }
+
+    fn judging(&self) -> std::sync::MutexGuard<'_, Judging> {
+        self.judging.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes a batch the pipeline gave back (`failed`) or judged.
+    fn batch_done(&self, group: &str, failed: bool) {
+        let mut judging = self.judging();
+        if failed {
+            metrics::counter!("dedup_failed_batches_total", "group" => group.to_owned()).increment(1);
+            judging.failed_batches += 1;
+            let run = judging.current.get_or_insert(FailedBatches { since: Utc::now(), batches: 0, resumed_at: None });
+            run.batches += 1;
+        } else if let Some(mut run) = judging.current.take() {
+            let now = Utc::now();
+            run.resumed_at = Some(now);
+            let failed_for = (now - run.since).to_std().unwrap_or_default();
+            tracing::info!(group, batches = run.batches, failed_for = ?failed_for, "batches are judged again");
+            judging.last_recovery = Some(run);
+        }
     }
 
     fn set_error(&self, error: &SourceError) {
@@ -207,7 +270,9 @@ async fn run_worker(
             if let Err(e) = settled {
                 break Some(e);
             }
-            if dispositions.contains(&Disposition::Redeliver) {
+            let failed = dispositions.contains(&Disposition::Redeliver);
+            status.batch_done(pipeline.group().as_str(), failed);
+            if failed {
                 if !pause.sleep(&shutdown).await {
                     break None;
                 }

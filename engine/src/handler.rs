@@ -93,6 +93,7 @@ pub struct HandlerError {
     /// of such answers is younger than this; after that the attempt counts like any retryable
     /// failure. See [`HandlerError::in_progress`].
     pub uncounted_within: Option<Duration>,
+    outcome_unknown: bool,
 }
 
 /// Longest error class kept, in characters; a longer one is cut.
@@ -119,6 +120,7 @@ impl HandlerError {
             transient: false,
             retry_after: None,
             uncounted_within: None,
+            outcome_unknown: false,
         }
     }
 
@@ -147,6 +149,24 @@ impl HandlerError {
     /// still ends in a dead letter. Class and detail as for [`HandlerError::retryable`].
     pub fn in_progress(class: impl Into<Cow<'static, str>>, detail: impl Into<String>, within: Duration) -> Self {
         Self { uncounted_within: Some(within), ..Self::new(class, detail, false) }
+    }
+
+    /// Leased handlers: the effect may or may not have happened — its answer was lost (the
+    /// connection to the far side broke after the request went out). Nothing is recorded: the
+    /// record keeps its claim until the lease expires, and then the handler's lease expiry
+    /// policy decides, as after a crash ([`crate::LeaseExpiryPolicy`]: `hold` parks the next
+    /// delivery for an operator to check the effect, `reclaim` runs the handler again). The
+    /// delivery goes back to the broker unacknowledged. Prefer it to a retryable failure
+    /// wherever retrying could do the effect twice. A transactional handler's failure rolls its
+    /// effect back, so there it is a retryable failure. Class and detail as for
+    /// [`HandlerError::retryable`].
+    pub fn outcome_unknown(class: impl Into<Cow<'static, str>>, detail: impl Into<String>) -> Self {
+        Self { outcome_unknown: true, ..Self::new(class, detail, false) }
+    }
+
+    /// True for [`HandlerError::outcome_unknown`].
+    pub fn is_outcome_unknown(&self) -> bool {
+        self.outcome_unknown
     }
 
     /// The same failure, retried after `delay` instead of the group's back-off (leased

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+use crate::consumer::FailedBatches;
 use crate::service::{Service, redact_url};
 #[cfg(feature = "kafka")]
 use crate::source::kafka::KafkaProbe;
@@ -57,16 +58,27 @@ impl HealthReport {
 }
 
 /// Whether a running consumer group can consume ([`crate::runtime::EngineHandle::groups_health`]):
-/// not when its broker refuses its topology. `/readyz` is not ready while any group is not.
+/// not when its broker refuses its topology, nor while every batch it takes is given back
+/// unjudged (database trouble). `/readyz` is not ready while any group is not.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct GroupHealth {
     /// The consumer group.
     pub group: String,
-    /// False while the broker refuses the group's topology.
+    /// False while the broker refuses the group's topology or its batches fail.
     pub ready: bool,
     /// Why not, e.g. `the broker refused the consumer group's topology: declaring the Topic
-    /// exchange "billing.events": … PRECONDITION_FAILED - inequivalent arg 'type' …`.
+    /// exchange "billing.events": … PRECONDITION_FAILED - inequivalent arg 'type' …`, or
+    /// `3 batches given back to the broker unjudged since 2026-12-04T03:10:02Z (database
+    /// trouble; the log says which)`.
     pub error: Option<String>,
+    /// Batches given back unjudged since the engine started (0 for a group that does not
+    /// consume).
+    pub failed_batches: u64,
+    /// The run of failed batches in progress, if any.
+    pub failing: Option<FailedBatches>,
+    /// The last run of failed batches that ended: when it began, how many, when the group
+    /// resumed.
+    pub last_recovery: Option<FailedBatches>,
 }
 
 /// Probes the dependencies. Cheap to clone.

@@ -86,7 +86,8 @@
 //!   [`migrate_schema`] applies *your* migrations the same way in a schema of yours.
 //! - **Health**: [`HealthProbes`] (PostgreSQL, Redis, the broker) → [`HealthReport`];
 //!   [`EngineHandle::groups_health`] → [`GroupHealth`] (a group whose broker refuses its
-//!   topology is not ready).
+//!   topology, or whose batches are given back unjudged, is not ready; [`FailedBatches`] says
+//!   since when, and when it resumed).
 //! - **Publishing** to a group's broker (producers, tools): [`Group::source_factory`] →
 //!   [`SourceFactory::open_publisher`] → [`Publish`] with an [`Outbound`] message (example
 //!   below); [`rabbitmq::Publisher`][rabbit-publisher] for AMQP properties of your own.
@@ -193,7 +194,7 @@ pub mod testing;
 pub use async_trait::async_trait;
 pub use sqlx;
 
-pub use consumer::ConsumerSettings;
+pub use consumer::{ConsumerSettings, FailedBatches};
 pub use db::{PoolSettings, Schema, SchemaError, SchemaNameError, connect, migrate, migrate_schema};
 pub use fastpath::FastPathSettings;
 pub use group::{Group, GroupSettings, GroupSource};

@@ -331,13 +331,41 @@ impl EngineHandle {
     }
 
     /// Each group's health: not ready while its broker refuses its topology (see
-    /// [`ConsumerStatus::topology_refused`]; a group that does not consume is ready).
+    /// [`ConsumerStatus::topology_refused`]) or while every batch it takes is given back
+    /// unjudged ([`ConsumerStatus::failing`]); a group that does not consume is ready.
     pub fn groups_health(&self) -> Vec<GroupHealth> {
         self.groups
             .iter()
             .map(|g| {
-                let error = g.status.as_ref().and_then(|s| s.topology_refused());
-                GroupHealth { group: g.name.as_str().to_owned(), ready: error.is_none(), error }
+                let group = g.name.as_str().to_owned();
+                let Some(status) = &g.status else {
+                    return GroupHealth {
+                        group,
+                        ready: true,
+                        error: None,
+                        failed_batches: 0,
+                        failing: None,
+                        last_recovery: None,
+                    };
+                };
+                let failing = status.failing();
+                let error = status.topology_refused().or_else(|| {
+                    failing.map(|run| {
+                        format!(
+                            "{} batches given back to the broker unjudged since {} (database trouble; the log says which)",
+                            run.batches,
+                            run.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                        )
+                    })
+                });
+                GroupHealth {
+                    group,
+                    ready: error.is_none(),
+                    error,
+                    failed_batches: status.failed_batches(),
+                    failing,
+                    last_recovery: status.last_recovery(),
+                }
             })
             .collect()
     }

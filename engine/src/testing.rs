@@ -27,6 +27,8 @@ pub fn admin_url() -> String {
 pub struct TestDatabase {
     /// The database name, `dct_<32 hex digits>`.
     pub name: String,
+    /// The server's URL it was created with ([`admin_url`] unless [`TestDatabase::create_on`]).
+    admin: String,
     /// URL of this database.
     pub url: String,
     /// A pool on it whose `search_path` is `public, <engine schema>`: tests' own tables go in
@@ -53,22 +55,32 @@ impl TestDatabase {
 
     /// Creates a fresh database and its pool, without applying any migration.
     pub async fn create_unmigrated() -> Self {
+        Self::create_unmigrated_on(&admin_url()).await
+    }
+
+    /// [`TestDatabase::create`] on the server of `admin_url` (any database URL of it): a
+    /// server of the test's own, which it may stop and restart.
+    pub async fn create_on(admin_url: &str) -> Self {
+        Self::create_unmigrated_on(admin_url).await.migrated().await
+    }
+
+    async fn create_unmigrated_on(admin_url: &str) -> Self {
         let name = format!("dct_{}", uuid::Uuid::new_v4().simple());
-        let admin: PgConnectOptions = admin_url().parse().expect("DEDUP_TEST_DATABASE_URL parses");
+        let admin: PgConnectOptions = admin_url.parse().expect("the test database URL parses");
         let mut conn = PgConnection::connect_with(&admin)
             .await
-            .unwrap_or_else(|e| panic!("PostgreSQL for tests unreachable at {}: {e}", admin_url()));
+            .unwrap_or_else(|e| panic!("PostgreSQL for tests unreachable at {admin_url}: {e}"));
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("create test database");
         conn.close().await.ok();
         let schema = Schema::default();
         let options = admin.database(&name).options([("search_path", format!("public,{schema}"))]);
-        let url = database_url(&admin_url(), &name);
+        let url = database_url(admin_url, &name);
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(20)
             .connect_with(options)
             .await
             .expect("connect to test database");
-        Self { name, url, pool, schema }
+        Self { name, admin: admin_url.to_owned(), url, pool, schema }
     }
 }
 
@@ -81,12 +93,12 @@ pub fn database_url(base: &str, name: &str) -> String {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        let name = self.name.clone();
+        let (name, admin_url) = (self.name.clone(), self.admin.clone());
         // Drop runs inside the test's runtime; use a separate thread with its own runtime.
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             runtime.block_on(async move {
-                let admin: PgConnectOptions = admin_url().parse().ok()?;
+                let admin: PgConnectOptions = admin_url.parse().ok()?;
                 let mut conn = PgConnection::connect_with(&admin).await.ok()?;
                 sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.ok()?;
                 conn.close().await.ok()

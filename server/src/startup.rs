@@ -57,7 +57,9 @@ impl Databases {
 ///
 /// Errors: PostgreSQL unreachable (names the service, the redacted URL and how to start it).
 async fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
-    let pool = PoolSettings { max_connections: settings.db_max_connections, ..PoolSettings::default() };
+    let statement_timeout = Some(Duration::from_millis(settings.db_statement_timeout_ms)).filter(|t| !t.is_zero());
+    let pool =
+        PoolSettings { max_connections: settings.db_max_connections, statement_timeout, ..PoolSettings::default() };
     let url = settings.database_url.expose();
     dedup_engine::connect(url, &pool).await.map_err(crate::hints::with_hint)
 }

@@ -101,6 +101,17 @@ pub struct ConsumerView {
     /// `/readyz` is not ready.
     #[serde(default)]
     pub topology_refused: Option<String>,
+    /// Batches given back to the broker unjudged (database trouble) since the engine started.
+    #[serde(default)]
+    pub failed_batches: u64,
+    /// While every batch is given back: `<n> batches given back since <time>`; `/readyz` is
+    /// not ready meanwhile.
+    #[serde(default)]
+    pub failing: Option<String>,
+    /// The last such run that ended: `resumed <time> after <seconds> s (<n> batches given
+    /// back)`.
+    #[serde(default)]
+    pub last_recovery: Option<String>,
 }
 
 /// One bucket of the duplicate-delay histogram.

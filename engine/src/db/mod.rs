@@ -34,17 +34,27 @@ pub struct PoolSettings {
     pub max_connections: u32,
     /// How long to wait for a connection (from the pool or a new one) before failing.
     pub acquire_timeout: Duration,
+    /// PostgreSQL's `statement_timeout` on every connection: a statement running longer is
+    /// cancelled by the server (SQLSTATE 57014) and its transaction rolls back, so a long lock
+    /// cannot hold a consumer's batch (and its connection) for longer. `None` leaves the
+    /// server's default (normally no bound). The engine's migrations lift it on their own
+    /// connection. Default 30 s.
+    pub statement_timeout: Option<Duration>,
 }
 
 impl Default for PoolSettings {
     fn default() -> Self {
-        Self { max_connections: 16, acquire_timeout: Duration::from_secs(5) }
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
+            statement_timeout: Some(Duration::from_secs(30)),
+        }
     }
 }
 
 /// Opens a connection pool and checks that the server answers. When the database named in the
 /// URL does not exist yet it is created first (a fresh machine needs no manual `createdb`).
-/// Connections run with `jit = off`.
+/// Connections run with `jit = off` and the settings' `statement_timeout`.
 ///
 /// Errors: [`Unreachable`] naming PostgreSQL, the redacted URL and how to start it, when the URL
 /// does not parse or no connection can be made within `acquire_timeout`.
@@ -58,6 +68,10 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, Unrea
         // by cost estimates (set-returning functions, lateral joins), only adds compile time
         // (measured: 230 ms on a 2 ms console query).
         .options([("jit", "off")]);
+    let options = match settings.statement_timeout {
+        Some(bound) => options.options([("statement_timeout", bound.as_millis().to_string())]),
+        None => options,
+    };
     let pool_options =
         || PgPoolOptions::new().max_connections(settings.max_connections).acquire_timeout(settings.acquire_timeout);
     match pool_options().connect_with(options.clone()).await {

@@ -169,9 +169,10 @@ async fn migrate_with(
     result
 }
 
-/// The options of `pool` with `search_path` set to `schema` alone.
+/// The options of `pool` with `search_path` set to `schema` alone and no statement timeout:
+/// a migration may rebuild an index of a large table.
 fn schema_options(pool: &PgPool, schema: &Schema) -> PgConnectOptions {
-    pool.connect_options().as_ref().clone().options([("search_path", schema.as_str())])
+    pool.connect_options().as_ref().clone().options([("search_path", schema.as_str()), ("statement_timeout", "0")])
 }
 
 /// Verifies that `<schema>.dedup_records` has a UNIQUE (or primary key) constraint on exactly

@@ -258,17 +258,21 @@ impl Pipeline {
 
     /// Records what became of `finished` calls: the successes completed in one statement, the
     /// calls held before they started given back in one statement per type, the failures each
-    /// recorded (fenced by the lease token).
+    /// recorded (fenced by the lease token). Calls whose outcome is unknown record nothing.
     async fn settle_leased(&self, lease: &Lease, finished: Vec<Finished<'_, '_>>) -> Vec<Outcome> {
+        let (unknown, finished): (Vec<_>, Vec<_>) =
+            finished.into_iter().partition(|f| f.result.as_ref().is_err_and(HandlerError::is_outcome_unknown));
+        let mut outcomes = Vec::with_capacity(unknown.len() + finished.len());
+        outcomes.extend(unknown.iter().map(|f| self.outcome_unknown(lease, f)));
         let Ok(mut conn) = self.store.pool().acquire().await else {
             // The effects may have happened; the records stay processing and, once their
             // leases expire, stuck: an operator decides. The redeliveries are judged then.
-            return finished.iter().map(|f| (f.item.index, Disposition::Redeliver, None)).collect();
+            outcomes.extend(finished.iter().map(|f| (f.item.index, Disposition::Redeliver, None)));
+            return outcomes;
         };
         let (succeeded, failed): (Vec<_>, Vec<_>) = finished.into_iter().partition(|f| f.result.is_ok());
         let (held, failed): (Vec<_>, Vec<_>) =
             failed.into_iter().partition(|f| f.result.as_ref().is_err_and(HandlerError::is_held));
-        let mut outcomes = Vec::with_capacity(succeeded.len() + held.len() + failed.len());
         outcomes.extend(self.release_held(&mut conn, &held).await);
         if !succeeded.is_empty() {
             let done: Vec<_> = succeeded.iter().map(|f| (&f.claim, f.answer.as_ref())).collect();
@@ -300,6 +304,17 @@ impl Pipeline {
 
     /// Gives back the claims of `held` calls, which never started because their handler was
     /// paused meanwhile: not counted, their deliveries held like those the routing step holds.
+    /// A call whose effect may have happened ([`HandlerError::outcome_unknown`]): its record
+    /// keeps the claim, and a copy comes back once the lease has expired, when the handler's
+    /// lease expiry policy decides (`hold` parks it for an operator, `reclaim` runs it again).
+    fn outcome_unknown(&self, lease: &Lease, f: &Finished<'_, '_>) -> Outcome {
+        let error = f.result.as_ref().err().map(ToString::to_string).unwrap_or_default();
+        tracing::warn!(message_id = %f.item.identified.id, attempt = f.claim.attempt, error = %error,
+            "the effect's outcome is unknown; the record keeps its claim until the lease expires");
+        self.stats.count(self.settings.group.as_str(), Event::Retry, 1);
+        (f.item.index, Disposition::Retry { delay: lease.duration }, None)
+    }
+
     async fn release_held(&self, conn: &mut sqlx::PgConnection, held: &[Finished<'_, '_>]) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(held.len());
         let types: HashSet<&str> = held.iter().map(|f| f.item.identified.message_type.as_str()).collect();
@@ -416,8 +431,9 @@ impl Pipeline {
         }
     }
 
-    /// The worker's heartbeat: every third of the lease, one statement extends the leases of
-    /// all records in `in_flight`, telling each guard of its confirmed extension. A record the
+    /// The worker's heartbeat: every third of the lease, one statement (bounded by that third)
+    /// extends the leases of all records in `in_flight`, telling each guard of its confirmed
+    /// extension. A record the
     /// statement no longer finds held (taken over or released) has its guard lost and leaves
     /// the set (the fenced completion will refuse it). Runs until aborted.
     async fn extend_leases_while_running(self, in_flight: InFlight, lease: Lease) {
@@ -431,14 +447,20 @@ impl Pipeline {
             }
             let asked_at = Instant::now();
             let claims: Vec<&ClaimedRecord> = held.iter().map(|(claim, _)| claim).collect();
-            let extended = match self.store.pool().acquire().await {
-                Ok(mut conn) => self.store.extend_leases(&mut conn, &claims, &lease).await,
-                Err(e) => Err(e.into()),
+            // Bounded by the period: a heartbeat the database does not answer in time is
+            // abandoned (its connection dropped), and the guards count from the last confirmed one.
+            let extend = async {
+                let mut conn = self.store.pool().acquire().await?;
+                self.store.extend_leases(&mut conn, &claims, &lease).await
             };
-            let extended: HashSet<i64> = match extended {
-                Ok(ids) => ids.into_iter().collect(),
-                Err(e) => {
+            let extended: HashSet<i64> = match tokio::time::timeout(period, extend).await {
+                Ok(Ok(ids)) => ids.into_iter().collect(),
+                Ok(Err(e)) => {
                     tracing::warn!(count = held.len(), error = %e, "extending the leases failed; will retry");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!(count = held.len(), bound = ?period, "extending the leases timed out; will retry");
                     continue;
                 }
             };

@@ -168,7 +168,11 @@ impl LeasedHandler for NotifyOrder {
         };
         self.gateway.send(sms, lease).await.map_err(|e| match e {
             SmsError::Rejected => HandlerError::retryable("SMS_GATEWAY_UNAVAILABLE", e.to_string()),
-            SmsError::Log(db) => db.into(),
+            // The gateway could not be reached: nothing was sent.
+            SmsError::Log(db @ (sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)) => db.into(),
+            // The send went out and its answer was lost (a restart, a killed connection): it may
+            // have been accepted, so it is not retried blindly (the record's lease expiry policy).
+            SmsError::Log(db) => HandlerError::outcome_unknown("SMS_GATEWAY_NO_ANSWER", db.to_string()),
             SmsError::LeaseLost => HandlerError::lease_lost(),
         })
     }

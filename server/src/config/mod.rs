@@ -80,6 +80,11 @@ pub struct Settings {
     /// example's tables); the engine's own pool (console, actions, aggregates) gets half as
     /// many, at least 4.
     pub db_max_connections: u32,
+    /// PostgreSQL's `statement_timeout` on the server's connections (the consumers' batches,
+    /// lease heartbeats, operator actions, cleanup), in milliseconds; 0 for none. The console's
+    /// own pool has the shorter `[console] statement_timeout_ms`; migrations have none.
+    /// Default 30 000.
+    pub db_statement_timeout_ms: u64,
     /// The PostgreSQL schema of the engine's tables (default `dedup`), next to the business
     /// tables of the same database.
     pub schema: Schema,
@@ -149,13 +154,14 @@ pub enum LogFormat {
 }
 
 /// The keys of [`Settings`]: the only `DEDUP_*` variables read.
-const TOP_LEVEL_KEYS: [&str; 19] = [
+const TOP_LEVEL_KEYS: [&str; 20] = [
     "listen",
     "database_url",
     "redis_url",
     "amqp_url",
     "site_root",
     "db_max_connections",
+    "db_statement_timeout_ms",
     "schema",
     "request_timeout_ms",
     "probe_timeout_ms",
@@ -180,6 +186,7 @@ impl Default for Settings {
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             site_root: PathBuf::from("target/site"),
             db_max_connections: 16,
+            db_statement_timeout_ms: 30_000,
             schema: Schema::default(),
             request_timeout_ms: 30_000,
             probe_timeout_ms: 2_000,

@@ -1,5 +1,7 @@
 //! PostgreSQL black-holed under a running `serve` (DESIGN.md, "Database waits"): SIGTERM still
 //! stops it within its stop bound, and the delivery it was working on is neither lost nor doubled.
+//! A long lock on the dedup table: the consumer's statements end at their bound, the group is not
+//! ready while its batches fail, and it resumes by itself when the lock ends.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,4 +99,60 @@ async fn sigterm_stops_within_the_bound_while_postgresql_is_black_holed_and_noth
             .unwrap();
     assert_eq!(reservations, 2, "each order reserved once");
     b.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_lock_on_the_dedup_table_fails_batches_within_the_bound_and_the_consumer_resumes() {
+    let world = World::new().await;
+    let a = world.serve("a", &[("DEDUP_DB_STATEMENT_TIMEOUT_MS", "1000")]).await;
+    let readyz = || async {
+        let response = reqwest::get(a.url("/readyz")).await.unwrap();
+        (response.status().as_u16(), response.json::<serde_json::Value>().await.unwrap())
+    };
+    let mut locker = world.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE dedup_records IN ACCESS EXCLUSIVE MODE").execute(&mut *locker).await.unwrap();
+    world.publish("ORDER.CREATE.LK1:1", "order.create", order("LK1")).await;
+
+    // Every claim waits on the lock until the statement timeout cancels it: the batch is given
+    // back, and the group says so on `/readyz` while it lasts.
+    let started = std::time::Instant::now();
+    let (status, body) = loop {
+        let (status, body) = readyz().await;
+        if !body["groups"][0]["failing"].is_null() || started.elapsed() > Duration::from_secs(20) {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status, 503, "{body}");
+    let group = &body["groups"][0];
+    assert_eq!(group["ready"], false, "{body}");
+    assert!(group["error"].as_str().unwrap().contains("given back to the broker unjudged"), "{body}");
+    assert!(group["failing"]["batches"].as_u64() >= Some(1), "{body}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let longest_wait: f64 = sqlx::query_scalar(
+        "SELECT COALESCE(max(extract(epoch FROM clock_timestamp() - query_start)), 0)::float8 FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&mut *locker)
+    .await
+    .unwrap();
+    assert!(longest_wait < 2.0, "no statement waits past the 1 s bound: {longest_wait} s");
+    locker.rollback().await.unwrap();
+
+    let status_of =
+        "SELECT COALESCE((SELECT status FROM dedup_records WHERE message_id = 'ORDER.CREATE.LK1:1'), 'none')";
+    let done: String = world.wait_for(Duration::from_secs(30), status_of, |s| s == "succeeded").await;
+    assert_eq!(done, "succeeded", "the consumer resumed by itself once the lock ended");
+    let (status, body) = readyz().await;
+    assert_eq!(status, 200, "{body}");
+    let group = &body["groups"][0];
+    assert!(group["failing"].is_null() && group["last_recovery"]["resumed_at"].is_string(), "{body}");
+    assert!(group["failed_batches"].as_u64() >= Some(1), "{body}");
+    let reservations: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM shop.inventory_reservations WHERE order_no = 'LK1'")
+            .fetch_one(&world.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(reservations, 1, "reserved once");
+    a.stop().await;
 }

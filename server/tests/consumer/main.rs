@@ -1,6 +1,6 @@
 //! The embedded consumer as operators run it: `dedup-console serve` processes against real
 //! PostgreSQL, Redis and RabbitMQ — two processes on one queue, processes killed with SIGKILL
-//! mid-handler, Redis stopped mid-run — and Kafka: a consumer group with a member killed and
+//! mid-handler, Redis stopped mid-run, PostgreSQL black-holed, restarted and its connections killed — and Kafka: a consumer group with a member killed and
 //! restarted; a bulk requeue of 10 000 dead letters after a restart, then `verify`; two consumer
 //! groups on two queues; a Spring-style producer typed by a header; an HTTP handler declared in the
 //! configuration calling a service the test runs, and the Python example service behind it; the
@@ -10,6 +10,7 @@
 mod cleanup_cli;
 mod crashes;
 mod database_outage;
+mod database_restart;
 mod exactly_once;
 mod groups;
 mod http;

@@ -31,7 +31,11 @@ pub struct World {
 impl World {
     /// A fresh world; retry back-off 500 ms doubling to 2 s so tests run quickly.
     pub async fn new() -> Self {
-        let db = TestDatabase::create().await;
+        Self::with_database(TestDatabase::create().await).await
+    }
+
+    /// A fresh world on `db` (a database of a server of the test's own, say).
+    pub async fn with_database(db: TestDatabase) -> Self {
         dedup_example_orders::migrate(&db.pool).await.expect("the order example's tables");
         let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 500, max_ms: 2000 });
         let s = &broker.settings;

@@ -167,13 +167,15 @@ pub fn ConsumersPanel(consumers: Vec<ConsumerView>) -> impl IntoView {
 }
 
 /// One group's row: its name and types, then its broker state and numbers; the last error,
-/// when there is one, under the name.
+/// when there is one, under the name, and the run of failed batches in progress or the last
+/// recovery from one.
 fn consumer_row(c: ConsumerView) -> impl IntoView {
-    let state = match (c.enabled, c.connected, &c.topology_refused) {
+    let state = match (c.enabled, c.connected, &c.topology_refused, &c.failing) {
         (false, ..) => "disabled",
-        (true, _, Some(_)) => "topology refused",
-        (true, true, None) => "connected",
-        (true, false, None) => "disconnected",
+        (true, _, Some(_), _) => "topology refused",
+        (true, false, None, _) => "disconnected",
+        (true, true, None, Some(_)) => "retrying",
+        (true, true, None, None) => "connected",
     };
     let badge = if state == "connected" { "badge badge-up" } else { "badge badge-down" };
     let (broker, waiting) = if c.broker == "kafka" { ("Kafka", "lag") } else { ("RabbitMQ", "queued") };
@@ -188,6 +190,18 @@ fn consumer_row(c: ConsumerView) -> impl IntoView {
                 {match c.topology_refused {
                     Some(why) => view! { <div class="small error" data-testid="topology-refused">{why}</div> }.into_any(),
                     None => c.last_error.map(|e| view! { <div class="small error">"Last error: " {e}</div> }).into_any(),
+                }}
+                {match c.failing {
+                    Some(run) => view! {
+                        <div class="small error" data-testid="batches-failing">
+                            {run} " (database trouble; retrying)"
+                        </div>
+                    }
+                        .into_any(),
+                    None => c.last_recovery.map(|r| view! {
+                        <div class="small muted" data-testid="batches-recovered">"Batches: " {r}</div>
+                    })
+                        .into_any(),
                 }}
             </td>
             <td>

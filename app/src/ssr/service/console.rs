@@ -47,6 +47,19 @@ pub async fn consumers(state: &ConsoleState) -> Vec<ConsumerView> {
             queue_depth,
             last_error: status.and_then(|s| s.last_error()).map(|(at, e)| format!("{}: {e}", super::convert::time(at))),
             topology_refused: status.and_then(|s| s.topology_refused()),
+            failed_batches: status.map_or(0, |s| s.failed_batches()),
+            failing: status
+                .and_then(|s| s.failing())
+                .map(|run| format!("{} batches given back since {}", run.batches, super::convert::time(run.since))),
+            last_recovery: status.and_then(|s| s.last_recovery()).and_then(|run| {
+                let resumed = run.resumed_at?;
+                let took = (resumed - run.since).num_milliseconds() as f64 / 1000.0;
+                Some(format!(
+                    "resumed {} after {took:.1} s ({} batches given back)",
+                    super::convert::time(resumed),
+                    run.batches
+                ))
+            }),
         }
     });
     futures::future::join_all(views).await

@@ -1,10 +1,11 @@
 //! PostgreSQL black-holed under a running `serve` (DESIGN.md, "Database waits"): SIGTERM still
 //! stops it within its stop bound, and the delivery it was working on is neither lost nor doubled.
+//! A slow link: the consumer goes on, slowly, and the console answers within its bounds.
 //! A long lock on the dedup table: the consumer's statements end at their bound, the group is not
 //! ready while its batches fail, and it resumes by itself when the lock ends.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
@@ -14,43 +15,61 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::support::World;
 
-/// A TCP forwarder of the test's own on a port of its own; once cut, it forwards nothing in
-/// either direction but keeps every connection open, as a network that drops packets does.
-struct BlackHole {
+/// A TCP forwarder of the test's own on a port of its own, between the product and PostgreSQL.
+/// Once cut, it forwards nothing in either direction but keeps every connection open, as a
+/// network that drops packets does; once slowed, it holds every chunk for a while first.
+struct Link {
     port: u16,
     cut: Arc<AtomicBool>,
+    delay_ms: Arc<AtomicU64>,
 }
 
-impl BlackHole {
+impl Link {
     async fn new(target: String) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let flag = cut.clone();
+        let (cut, delay_ms) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let (c, d) = (cut.clone(), delay_ms.clone());
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let Ok(outbound) = TcpStream::connect(&target).await else { continue };
                 let ((from_client, to_client), (from_server, to_server)) =
                     (inbound.into_split(), outbound.into_split());
-                tokio::spawn(pipe(from_client, to_server, flag.clone()));
-                tokio::spawn(pipe(from_server, to_client, flag.clone()));
+                tokio::spawn(pipe(from_client, to_server, c.clone(), d.clone()));
+                tokio::spawn(pipe(from_server, to_client, c.clone(), d.clone()));
             }
         });
-        Self { port, cut }
+        Self { port, cut, delay_ms }
     }
 
     fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
     }
+
+    fn slow(&self, delay: Duration) {
+        self.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// `url` (the world's database) through this link.
+    fn url(&self, url: &str) -> String {
+        let mut url = reqwest::Url::parse(url).unwrap();
+        url.set_port(Some(self.port)).unwrap();
+        url.to_string()
+    }
 }
 
-/// Copies `from` to `to` until either closes; drops the bytes while `cut`.
-async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: Arc<AtomicBool>) {
+/// Copies `from` to `to` until either closes; drops the bytes while `cut`, holds each chunk
+/// `delay_ms` first.
+async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: Arc<AtomicBool>, delay_ms: Arc<AtomicU64>) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         match from.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) if !cut.load(Ordering::SeqCst) => {
+                let delay = delay_ms.load(Ordering::SeqCst);
+                if delay > 0 {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                }
                 if to.write_all(&buf[..n]).await.is_err() {
                     return;
                 }
@@ -60,6 +79,12 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: Arc<AtomicBo
     }
 }
 
+/// The world's PostgreSQL as `host:port`.
+fn database_address(world: &World) -> String {
+    let url = reqwest::Url::parse(&world.db.url).unwrap();
+    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432))
+}
+
 fn order(order_no: &str) -> serde_json::Value {
     json!({"orderNo": order_no, "sku": "SKU-0001", "quantity": 1, "amountCents": 100, "phone": "+1"})
 }
@@ -67,11 +92,20 @@ fn order(order_no: &str) -> serde_json::Value {
 #[tokio::test]
 async fn sigterm_stops_within_the_bound_while_postgresql_is_black_holed_and_nothing_is_lost() {
     let world = World::new().await;
-    let mut url = reqwest::Url::parse(&world.db.url).unwrap();
-    let target = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432));
-    let proxy = BlackHole::new(target).await;
-    url.set_port(Some(proxy.port)).unwrap();
-    let a = world.serve("a", &[("DATABASE_URL", url.as_str()), ("DEDUP_SHUTDOWN_TIMEOUT_MS", "3000")]).await;
+    let proxy = Link::new(database_address(&world)).await;
+    let url = proxy.url(&world.db.url);
+    let a = world
+        .serve(
+            "a",
+            &[
+                ("DATABASE_URL", &url),
+                ("DEDUP_SHUTDOWN_TIMEOUT_MS", "3000"),
+                ("DEDUP_REQUEST_TIMEOUT_MS", "3000"),
+                ("DEDUP_CONSOLE__STATEMENT_TIMEOUT_MS", "1000"),
+            ],
+        )
+        .await;
+    let token = world.operator_token().await;
     let status_of =
         |id: &str| format!("SELECT COALESCE((SELECT status FROM dedup_records WHERE message_id = '{id}'), 'none')");
     world.publish("ORDER.CREATE.BH1:1", "order.create", order("BH1")).await;
@@ -82,6 +116,19 @@ async fn sigterm_stops_within_the_bound_while_postgresql_is_black_holed_and_noth
     proxy.cut();
     world.publish("ORDER.CREATE.BH2:1", "order.create", order("BH2")).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // its claim now waits on the black hole
+
+    // The console still answers, within its bounds: no statement can time out on a server that
+    // is not reached, so the request timeout ends the call; the probe says the database is down.
+    let asked = std::time::Instant::now();
+    let response = reqwest::Client::new().get(a.url("/api/v1/aggregates")).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(response.status(), 503, "{:?}", response.text().await);
+    assert!(asked.elapsed() < Duration::from_secs(6), "answered after {:?}, bound 3 s", asked.elapsed());
+    let asked = std::time::Instant::now();
+    let response = reqwest::get(a.url("/readyz")).await.unwrap();
+    assert_eq!(response.status(), 503);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["database"]["up"], false, "{body}");
+    assert!(asked.elapsed() < Duration::from_secs(5), "readyz answered after {:?}", asked.elapsed());
     let (status, took, log) = a.terminate().await;
     assert!(status.success(), "exits cleanly: {status}; log: {log}");
     assert!(took < Duration::from_secs(7), "stopped {took:?} after SIGTERM, bound 3 s; log: {log}");
@@ -154,5 +201,50 @@ async fn a_long_lock_on_the_dedup_table_fails_batches_within_the_bound_and_the_c
             .await
             .unwrap();
     assert_eq!(reservations, 1, "reserved once");
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_database_slows_the_consumer_and_the_console_answers_within_its_bounds() {
+    let world = World::new().await;
+    let proxy = Link::new(database_address(&world)).await;
+    let url = proxy.url(&world.db.url);
+    let a = world
+        .serve(
+            "a",
+            &[
+                ("DATABASE_URL", &url),
+                ("DEDUP_REQUEST_TIMEOUT_MS", "3000"),
+                ("DEDUP_CONSOLE__STATEMENT_TIMEOUT_MS", "1000"),
+            ],
+        )
+        .await;
+    let token = world.operator_token().await;
+    proxy.slow(Duration::from_millis(150));
+    for n in 1..=3 {
+        world.publish(&format!("ORDER.CREATE.SL{n}:1"), "order.create", order(&format!("SL{n}"))).await;
+    }
+    // Every console call ends within its bound: data if the slow link brings it in time, 503 if not.
+    for path in ["/api/v1/aggregates", "/api/v1/records?limit=20", "/api/v1/stuck"] {
+        let asked = std::time::Instant::now();
+        let response = reqwest::Client::new().get(a.url(path)).bearer_auth(&token).send().await.unwrap();
+        assert!([200, 503].contains(&response.status().as_u16()), "{path}: {}", response.status());
+        assert!(asked.elapsed() < Duration::from_secs(6), "{path} answered after {:?}, bound 3 s", asked.elapsed());
+    }
+    let done: i64 = world
+        .wait_for(
+            Duration::from_secs(60),
+            "SELECT count(*) FROM dedup_records WHERE status = 'succeeded' AND message_id LIKE 'ORDER.CREATE.SL%'",
+            |n: &i64| *n == 3,
+        )
+        .await;
+    assert_eq!(done, 3, "the consumer went on, slowly; log: {}", a.log_text());
+    let reservations: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM shop.inventory_reservations WHERE order_no LIKE 'SL%'")
+            .fetch_one(&world.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(reservations, 3, "each order reserved once");
+    proxy.slow(Duration::ZERO);
     a.stop().await;
 }

@@ -111,7 +111,7 @@ async fn main() {
     // The host pool (the claimer's, as the consumer's) and the engine's pool (seeding,
     // cleanup), as the engine runs them.
     let schema = db::Schema::default();
-    let pool = db::connect(&url, &PoolSettings::default()).await.unwrap();
+    let pool = db::connect(&url, &PoolSettings { statement_timeout: None, ..PoolSettings::default() }).await.unwrap();
     db::migrate(&pool, &schema).await.unwrap();
     let engine = db::engine_pool(&pool, &schema, PoolSettings::default().max_connections);
     let started = Instant::now();

@@ -76,7 +76,8 @@ async fn main() {
     for run in 1..=runs {
         reset(&url, true).await;
         let schema = db::Schema::default();
-        let host = db::connect(&url, &PoolSettings::default()).await.unwrap();
+        let host =
+            db::connect(&url, &PoolSettings { statement_timeout: None, ..PoolSettings::default() }).await.unwrap();
         db::migrate(&host, &schema).await.unwrap();
         // The engine's pool: seeding runs there, as in the engine.
         let pool = db::engine_pool(&host, &schema, PoolSettings::default().max_connections);

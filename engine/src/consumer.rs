@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::pipeline::{Disposition, Pipeline};
+use crate::pipeline::{AckReason, Disposition, Pipeline};
 use crate::source::{SourceError, SourceFactory};
 use crate::worker::worker_name;
 
@@ -50,6 +50,9 @@ pub struct ConsumerStatus {
     last_error: std::sync::Mutex<Option<(DateTime<Utc>, String)>>,
     refused: std::sync::Mutex<Option<String>>,
     judging: std::sync::Mutex<Judging>,
+    /// A run of failed batches with no new failure for this long is over: the queue drained,
+    /// or went to another process (twice the workers' longest back-off).
+    quiet_after: Duration,
 }
 
 /// A run of batches the pipeline could not judge (database trouble), as
@@ -60,6 +63,8 @@ pub struct FailedBatches {
     pub since: DateTime<Utc>,
     /// Batches given back in the run, by all workers of the group.
     pub batches: u64,
+    /// When the run's latest batch was given back.
+    pub last_at: DateTime<Utc>,
     /// When a batch was judged again (its deliveries settled); `None` while the run lasts.
     pub resumed_at: Option<DateTime<Utc>>,
 }
@@ -103,12 +108,17 @@ impl ConsumerStatus {
         self.judging().failed_batches
     }
 
-    /// The run of failed batches in progress: since the last batch that was judged, every
-    /// batch has been given back. `/readyz` is not ready meanwhile; the run ends with the next
-    /// batch judged (the consumer resumes by itself: its workers retry with the back-off of
-    /// [`ConsumerSettings`], DESIGN.md "Database waits").
+    /// The run of failed batches in progress: since the last batch the database judged, in
+    /// any worker, every batch has been given back (batches of Redis duplicates and held
+    /// deliveries, which do not reach the database, neither extend nor end it). `/readyz` is
+    /// not ready meanwhile. The run ends with the next batch judged (the consumer resumes by
+    /// itself: its workers retry with the back-off of [`ConsumerSettings`], DESIGN.md
+    /// "Recovery"), or when no batch has failed for twice the longest back-off (nothing left
+    /// to judge here: the queue drained, or went to another process).
     pub fn failing(&self) -> Option<FailedBatches> {
-        self.judging().current
+        let run = self.judging().current?;
+        let quiet = (Utc::now() - run.last_at).to_std().unwrap_or_default();
+        (quiet < self.quiet_after).then_some(run)
     }
 
     /// The last run of failed batches that ended, with when the consumer resumed.
@@ -120,15 +130,25 @@ impl ConsumerStatus {
         self.judging.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Notes a batch the pipeline gave back (`failed`) or judged.
-    fn batch_done(&self, group: &str, failed: bool) {
+    /// Notes a settled batch: given back when any of its deliveries was, judged when the
+    /// database judged any of them.
+    fn batch_done(&self, group: &str, dispositions: &[Disposition]) {
+        let failed = dispositions.contains(&Disposition::Redeliver);
+        let judged = dispositions
+            .iter()
+            .any(|d| !matches!(d, Disposition::Ack(AckReason::DuplicateRedis) | Disposition::Held { .. }));
         let mut judging = self.judging();
         if failed {
             metrics::counter!("dedup_failed_batches_total", "group" => group.to_owned()).increment(1);
             judging.failed_batches += 1;
-            let run = judging.current.get_or_insert(FailedBatches { since: Utc::now(), batches: 0, resumed_at: None });
-            run.batches += 1;
-        } else if let Some(mut run) = judging.current.take() {
+            let now = Utc::now();
+            let quiet_after = self.quiet_after;
+            let run = match judging.current.take() {
+                Some(run) if (now - run.last_at).to_std().unwrap_or_default() < quiet_after => run,
+                _ => FailedBatches { since: now, batches: 0, last_at: now, resumed_at: None },
+            };
+            judging.current = Some(FailedBatches { batches: run.batches + 1, last_at: now, ..run });
+        } else if judged && let Some(mut run) = judging.current.take() {
             let now = Utc::now();
             run.resumed_at = Some(now);
             let failed_for = (now - run.since).to_std().unwrap_or_default();
@@ -161,7 +181,13 @@ pub struct Consumer {
 impl Consumer {
     /// A consumer; call [`Consumer::run`] to start it.
     pub fn new(pipeline: Pipeline, factory: Arc<dyn SourceFactory>, settings: ConsumerSettings) -> Self {
-        Self { pipeline, factory, settings, status: Arc::new(ConsumerStatus::default()) }
+        let status = ConsumerStatus {
+            quiet_after: Duration::from_millis(settings.backoff_max_ms.max(settings.backoff_initial_ms)) * 2,
+            ..ConsumerStatus::default()
+        };
+        // Registered at 0, so a dashboard or an alert sees the series before the first failure.
+        metrics::counter!("dedup_failed_batches_total", "group" => pipeline.group().to_string()).increment(0);
+        Self { pipeline, factory, settings, status: Arc::new(status) }
     }
 
     /// The status handle (shared; stays valid while the consumer runs).
@@ -270,9 +296,8 @@ async fn run_worker(
             if let Err(e) = settled {
                 break Some(e);
             }
-            let failed = dispositions.contains(&Disposition::Redeliver);
-            status.batch_done(pipeline.group().as_str(), failed);
-            if failed {
+            status.batch_done(pipeline.group().as_str(), &dispositions);
+            if dispositions.contains(&Disposition::Redeliver) {
                 if !pause.sleep(&shutdown).await {
                     break None;
                 }

@@ -152,14 +152,14 @@ impl HandlerError {
     }
 
     /// Leased handlers: the effect may or may not have happened — its answer was lost (the
-    /// connection to the far side broke after the request went out). Nothing is recorded: the
-    /// record keeps its claim until the lease expires, and then the handler's lease expiry
-    /// policy decides, as after a crash ([`crate::LeaseExpiryPolicy`]: `hold` parks the next
-    /// delivery for an operator to check the effect, `reclaim` runs the handler again). The
-    /// delivery goes back to the broker unacknowledged. Prefer it to a retryable failure
-    /// wherever retrying could do the effect twice. A transactional handler's failure rolls its
-    /// effect back, so there it is a retryable failure. Class and detail as for
-    /// [`HandlerError::retryable`].
+    /// connection to the far side broke after the request went out). Under
+    /// [`crate::LeaseExpiryPolicy::Hold`] nothing is recorded: the record keeps its claim, a
+    /// copy of the delivery is sent back due when the lease expires (the original is acked once
+    /// the copy is confirmed), and that copy is parked for an operator to check the effect, as
+    /// after a crash. Under `Reclaim`, which allows running the effect again, it is a retryable
+    /// failure. Prefer it to a retryable failure wherever retrying could do the effect twice. A
+    /// transactional handler's failure rolls its effect back, so there it is a retryable
+    /// failure. Class and detail as for [`HandlerError::retryable`].
     pub fn outcome_unknown(class: impl Into<Cow<'static, str>>, detail: impl Into<String>) -> Self {
         Self { outcome_unknown: true, ..Self::new(class, detail, false) }
     }

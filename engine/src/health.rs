@@ -68,8 +68,8 @@ pub struct GroupHealth {
     pub ready: bool,
     /// Why not, e.g. `the broker refused the consumer group's topology: declaring the Topic
     /// exchange "billing.events": … PRECONDITION_FAILED - inequivalent arg 'type' …`, or
-    /// `3 batches given back to the broker unjudged since 2026-12-04T03:10:02Z (database
-    /// trouble; the log says which)`.
+    /// `3 batches given back to the broker unjudged since 2026-12-04T03:10:02Z (the database
+    /// did not take them; the log says why)`.
     pub error: Option<String>,
     /// Batches given back unjudged since the engine started (0 for a group that does not
     /// consume).

@@ -352,7 +352,7 @@ impl EngineHandle {
                 let error = status.topology_refused().or_else(|| {
                     failing.map(|run| {
                         format!(
-                            "{} batches given back to the broker unjudged since {} (database trouble; the log says which)",
+                            "{} batches given back to the broker unjudged since {} (the database did not take them; the log says why)",
                             run.batches,
                             run.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                         )

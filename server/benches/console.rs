@@ -271,7 +271,9 @@ fn main() {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/dedup_console_bench".to_owned());
         let records: u64 = env_or("BENCH_RECORDS", 1_000_000);
         let n: usize = env_or("BENCH_ITERATIONS", 40);
-        let host = connect(&url, &PoolSettings::default()).await.expect("PostgreSQL for the bench");
+        let host = connect(&url, &PoolSettings { statement_timeout: None, ..PoolSettings::default() })
+            .await
+            .expect("PostgreSQL for the bench");
         let schema = Schema::default();
         migrate(&host, &schema).await.expect("migrate");
         let pool = engine_pool(&host, &schema, 16);

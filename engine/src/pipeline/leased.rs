@@ -258,10 +258,13 @@ impl Pipeline {
 
     /// Records what became of `finished` calls: the successes completed in one statement, the
     /// calls held before they started given back in one statement per type, the failures each
-    /// recorded (fenced by the lease token). Calls whose outcome is unknown record nothing.
+    /// recorded (fenced by the lease token). Calls whose outcome is unknown record nothing when
+    /// their handler is under `hold`; under `reclaim`, which allows running the effect again,
+    /// they are failures like any other (counted, so they end in a dead letter).
     async fn settle_leased(&self, lease: &Lease, finished: Vec<Finished<'_, '_>>) -> Vec<Outcome> {
-        let (unknown, finished): (Vec<_>, Vec<_>) =
-            finished.into_iter().partition(|f| f.result.as_ref().is_err_and(HandlerError::is_outcome_unknown));
+        let (unknown, finished): (Vec<_>, Vec<_>) = finished.into_iter().partition(|f| {
+            !f.item.handler.reclaims_expired() && f.result.as_ref().is_err_and(HandlerError::is_outcome_unknown)
+        });
         let mut outcomes = Vec::with_capacity(unknown.len() + finished.len());
         outcomes.extend(unknown.iter().map(|f| self.outcome_unknown(lease, f)));
         let Ok(mut conn) = self.store.pool().acquire().await else {
@@ -302,11 +305,9 @@ impl Pipeline {
         outcomes
     }
 
-    /// Gives back the claims of `held` calls, which never started because their handler was
-    /// paused meanwhile: not counted, their deliveries held like those the routing step holds.
-    /// A call whose effect may have happened ([`HandlerError::outcome_unknown`]): its record
-    /// keeps the claim, and a copy comes back once the lease has expired, when the handler's
-    /// lease expiry policy decides (`hold` parks it for an operator, `reclaim` runs it again).
+    /// A call whose effect may have happened ([`HandlerError::outcome_unknown`]) of a handler
+    /// under `hold`: its record keeps the claim, and a copy comes back once the lease has
+    /// expired, to be parked for an operator.
     fn outcome_unknown(&self, lease: &Lease, f: &Finished<'_, '_>) -> Outcome {
         let error = f.result.as_ref().err().map(ToString::to_string).unwrap_or_default();
         tracing::warn!(message_id = %f.item.identified.id, attempt = f.claim.attempt, error = %error,
@@ -315,6 +316,8 @@ impl Pipeline {
         (f.item.index, Disposition::Retry { delay: lease.duration }, None)
     }
 
+    /// Gives back the claims of `held` calls, which never started because their handler was
+    /// paused meanwhile: not counted, their deliveries held like those the routing step holds.
     async fn release_held(&self, conn: &mut sqlx::PgConnection, held: &[Finished<'_, '_>]) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(held.len());
         let types: HashSet<&str> = held.iter().map(|f| f.item.identified.message_type.as_str()).collect();
@@ -448,19 +451,26 @@ impl Pipeline {
             let asked_at = Instant::now();
             let claims: Vec<&ClaimedRecord> = held.iter().map(|(claim, _)| claim).collect();
             // Bounded by the period: a heartbeat the database does not answer in time is
-            // abandoned (its connection dropped), and the guards count from the last confirmed one.
-            let extend = async {
-                let mut conn = self.store.pool().acquire().await?;
-                self.store.extend_leases(&mut conn, &claims, &lease).await
-            };
-            let extended: HashSet<i64> = match tokio::time::timeout(period, extend).await {
-                Ok(Ok(ids)) => ids.into_iter().collect(),
-                Ok(Err(e)) => {
-                    tracing::warn!(count = held.len(), error = %e, "extending the leases failed; will retry");
-                    continue;
+            // abandoned and its connection closed (not returned to the pool, where it would wait
+            // for the statement), and the guards count from the last confirmed extension.
+            let deadline = tokio::time::Instant::now() + period;
+            let extended = match tokio::time::timeout_at(deadline, self.store.pool().acquire()).await {
+                Ok(Ok(mut conn)) => {
+                    match tokio::time::timeout_at(deadline, self.store.extend_leases(&mut conn, &claims, &lease)).await {
+                        Ok(extended) => extended.map_err(|e| e.to_string()),
+                        Err(_) => {
+                            conn.close_on_drop();
+                            Err(format!("no answer within {period:?}"))
+                        }
+                    }
                 }
-                Err(_) => {
-                    tracing::warn!(count = held.len(), bound = ?period, "extending the leases timed out; will retry");
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no connection within {period:?}")),
+            };
+            let extended: HashSet<i64> = match extended {
+                Ok(ids) => ids.into_iter().collect(),
+                Err(error) => {
+                    tracing::warn!(count = held.len(), error, "extending the leases failed; will retry");
                     continue;
                 }
             };

@@ -144,7 +144,9 @@ impl TransactionalHandler for PayOrder {
 /// `ORDER.NOTIFY` (leased): sends "order paid" by SMS through the gateway stand-in.
 ///
 /// Payload: `{ "orderNo", "kind", "phone", "text" }`.
-/// Errors: `SMS_GATEWAY_UNAVAILABLE` (retryable).
+/// Errors: `SMS_GATEWAY_UNAVAILABLE` (retryable); `SMS_GATEWAY_NO_ANSWER` when the send went
+/// out and its answer was lost ([`HandlerError::outcome_unknown`]: under `hold` the record is
+/// parked for an operator, never sent twice).
 pub struct NotifyOrder {
     gateway: SmsGateway,
 }
@@ -168,12 +170,26 @@ impl LeasedHandler for NotifyOrder {
         };
         self.gateway.send(sms, lease).await.map_err(|e| match e {
             SmsError::Rejected => HandlerError::retryable("SMS_GATEWAY_UNAVAILABLE", e.to_string()),
-            // The gateway could not be reached: nothing was sent.
-            SmsError::Log(db @ (sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)) => db.into(),
             // The send went out and its answer was lost (a restart, a killed connection): it may
             // have been accepted, so it is not retried blindly (the record's lease expiry policy).
-            SmsError::Log(db) => HandlerError::outcome_unknown("SMS_GATEWAY_NO_ANSWER", db.to_string()),
+            SmsError::Log(db) if answer_lost(&db) => {
+                HandlerError::outcome_unknown("SMS_GATEWAY_NO_ANSWER", db.to_string())
+            }
+            // Refused, or not reached: nothing was sent.
+            SmsError::Log(db) | SmsError::Unreachable(db) => db.into(),
             SmsError::LeaseLost => HandlerError::lease_lost(),
         })
+    }
+}
+
+/// Whether a failed write may have been applied all the same: the connection broke while the
+/// statement was out (I/O, protocol), or the server ended the session (SQLSTATE class 08,
+/// connection exception; 57P01–57P03, shutdown), possibly after its commit. Any other
+/// answer from the server means the statement did not take effect.
+fn answer_lost(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+        _ => false,
     }
 }

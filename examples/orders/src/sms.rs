@@ -29,7 +29,10 @@ pub enum SmsError {
     /// The stand-in rejected the send (its failure rate).
     #[error("SMS gateway rejected the send (simulated outage)")]
     Rejected,
-    /// Recording the send failed.
+    /// The gateway could not be reached: nothing was sent.
+    #[error("SMS gateway unreachable: {0}")]
+    Unreachable(sqlx::Error),
+    /// Recording the send failed after it went out.
     #[error("SMS gateway log unavailable: {0}")]
     Log(#[from] sqlx::Error),
     /// The lease was lost while the gateway waited: the SMS was not sent.
@@ -59,6 +62,7 @@ impl SmsGateway {
             return Err(SmsError::Rejected);
         }
         lease.check().map_err(|_| SmsError::LeaseLost)?;
+        let mut conn = self.pool.acquire().await.map_err(SmsError::Unreachable)?;
         sqlx::query(
             "INSERT INTO shop.notifications (order_no, kind, phone, body, message_id) VALUES ($1, $2, $3, $4, $5)",
         )
@@ -67,7 +71,7 @@ impl SmsGateway {
         .bind(sms.phone)
         .bind(sms.body)
         .bind(sms.message_id)
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await?;
         Ok(())
     }

@@ -81,8 +81,9 @@ pub struct Settings {
     /// many, at least 4.
     pub db_max_connections: u32,
     /// PostgreSQL's `statement_timeout` on the server's connections (the consumers' batches,
-    /// lease heartbeats, operator actions, cleanup), in milliseconds; 0 for none. The console's
-    /// own pool has the shorter `[console] statement_timeout_ms`; migrations have none.
+    /// lease heartbeats, operator actions, cleanup, the commands), in milliseconds; 0 for none.
+    /// It overrides one set in the URL's `options` or by `ALTER ROLE … SET`. The console's own
+    /// pool has `[console] statement_timeout_ms` instead; migrations and `seed` have none.
     /// Default 30 000.
     pub db_statement_timeout_ms: u64,
     /// The PostgreSQL schema of the engine's tables (default `dedup`), next to the business

@@ -190,7 +190,15 @@ async fn a_long_lock_on_the_dedup_table_fails_batches_within_the_bound_and_the_c
         "SELECT COALESCE((SELECT status FROM dedup_records WHERE message_id = 'ORDER.CREATE.LK1:1'), 'none')";
     let done: String = world.wait_for(Duration::from_secs(30), status_of, |s| s == "succeeded").await;
     assert_eq!(done, "succeeded", "the consumer resumed by itself once the lock ended");
-    let (status, body) = readyz().await;
+    // The batch's settlement, which ends the run, follows its commit.
+    let started = std::time::Instant::now();
+    let (status, body) = loop {
+        let (status, body) = readyz().await;
+        if status == 200 || started.elapsed() > Duration::from_secs(10) {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(status, 200, "{body}");
     let group = &body["groups"][0];
     assert!(group["failing"].is_null() && group["last_recovery"]["resumed_at"].is_string(), "{body}");

@@ -199,7 +199,9 @@ fn consumer_row(c: ConsumerView) -> impl IntoView {
                     }
                         .into_any(),
                     None => c.last_recovery.map(|r| view! {
-                        <div class="small muted" data-testid="batches-recovered">"Batches: " {r}</div>
+                        <div class="small muted" data-testid="batches-recovered">
+                            "Batches: " {r} "; " {c.failed_batches} " given back since start"
+                        </div>
                     })
                         .into_any(),
                 }}

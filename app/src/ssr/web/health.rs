@@ -14,13 +14,15 @@ pub async fn healthz() -> &'static str {
 
 /// `GET /readyz`: probes PostgreSQL, Redis and the broker (RabbitMQ, or Kafka when
 /// `consumer.source = "kafka"`) concurrently, and asks each consumer group whether its broker
-/// takes its topology.
+/// takes its topology and whether its batches are being judged.
 ///
 /// Body (JSON): `{ "ready": bool, "checked_at": RFC 3339, "database" | "redis" | "broker": {
 /// "service", "name", "url" (redacted), "up", "latency_ms", "error" }, "groups": [{ "group",
-/// "ready", "error" }] }`. Status 200 when all are up and every group is ready, 503 otherwise
-/// (the body names which, and why: a dependency down, or a group whose exchange or queue the
-/// broker refuses).
+/// "ready", "error", "failed_batches", "failing", "last_recovery" }] }` (`failing` and
+/// `last_recovery`: `{ "since", "batches", "last_at", "resumed_at" }` or null). Status 200 when
+/// all are up and every group is ready, 503 otherwise (the body names which, and why: a
+/// dependency down, a group whose exchange or queue the broker refuses, or a group whose
+/// batches are all given back to the broker unjudged).
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_json::Value>) {
     let report: HealthReport = state.console.probes.check().await;
     let groups = state.console.engine.groups_health();

@@ -137,6 +137,9 @@ pub async fn seed_records(
     let micros_per_record = window.as_micros() as f64 / records as f64;
     let plan = Plan::new(first, now - window, now, micros_per_record, domain.clone());
     let mut tx = pool.begin().await?;
+    // Building the indexes of millions of rows takes longer than any statement timeout the
+    // pool's connections carry.
+    sqlx::query("SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
     let mut phase = Phases(Instant::now());
     let deferred = Deferred::drop_if_empty(pool, &mut tx).await?;
     let totals = load(&mut tx, &plan, params, progress).await?;
@@ -155,8 +158,11 @@ pub async fn seed_records(
     // Fresh statistics, and a visibility map for the index-only scans of the overview, the
     // retries and the dead letters (without it, at 10 M records, the retries page took 200 ms
     // and the dead letters 130 ms until autovacuum came by; 15-20 ms after).
-    sqlx::query("VACUUM ANALYZE stats_minute").execute(pool).await?;
-    sqlx::query("VACUUM ANALYZE dedup_records").execute(pool).await?;
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SET statement_timeout = 0").execute(&mut *conn).await?;
+    sqlx::query("VACUUM ANALYZE stats_minute").execute(&mut *conn).await?;
+    sqlx::query("VACUUM ANALYZE dedup_records").execute(&mut *conn).await?;
+    sqlx::query("RESET statement_timeout").execute(&mut *conn).await?;
     phase.done("analyzed");
     let seconds = started.elapsed().as_secs_f64();
     Ok(SeedReport { records: params.records, seconds, rate: params.records as f64 / seconds.max(1e-9) })

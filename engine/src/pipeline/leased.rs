@@ -258,7 +258,8 @@ impl Pipeline {
 
     /// Records what became of `finished` calls: the successes completed in one statement, the
     /// calls held before they started given back in one statement per type, the failures each
-    /// recorded (fenced by the lease token). Calls whose outcome is unknown record nothing when
+    /// recorded (fenced by the lease token); a connection and the completions are asked for
+    /// again while half the lease lasts. Calls whose outcome is unknown record nothing when
     /// their handler is under `hold`; under `reclaim`, which allows running the effect again,
     /// they are failures like any other (counted, so they end in a dead letter).
     async fn settle_leased(&self, lease: &Lease, finished: Vec<Finished<'_, '_>>) -> Vec<Outcome> {
@@ -267,7 +268,11 @@ impl Pipeline {
         });
         let mut outcomes = Vec::with_capacity(unknown.len() + finished.len());
         outcomes.extend(unknown.iter().map(|f| self.outcome_unknown(lease, f)));
-        let Ok(mut conn) = self.store.pool().acquire().await else {
+        // The effects are done: recording them is worth waiting for a database that restarts,
+        // while half the lease lasts (completions are fenced, so a retry cannot complete what
+        // another worker took over).
+        let deadline = tokio::time::Instant::now() + lease.duration / 2;
+        let Some(mut conn) = self.connection_until(deadline).await else {
             // The effects may have happened; the records stay processing and, once their
             // leases expire, stuck: an operator decides. The redeliveries are judged then.
             outcomes.extend(finished.iter().map(|f| (f.item.index, Disposition::Redeliver, None)));
@@ -279,7 +284,21 @@ impl Pipeline {
         outcomes.extend(self.release_held(&mut conn, &held).await);
         if !succeeded.is_empty() {
             let done: Vec<_> = succeeded.iter().map(|f| (&f.claim, f.answer.as_ref())).collect();
-            match self.store.complete_many_leased(&mut conn, &done).await {
+            let mut completed = self.store.complete_many_leased(&mut conn, &done).await;
+            let mut pause = Duration::from_millis(100);
+            while let Err(e) = &completed
+                && tokio::time::Instant::now() + pause < deadline
+            {
+                tracing::warn!(error = %e, count = done.len(), "completions failed; retrying while the leases last");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                match self.connection_until(deadline).await {
+                    Some(fresh) => conn = fresh,
+                    None => break,
+                }
+                completed = self.store.complete_many_leased(&mut conn, &done).await;
+            }
+            match completed {
                 Ok(completed) => {
                     let completed: HashSet<i64> = completed.into_iter().collect();
                     for f in &succeeded {
@@ -303,6 +322,22 @@ impl Pipeline {
             outcomes.push((f.item.index, self.record_leased_failure(&mut conn, lease, f).await, None));
         }
         outcomes
+    }
+
+    /// A connection of the pool, asked for again (a database that restarts refuses them for a
+    /// moment) until `deadline`.
+    async fn connection_until(&self, deadline: tokio::time::Instant) -> Option<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match tokio::time::timeout_at(deadline, self.store.pool().acquire()).await {
+                Ok(Ok(conn)) => return Some(conn),
+                Ok(Err(_)) if tokio::time::Instant::now() + pause < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                _ => return None,
+            }
+        }
     }
 
     /// A call whose effect may have happened ([`HandlerError::outcome_unknown`]) of a handler

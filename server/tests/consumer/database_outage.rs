@@ -152,24 +152,14 @@ async fn sigterm_stops_within_the_bound_while_postgresql_is_black_holed_and_noth
 async fn a_long_lock_on_the_dedup_table_fails_batches_within_the_bound_and_the_consumer_resumes() {
     let world = World::new().await;
     let a = world.serve("a", &[("DEDUP_DB_STATEMENT_TIMEOUT_MS", "1000")]).await;
-    let readyz = || async {
-        let response = reqwest::get(a.url("/readyz")).await.unwrap();
-        (response.status().as_u16(), response.json::<serde_json::Value>().await.unwrap())
-    };
     let mut locker = world.db.pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE dedup_records IN ACCESS EXCLUSIVE MODE").execute(&mut *locker).await.unwrap();
     world.publish("ORDER.CREATE.LK1:1", "order.create", order("LK1")).await;
 
     // Every claim waits on the lock until the statement timeout cancels it: the batch is given
     // back, and the group says so on `/readyz` while it lasts.
-    let started = std::time::Instant::now();
-    let (status, body) = loop {
-        let (status, body) = readyz().await;
-        if !body["groups"][0]["failing"].is_null() || started.elapsed() > Duration::from_secs(20) {
-            break (status, body);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (status, body) =
+        a.readyz_until(Duration::from_secs(20), |_, body| !body["groups"][0]["failing"].is_null()).await;
     assert_eq!(status, 503, "{body}");
     let group = &body["groups"][0];
     assert_eq!(group["ready"], false, "{body}");
@@ -191,14 +181,7 @@ async fn a_long_lock_on_the_dedup_table_fails_batches_within_the_bound_and_the_c
     let done: String = world.wait_for(Duration::from_secs(30), status_of, |s| s == "succeeded").await;
     assert_eq!(done, "succeeded", "the consumer resumed by itself once the lock ended");
     // The batch's settlement, which ends the run, follows its commit.
-    let started = std::time::Instant::now();
-    let (status, body) = loop {
-        let (status, body) = readyz().await;
-        if status == 200 || started.elapsed() > Duration::from_secs(10) {
-            break (status, body);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (status, body) = a.readyz_until(Duration::from_secs(10), |status, _| status == 200).await;
     assert_eq!(status, 200, "{body}");
     let group = &body["groups"][0];
     assert!(group["failing"].is_null() && group["last_recovery"]["resumed_at"].is_string(), "{body}");

@@ -142,21 +142,6 @@ async fn time_to_resume(pool: &PgPool) -> Duration {
     started.elapsed()
 }
 
-/// `/readyz` of `server` once it answers 200 (at most 20 s: the last batches settle after
-/// their commits), else its last answer.
-async fn ready(server: &crate::support::Server) -> serde_json::Value {
-    let started = Instant::now();
-    loop {
-        let response = reqwest::get(server.url("/readyz")).await.unwrap();
-        let ok = response.status() == 200;
-        let body: serde_json::Value = response.json().await.unwrap();
-        if ok || started.elapsed() > Duration::from_secs(20) {
-            return body;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test]
 async fn exactly_once_across_postgresql_restarts_and_killed_connections() {
     let postgres = PrivatePostgres::start().await;
@@ -212,7 +197,8 @@ async fn exactly_once_across_postgresql_restarts_and_killed_connections() {
     let token = world.operator_token().await;
     let mut failed_batches = 0;
     for server in [&a, &b] {
-        let readyz = ready(server).await;
+        // The last batches settle after their commits.
+        let (_, readyz) = server.readyz_until(Duration::from_secs(20), |status, _| status == 200).await;
         let group = &readyz["groups"][0];
         assert_eq!(group["ready"], true, "{readyz}");
         assert!(group["failing"].is_null(), "{readyz}");

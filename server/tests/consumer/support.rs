@@ -299,6 +299,25 @@ impl Server {
         body
     }
 
+    /// `/readyz`'s status and body once `ok(status, body)` holds, polled every 100 ms for at
+    /// most `within`; else its last answer.
+    pub async fn readyz_until(
+        &self,
+        within: Duration,
+        ok: impl Fn(u16, &serde_json::Value) -> bool,
+    ) -> (u16, serde_json::Value) {
+        let started = Instant::now();
+        loop {
+            let response = reqwest::get(self.url("/readyz")).await.expect("readyz answers");
+            let status = response.status().as_u16();
+            let body: serde_json::Value = response.json().await.expect("readyz JSON");
+            if ok(status, &body) || started.elapsed() > within {
+                return (status, body);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The server's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

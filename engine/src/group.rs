@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::consumer::ConsumerSettings;
 use crate::handler::{Handler, HandlerRegistry, LeasedHandler, TransactionalHandler};
 use crate::message::{IdPolicy, TypePolicy};
-use crate::record::LeaseExpiryPolicy;
+use crate::record::{LateDuplicatePolicy, LeaseExpiryPolicy};
 use crate::retry::Backoff;
 use crate::source::SourceFactory;
 
@@ -33,6 +33,9 @@ pub struct GroupSettings {
     pub ids: IdPolicy,
     /// Where the message type is found, and how raw values map to handler types.
     pub types: TypePolicy,
+    /// What a late duplicate (a copy that returns after cleanup deleted its record) may do:
+    /// `process` (default) or `hold`.
+    pub late_duplicates: LateDuplicatePolicy,
 }
 
 impl Default for GroupSettings {
@@ -45,6 +48,7 @@ impl Default for GroupSettings {
             backoff: Backoff::default(),
             ids: IdPolicy::default(),
             types: TypePolicy::default(),
+            late_duplicates: LateDuplicatePolicy::default(),
         }
     }
 }

@@ -207,7 +207,7 @@ pub use message::{
     Broker, IdPolicy, IdSource, Identified, InboundMessage, MAX_HEADER_DEPTH, MAX_SHOWN_ID_CHARS, POISON_TYPE, Poison,
     PoisonReason, SourceRef, TypePolicy, TypeSource, UNKNOWN_TYPE, UnknownIdSource, UnknownTypeSource,
 };
-pub use record::{ConsumerGroup, IdError, LeaseExpiryPolicy, MAX_MESSAGE_ID_BYTES, MessageId};
+pub use record::{ConsumerGroup, IdError, LateDuplicatePolicy, LeaseExpiryPolicy, MAX_MESSAGE_ID_BYTES, MessageId};
 pub use retry::Backoff;
 pub use runtime::{Engine, EngineBuilder, EngineError, EngineHandle};
 pub use service::{Service, Unreachable};

@@ -113,6 +113,22 @@ pub enum LeaseExpiryPolicy {
     Reclaim,
 }
 
+/// What a late duplicate may do: a delivery that creates a new record although cleanup kept
+/// the fingerprint of an earlier record of the same message id (DESIGN.md, "Late duplicates").
+/// Either way it is counted with its delay and noted on the record it creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LateDuplicatePolicy {
+    /// Run its handler as for any new message, relying on the business change's own guard
+    /// (an order already paid). The default: behaviour as before fingerprints.
+    #[default]
+    Process,
+    /// Hold it for an operator: its record is stored `processing` and parked with its whole
+    /// message and the reason, no handler runs, and the delivery is acknowledged. A release
+    /// runs it again, a mark-succeeded settles it.
+    Hold,
+}
+
 /// Longest message id accepted, in bytes. Longer ids make the message poison.
 pub const MAX_MESSAGE_ID_BYTES: usize = 512;
 

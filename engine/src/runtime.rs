@@ -227,6 +227,7 @@ impl EngineBuilder {
                         id_policy: s.ids.clone(),
                         type_policy: s.types.clone(),
                         keep_poison_payload_bytes: s.keep_poison_payload_bytes,
+                        late_duplicates: s.late_duplicates,
                     },
                 )
                 .with_retention(retention.clone());

@@ -72,6 +72,10 @@ pub struct CreateArgs {
     /// Create it without letting the scheduler run it.
     #[arg(long)]
     pub disabled: bool,
+    /// Days to keep the fingerprints of what it deletes, by which late duplicates are known
+    /// (0 to 36500; 0 keeps none). Default: ten times the retention.
+    #[arg(long)]
+    pub fingerprint_days: Option<i32>,
 }
 
 /// `cleanup edit` options.
@@ -91,6 +95,12 @@ pub struct EditArgs {
     /// New batch size.
     #[arg(long)]
     pub batch_size: Option<i32>,
+    /// Days to keep fingerprints of deleted records (0 keeps none).
+    #[arg(long, conflicts_with = "default_fingerprint_days")]
+    pub fingerprint_days: Option<i32>,
+    /// Keep fingerprints ten times the retention again (the default).
+    #[arg(long)]
+    pub default_fingerprint_days: bool,
     /// The statuses to delete, replacing the old ones (repeat for more).
     #[arg(long = "status")]
     pub statuses: Vec<RecordStatus>,
@@ -129,6 +139,11 @@ impl EditArgs {
             statuses,
             consumer_group,
             enabled: (stored.enabled || self.enable) && !self.disable,
+            fingerprint_days: match (self.fingerprint_days, self.default_fingerprint_days) {
+                (Some(days), _) => Some(days),
+                (None, true) => None,
+                (None, false) => stored.fingerprint_days,
+            },
         })
     }
 }
@@ -149,20 +164,22 @@ async fn cleanup_command(pool: &sqlx::PgPool, args: CleanupArgs) -> anyhow::Resu
     match args.command {
         Some(CleanupCommand::List) => {
             println!(
-                "{:>4}  {:<24} {:<14} {:>9}  {:<24} {:<16} next run (UTC)",
-                "id", "name", "cron", "retention", "statuses", "group"
+                "{:>4}  {:<24} {:<14} {:>9}  {:>12}  {:<24} {:<16} next run (UTC)",
+                "id", "name", "cron", "retention", "fingerprints", "statuses", "group"
             );
             for s in cleanup_schedules(pool).await? {
                 let next = next_run(&s);
                 let group = s.consumer_group.as_deref().unwrap_or("all");
                 let retention = format!("{} d", s.retention_days);
+                let fingerprints = format!("{} d", s.fingerprint_horizon_days());
                 // Names and groups are printed escaped: they come from operators' input.
                 println!(
-                    "{:>4}  {:<24} {:<14} {:>9}  {:<24} {:<16} {next}",
+                    "{:>4}  {:<24} {:<14} {:>9}  {:>12}  {:<24} {:<16} {next}",
                     s.id,
                     s.name.escape_debug().to_string(),
                     s.cron,
                     retention,
+                    fingerprints,
                     s.statuses.join(","),
                     group.escape_debug().to_string()
                 );
@@ -177,6 +194,7 @@ async fn cleanup_command(pool: &sqlx::PgPool, args: CleanupArgs) -> anyhow::Resu
                 statuses: if c.statuses.is_empty() { vec![RecordStatus::Succeeded] } else { c.statuses },
                 consumer_group: c.group,
                 enabled: !c.disabled,
+                fingerprint_days: c.fingerprint_days,
             };
             let saved = cleanup_schedule_save(pool, &actor, None, &input).await?;
             println!("schedule {} created; next run: {}", saved.id, next_run(&saved));

@@ -1,6 +1,7 @@
 //! Cleanup (`/cleanup`): the schedules (create, edit, enable/disable), a dry run and "run now"
 //! per schedule, the history of runs (rows deleted, duration, errors), and the retention advice
-//! from the longest delay observed (duplicates, late deliveries).
+//! from the longest delay observed (duplicates, late duplicates, late deliveries), and the late
+//! duplicates per group: copies that came back after cleanup deleted their record.
 
 use std::time::Duration;
 
@@ -112,6 +113,30 @@ fn Cleanup(
         ),
         _ => "No duplicate seen yet: no delay to keep records for.".to_owned(),
     };
+    let late_duplicates = v.late_duplicates.into_iter().map(|l| {
+        let handled = if l.held == l.count {
+            "held for an operator".to_owned()
+        } else if l.held == 0 {
+            "their handlers ran again".to_owned()
+        } else {
+            format!("{} held for an operator, the others' handlers ran again", l.held)
+        };
+        view! {
+            <li data-group=l.consumer_group.clone()>
+                {format!(
+                    "{}: {} late duplicates (copies that came back after cleanup deleted their record, known by its fingerprint), up to {} after the first delivery, the last {}; {handled}. ",
+                    l.consumer_group,
+                    count(l.count),
+                    millis(l.longest_delay_ms),
+                    short_time(&l.last_seen_at),
+                )}
+                <a href=format!(
+                    "/records?group={}&flag=late_duplicate",
+                    crate::wire::records::encode_component(&l.consumer_group),
+                )>"List them"</a>
+            </li>
+        }
+    }).collect_view();
     let late = v.late_deliveries.into_iter().map(|l| {
         view! {
             <li>
@@ -128,6 +153,7 @@ fn Cleanup(
         <section class="panel" aria-labelledby="advice-title">
             <h2 id="advice-title">"Retention advice"</h2>
             <p data-testid="retention-advice">{advice}</p>
+            <ul class="small error" data-testid="late-duplicates">{late_duplicates}</ul>
             <ul class="small error" data-testid="late-deliveries">{late}</ul>
         </section>
         <section class="panel" aria-labelledby="schedules-title">
@@ -144,6 +170,9 @@ fn Cleanup(
                                 <th class="num">"Retention"</th>
                                 <th>"Statuses"</th>
                                 <th class="num">"Batch"</th>
+                                <th class="num" title="Fingerprints of deleted records are kept this long: a copy arriving within it is known as a late duplicate">
+                                    "Fingerprints"
+                                </th>
                                 <th>"Next run"</th>
                                 <th>"Actions"</th>
                             </tr>
@@ -187,6 +216,7 @@ fn ScheduleRow(
             </td>
             <td>{c.statuses.join(", ")}</td>
             <td class="num">{count(i64::from(c.batch_size))}</td>
+            <td class="num" data-testid="fingerprint-days">{format!("{} d", s.fingerprint_horizon_days)}</td>
             <td>{opt_time(s.next_run_at.as_deref())}</td>
             <td class="actions">
                 <IfRole role=RoleView::Admin>
@@ -302,6 +332,7 @@ fn ScheduleForm(
     let statuses = RwSignal::new(s.statuses.join(","));
     let group = RwSignal::new(s.consumer_group.unwrap_or_default());
     let enabled = RwSignal::new(s.enabled);
+    let fingerprints = RwSignal::new(s.fingerprint_days.map(|d| d.to_string()).unwrap_or_default());
     let text = |label: &'static str, value: RwSignal<String>, test: &'static str| {
         view! {
             <label>
@@ -327,6 +358,7 @@ fn ScheduleForm(
                     .collect(),
                 consumer_group: Some(group.get_untracked()).filter(|g| !g.trim().is_empty()),
                 enabled: enabled.get_untracked(),
+                fingerprint_days: Some(fingerprints).filter(|d| !d.get_untracked().trim().is_empty()).map(number),
             },
         });
     };
@@ -339,6 +371,7 @@ fn ScheduleForm(
             {text("Batch size (records per delete)", batch, "schedule-batch")}
             {text("Statuses (comma-separated: succeeded, failed, dead)", statuses, "schedule-statuses")}
             {text("Consumer group (empty: all)", group, "schedule-group")}
+            {text("Keep fingerprints of deleted records (days; empty: 10 × retention; 0: none)", fingerprints, "schedule-fingerprints")}
             <label>
                 <input type="checkbox" prop:checked=move || enabled.get() on:change=move |ev| enabled.set(event_target_checked(&ev)) />
                 " Enabled"

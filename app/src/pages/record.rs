@@ -99,6 +99,24 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
                     </p>
                 }
             })}
+        {r.late_duplicate
+            .map(|l| {
+                let what = if l.held {
+                    "Held for an operator (late_duplicates = \"hold\"): release it to run its handler again, or mark it succeeded if the first delivery's effect stands."
+                } else {
+                    "Its handler ran again: check that the business change guarded against a second effect."
+                };
+                view! {
+                    <p class="error" role="alert" data-testid="late-duplicate">
+                        {format!(
+                            "Late duplicate: a copy of a message first seen {} ({} before this copy), whose record cleanup had deleted. ",
+                            crate::format::short_time(&l.first_seen_at),
+                            crate::format::millis(l.delay_ms),
+                        )}
+                        {what}
+                    </p>
+                }
+            })}
         {absorbed.map(|text| view! { <p class="ok" data-testid="redeliveries-absorbed">{text}</p> })}
         <RecordActions target on_done />
         {succeeded.then(|| view! { <DrillButton record_id /> })}

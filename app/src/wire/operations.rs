@@ -121,6 +121,9 @@ pub struct ScheduleRequest {
     pub consumer_group: Option<String>,
     /// Whether the scheduler runs it.
     pub enabled: bool,
+    /// Days to keep the fingerprints of deleted records, by which late duplicates are known
+    /// (0 to 36500; 0 keeps none). Empty: ten times the retention.
+    pub fingerprint_days: Option<i32>,
 }
 
 impl Default for ScheduleRequest {
@@ -133,6 +136,7 @@ impl Default for ScheduleRequest {
             statuses: vec!["succeeded".to_owned()],
             consumer_group: None,
             enabled: true,
+            fingerprint_days: None,
         }
     }
 }
@@ -151,6 +155,8 @@ pub struct ScheduleView {
     pub next_run_at: Option<String>,
     /// Set when the retention is shorter than the advice.
     pub retention_warning: Option<String>,
+    /// Days it keeps fingerprints (its setting, or ten times the retention).
+    pub fingerprint_horizon_days: i32,
 }
 
 /// One cleanup run.
@@ -200,6 +206,25 @@ pub struct CleanupView {
     /// (by their own timestamp) and found no record: most likely duplicates of records cleanup
     /// had deleted, whose handlers ran again.
     pub late_deliveries: Vec<LateDeliveriesView>,
+    /// Per group, the late duplicates of the last 30 days: new records whose message id matched
+    /// the fingerprint of a record cleanup had deleted.
+    pub late_duplicates: Vec<LateDuplicatesView>,
+}
+
+/// Late duplicates of one consumer group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct LateDuplicatesView {
+    /// The group.
+    pub consumer_group: String,
+    /// How many.
+    pub count: i64,
+    /// Of them, held for an operator (`late_duplicates = "hold"`).
+    pub held: i64,
+    /// The longest delay after the first delivery of the same message id, ms.
+    pub longest_delay_ms: i64,
+    /// The latest, RFC 3339.
+    pub last_seen_at: String,
 }
 
 /// Late deliveries of one consumer group.

@@ -69,6 +69,9 @@ pub struct LiveView {
     /// Records whose effect may have run twice: a leased attempt's effect ran after its lease
     /// was lost (taken over, or released).
     pub double_effects: i64,
+    /// Late duplicates of the last 30 days: records created by copies that came back after
+    /// cleanup deleted their record.
+    pub late_duplicates: i64,
     /// Traffic of the last minute.
     pub last_minute: TrafficView,
 }

@@ -42,7 +42,9 @@ pub struct RecordsQuery {
     /// A mark to check: `double_effect` (an attempt's effect ran after its lease was lost, so
     /// the effect may have run twice; the overview's "possible double effects").
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "ssr", param(pattern = "^(|double_effect)$"))]
+    /// `late_duplicate` (a copy that came back after cleanup deleted its record: the Cleanup
+    /// page's late duplicates).
+    #[cfg_attr(feature = "ssr", param(pattern = "^(|double_effect|late_duplicate)$"))]
     pub flag: Option<String>,
     /// `time` (default; `message_id` with `prefix`), `attempts` or `message_id`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -344,10 +346,25 @@ pub struct RecordDetailView {
     /// An attempt's effect ran after its lease was lost, so the effect may have run twice: an
     /// operator should check it.
     pub possible_double_effect: bool,
+    /// Set when the record was created by a late duplicate: a copy that came back after cleanup
+    /// deleted the record of the same message id.
+    pub late_duplicate: Option<LateDuplicateNote>,
     /// The Redis key of the marker.
     pub marker_key: String,
     /// The marker's state.
     pub marker: MarkerView,
+}
+
+/// What makes a record a late duplicate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct LateDuplicateNote {
+    /// When the deleted record of the same message id was first seen, RFC 3339.
+    pub first_seen_at: String,
+    /// This copy's delay after that, ms.
+    pub delay_ms: i64,
+    /// Held for an operator (`late_duplicates = "hold"`) rather than processed.
+    pub held: bool,
 }
 
 #[cfg(test)]

@@ -86,16 +86,21 @@ pub enum RecordFlag {
     /// may have run twice (the overview's "possible double effects" count, the record page's
     /// warning; partial index `record_attempts_late_effect_idx`).
     DoubleEffect,
+    /// Late duplicate: a record created by a copy that came back after cleanup deleted the
+    /// record of the same message id (known by its fingerprint; the Cleanup page's late
+    /// duplicates; table `late_duplicates`).
+    LateDuplicate,
 }
 
 impl RecordFlag {
     /// Every flag, as the console offers them.
-    pub const ALL: [RecordFlag; 1] = [RecordFlag::DoubleEffect];
+    pub const ALL: [RecordFlag; 2] = [RecordFlag::DoubleEffect, RecordFlag::LateDuplicate];
 
     /// The text form (`double_effect`), as in URLs.
     pub fn as_str(self) -> &'static str {
         match self {
             RecordFlag::DoubleEffect => "double_effect",
+            RecordFlag::LateDuplicate => "late_duplicate",
         }
     }
 

@@ -98,9 +98,11 @@ pub mod actions {
             cleanup_schedule_save, cleanup_schedules, retention_advice,
         };
 
-        /// Deliveries older than the retention (the advice's evidence).
+        /// Late duplicates and deliveries older than the retention (the advice's evidence).
         pub mod late {
-            pub use crate::actions::cleanup::late::{LateDeliveries, WINDOW_DAYS, late_deliveries};
+            pub use crate::actions::cleanup::late::{
+                LateDeliveries, LateDuplicates, WINDOW_DAYS, late_deliveries, late_duplicate_of, late_duplicates,
+            };
         }
 
         /// Running a schedule now.

@@ -44,6 +44,17 @@ pub async fn double_effect_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, Que
         .await?)
 }
 
+/// Late duplicates of the last [`crate::actions::cleanup::late::WINDOW_DAYS`] days: records
+/// created by copies that came back after cleanup deleted their record.
+///
+/// Errors: [`QueryError::Database`].
+pub async fn late_duplicate_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, QueryError> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM late_duplicates WHERE seen_at > now() - make_interval(days => $1)")
+        .bind(crate::actions::cleanup::late::WINDOW_DAYS)
+        .fetch_one(db)
+        .await?)
+}
+
 /// Stuck records: `processing` with `lease_expires_at < now()` (database clock).
 ///
 /// Errors: [`QueryError::Database`].
@@ -279,6 +290,8 @@ pub struct LiveSnapshot {
     /// Records whose effect may have run twice (a leased attempt's effect ran after its lease
     /// was lost).
     pub double_effects: i64,
+    /// Late duplicates of the last 30 days ([`late_duplicate_count`]).
+    pub late_duplicates: i64,
     /// Traffic of the last minute.
     pub last_minute: Traffic,
 }
@@ -287,12 +300,13 @@ pub struct LiveSnapshot {
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn live_snapshot(pool: &PgPool) -> Result<LiveSnapshot, QueryError> {
-    let (at, counts, stuck, double_effects, last_minute) = tokio::try_join!(
+    let (at, counts, stuck, double_effects, late_duplicates, last_minute) = tokio::try_join!(
         async { Ok::<DateTime<Utc>, QueryError>(sqlx::query_scalar("SELECT now()").fetch_one(pool).await?) },
         status_counts(pool),
         stuck_count(pool),
         double_effect_count(pool),
+        late_duplicate_count(pool),
         traffic(pool, 60),
     )?;
-    Ok(LiveSnapshot { at, counts, stuck, double_effects, last_minute })
+    Ok(LiveSnapshot { at, counts, stuck, double_effects, late_duplicates, last_minute })
 }

@@ -139,6 +139,9 @@ pub(crate) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFil
         Some(RecordFlag::DoubleEffect) => {
             q.push(" AND id = ANY(ARRAY(SELECT record_id FROM record_attempts WHERE late_effect))");
         }
+        Some(RecordFlag::LateDuplicate) => {
+            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM late_duplicates))");
+        }
         None => {}
     }
 }

@@ -3,13 +3,14 @@
 //!
 //! For each delivery: find its id (else it is poison), find its handler, hold it when that
 //! handler is paused ([`crate::pause`]), ask the Redis fast path (a hit is a duplicate: skip),
-//! then claim its record in PostgreSQL and run the handler —
+//! look it up in the fingerprints cleanup kept (a late duplicate: `late.rs`), then claim its record in PostgreSQL and run the handler —
 //! transactional handlers all in one transaction (one commit per batch; without savepoints, and
 //! again with a savepoint per message if one of them fails), leased handlers with set-based
 //! claims, one heartbeat and completions as their calls finish (`leased.rs`). After the commit, Redis markers are written for what succeeded. The result is one
 //! [`Disposition`] per delivery; the source turns it into acks, retry copies, dead-letter copies
 //! or offset commits. The pipeline itself never acks.
 
+mod late;
 mod leased;
 mod spans;
 mod starts;
@@ -27,7 +28,7 @@ use crate::fastpath::{FastPath, Lookup, Marker};
 use crate::handler::{Handler, HandlerInput, HandlerRegistry};
 use crate::message::{IdPolicy, Identified, InboundMessage, Poison, PoisonReason, TypePolicy};
 use crate::pause::{Passage, Pauses};
-use crate::record::{ConsumerGroup, RecordStatus};
+use crate::record::{ConsumerGroup, LateDuplicatePolicy, RecordStatus};
 use crate::retry::Backoff;
 use crate::stats::{Event, Stats};
 use crate::store::{ClaimItem, ExistingRecord};
@@ -98,6 +99,8 @@ pub struct PipelineSettings {
     pub type_policy: TypePolicy,
     /// Largest part of a poison payload kept on its record, in bytes.
     pub keep_poison_payload_bytes: usize,
+    /// What a late duplicate may do.
+    pub late_duplicates: LateDuplicatePolicy,
 }
 
 /// Everything a pipeline needs. Cheap to clone; shared by a consumer's workers.
@@ -250,6 +253,7 @@ impl Pipeline {
         let poison_indexes = poison.iter().filter(|p| p.2.reason.is_poison()).map(|p| p.0).collect();
         let routed = self.hold_paused(routed, &mut dispositions).await;
         let routed = self.check_fast_path(routed, &mut dispositions).await;
+        let (routed, late) = self.check_fingerprints(routed, &mut dispositions).await;
         let (tx_items, leased_items): (Vec<_>, Vec<_>) =
             routed.into_iter().partition(|r| matches!(r.handler, Handler::Transactional(_)));
 
@@ -265,6 +269,9 @@ impl Pipeline {
                 count = markers.len(),
                 "Redis markers not written; the database still protects these records"
             );
+        }
+        if !late.is_empty() {
+            self.note_late_duplicates(&late).await;
         }
         (dispositions.into_iter().map(|d| d.unwrap_or(Disposition::Redeliver)).collect(), poison_indexes)
     }

@@ -35,7 +35,10 @@ use crate::db::storable::{self, Storable};
 use crate::handler::EffectAnswer;
 use crate::record::{HandlerMode, RecordStatus};
 
+#[macro_use]
 mod sql;
+mod late;
+pub(crate) use late::HeldDelivery;
 use sql::Statements;
 
 /// The PostgreSQL implementation of [`DedupStore`]. Cheap to clone.

@@ -112,6 +112,7 @@ pub fn settings(max_attempts: i32, lease: Duration) -> PipelineSettings {
         id_policy: IdPolicy::default(),
         type_policy: TypePolicy::default(),
         keep_poison_payload_bytes: 1024,
+        late_duplicates: dedup_engine::LateDuplicatePolicy::Process,
     }
 }
 

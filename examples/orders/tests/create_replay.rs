@@ -53,6 +53,7 @@ async fn the_same_order_created_again_is_a_no_op_and_another_one_under_its_numbe
         id_policy: IdPolicy::default(),
         type_policy: TypePolicy::default(),
         keep_poison_payload_bytes: 1024,
+        late_duplicates: dedup_engine::LateDuplicatePolicy::Process,
     };
     let pipeline = Pipeline::new(
         PgStore::new(db.pool.clone(), &db.schema),

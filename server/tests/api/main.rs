@@ -9,6 +9,7 @@ mod faults;
 mod handlers;
 mod health;
 mod helpers;
+mod late_duplicates;
 mod mounting;
 mod pages;
 mod upgrade;

@@ -81,6 +81,12 @@ pub fn LivePanel(initial: LiveView, live: RwSignal<Option<LiveView>>, paused: Rw
                     list="/records?flag=double_effect"
                 />
                 <Stat
+                    label="late duplicates, 30 days"
+                    testid="live-late-duplicates"
+                    value=stat(|l| l.late_duplicates)
+                    list="/records?flag=late_duplicate"
+                />
+                <Stat
                     label="deliveries, last minute"
                     testid="live-deliveries"
                     value=stat(|l| l.last_minute.deliveries)

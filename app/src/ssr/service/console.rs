@@ -13,7 +13,7 @@ use super::state::ConsoleState;
 use crate::error::ConsoleError;
 use crate::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
 use crate::wire::overview::{ConsumerView, EndpointView, GroupView, GrowthView, LiveView, OverviewView};
-use crate::wire::records::{RecordDetailView, RecordFilterOptions, RecordPageView, RecordsQuery};
+use crate::wire::records::{LateDuplicateNote, RecordDetailView, RecordFilterOptions, RecordPageView, RecordsQuery};
 
 /// Rows on the stuck page (the longest stuck; the total is shown): each row hydrates its action
 /// buttons, and 200 of them took about 300 ms in Chromium at 10 M records (BENCHMARKS.md).
@@ -184,7 +184,13 @@ pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, C
         .ok_or_else(|| ConsoleError::NotFound(format!("no record has id {id}")))?;
     let key = state.fast_path().key(&detail.row.consumer_group, &detail.row.message_id);
     let marker = records::record_marker(state.fast_path(), &detail.row.consumer_group, &detail.row.message_id).await;
-    Ok(record_detail_view(detail, key, marker))
+    let late = dedup_engine::console::actions::cleanup::late::late_duplicate_of(state.pool(), id).await?;
+    let late = late.map(|(first_seen_at, delay_ms, held)| LateDuplicateNote {
+        first_seen_at: super::convert::time(first_seen_at),
+        delay_ms,
+        held,
+    });
+    Ok(record_detail_view(detail, late, key, marker))
 }
 
 /// Stuck records, longest stuck first.

@@ -16,7 +16,8 @@ use crate::wire::overview::{
     AnswerCountView, DelayBucketView, EndpointView, GrowthPointView, LiveView, StatusTotals, TrafficView,
 };
 use crate::wire::records::{
-    AttemptView, MarkerView, PayloadView, RecordDetailView, RecordPageView, RecordSummary, SourceView,
+    AttemptView, LateDuplicateNote, MarkerView, PayloadView, RecordDetailView, RecordPageView, RecordSummary,
+    SourceView,
 };
 
 /// RFC 3339, UTC, whole seconds.
@@ -68,6 +69,7 @@ impl From<LiveSnapshot> for LiveView {
             totals: totals(&s.counts),
             stuck: s.stuck,
             double_effects: s.double_effects,
+            late_duplicates: s.late_duplicates,
             last_minute: s.last_minute.into(),
         }
     }
@@ -160,7 +162,12 @@ impl From<MarkerState> for MarkerView {
 }
 
 /// A record's detail with its marker (looked up separately, in Redis).
-pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerState) -> RecordDetailView {
+pub fn record_detail_view(
+    d: RecordDetail,
+    late_duplicate: Option<LateDuplicateNote>,
+    marker_key: String,
+    marker: MarkerState,
+) -> RecordDetailView {
     let (takeovers, possible_double_effect, calls) = (d.takeovers(), d.possible_double_effect(), d.calls());
     RecordDetailView {
         record: d.row.into(),
@@ -208,6 +215,7 @@ pub fn record_detail_view(d: RecordDetail, marker_key: String, marker: MarkerSta
         takeovers,
         calls,
         possible_double_effect,
+        late_duplicate,
         marker_key,
         marker: marker.into(),
     }

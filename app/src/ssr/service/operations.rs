@@ -16,8 +16,8 @@ use crate::error::ConsoleError;
 use crate::format::millis;
 use crate::wire::operations::{
     AuditEntryView, AuditPageView, AuditQuery, CleanupRunView, CleanupView, DrillRequest, DrillView, JobControlKind,
-    LateDeliveriesView, RequeueJobView, RequeuePreviewView, RequeueStartRequest, ScheduleRequest, ScheduleView,
-    SkipCountView,
+    LateDeliveriesView, LateDuplicatesView, RequeueJobView, RequeuePreviewView, RequeueStartRequest, ScheduleRequest,
+    ScheduleView, SkipCountView,
 };
 use crate::wire::records::RecordsQuery;
 
@@ -117,11 +117,12 @@ fn job_view(j: RequeueJob) -> RequeueJobView {
 /// The cleanup page's data.
 pub async fn cleanup_overview(state: &ConsoleState) -> Result<CleanupView, ConsoleError> {
     let pool = state.pool();
-    let (schedules, runs, advice, late) = tokio::try_join!(
+    let (schedules, runs, advice, late, late_duplicates) = tokio::try_join!(
         cleanup::cleanup_schedules(pool),
         cleanup::cleanup_runs(pool, None, RUNS_SHOWN),
         cleanup::retention_advice(pool),
         cleanup::late::late_deliveries(pool, cleanup::late::WINDOW_DAYS),
+        cleanup::late::late_duplicates(pool, cleanup::late::WINDOW_DAYS),
     )?;
     Ok(CleanupView {
         schedules: schedules.into_iter().map(|s| schedule_view(s, &advice)).collect(),
@@ -132,6 +133,16 @@ pub async fn cleanup_overview(state: &ConsoleState) -> Result<CleanupView, Conso
         late_deliveries: late
             .into_iter()
             .map(|l| LateDeliveriesView { consumer_group: l.consumer_group, count: l.count, max_age_ms: l.max_age_ms })
+            .collect(),
+        late_duplicates: late_duplicates
+            .into_iter()
+            .map(|l| LateDuplicatesView {
+                consumer_group: l.consumer_group,
+                count: l.count,
+                held: l.held,
+                longest_delay_ms: l.longest_delay_ms,
+                last_seen_at: time(l.last_seen_at),
+            })
             .collect(),
     })
 }
@@ -153,6 +164,7 @@ fn retention_warning(retention_days: i32, advice: &cleanup::RetentionAdvice) -> 
 fn schedule_view(s: CleanupSchedule, advice: &cleanup::RetentionAdvice) -> ScheduleView {
     ScheduleView {
         id: s.id,
+        fingerprint_horizon_days: s.fingerprint_horizon_days(),
         retention_warning: retention_warning(s.retention_days, advice),
         last_run_for: opt_time(s.last_run_for),
         next_run_at: opt_time(s.next_run_at),
@@ -164,6 +176,7 @@ fn schedule_view(s: CleanupSchedule, advice: &cleanup::RetentionAdvice) -> Sched
             statuses: s.statuses,
             consumer_group: s.consumer_group,
             enabled: s.enabled,
+            fingerprint_days: s.fingerprint_days,
         },
     }
 }
@@ -204,6 +217,7 @@ pub async fn schedule_save(
         statuses,
         consumer_group: request.consumer_group.clone(),
         enabled: request.enabled,
+        fingerprint_days: request.fingerprint_days,
     };
     let saved = cleanup::cleanup_schedule_save(state.pool(), actor, id, &input).await?;
     let advice = cleanup::retention_advice(state.pool()).await?;

@@ -1,4 +1,8 @@
-//! Deliveries that arrive after cleanup deleted their record (DESIGN.md, "Operator actions":
+//! Deliveries that arrive after cleanup deleted their record. Two kinds of evidence: the
+//! fingerprints cleanup keeps of what it deleted (a *late duplicate*: a new record whose
+//! fingerprint matches, noted in `late_duplicates` with its delay, see
+//! `engine/src/pipeline/late.rs`), and, below, the producer's own timestamp (a *late
+//! delivery*). Deliveries that arrive after cleanup deleted their record (DESIGN.md, "Operator actions":
 //! retention must outlast the longest redelivery delay). The duplicate-delay histogram only sees
 //! duplicates whose record or marker still exists; a copy older than the retention finds neither
 //! and runs its handler again. Its own timestamp gives it away: the pipeline compares a first
@@ -11,24 +15,34 @@
 
 use std::collections::HashMap;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::{FromRow, PgPool};
 
+use super::RETENTION_SAFETY_FACTOR;
 use crate::actions::ActionError;
 
-/// Days of late deliveries the Cleanup page shows and the retention advice reads.
+/// Days of late deliveries and late duplicates the Cleanup page shows and the retention advice
+/// reads.
 pub const WINDOW_DAYS: i32 = 30;
+
+/// Days a late duplicate's note is kept (the record it created is cleaned up as any other).
+pub const KEEP_NOTES_DAYS: i32 = 90;
 
 /// Ages beyond this (the longest retention a schedule may have, 3650 days) are not believed.
 pub const MAX_PLAUSIBLE_AGE_MS: i64 = 3650 * 86_400_000;
 
 /// The shortest retention, in ms, of the enabled cleanup schedules that delete `succeeded`
-/// records: per consumer group, and of the schedules for every group. Shared by the scheduler
-/// (which refreshes it) and the pipelines (which read it on every new record).
+/// records: per consumer group, and of the schedules for every group; and whether cleanup keeps
+/// any fingerprint of deleted records (the pipelines look late duplicates up only then).
+/// Shared by the scheduler (which refreshes it) and the pipelines (which read it on every
+/// batch).
 #[derive(Debug, Default)]
 pub struct RetentionWatch {
     current: RwLock<Retentions>,
+    fingerprints: AtomicBool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -48,10 +62,17 @@ impl RetentionWatch {
         }
     }
 
-    /// Reads the schedules again.
+    /// Whether any fingerprint of a deleted record is kept (as of the last refresh).
+    pub fn fingerprints_kept(&self) -> bool {
+        self.fingerprints.load(Ordering::Relaxed)
+    }
+
+    /// Reads the schedules again, and whether fingerprints are kept.
     ///
     /// Errors: the database's.
     pub async fn refresh(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let kept: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM dedup_fingerprints)").fetch_one(pool).await?;
+        self.fingerprints.store(kept, Ordering::Relaxed);
         let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
             "SELECT consumer_group, min(retention_days)::bigint * 86400000 FROM cleanup_schedules
              WHERE enabled AND 'succeeded' = ANY(statuses) GROUP BY consumer_group",
@@ -97,4 +118,111 @@ pub async fn late_deliveries(pool: &PgPool, days: i32) -> Result<Vec<LateDeliver
     .into_iter()
     .map(|(consumer_group, count, max_age_ms)| LateDeliveries { consumer_group, count, max_age_ms })
     .collect())
+}
+
+/// The retention advice: the longest delay a copy of a message was seen to arrive after the
+/// first (duplicate-delay histogram, and late duplicates caught by their fingerprint in the last
+/// [`WINDOW_DAYS`] days) or after it was sent (late deliveries of those days), and the
+/// shortest retention that outlasts it by the safety factor (2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetentionAdvice {
+    /// That longest delay, ms; `None` before any duplicate or late delivery.
+    pub longest_delay_ms: Option<i64>,
+    /// The factor applied.
+    pub safety_factor: f64,
+    /// `longest_delay_ms × safety_factor`, ms; `None` before any.
+    pub minimum_retention_ms: Option<i64>,
+}
+
+impl RetentionAdvice {
+    /// Whether a retention of `retention_days` is shorter than the advice.
+    pub fn is_too_short(&self, retention_days: i32) -> bool {
+        self.minimum_retention_ms.is_some_and(|min| i64::from(retention_days) * 86_400_000 < min)
+    }
+}
+
+/// Reads the advice from the duplicate-delay histogram, the recent late duplicates and the
+/// recent late deliveries.
+pub async fn retention_advice(pool: &PgPool) -> Result<RetentionAdvice, ActionError> {
+    let longest: Option<i64> = sqlx::query_scalar(
+        "SELECT GREATEST((SELECT max(max_delay_ms) FROM duplicate_delays),
+                         (SELECT max(delay_ms) FROM late_duplicates WHERE seen_at > now() - make_interval(days => $1)),
+                         (SELECT max(max_age_ms) FROM late_deliveries WHERE day > current_date - $1))",
+    )
+    .bind(WINDOW_DAYS)
+    .fetch_one(pool)
+    .await?;
+    Ok(RetentionAdvice {
+        longest_delay_ms: longest,
+        safety_factor: RETENTION_SAFETY_FACTOR,
+        minimum_retention_ms: longest.map(|ms| (ms as f64 * RETENTION_SAFETY_FACTOR).round() as i64),
+    })
+}
+
+/// Late duplicates of one consumer group over the last days.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, FromRow)]
+pub struct LateDuplicates {
+    /// The group.
+    pub consumer_group: String,
+    /// New records whose message id matched a kept fingerprint.
+    pub count: i64,
+    /// Of them, held for an operator.
+    pub held: i64,
+    /// The longest delay after the first delivery of the same id, ms.
+    pub longest_delay_ms: i64,
+    /// The latest one.
+    pub last_seen_at: DateTime<Utc>,
+}
+
+/// Late duplicates per group over the last `days` days.
+///
+/// Errors: the database's.
+pub async fn late_duplicates(pool: &PgPool, days: i32) -> Result<Vec<LateDuplicates>, ActionError> {
+    Ok(sqlx::query_as(
+        "SELECT consumer_group, count(*) AS count, count(*) FILTER (WHERE held) AS held,
+                max(delay_ms) AS longest_delay_ms, max(seen_at) AS last_seen_at
+         FROM late_duplicates WHERE seen_at > now() - make_interval(days => $1)
+         GROUP BY consumer_group ORDER BY consumer_group",
+    )
+    .bind(days)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The late duplicate a record is, if it is one: when the deleted record of its message id was
+/// first seen, the delay after it (ms), and whether it was held.
+///
+/// Errors: the database's.
+pub async fn late_duplicate_of(pool: &PgPool, record_id: i64) -> Result<Option<(DateTime<Utc>, i64, bool)>, ActionError> {
+    Ok(sqlx::query_as("SELECT first_seen_at, delay_ms, held FROM late_duplicates WHERE record_id = $1")
+        .bind(record_id)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// Forgets the fingerprints past their horizon and the late-duplicate notes older than
+/// [`KEEP_NOTES_DAYS`], `batch` rows per statement. Returns the fingerprints forgotten.
+///
+/// Errors: the database's.
+pub(crate) async fn forget_expired(pool: &PgPool, batch: i32) -> Result<i64, sqlx::Error> {
+    let mut forgotten = 0;
+    loop {
+        let n = sqlx::query(
+            "DELETE FROM dedup_fingerprints WHERE fingerprint IN (
+                 SELECT fingerprint FROM dedup_fingerprints WHERE forget_at < now() LIMIT $1)",
+        )
+        .bind(i64::from(batch))
+        .execute(pool)
+        .await?
+        .rows_affected() as i64;
+        forgotten += n;
+        if n < i64::from(batch) {
+            break;
+        }
+    }
+    sqlx::query("DELETE FROM late_duplicates WHERE seen_at < now() - make_interval(days => $1)")
+        .bind(KEEP_NOTES_DAYS)
+        .execute(pool)
+        .await?;
+    Ok(forgotten)
 }

@@ -5,11 +5,20 @@
 //!
 //! Age is `completed_at` for `succeeded` records and `updated_at` for `failed` and `dead` ones.
 //! `processing` records are never deleted.
+//!
+//! The statement that deletes a batch keeps a fingerprint of each record it deletes (its
+//! consumer group and message id hashed to 64 bits, and when it was first seen) for the
+//! schedule's fingerprint horizon, so that a copy arriving after its record is gone is known as
+//! a late duplicate ([`late`], DESIGN.md "Late duplicates"). Each run then forgets the
+//! fingerprints past their horizon and the late-duplicate notes older than
+//! [`late::KEEP_NOTES_DAYS`].
 
 pub mod late;
 pub mod scheduler;
 
-use std::str::FromStr;
+pub use late::{RetentionAdvice, retention_advice};
+pub use scheduler::CronSchedule;
+
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -34,55 +43,11 @@ pub const RETENTION_SAFETY_FACTOR: f64 = 2.0;
 pub const MAX_NAME_CHARS: usize = 100;
 /// Longest cron expression accepted, in characters (five fields with lists and ranges fit).
 pub const MAX_CRON_CHARS: usize = 200;
-
-/// A validated five-field cron expression (minute hour day-of-month month day-of-week), UTC.
-#[derive(Debug, Clone)]
-pub struct CronSchedule {
-    text: String,
-    cron: croner::Cron,
-}
-
-impl CronSchedule {
-    /// Parses `text`.
-    ///
-    /// Errors: [`ActionError::Invalid`] when longer than [`MAX_CRON_CHARS`], or naming the
-    /// expression, the parser's complaint and the
-    /// expected shape.
-    pub fn parse(text: &str) -> Result<Self, ActionError> {
-        let text = text.trim();
-        let chars = text.chars().count();
-        if chars > MAX_CRON_CHARS {
-            return Err(ActionError::Invalid(format!(
-                "a cron expression is at most {MAX_CRON_CHARS} characters; this one has {chars}"
-            )));
-        }
-        let invalid = |why: String| {
-            ActionError::Invalid(format!(
-                "invalid cron expression {text:?}: {why}; expected five fields (minute hour day-of-month month \
-                 day-of-week), e.g. \"0 3 * * *\" for 03:00 UTC every day"
-            ))
-        };
-        if text.split_whitespace().count() != 5 {
-            return Err(invalid(format!("it has {} fields", text.split_whitespace().count())));
-        }
-        let cron = croner::Cron::from_str(text).map_err(|e| invalid(e.to_string()))?;
-        Ok(Self { text: text.to_owned(), cron })
-    }
-
-    /// The first tick after `after`.
-    ///
-    /// Errors: [`ActionError::Invalid`] when the expression never matches (e.g. 30 February).
-    pub fn next_after(&self, after: DateTime<Utc>) -> Result<DateTime<Utc>, ActionError> {
-        self.cron
-            .find_next_occurrence(&after, false)
-            .map_err(|e| ActionError::Invalid(format!("cron expression {:?} never matches: {e}", self.text)))
-    }
-
-    /// The expression.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-}
+/// A schedule keeps the fingerprints of what it deletes this many times its retention, unless
+/// it says otherwise ([`ScheduleInput::fingerprint_days`]).
+pub const FINGERPRINT_HORIZON_FACTOR: i32 = 10;
+/// The longest fingerprint horizon, days (100 years).
+pub const MAX_FINGERPRINT_DAYS: i32 = 36_500;
 
 /// What a schedule is made of (create and edit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,6 +67,10 @@ pub struct ScheduleInput {
     pub consumer_group: Option<String>,
     /// Whether the scheduler runs it.
     pub enabled: bool,
+    /// Days to keep the fingerprints of the records it deletes (0 to 36 500; 0 keeps none);
+    /// `None`: ten times the retention.
+    #[serde(default)]
+    pub fingerprint_days: Option<i32>,
 }
 
 impl Default for ScheduleInput {
@@ -114,6 +83,7 @@ impl Default for ScheduleInput {
             statuses: vec![RecordStatus::Succeeded],
             consumer_group: None,
             enabled: true,
+            fingerprint_days: None,
         }
     }
 }
@@ -133,6 +103,9 @@ impl ScheduleInput {
         }
         if !(1..=3650).contains(&self.retention_days) {
             return bad(format!("retention must be 1 to 3650 days, got {}", self.retention_days));
+        }
+        if let Some(days) = self.fingerprint_days.filter(|d| !(0..=MAX_FINGERPRINT_DAYS).contains(d)) {
+            return bad(format!("fingerprints are kept 0 to {MAX_FINGERPRINT_DAYS} days, got {days}"));
         }
         if !(1..=100_000).contains(&self.batch_size) {
             return bad(format!("batch size must be 1 to 100000 records, got {}", self.batch_size));
@@ -173,6 +146,9 @@ pub struct CleanupSchedule {
     pub consumer_group: Option<String>,
     /// Run by the scheduler.
     pub enabled: bool,
+    /// Days the fingerprints of deleted records are kept; `None`: ten times the retention
+    /// (see [`CleanupSchedule::fingerprint_horizon_days`]).
+    pub fingerprint_days: Option<i32>,
     /// The tick of the last scheduled run.
     pub last_run_for: Option<DateTime<Utc>>,
     /// The next tick.
@@ -211,7 +187,15 @@ pub struct CleanupRun {
 }
 
 const SCHEDULE_COLUMNS: &str = "id, name, cron, retention_days, batch_size, statuses, consumer_group, enabled, \
-                                last_run_for, next_run_at, created_by, updated_at";
+                                fingerprint_days, last_run_for, next_run_at, created_by, updated_at";
+
+impl CleanupSchedule {
+    /// Days it keeps the fingerprints of what it deletes: its own setting, else ten times its
+    /// retention (at most 36 500).
+    pub fn fingerprint_horizon_days(&self) -> i32 {
+        self.fingerprint_days.unwrap_or((self.retention_days * FINGERPRINT_HORIZON_FACTOR).min(MAX_FINGERPRINT_DAYS))
+    }
+}
 const RUN_COLUMNS: &str =
     "id, schedule_id, trigger, tick_at, actor, cutoff, started_at, finished_at, rows_deleted, batches, error";
 
@@ -272,12 +256,13 @@ pub async fn cleanup_schedule_save(
         let sql = match id {
             None => format!(
                 "INSERT INTO cleanup_schedules (name, cron, retention_days, batch_size, statuses, consumer_group,
-                     enabled, next_run_at, created_by)
-                 VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $1) RETURNING {SCHEDULE_COLUMNS}"
+                     enabled, next_run_at, fingerprint_days, created_by)
+                 VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $1) RETURNING {SCHEDULE_COLUMNS}"
             ),
             Some(_) => format!(
                 "UPDATE cleanup_schedules SET name = $2, cron = $3, retention_days = $4, batch_size = $5,
-                     statuses = $6, consumer_group = $7, enabled = $8, next_run_at = $9, updated_at = now()
+                     statuses = $6, consumer_group = $7, enabled = $8, next_run_at = $9, fingerprint_days = $10,
+                     updated_at = now()
                  WHERE id = $1 RETURNING {SCHEDULE_COLUMNS}"
             ),
         };
@@ -295,6 +280,7 @@ pub async fn cleanup_schedule_save(
             .bind(input.consumer_group.as_deref().map(str::trim).filter(|g| !g.is_empty()))
             .bind(input.enabled)
             .bind(next)
+            .bind(input.fingerprint_days)
             .fetch_optional(pool)
             .await
             .map_err(|e| name_taken(&e, &input.name).unwrap_or_else(|| e.into()))?;
@@ -350,31 +336,46 @@ fn age_column(status: &str) -> (&'static str, String, &'static str) {
 }
 
 /// Deletes one batch: at most `limit` records of `status` older than `cutoff`, rows locked by
-/// others skipped (a consumer touching a record is never waited for). Returns the count.
+/// others skipped (a consumer touching a record is never waited for), and keeps their
+/// fingerprints for `fingerprint_days` (none when 0). Returns the count deleted.
 async fn delete_batch(
     conn: &mut PgConnection,
     status: &str,
     cutoff: DateTime<Utc>,
     group: Option<&str>,
     limit: i32,
+    fingerprint_days: i32,
 ) -> Result<i64, sqlx::Error> {
     let (column, narrow, order) = age_column(status);
-    let done = sqlx::query(&format!(
+    sqlx::query_scalar(&format!(
         // A materialized CTE: as a subquery the planner may rescan the LIMIT per joined row and
-        // delete far more than one batch.
+        // delete far more than one batch. Fingerprints are written in fingerprint order (one lock
+        // order for concurrent runs) and grouped, since two records may share one; a fingerprint
+        // kept already keeps its earliest sighting and its latest horizon.
         "WITH d AS MATERIALIZED (
              SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
                AND ($3::text IS NULL OR consumer_group = $3)
-             ORDER BY {order} LIMIT $4 FOR UPDATE SKIP LOCKED)
-         DELETE FROM dedup_records r USING d WHERE r.id = d.id AND r.status = $1"
+             ORDER BY {order} LIMIT $4 FOR UPDATE SKIP LOCKED
+         ), gone AS (
+             DELETE FROM dedup_records r USING d WHERE r.id = d.id AND r.status = $1
+             RETURNING r.consumer_group, r.message_id, r.first_seen_at
+         ), kept AS (
+             INSERT INTO dedup_fingerprints AS f (fingerprint, first_seen_at, forget_at)
+             SELECT dedup_fingerprint(consumer_group, message_id), min(first_seen_at), now() + make_interval(days => $5)
+             FROM gone WHERE $5 > 0 GROUP BY 1 ORDER BY 1
+             ON CONFLICT (fingerprint) DO UPDATE SET
+                 first_seen_at = LEAST(f.first_seen_at, EXCLUDED.first_seen_at),
+                 forget_at = GREATEST(f.forget_at, EXCLUDED.forget_at)
+         )
+         SELECT count(*) FROM gone"
     ))
     .bind(status)
     .bind(cutoff)
     .bind(group)
     .bind(i64::from(limit))
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() as i64)
+    .bind(fingerprint_days)
+    .fetch_one(conn)
+    .await
 }
 
 /// Runs the deletion of `schedule` into the run row `run_id`: batch after batch until a batch
@@ -395,7 +396,9 @@ pub(crate) async fn execute_run(
         loop {
             let result = async {
                 let mut conn = pool.acquire().await?;
-                delete_batch(&mut conn, status, cutoff, schedule.consumer_group.as_deref(), schedule.batch_size).await
+                let group = schedule.consumer_group.as_deref();
+                let horizon = schedule.fingerprint_horizon_days();
+                delete_batch(&mut conn, status, cutoff, group, schedule.batch_size, horizon).await
             }
             .await;
             match result {
@@ -421,6 +424,12 @@ pub(crate) async fn execute_run(
                 }
             }
         }
+    }
+    if error.is_none()
+        && let Err(e) = late::forget_expired(pool, schedule.batch_size).await
+    {
+        tracing::warn!(schedule = schedule.id, error = %e, "forgetting expired fingerprints failed");
+        error = Some(format!("forgetting expired fingerprints failed: {e}"));
     }
     let seconds = started.elapsed().as_secs_f64();
     tracing::info!(schedule = schedule.id, run_id, deleted, batches, seconds, "cleanup run finished");
@@ -459,41 +468,4 @@ pub(crate) async fn execute_run(
     if let Err(e) = finished {
         tracing::error!(schedule = schedule.id, run_id, error = %e, "could not record the end of a cleanup run");
     }
-}
-
-/// The retention advice: the longest delay a copy of a message was seen to arrive after the
-/// first (duplicate-delay histogram) or after it was sent (late deliveries of the last
-/// [`late::WINDOW_DAYS`] days), and the shortest retention that outlasts it by the safety
-/// factor (2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RetentionAdvice {
-    /// That longest delay, ms; `None` before any duplicate or late delivery.
-    pub longest_delay_ms: Option<i64>,
-    /// The factor applied.
-    pub safety_factor: f64,
-    /// `longest_delay_ms × safety_factor`, ms; `None` before any.
-    pub minimum_retention_ms: Option<i64>,
-}
-
-impl RetentionAdvice {
-    /// Whether a retention of `retention_days` is shorter than the advice.
-    pub fn is_too_short(&self, retention_days: i32) -> bool {
-        self.minimum_retention_ms.is_some_and(|min| i64::from(retention_days) * 86_400_000 < min)
-    }
-}
-
-/// Reads the advice from the duplicate-delay histogram and the recent late deliveries.
-pub async fn retention_advice(pool: &PgPool) -> Result<RetentionAdvice, ActionError> {
-    let longest: Option<i64> = sqlx::query_scalar(
-        "SELECT GREATEST((SELECT max(max_delay_ms) FROM duplicate_delays),
-                         (SELECT max(max_age_ms) FROM late_deliveries WHERE day > current_date - $1))",
-    )
-    .bind(late::WINDOW_DAYS)
-    .fetch_one(pool)
-    .await?;
-    Ok(RetentionAdvice {
-        longest_delay_ms: longest,
-        safety_factor: RETENTION_SAFETY_FACTOR,
-        minimum_retention_ms: longest.map(|ms| (ms as f64 * RETENTION_SAFETY_FACTOR).round() as i64),
-    })
 }

@@ -3,6 +3,7 @@
 //! compare-and-set on `next_run_at` (plus the unique `(schedule_id, tick_at)` of the runs) makes
 //! a tick that one instance ran invisible to the others. "Run now" takes the same lock.
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,9 +12,58 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use super::late::RetentionWatch;
-use super::{CleanupSchedule, CronSchedule, SCHEDULE_COLUMNS, cleanup_schedule, execute_run};
+use super::{CleanupSchedule, MAX_CRON_CHARS, SCHEDULE_COLUMNS, cleanup_schedule, execute_run};
 use crate::actions::ActionError;
 use crate::actions::bulk::audit_on_pool;
+
+/// A validated five-field cron expression (minute hour day-of-month month day-of-week), UTC.
+#[derive(Debug, Clone)]
+pub struct CronSchedule {
+    text: String,
+    cron: croner::Cron,
+}
+
+impl CronSchedule {
+    /// Parses `text`.
+    ///
+    /// Errors: [`ActionError::Invalid`] when longer than [`MAX_CRON_CHARS`], or naming the
+    /// expression, the parser's complaint and the
+    /// expected shape.
+    pub fn parse(text: &str) -> Result<Self, ActionError> {
+        let text = text.trim();
+        let chars = text.chars().count();
+        if chars > MAX_CRON_CHARS {
+            return Err(ActionError::Invalid(format!(
+                "a cron expression is at most {MAX_CRON_CHARS} characters; this one has {chars}"
+            )));
+        }
+        let invalid = |why: String| {
+            ActionError::Invalid(format!(
+                "invalid cron expression {text:?}: {why}; expected five fields (minute hour day-of-month month \
+                 day-of-week), e.g. \"0 3 * * *\" for 03:00 UTC every day"
+            ))
+        };
+        if text.split_whitespace().count() != 5 {
+            return Err(invalid(format!("it has {} fields", text.split_whitespace().count())));
+        }
+        let cron = croner::Cron::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        Ok(Self { text: text.to_owned(), cron })
+    }
+
+    /// The first tick after `after`.
+    ///
+    /// Errors: [`ActionError::Invalid`] when the expression never matches (e.g. 30 February).
+    pub fn next_after(&self, after: DateTime<Utc>) -> Result<DateTime<Utc>, ActionError> {
+        self.cron
+            .find_next_occurrence(&after, false)
+            .map_err(|e| ActionError::Invalid(format!("cron expression {:?} never matches: {e}", self.text)))
+    }
+
+    /// The expression.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
 
 /// First key of the schedules' advisory locks (`pg_try_advisory_lock(key, schedule id)`).
 pub const CLEANUP_LOCK_KEY: i32 = 0x434c_4e52; // "CLNR"

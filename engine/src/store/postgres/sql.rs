@@ -7,6 +7,14 @@
 //! is written `{s}.<table>`, and [`Statements::new`] puts the engine's schema in place of `{s}`
 //! once, when the store is built.
 
+/// The lease owner of a late duplicate held for an operator (`late.rs`): no worker holds it, and
+/// no lease reclaim takes it over, whatever the handler's `on_lease_expiry`.
+macro_rules! held_owner {
+    () => {
+        "'held: late duplicate'"
+    };
+}
+
 /// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
 /// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
 /// was still `processing` (an expired lease), and whether its effect may have started as the
@@ -106,7 +114,9 @@ WITH prior AS (
             take_over!(),
             r#"
     WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
-       OR ($17 AND r.status = 'processing' AND r.lease_expires_at < now())
+       OR ($17 AND r.status = 'processing' AND r.lease_expires_at < now() AND r.lease_owner IS DISTINCT FROM "#,
+            held_owner!(),
+            r#")
     RETURNING r.id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, r.message_type
 )"#,
             count_created!("claimed", "processing"),
@@ -248,7 +258,7 @@ SELECT id, message_id, attempts, max_attempts, created, first_seen_at, claimed_a
 /// (`$14`..`$16`; a leased record keeps them until it succeeds), each claim opening its attempt
 /// row and closing a superseded one as `lease_lost`, as [`CLAIM_LEASED_SQL`] does for one.
 /// `$17`: the message ids whose type may take over an expired lease (`on_lease_expiry =
-/// reclaim`). `$18`: whether each item's effect starts at once (`effect_started`; the others are
+/// reclaim`) unless it is a late duplicate held for an operator ([`held_owner`]). `$18`: whether each item's effect starts at once (`effect_started`; the others are
 /// marked by [`MARK_EFFECTS_STARTED_SQL`] before they start). A record whose lease expired
 /// before its effect started (`effect_started = false`) is taken over whatever the policy: no
 /// effect was attempted. `prior` reads the status each record started from, only to tell a
@@ -275,7 +285,9 @@ WITH prior AS (
     r#"
     WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
        OR (r.status = 'processing' AND r.lease_expires_at < now()
-           AND (r.message_id = ANY($17::text[]) OR r.effect_started = false))
+           AND ((r.message_id = ANY($17::text[]) AND r.lease_owner IS DISTINCT FROM "#,
+    held_owner!(),
+    r#") OR r.effect_started = false))
     RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
               r.first_seen_at
 )"#,

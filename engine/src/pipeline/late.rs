@@ -1,0 +1,119 @@
+//! Late duplicates (DESIGN.md, "Late duplicates"): deliveries whose message id matches a
+//! fingerprint cleanup kept of a deleted record. The check runs after the Redis fast path, and
+//! only while any fingerprint is kept ([`crate::actions::cleanup::late::RetentionWatch::fingerprints_kept`]): one lookup per
+//! batch. Under the group's `process` policy the batch goes on and the matches whose records
+//! it created are noted once it is done; under `hold` each match becomes a parked record
+//! instead of a handler call.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+
+use super::{AckReason, Disposition, Pipeline, Routed};
+use crate::handler::Handler;
+use crate::record::{HandlerMode, LateDuplicatePolicy};
+use crate::store::postgres::HeldDelivery;
+
+/// A delivery's message id and when the deleted record of that id was first seen.
+pub(super) type FingerprintMatch = (String, DateTime<Utc>);
+
+impl Pipeline {
+    /// Looks `routed` up in the kept fingerprints. Under `process` returns them all with the
+    /// matches, to be noted by [`Pipeline::note_late_duplicates`] once the batch is done. Under
+    /// `hold` each match whose record does not exist is stored parked and acknowledged
+    /// ([`AckReason::Parked`]) and the rest are returned; when the lookup fails, every delivery is
+    /// redelivered rather than risk running a held one.
+    pub(super) async fn check_fingerprints<'a>(
+        &self,
+        routed: Vec<Routed<'a>>,
+        dispositions: &mut [Option<Disposition>],
+    ) -> (Vec<Routed<'a>>, Vec<FingerprintMatch>) {
+        if routed.is_empty() || !self.retention.fingerprints_kept() {
+            return (routed, Vec::new());
+        }
+        let hold = self.settings.late_duplicates == LateDuplicatePolicy::Hold;
+        let ids: Vec<&str> = routed.iter().map(|r| r.identified.id.as_str()).collect();
+        let matches = match self.store.fingerprint_matches(&self.settings.group, &ids).await {
+            Ok(matches) => matches,
+            Err(e) if hold => {
+                tracing::warn!(error = %e, "looking up fingerprints failed; redelivering the batch (late_duplicates = hold)");
+                for r in &routed {
+                    dispositions[r.index] = Some(Disposition::Redeliver);
+                }
+                return (Vec::new(), Vec::new());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "looking up fingerprints failed; late duplicates in this batch go uncounted");
+                return (routed, Vec::new());
+            }
+        };
+        if matches.is_empty() || !hold {
+            return (routed, matches);
+        }
+        let first_seen: HashMap<&str, DateTime<Utc>> = matches.iter().map(|(id, at)| (id.as_str(), *at)).collect();
+        let mut rest = Vec::with_capacity(routed.len());
+        for r in routed {
+            let Some(&first_seen_at) = first_seen.get(r.identified.id.as_str()) else {
+                rest.push(r);
+                continue;
+            };
+            let held = HeldDelivery {
+                group: &self.settings.group,
+                message_id: &r.identified.id,
+                message_type: &r.identified.message_type,
+                handler_mode: match r.handler {
+                    Handler::Transactional(_) => HandlerMode::Transactional,
+                    Handler::Leased { .. } => HandlerMode::Leased,
+                },
+                max_attempts: self.settings.max_attempts,
+                payload_hash: &r.payload_hash,
+                message: r.message,
+                first_seen_at,
+            };
+            match self.store.hold_late_duplicate(&held).await {
+                Ok(Some((record, delay_ms))) => {
+                    self.late_duplicates_counted(1, true);
+                    tracing::warn!(
+                        message_id = r.identified.id.as_str(),
+                        record,
+                        delay_ms,
+                        "late duplicate held for an operator: its record was deleted by cleanup (late_duplicates = hold)"
+                    );
+                    dispositions[r.index] = Some(Disposition::Ack(AckReason::Parked));
+                }
+                // Its record exists (created since): an ordinary duplicate of it.
+                Ok(None) => rest.push(r),
+                Err(e) => {
+                    tracing::warn!(error = %e, message_id = r.identified.id.as_str(), "holding a late duplicate failed; redelivering it");
+                    dispositions[r.index] = Some(Disposition::Redeliver);
+                }
+            }
+        }
+        (rest, Vec::new())
+    }
+
+    /// Notes the late duplicates among `matches` whose records the batch created (after its
+    /// commit; a crash before loses the note, never the message).
+    pub(super) async fn note_late_duplicates(&self, matches: &[FingerprintMatch]) {
+        match self.store.note_late_duplicates(&self.settings.group, matches).await {
+            Ok(delays) if delays.is_empty() => {}
+            Ok(delays) => {
+                self.late_duplicates_counted(delays.len(), false);
+                tracing::warn!(
+                    count = delays.len(),
+                    longest_delay_ms = delays.iter().max().copied().unwrap_or_default(),
+                    "late duplicates processed again: their records were deleted by cleanup before these copies came \
+                     back; lengthen the retention, or hold them (late_duplicates = \"hold\")"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "noting late duplicates failed; they go uncounted"),
+        }
+    }
+
+    /// `dedup_late_duplicates_total{group, policy}`.
+    fn late_duplicates_counted(&self, count: usize, held: bool) {
+        let policy = if held { "hold" } else { "process" };
+        metrics::counter!("dedup_late_duplicates_total", "group" => self.settings.group.as_str().to_owned(), "policy" => policy)
+            .increment(count as u64);
+    }
+}

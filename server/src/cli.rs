@@ -15,7 +15,7 @@ use dedup_example_orders::verify::{VerifyReport, check_kafka_lag, verify};
 use crate::cli_cleanup::{CleanupArgs, run_cleanup};
 use crate::cli_users::UserCommand;
 use crate::config::{GroupConfig, Settings};
-use crate::operator::{BulkArgs, RecordArgs, run_bulk, run_record};
+use crate::operator::{BulkArgs, ConflictArgs, RecordArgs, run_bulk, run_conflicts, run_record};
 use crate::publish::{PublishArgs, run_publish};
 use crate::startup::{Application, open_database, open_database_with_example};
 use crate::telemetry;
@@ -69,6 +69,9 @@ pub enum Command {
     /// Requeue the records a filter matches, rate-limited with a canary: prints the preview;
     /// --yes starts the job and runs it.
     RequeueBulk(BulkArgs),
+    /// Requeue the conflicting copies kept on records (reused ids, payload conflicts), each under
+    /// a new message id `<message id>#conflict-<n>`, once: prints what is open; --yes requeues.
+    RequeueConflicts(ConflictArgs),
     /// Cleanup schedules: list, create, edit, or run one now (cleanup run ID [--dry-run], or
     /// cleanup ID [--dry-run]).
     Cleanup(CleanupArgs),
@@ -218,6 +221,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::DeadLetter(args) => run_record(&settings, RecordActionKind::DeadLetter, args).await,
         Command::Requeue(args) => run_record(&settings, RecordActionKind::Requeue, args).await,
         Command::RequeueBulk(args) => run_bulk(&settings, args).await,
+        Command::RequeueConflicts(args) => run_conflicts(&settings, args).await,
         Command::Cleanup(args) => run_cleanup(&settings, args).await,
     }
 }

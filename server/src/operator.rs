@@ -200,3 +200,41 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
     );
     Ok(())
 }
+
+/// `requeue-conflicts` options.
+#[derive(Debug, Args)]
+pub struct ConflictArgs {
+    /// Only this consumer group's.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Requeue them (without it, only count them).
+    #[arg(long)]
+    pub yes: bool,
+}
+
+/// Runs `requeue-conflicts`.
+///
+/// Errors: an unreachable database; exits non-zero when any copy failed to requeue.
+pub async fn run_conflicts(settings: &Settings, args: ConflictArgs) -> anyhow::Result<()> {
+    use dedup_engine::console::actions::conflicts::{open_conflicts, requeue_conflicts};
+    let db = open_database(settings).await?;
+    let pool = &db.engine;
+    let open = open_conflicts(pool, args.group.as_deref()).await?.len();
+    println!("open conflicting copies: {open}");
+    if !args.yes {
+        println!("nothing requeued; add --yes to requeue them under new message ids");
+        db.close().await;
+        return Ok(());
+    }
+    let publishers = publishers(&settings.consumer_groups()?, settings.amqp_url.expose());
+    let result = requeue_conflicts(pool, &cli_actor(), args.group.as_deref(), &publishers).await;
+    publishers.close().await;
+    db.close().await;
+    let (done, failed) = result?;
+    println!("requeued: {}", done.len());
+    for (id, e) in &failed {
+        println!("  conflict {id} failed: {e}");
+    }
+    anyhow::ensure!(failed.is_empty(), "{} conflicting copies were not requeued", failed.len());
+    Ok(())
+}

@@ -4,6 +4,7 @@ pub mod badge;
 pub mod bulk_requeue;
 pub mod chart;
 pub mod confirm;
+pub mod conflicts;
 pub mod drill;
 pub mod live;
 pub mod record_actions;

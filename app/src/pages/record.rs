@@ -6,6 +6,7 @@ use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
 use crate::components::badge::StatusBadge;
+use crate::components::conflicts::Conflicts;
 use crate::components::drill::DrillButton;
 use crate::components::record_actions::{ActionTarget, RecordActions};
 use crate::error::ConsoleError;
@@ -119,6 +120,7 @@ fn Detail(r: RecordDetailView, #[prop(into)] on_done: Callback<()>) -> impl Into
             })}
         {absorbed.map(|text| view! { <p class="ok" data-testid="redeliveries-absorbed">{text}</p> })}
         <RecordActions target on_done />
+        <Conflicts conflicts=r.conflicts.clone() on_done />
         {succeeded.then(|| view! { <DrillButton record_id /> })}
         <p class="mono" data-testid="record-message-id">
             {s.message_id.clone()}

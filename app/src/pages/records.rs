@@ -147,7 +147,7 @@ fn FilterForm(q: RecordsQuery, options: RecordFilterOptions) -> impl IntoView {
                 {text("from", "First seen from (UTC)", q.from.clone(), "text")}
                 {text("to", "to (UTC)", q.to.clone(), "text")}
                 {text("error_class", "Error class", q.error_class.clone(), "text")}
-                <Choice name="flag" label="Flag" choices=vec!["double_effect".to_owned(), "late_duplicate".to_owned()] current=q.flag.clone() />
+                <Choice name="flag" label="Flag" choices=vec!["double_effect".to_owned(), "late_duplicate".to_owned(), "conflict".to_owned()] current=q.flag.clone() />
                 <Choice
                     name="sort"
                     label="Sort by"

@@ -72,6 +72,9 @@ pub struct LiveView {
     /// Late duplicates of the last 30 days: records created by copies that came back after
     /// cleanup deleted their record.
     pub late_duplicates: i64,
+    /// Copies of deliveries whose message id was a record's while their type (a reused id) or
+    /// payload was not, not requeued yet.
+    pub conflicts: i64,
     /// Traffic of the last minute.
     pub last_minute: TrafficView,
 }

@@ -44,7 +44,8 @@ pub struct RecordsQuery {
     #[serde(skip_serializing_if = "Option::is_none")]
     /// `late_duplicate` (a copy that came back after cleanup deleted its record: the Cleanup
     /// page's late duplicates).
-    #[cfg_attr(feature = "ssr", param(pattern = "^(|double_effect|late_duplicate)$"))]
+    /// `conflict` (a reused id or a payload conflict with a kept copy not requeued yet).
+    #[cfg_attr(feature = "ssr", param(pattern = "^(|double_effect|late_duplicate|conflict)$"))]
     pub flag: Option<String>,
     /// `time` (default; `message_id` with `prefix`), `attempts` or `message_id`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -349,10 +350,54 @@ pub struct RecordDetailView {
     /// Set when the record was created by a late duplicate: a copy that came back after cleanup
     /// deleted the record of the same message id.
     pub late_duplicate: Option<LateDuplicateNote>,
+    /// Copies of deliveries that carried this record's message id with another message type (a
+    /// reused id, dead-lettered) or another payload, oldest first.
+    pub conflicts: Vec<ConflictView>,
     /// The Redis key of the marker.
     pub marker_key: String,
     /// The marker's state.
     pub marker: MarkerView,
+}
+
+/// A kept copy of a conflicting delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct ConflictView {
+    /// Conflict id (`POST /api/v1/conflicts/{id}/requeue`).
+    pub id: i64,
+    /// `type`: another message type, a reused id (dead-lettered); `payload`: the same type,
+    /// another payload (judged a duplicate).
+    pub kind: String,
+    /// The copy's message type.
+    pub message_type: String,
+    /// Up to 2 KB of its payload, as text.
+    pub payload_excerpt: String,
+    /// Its payload's size, bytes.
+    pub payload_bytes: i32,
+    /// Exchange or topic it came from.
+    pub source_exchange: Option<String>,
+    /// Its routing key or Kafka record key.
+    pub source_routing_key: Option<String>,
+    /// Copies that came.
+    pub copies: i32,
+    /// First arrival, RFC 3339.
+    pub first_seen_at: String,
+    /// Last arrival, RFC 3339.
+    pub last_seen_at: String,
+    /// The message id it was requeued under, once it was.
+    pub requeued_as: Option<String>,
+    /// Who requeued it.
+    pub requeued_by: Option<String>,
+}
+
+/// What a conflict's requeue did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct ConflictRequeuedView {
+    /// The conflict.
+    pub conflict_id: i64,
+    /// The new message id its copy was published under.
+    pub requeued_as: String,
 }
 
 /// What makes a record a late duplicate.

@@ -19,6 +19,7 @@
 
 pub mod bulk;
 pub mod cleanup;
+pub mod conflicts;
 pub mod drill;
 pub mod handlers;
 mod record;

@@ -90,17 +90,22 @@ pub enum RecordFlag {
     /// record of the same message id (known by its fingerprint; the Cleanup page's late
     /// duplicates; table `late_duplicates`).
     LateDuplicate,
+    /// Conflict: a record whose message id came again with another message type (a reused id)
+    /// or another payload, with a kept copy not requeued yet (the overview's "id conflicts";
+    /// table `record_conflicts`).
+    Conflict,
 }
 
 impl RecordFlag {
     /// Every flag, as the console offers them.
-    pub const ALL: [RecordFlag; 2] = [RecordFlag::DoubleEffect, RecordFlag::LateDuplicate];
+    pub const ALL: [RecordFlag; 3] = [RecordFlag::DoubleEffect, RecordFlag::LateDuplicate, RecordFlag::Conflict];
 
     /// The text form (`double_effect`), as in URLs.
     pub fn as_str(self) -> &'static str {
         match self {
             RecordFlag::DoubleEffect => "double_effect",
             RecordFlag::LateDuplicate => "late_duplicate",
+            RecordFlag::Conflict => "conflict",
         }
     }
 

@@ -91,6 +91,15 @@ pub mod actions {
         }
     }
 
+    /// Copies of deliveries whose message id was a record's while their type or payload was
+    /// not: listed, counted, requeued under a new id.
+    pub mod conflicts {
+        pub use crate::actions::conflicts::{
+            Lossy, PAYLOAD_SHOWN_BYTES, RecordConflict, open_conflicts, record_conflicts, requeue_conflict,
+            requeue_conflicts,
+        };
+    }
+
     /// Cleanup schedules, their runs, and retention advice.
     pub mod cleanup {
         pub use crate::actions::cleanup::{

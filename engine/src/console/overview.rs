@@ -55,6 +55,14 @@ pub async fn late_duplicate_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, Qu
         .await?)
 }
 
+/// Conflicting copies not requeued yet (the records filter `flag=conflict` lists their records;
+/// [`crate::console::actions::conflicts`]).
+///
+/// Errors: [`QueryError::Database`].
+pub async fn conflict_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, QueryError> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM record_conflicts WHERE requeued_at IS NULL").fetch_one(db).await?)
+}
+
 /// Stuck records: `processing` with `lease_expires_at < now()` (database clock).
 ///
 /// Errors: [`QueryError::Database`].
@@ -292,6 +300,8 @@ pub struct LiveSnapshot {
     pub double_effects: i64,
     /// Late duplicates of the last 30 days ([`late_duplicate_count`]).
     pub late_duplicates: i64,
+    /// Conflicting copies not requeued yet ([`conflict_count`]).
+    pub conflicts: i64,
     /// Traffic of the last minute.
     pub last_minute: Traffic,
 }
@@ -300,13 +310,14 @@ pub struct LiveSnapshot {
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn live_snapshot(pool: &PgPool) -> Result<LiveSnapshot, QueryError> {
-    let (at, counts, stuck, double_effects, late_duplicates, last_minute) = tokio::try_join!(
+    let (at, counts, stuck, double_effects, late_duplicates, conflicts, last_minute) = tokio::try_join!(
         async { Ok::<DateTime<Utc>, QueryError>(sqlx::query_scalar("SELECT now()").fetch_one(pool).await?) },
         status_counts(pool),
         stuck_count(pool),
         double_effect_count(pool),
         late_duplicate_count(pool),
+        conflict_count(pool),
         traffic(pool, 60),
     )?;
-    Ok(LiveSnapshot { at, counts, stuck, double_effects, late_duplicates, last_minute })
+    Ok(LiveSnapshot { at, counts, stuck, double_effects, late_duplicates, conflicts, last_minute })
 }

@@ -35,7 +35,7 @@ use tracing::Instrument;
 
 use super::starts::Starts;
 use super::tally::Tally;
-use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
+use super::{AckReason, Disposition, Outcome, Pipeline, Routed};
 use crate::handler::{EffectAnswer, Handler, HandlerError, HandlerInput, LeaseGuard};
 use crate::record::HandlerMode;
 use crate::stats::Event;
@@ -44,7 +44,6 @@ use crate::store::{
     StoreError,
 };
 
-type Outcome = (usize, Disposition, Option<DueMarker>);
 
 /// The records a worker's heartbeat keeps leased: the claims whose call has not finished, with
 /// their guards, by record id.
@@ -99,11 +98,15 @@ impl Pipeline {
         let in_flight: InFlight = Arc::default();
         let mut claimed = Vec::with_capacity(items.len());
         let mut waiting = Vec::new();
+        let mut conflicts = Vec::new();
         for ((item, claim), at_once) in items.iter().zip(claims).zip(at_once) {
             let claim = match claim {
                 ClaimOutcome::Existing(existing) => {
                     // Nothing to roll back here: the judgement is final.
                     let disposition = self.judge_existing(item.identified.id.as_str(), &existing, &mut tally);
+                    if let Some(copy) = Self::conflict_copy(item, &existing, &disposition) {
+                        conflicts.push((item.index, copy));
+                    }
                     outcomes.push((item.index, disposition, None));
                     continue;
                 }
@@ -129,6 +132,7 @@ impl Pipeline {
             claimed.push((item, claim));
         }
         tally.apply(&self.stats, group);
+        self.keep_conflicts(&conflicts, &mut outcomes).await;
         if claimed.is_empty() {
             return outcomes;
         }

@@ -10,6 +10,7 @@
 //! [`Disposition`] per delivery; the source turns it into acks, retry copies, dead-letter copies
 //! or offset commits. The pipeline itself never acks.
 
+mod conflicts;
 mod late;
 mod leased;
 mod spans;
@@ -48,7 +49,9 @@ pub enum Disposition {
         delay: Duration,
     },
     /// Send a copy to the dead-letter queue or topic with `reason`, then acknowledge the
-    /// original. The record is already `dead` in the database either way.
+    /// original. The record is already `dead` in the database either way — or, for a reused id
+    /// (a delivery of another message type than its id's record), the copy is kept in
+    /// `record_conflicts`.
     DeadLetter {
         /// Why it is dead, for the copy's headers.
         reason: String,
@@ -144,6 +147,9 @@ impl Routed<'_> {
 
 /// A succeeded record whose Redis marker is due after the commit.
 type DueMarker = (String, Marker);
+
+/// A delivery's index in its batch, its disposition, and the marker due if it succeeded.
+type Outcome = (usize, Disposition, Option<DueMarker>);
 
 impl Pipeline {
     /// A pipeline over a store, a fast path, shared stats and a group's handlers.
@@ -340,6 +346,16 @@ impl Pipeline {
     /// and logs goes to `tally`, applied by the caller once the judgement is final (the
     /// transaction committed).
     fn judge_existing(&self, message_id: &str, existing: &ExistingRecord, tally: &mut Tally) -> Disposition {
+        if !existing.same_type {
+            tally.reused_id(message_id, existing.id);
+            return Disposition::DeadLetter {
+                reason: format!(
+                    "message id {message_id:?} is the id of record {} of another message type: a reused id, not a \
+                     duplicate; its copy is kept for an operator (records filter flag=conflict)",
+                    existing.id
+                ),
+            };
+        }
         if !existing.same_payload {
             tally.payload_conflict(message_id, existing.id);
         }

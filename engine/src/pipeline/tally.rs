@@ -23,6 +23,8 @@ pub(super) struct Tally {
     dead_at_once: Vec<(String, String, bool)>,
     /// Ages (ms) of new records' deliveries older than the retention.
     late: Vec<i64>,
+    /// (message id, record id) of deliveries of another message type than their id's record.
+    reused_ids: Vec<(String, i64)>,
 }
 
 impl Tally {
@@ -40,6 +42,12 @@ impl Tally {
     /// `dedup_payload_conflicts_total` metric and logged as a warning when applied.
     pub(super) fn payload_conflict(&mut self, message_id: &str, record: i64) {
         self.conflicts.push((message_id.to_owned(), record));
+    }
+
+    /// A delivery whose id is a record's of another message type (a reused id): counted in the
+    /// `dedup_reused_ids_total` metric and logged as a warning when applied.
+    pub(super) fn reused_id(&mut self, message_id: &str, record: i64) {
+        self.reused_ids.push((message_id.to_owned(), record));
     }
 
     /// A redelivery of a stuck record parked (`on_lease_expiry = hold`): counted as
@@ -71,6 +79,15 @@ impl Tally {
         for (message_id, record) in self.conflicts {
             metrics::counter!("dedup_payload_conflicts_total", "group" => group.to_owned()).increment(1);
             tracing::warn!(message_id, record, "payload conflict: same message id, different payload");
+        }
+        for (message_id, record) in self.reused_ids {
+            metrics::counter!("dedup_reused_ids_total", "group" => group.to_owned()).increment(1);
+            tracing::warn!(
+                message_id,
+                record,
+                "reused message id: a delivery of another message type than the record of its id; dead-lettered and kept \
+                 in record_conflicts (is the id source right? see the README, \"Message ids\")"
+            );
         }
         for (message_id, record) in self.parked {
             tracing::info!(message_id, record, "redelivery of a stuck record parked (on_lease_expiry = hold)");

@@ -21,7 +21,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::tally::Tally;
-use super::{AckReason, Disposition, DueMarker, Pipeline, Routed};
+use super::{AckReason, Disposition, Outcome, Pipeline, Routed};
 use crate::handler::Handler;
 use crate::message::{InboundMessage, Poison};
 use crate::stats::Event;
@@ -38,7 +38,6 @@ pub const MAX_PER_TRANSACTION: usize = 50;
 /// its WAL flush, for a whole batch; a larger batch is split into transactions of this size.
 pub const MAX_PER_OPTIMISTIC_TRANSACTION: usize = 500;
 
-type Outcome = (usize, Disposition, Option<DueMarker>);
 
 /// A poison message of the batch: its index, the delivery, and why it is poison.
 type PoisonItem<'a> = (usize, &'a InboundMessage, Poison);

@@ -220,6 +220,9 @@ pub struct ExistingRecord {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// Whether this delivery's payload hash equals the stored one (false: a payload conflict).
     pub same_payload: bool,
+    /// Whether this delivery is of the record's message type (false: a reused id, never a
+    /// duplicate of it; DESIGN.md, "Reused ids and payload conflicts").
+    pub same_type: bool,
     /// Delivery arrival minus first seen, by the database clock, in milliseconds.
     pub delay_ms: i64,
     /// Whether this delivery was parked (stuck record under `hold`).

@@ -37,7 +37,9 @@ use crate::record::{HandlerMode, RecordStatus};
 
 #[macro_use]
 mod sql;
+mod conflicts;
 mod late;
+pub(crate) use conflicts::{ConflictCopy, ConflictKind};
 pub(crate) use late::HeldDelivery;
 use sql::Statements;
 
@@ -120,6 +122,7 @@ fn existing_from_row(row: &PgRow) -> Result<ExistingRecord, sqlx::Error> {
         lease_expired: row.try_get("lease_expired")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
         same_payload: row.try_get("same_payload")?,
+        same_type: row.try_get("same_type")?,
         delay_ms: row.try_get::<Option<i64>, _>("delay_ms")?.unwrap_or_default(),
         parked: row.try_get::<Option<bool>, _>("parked")?.unwrap_or(false),
     })
@@ -151,7 +154,7 @@ impl PgStore {
         Ok(query.fetch_all(&mut *conn).await?)
     }
 
-    /// Counts a duplicate delivery on each existing record; returns
+    /// Counts a duplicate delivery on each existing record of the same message type; returns
     /// what it saw, by message id. Ids without a record (deleted meanwhile) are missing.
     async fn note_duplicates(
         &self,
@@ -159,9 +162,15 @@ impl PgStore {
         group: &str,
         ids: &[&str],
         hashes: &[&[u8]],
+        types: &[&str],
     ) -> Result<HashMap<String, ExistingRecord>, sqlx::Error> {
-        let rows =
-            sqlx::query(&self.sql.note_duplicates).bind(group).bind(ids).bind(hashes).fetch_all(&mut *conn).await?;
+        let rows = sqlx::query(&self.sql.note_duplicates)
+            .bind(group)
+            .bind(ids)
+            .bind(hashes)
+            .bind(types)
+            .fetch_all(&mut *conn)
+            .await?;
         rows.iter().map(|row| Ok((row.try_get("message_id")?, existing_from_row(row)?))).collect()
     }
 }
@@ -211,7 +220,10 @@ impl DedupStore for PgStore {
             }));
         }
         let mut seen =
-            self.note_duplicates(conn, req.group.as_str(), &[req.message_id.as_str()], &[req.payload_hash]).await?;
+            self.note_duplicates(conn, req.group.as_str(), &[req.message_id.as_str()], &[req.payload_hash], &[
+                req.message_type,
+            ])
+            .await?;
         match seen.remove(req.message_id.as_str()) {
             Some(existing) => Ok(ClaimOutcome::Existing(existing)),
             // Deleted between the two statements (cleanup of an old succeeded record): the
@@ -292,10 +304,11 @@ impl DedupStore for PgStore {
             }
             let ids: Vec<&str> = rest.iter().map(|&i| batch.items[i].message_id.as_str()).collect();
             let hashes: Vec<&[u8]> = rest.iter().map(|&i| batch.items[i].payload_hash).collect();
+            let types: Vec<&str> = rest.iter().map(|&i| batch.items[i].message_type).collect();
             let mut seen = if rest.is_empty() {
                 HashMap::new()
             } else {
-                self.note_duplicates(conn, batch.group.as_str(), &ids, &hashes).await?
+                self.note_duplicates(conn, batch.group.as_str(), &ids, &hashes, &types).await?
             };
             pending = Vec::new();
             for i in rest {

@@ -157,3 +157,19 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
+
+/// A `succeeded` record of `order-service` (first try, RabbitMQ), as a consumer would have
+/// written it; returns its id.
+pub async fn succeeded_record(app: &TestApp, message_id: &str, message_type: &str) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, attempts, max_attempts,
+             payload_hash, source_broker, completed_at)
+         VALUES ('order-service', $1, $2, 'succeeded', 1, 5, '\\x00', 'rabbitmq', now())
+         RETURNING id",
+    )
+    .bind(message_id)
+    .bind(message_type)
+    .fetch_one(&app._db.pool)
+    .await
+    .unwrap()
+}

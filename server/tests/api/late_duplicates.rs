@@ -6,21 +6,12 @@
 use dedup_engine::console::accounts::Role;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, spawn_app};
+use crate::helpers::{TestApp, spawn_app, succeeded_record};
 
 /// A record created by a late duplicate held (`held`) or processed, first seen 40 days before
 /// it; returns its id.
 async fn late_record(app: &TestApp, message_id: &str, held: bool) -> i64 {
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, attempts, max_attempts,
-             payload_hash, source_broker, completed_at)
-         VALUES ('order-service', $1, 'ORDER.PAY', 'succeeded', 1, 5, '\\x00', 'rabbitmq', now())
-         RETURNING id",
-    )
-    .bind(message_id)
-    .fetch_one(&app._db.pool)
-    .await
-    .unwrap();
+    let id = succeeded_record(app, message_id, "ORDER.PAY").await;
     sqlx::query(
         "INSERT INTO late_duplicates (record_id, consumer_group, message_id, first_seen_at, delay_ms, held)
          VALUES ($1, 'order-service', $2, now() - interval '40 days', 40 * 86400000::bigint, $3)",
@@ -39,14 +30,7 @@ async fn late_duplicates_show_on_the_cleanup_page_the_overview_the_records_filte
     let app = spawn_app().await;
     let late = late_record(&app, "ORDER.PAY.L1:1", false).await;
     late_record(&app, "ORDER.PAY.L2:1", true).await;
-    sqlx::query(
-        "INSERT INTO dedup_records (consumer_group, message_id, message_type, status, attempts, max_attempts,
-             payload_hash, source_broker, completed_at)
-         VALUES ('order-service', 'ORDER.PAY.N1:1', 'ORDER.PAY', 'succeeded', 1, 5, '\\x00', 'rabbitmq', now())",
-    )
-    .execute(&app._db.pool)
-    .await
-    .unwrap();
+    succeeded_record(&app, "ORDER.PAY.N1:1", "ORDER.PAY").await;
 
     let cleanup: Value = app.get("/api/v1/cleanup").await.json().await.unwrap();
     let group = &cleanup["late_duplicates"][0];

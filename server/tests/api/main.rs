@@ -3,6 +3,7 @@
 
 mod actions;
 mod auth;
+mod conflicts;
 mod console;
 mod database_waits;
 mod faults;

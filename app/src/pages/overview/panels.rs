@@ -87,6 +87,12 @@ pub fn LivePanel(initial: LiveView, live: RwSignal<Option<LiveView>>, paused: Rw
                     list="/records?flag=late_duplicate"
                 />
                 <Stat
+                    label="id conflicts"
+                    testid="live-conflicts"
+                    value=stat(|l| l.conflicts)
+                    list="/records?flag=conflict"
+                />
+                <Stat
                     label="deliveries, last minute"
                     testid="live-deliveries"
                     value=stat(|l| l.last_minute.deliveries)

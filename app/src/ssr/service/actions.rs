@@ -3,12 +3,13 @@
 
 use dedup_engine::console::RecordStatus;
 use dedup_engine::console::actions::RecordActionKind as Kind;
-use dedup_engine::console::actions::{self, ActionOutcome, RecordAction};
+use dedup_engine::console::actions::{self, ActionOutcome, RecordAction, conflicts};
 use uuid::Uuid;
 
 use super::state::ConsoleState;
 use crate::error::ConsoleError;
 use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
+use crate::wire::records::ConflictRequeuedView;
 
 fn parse_status(text: Option<&str>) -> Result<Option<RecordStatus>, ConsoleError> {
     text.map(|s| s.parse::<RecordStatus>().map_err(|e| ConsoleError::BadRequest(format!("expected_status: {e}"))))
@@ -54,6 +55,19 @@ pub async fn act(
         RecordActionKind::Requeue => Kind::Requeue,
     };
     Ok(actions::record_action(state.pool(), actor, kind, &params, state.publishers()).await?.into())
+}
+
+/// Requeues conflict `id` under a new message id, as `actor`.
+///
+/// Errors: 404 for an unknown conflict, 409 when it was requeued already, 503 when the broker did
+/// not take the copy.
+pub async fn requeue_conflict(
+    state: &ConsoleState,
+    actor: &str,
+    id: i64,
+) -> Result<ConflictRequeuedView, ConsoleError> {
+    let requeued_as = conflicts::requeue_conflict(state.pool(), actor, id, state.publishers()).await?;
+    Ok(ConflictRequeuedView { conflict_id: id, requeued_as })
 }
 
 impl From<ActionOutcome> for ActionResultView {

@@ -13,7 +13,9 @@ use super::state::ConsoleState;
 use crate::error::ConsoleError;
 use crate::wire::failures::{DeadLetterGroupView, RetriesView, StuckView};
 use crate::wire::overview::{ConsumerView, EndpointView, GroupView, GrowthView, LiveView, OverviewView};
-use crate::wire::records::{LateDuplicateNote, RecordDetailView, RecordFilterOptions, RecordPageView, RecordsQuery};
+use crate::wire::records::{
+    ConflictView, LateDuplicateNote, RecordDetailView, RecordFilterOptions, RecordPageView, RecordsQuery,
+};
 
 /// Rows on the stuck page (the longest stuck; the total is shown): each row hydrates its action
 /// buttons, and 200 of them took about 300 ms in Chromium at 10 M records (BENCHMARKS.md).
@@ -190,7 +192,26 @@ pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, C
         delay_ms,
         held,
     });
-    Ok(record_detail_view(detail, late, key, marker))
+    let conflicts = dedup_engine::console::actions::conflicts::record_conflicts(state.pool(), id).await?;
+    let mut view = record_detail_view(detail, late, key, marker);
+    view.conflicts = conflicts
+        .into_iter()
+        .map(|c| ConflictView {
+            id: c.id,
+            kind: c.kind,
+            message_type: c.message_type,
+            payload_excerpt: c.payload_excerpt.0,
+            payload_bytes: c.payload_bytes,
+            source_exchange: c.source_exchange,
+            source_routing_key: c.source_routing_key,
+            copies: c.copies,
+            first_seen_at: super::convert::time(c.first_seen_at),
+            last_seen_at: super::convert::time(c.last_seen_at),
+            requeued_as: c.requeued_as,
+            requeued_by: c.requeued_by,
+        })
+        .collect();
+    Ok(view)
 }
 
 /// Stuck records, longest stuck first.

@@ -70,6 +70,7 @@ impl From<LiveSnapshot> for LiveView {
             stuck: s.stuck,
             double_effects: s.double_effects,
             late_duplicates: s.late_duplicates,
+            conflicts: s.conflicts,
             last_minute: s.last_minute.into(),
         }
     }
@@ -216,6 +217,7 @@ pub fn record_detail_view(
         calls,
         possible_double_effect,
         late_duplicate,
+        conflicts: Vec::new(),
         marker_key,
         marker: marker.into(),
     }

@@ -9,7 +9,8 @@ use std::collections::HashSet;
 
 use sqlx::{Acquire, Executor, PgConnection};
 
-use super::{Abort, Attempt, Isolation, Outcome};
+use super::{Abort, Attempt, Isolation};
+use crate::pipeline::Outcome;
 use crate::handler::Handler;
 use crate::pipeline::{AckReason, Disposition, Pipeline, Routed};
 use crate::record::HandlerMode;
@@ -48,10 +49,12 @@ impl Pipeline {
         let mut savepoint_open = false;
         let mut outcomes = Vec::with_capacity(items.len());
         let mut succeeded: Vec<(&Routed<'_>, ClaimedRecord)> = Vec::new();
+        let mut conflicts = Vec::new();
         for (item, claim) in items.iter().zip(claims) {
             match claim {
                 ClaimOutcome::Existing(existing) => {
                     let disposition = self.judge_existing(item.identified.id.as_str(), &existing, &mut attempt.tally);
+                    conflicts.extend(Self::conflict_copy(item, &existing, &disposition));
                     outcomes.push((item.index, disposition, None));
                 }
                 ClaimOutcome::Claimed(claim) => {
@@ -66,6 +69,11 @@ impl Pipeline {
                     }
                 }
             }
+        }
+        // Kept in the transaction that judged them: acknowledged only with their copy.
+        if !conflicts.is_empty() {
+            let kept = self.store.keep_conflicts(tx, &self.settings.group, &conflicts).await;
+            kept.map_err(|e| attempt.isolation.abort("keeping conflicting copies failed", &e))?;
         }
         let completed: HashSet<i64> = match batch.claim_as {
             ClaimAs::Succeeded => succeeded.iter().map(|(_, c)| c.id).collect(),

@@ -15,6 +15,17 @@ macro_rules! held_owner {
     };
 }
 
+/// What every claim of an existing record requires besides its status: the delivery is of the
+/// record's message type. One of another type carries a reused id (a Kafka record key that is
+/// an order number) and is never the record's retry: the duplicate check sends it to
+/// `record_conflicts`. A record dead for want of a handler (`NO_HANDLER`) is the exception: a
+/// type mapping added since maps its copies to another type.
+macro_rules! same_type {
+    () => {
+        "(r.message_type = EXCLUDED.message_type OR r.error_class IS NOT DISTINCT FROM 'NO_HANDLER')"
+    };
+}
+
 /// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
 /// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
 /// was still `processing` (an expired lease), and whether its effect may have started as the
@@ -112,11 +123,12 @@ WITH prior AS (
             $13, $14, $15, $16, $18)
     "#,
             take_over!(),
-            r#"
-    WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
+            "\n    WHERE ",
+            same_type!(),
+            r#" AND ((r.status = 'failed' AND r.attempts < r.max_attempts)
        OR ($17 AND r.status = 'processing' AND r.lease_expires_at < now() AND r.lease_owner IS DISTINCT FROM "#,
             held_owner!(),
-            r#")
+            r#"))
     RETURNING r.id, r.attempts, r.max_attempts, (r.xmax = 0) AS created, r.first_seen_at, r.message_type
 )"#,
             count_created!("claimed", "processing"),
@@ -151,28 +163,35 @@ pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
         ORDER BY a.id DESC LIMIT 1) AS previous_status"#
 );
 
-/// The duplicate check after a claim found nothing claimable (set-based: `$2`/`$3` are the
-/// message ids and payload hashes): counts the delivery on the record, flags a payload
-/// conflict, parks a delivery of a stuck record (the claim would have taken it if reclaim were
-/// allowed) and reports the record's state. A delivery of a record under a live lease is sent
+/// The duplicate check after a claim found nothing claimable (set-based: `$2`..`$4` are the
+/// message ids, payload hashes and message types): counts the delivery on the record, flags a
+/// payload conflict, parks a delivery of a stuck record (the claim would have taken it if reclaim
+/// were allowed) and reports the record's state. A delivery of a record under a live lease is sent
 /// back to be judged again later, and counted then: not now, or each return would count again.
+/// A delivery of another message type ([`same_type`]) is no duplicate: nothing is counted on the
+/// record, `same_type` says so.
 pub(super) const NOTE_DUPLICATES_SQL: &str = r#"
+WITH d AS (
+    SELECT d.message_id, d.payload_hash,
+           (r.message_type = d.message_type OR r.error_class IS NOT DISTINCT FROM 'NO_HANDLER') AS same_type,
+           (r.status = 'processing' AND r.lease_expires_at >= now()) AS live
+    FROM unnest($2::text[], $3::bytea[], $4::text[]) AS d(message_id, payload_hash, message_type)
+    JOIN {s}.dedup_records r ON r.consumer_group = $1 AND r.message_id = d.message_id
+)
 UPDATE {s}.dedup_records r SET
-    duplicate_count = r.duplicate_count + CASE WHEN r.status = 'processing' AND r.lease_expires_at >= now()
-                                               THEN 0 ELSE 1 END,
-    last_duplicate_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at >= now()
-                             THEN r.last_duplicate_at ELSE now() END,
-    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash
-                                                        OR (r.status = 'processing' AND r.lease_expires_at >= now())
+    duplicate_count = r.duplicate_count + CASE WHEN d.live OR NOT d.same_type THEN 0 ELSE 1 END,
+    last_duplicate_at = CASE WHEN d.live OR NOT d.same_type THEN r.last_duplicate_at ELSE now() END,
+    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash OR d.live OR NOT d.same_type
                                                    THEN 0 ELSE 1 END,
-    parked_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at < now() THEN now() ELSE r.parked_at END
-FROM unnest($2::text[], $3::bytea[]) AS d(message_id, payload_hash)
+    parked_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at < now() AND d.same_type THEN now()
+                     ELSE r.parked_at END
+FROM d
 WHERE r.consumer_group = $1 AND r.message_id = d.message_id
 RETURNING r.id, r.message_id, r.status, r.lease_expires_at,
           COALESCE(r.lease_expires_at < now(), false) AS lease_expired,
-          r.payload_hash = d.payload_hash AS same_payload,
+          r.payload_hash = d.payload_hash AS same_payload, d.same_type,
           (extract(epoch FROM now() - r.first_seen_at) * 1000)::bigint AS delay_ms,
-          (r.status = 'processing' AND r.lease_expires_at < now()) AS parked
+          (r.status = 'processing' AND r.lease_expires_at < now() AND d.same_type) AS parked
 "#;
 
 /// The rows of a transactional batch claim, in message-id order (one lock order for every
@@ -202,8 +221,9 @@ WITH claimed AS (
            i.broker, i.exchange, i.routing_key, i.queue"#,
     claim_many_rows!(),
     take_over!(),
-    r#"
-    WHERE r.status = 'failed' AND r.attempts < r.max_attempts
+    "\n    WHERE ",
+    same_type!(),
+    r#" AND r.status = 'failed' AND r.attempts < r.max_attempts
     RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
               r.first_seen_at, now() AS claimed_at
 )"#,
@@ -240,7 +260,9 @@ WITH claimed AS (
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL, error_class = NULL,
         completed_at = now(), updated_at = now()
-    WHERE r.status = 'failed' AND r.attempts < r.max_attempts
+    WHERE "#,
+    same_type!(),
+    r#" AND r.status = 'failed' AND r.attempts < r.max_attempts
     RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
               r.first_seen_at, now() AS claimed_at
 )"#,
@@ -282,12 +304,13 @@ WITH prior AS (
               payload, headers, type_property, started)
     ORDER BY i.message_id"#,
     take_over!(),
-    r#"
-    WHERE (r.status = 'failed' AND r.attempts < r.max_attempts)
+    "\n    WHERE ",
+    same_type!(),
+    r#" AND ((r.status = 'failed' AND r.attempts < r.max_attempts)
        OR (r.status = 'processing' AND r.lease_expires_at < now()
            AND ((r.message_id = ANY($17::text[]) AND r.lease_owner IS DISTINCT FROM "#,
     held_owner!(),
-    r#") OR r.effect_started = false))
+    r#") OR r.effect_started = false)))
     RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
               r.first_seen_at
 )"#,

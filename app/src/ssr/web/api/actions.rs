@@ -5,6 +5,7 @@
 use crate::ssr::service::actions::act;
 use crate::ssr::service::auth::RequestAuth;
 use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
+use crate::wire::records::ConflictRequeuedView;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::routing::post;
@@ -88,10 +89,27 @@ pub async fn requeue(
     run(&s, &auth, id, body, RecordActionKind::Requeue).await
 }
 
+/// Requeues a conflicting copy (a reused id, or a payload conflict) kept on a record: publishes
+/// it to where it came from under the new message id `<message id>#conflict-<id>`, once. Role:
+/// operator.
+#[utoipa::path(post, path = "/api/v1/conflicts/{id}/requeue", tag = "actions",
+    params(("id" = i64, Path, description = "Conflict id (a record's `conflicts`)")),
+    responses((status = 200, body = ConflictRequeuedView), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn requeue_conflict(
+    State(s): State<AppState>,
+    Extension(auth): Extension<RequestAuth>,
+    id: Result<Path<i64>, PathRejection>,
+) -> ApiResult<ConflictRequeuedView> {
+    let Path(id) = id.map_err(rejected)?;
+    Ok(Json(crate::ssr::service::actions::requeue_conflict(&s.console, &auth.actor(), id).await?))
+}
+
 /// The action routes.
 pub fn routes() -> Vec<RouteSpec> {
     use Access::Operator;
     vec![
+        RouteSpec::post("/api/v1/conflicts/{id}/requeue", Operator, post(requeue_conflict)),
         RouteSpec::post("/api/v1/records/{id}/release", Operator, post(release)),
         RouteSpec::post("/api/v1/records/{id}/mark-succeeded", Operator, post(mark_succeeded)),
         RouteSpec::post("/api/v1/records/{id}/dead-letter", Operator, post(dead_letter)),

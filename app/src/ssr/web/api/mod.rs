@@ -50,6 +50,7 @@ use super::state::{AppState, RouteSpec};
         actions::release,
         actions::mark_succeeded,
         actions::dead_letter,
+        actions::requeue_conflict,
         actions::requeue,
         operations::requeue_preview,
         operations::requeue_start,

@@ -1,0 +1,106 @@
+//! The conflicting copies kept on a record (a reused id: another message type; or another
+//! payload under the same id), each with what came, how often, and — for operators — a button
+//! that requeues it under a new message id of its own, once.
+
+use leptos::prelude::*;
+
+use crate::components::session::IfRole;
+use crate::error::ConsoleError;
+use crate::format::short_time;
+use crate::wire::account::RoleView;
+use crate::wire::records::{ConflictRequeuedView, ConflictView};
+
+/// Requeues conflict `id` under a new message id. Role: operator.
+#[server(prefix = "/api/fn", endpoint = "requeue_conflict", client = crate::csrf::CsrfClient)]
+pub async fn requeue_conflict(id: i64) -> Result<ConflictRequeuedView, ConsoleError> {
+    let state = crate::ssr::service::console_state()?;
+    crate::ssr::service::actions::requeue_conflict(&state, &crate::ssr::service::auth::request_auth().actor(), id).await
+}
+
+/// The record's conflicting copies; `on_done` after a requeue.
+#[component]
+pub fn Conflicts(conflicts: Vec<ConflictView>, #[prop(into)] on_done: Callback<()>) -> impl IntoView {
+    if conflicts.is_empty() {
+        return ().into_any();
+    }
+    let requeue = ServerAction::<RequeueConflict>::new();
+    Effect::new(move |_| {
+        if let Some(Ok(_)) = requeue.value().get() {
+            on_done.run(());
+        }
+    });
+    let rows = conflicts
+        .into_iter()
+        .map(|c| {
+            let id = c.id;
+            let what = if c.kind == "type" {
+                format!("another message type, {}: a reused id, dead-lettered", c.message_type)
+            } else {
+                "the same type, another payload: judged a duplicate".to_owned()
+            };
+            let source =
+                [c.source_exchange, c.source_routing_key].into_iter().flatten().collect::<Vec<_>>().join(" / ");
+            view! {
+                <tr data-conflict-id=id data-kind=c.kind.clone()>
+                    <td>{what}</td>
+                    <td class="num">{c.copies}</td>
+                    <td>{short_time(&c.first_seen_at)} " – " {short_time(&c.last_seen_at)}</td>
+                    <td class="mono">{source}</td>
+                    <td>
+                        <pre class="payload small">{c.payload_excerpt}</pre>
+                        <span class="muted small">{format!("{} bytes", c.payload_bytes)}</span>
+                    </td>
+                    <td>
+                        {match c.requeued_as {
+                            Some(new_id) => view! {
+                                <span class="small" data-testid="conflict-requeued">
+                                    {format!("requeued as {new_id} by {}", c.requeued_by.unwrap_or_default())}
+                                </span>
+                            }
+                                .into_any(),
+                            None => view! {
+                                <IfRole role=RoleView::Operator>
+                                    <button
+                                        data-testid="conflict-requeue"
+                                        disabled=move || requeue.pending().get()
+                                        on:click=move |_| { requeue.dispatch(RequeueConflict { id }); }
+                                    >
+                                        "Requeue under a new id"
+                                    </button>
+                                </IfRole>
+                            }
+                                .into_any(),
+                        }}
+                    </td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <section class="panel" aria-labelledby="conflicts-title" data-testid="conflicts">
+            <h2 id="conflicts-title">"Conflicting copies"</h2>
+            <p class="muted small">
+                "Deliveries that carried this record's message id but not its message type or payload. Each is "
+                "kept whole; a requeue publishes it again under the id <message id>#conflict-<n>, so it becomes "
+                "a record of its own. Many of them mean the id source is wrong (README, \"Message ids\")."
+            </p>
+            <table class="records">
+                <thead>
+                    <tr>
+                        <th>"What"</th>
+                        <th class="num">"Copies"</th>
+                        <th>"Seen"</th>
+                        <th>"From"</th>
+                        <th>"Payload"</th>
+                        <th>"Requeue"</th>
+                    </tr>
+                </thead>
+                <tbody>{rows}</tbody>
+            </table>
+            {move || {
+                requeue.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error" role="alert">{e.to_string()}</p> })
+            }}
+        </section>
+    }
+    .into_any()
+}

@@ -1,0 +1,201 @@
+//! Conflicting copies (DESIGN.md, "Reused ids and payload conflicts"): deliveries whose message
+//! id was an existing record's while their message type (a reused id) or payload was not, kept
+//! in `record_conflicts` with their whole message. An operator lists them and requeues each under
+//! a new message id of its own, `<message id>#conflict-<conflict id>`, once: a compare-and-set on
+//! `requeued_at`, held while the broker confirms the copy, audited as `conflict.requeue` in the
+//! same transaction.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::{FromRow, PgPool};
+
+use super::ActionError;
+use super::bulk::audit_on_pool;
+use super::republish::{Publishers, StoredMessage, publish_stored};
+use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::record::MessageId;
+
+/// One kept copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, FromRow)]
+pub struct RecordConflict {
+    /// Conflict id.
+    pub id: i64,
+    /// The record whose message id it carried.
+    pub record_id: i64,
+    /// The group.
+    pub consumer_group: String,
+    /// The message id it carried.
+    pub message_id: String,
+    /// `type` (another message type: a reused id, dead-lettered) or `payload` (the same type,
+    /// another payload: judged a duplicate).
+    pub kind: String,
+    /// Its own message type.
+    pub message_type: String,
+    /// Its payload, up to [`PAYLOAD_SHOWN_BYTES`] bytes, as text (lossy UTF-8).
+    #[sqlx(try_from = "Vec<u8>")]
+    pub payload_excerpt: Lossy,
+    /// Its whole payload's size, bytes.
+    pub payload_bytes: i32,
+    /// Where it came from: exchange or topic.
+    pub source_exchange: Option<String>,
+    /// Routing key or Kafka record key.
+    pub source_routing_key: Option<String>,
+    /// Copies of it that came.
+    pub copies: i32,
+    /// First and last arrival.
+    pub first_seen_at: DateTime<Utc>,
+    /// Last arrival.
+    pub last_seen_at: DateTime<Utc>,
+    /// The message id it was requeued under, when it was.
+    pub requeued_as: Option<String>,
+    /// When.
+    pub requeued_at: Option<DateTime<Utc>>,
+    /// By whom.
+    pub requeued_by: Option<String>,
+}
+
+/// Bytes shown as text, invalid UTF-8 replaced (U+FFFD).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Lossy(pub String);
+
+impl From<Vec<u8>> for Lossy {
+    fn from(bytes: Vec<u8>) -> Self {
+        Lossy(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}
+
+/// Bytes of a copy's payload a listing shows.
+pub const PAYLOAD_SHOWN_BYTES: i32 = 2048;
+
+const COLUMNS: &str = "id, record_id, consumer_group, message_id, kind, message_type,
+    substring(payload FROM 1 FOR 2048) AS payload_excerpt, length(payload) AS payload_bytes,
+    source_exchange, source_routing_key, copies, first_seen_at, last_seen_at, requeued_as, requeued_at, requeued_by";
+
+/// The copies kept for record `record_id`, oldest first.
+///
+/// Errors: the database's.
+pub async fn record_conflicts(pool: &PgPool, record_id: i64) -> Result<Vec<RecordConflict>, ActionError> {
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM record_conflicts WHERE record_id = $1 ORDER BY id"))
+        .bind(record_id)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// The new message id of conflict `id` of `message_id`.
+///
+/// Errors: [`ActionError::Refused`] when it would be longer than a message id may be.
+fn new_message_id(message_id: &str, id: i64) -> Result<String, ActionError> {
+    let new = format!("{message_id}#conflict-{id}");
+    MessageId::parse(new.as_str())
+        .map(|_| new)
+        .map_err(|e| ActionError::Refused(format!("conflict {id} cannot be requeued under a new id: {e}")))
+}
+
+/// Requeues conflict `id` as `actor`: publishes its copy (payload, headers, content type, AMQP
+/// `type`) to where it came from, under the message id `<message id>#conflict-<id>`, and marks
+/// it requeued — once. Returns the new message id. The group's `ids.from` must read the message
+/// id the copy is published with (the AMQP `message_id` property or the Kafka id header, both in
+/// the default) for the copy to become a record of its own.
+///
+/// Errors: [`ActionError::UnknownJob`] (no such conflict), [`ActionError::Refused`] (requeued
+/// already, or the new id too long), [`ActionError::NoPublisher`] / [`ActionError::Publish`]
+/// (nothing changed), database errors.
+#[tracing::instrument(skip_all, fields(conflict = id, actor), err(level = "warn"))]
+pub async fn requeue_conflict(
+    pool: &PgPool,
+    actor: &str,
+    id: i64,
+    publishers: &Publishers,
+) -> Result<String, ActionError> {
+    let result = async {
+        let mut tx = pool.begin().await?;
+        let row: Option<(StoredMessage, Option<DateTime<Utc>>)> = sqlx::query_as::<_, StoredRow>(
+            "SELECT record_id AS id, consumer_group, message_id, source_broker, source_exchange, source_routing_key,
+                    payload, false AS payload_truncated, headers, content_type, type_property, false AS poison,
+                    requeued_at
+             FROM record_conflicts WHERE id = $1 FOR UPDATE",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| (r.stored, r.requeued_at));
+        let (mut stored, requeued_at) = row.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
+        if let Some(at) = requeued_at {
+            return Err(ActionError::Refused(format!("conflict {id} was requeued already, at {at}")));
+        }
+        let original = std::mem::take(&mut stored.message_id);
+        stored.message_id = new_message_id(&original, id)?;
+        let publisher = publishers.for_record(stored.id, &stored.consumer_group, &stored.source_broker).await?;
+        publish_stored(publisher.as_ref(), &stored).await?;
+        sqlx::query("UPDATE record_conflicts SET requeued_as = $2, requeued_at = now(), requeued_by = $3 WHERE id = $1")
+            .bind(id)
+            .bind(&stored.message_id)
+            .bind(actor)
+            .execute(&mut *tx)
+            .await?;
+        let ids = [original, stored.message_id.clone()];
+        let entry = NewAuditEntry {
+            actor,
+            action: "conflict.requeue",
+            outcome: AuditOutcome::Ok,
+            reason: None,
+            consumer_group: Some(&stored.consumer_group),
+            message_ids: &ids,
+            detail: json!({ "conflict_id": id, "record_id": stored.id, "requeued_as": stored.message_id }),
+            source: None,
+        };
+        audit::record(&mut *tx, &entry).await?;
+        tx.commit().await?;
+        Ok(stored.message_id)
+    }
+    .await;
+    if let Err(e) = &result {
+        let detail = json!({ "conflict_id": id, "error": e.to_string() });
+        audit_on_pool(pool, actor, "conflict.requeue", e.audit_outcome(), None, detail).await;
+    }
+    result
+}
+
+/// The open conflicts of `group` (all groups when `None`): those [`requeue_conflicts`] would
+/// requeue.
+///
+/// Errors: the database's.
+pub async fn open_conflicts(pool: &PgPool, group: Option<&str>) -> Result<Vec<i64>, ActionError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM record_conflicts WHERE requeued_at IS NULL AND ($1::text IS NULL OR consumer_group = $1)
+         ORDER BY id",
+    )
+    .bind(group)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Every open conflict of `group` (all groups when `None`), by id: requeued one after the other
+/// ([`requeue_conflict`]). Returns (requeued, failed with their errors).
+///
+/// Errors: the database's, listing them.
+pub async fn requeue_conflicts(
+    pool: &PgPool,
+    actor: &str,
+    group: Option<&str>,
+    publishers: &Publishers,
+) -> Result<(Vec<(i64, String)>, Vec<(i64, ActionError)>), ActionError> {
+    let open = open_conflicts(pool, group).await?;
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    for id in open {
+        match requeue_conflict(pool, actor, id, publishers).await {
+            Ok(new_id) => done.push((id, new_id)),
+            Err(e) => failed.push((id, e)),
+        }
+    }
+    Ok((done, failed))
+}
+
+#[derive(FromRow)]
+struct StoredRow {
+    #[sqlx(flatten)]
+    stored: StoredMessage,
+    requeued_at: Option<DateTime<Utc>>,
+}

@@ -1,0 +1,174 @@
+//! Reused ids made loud (DESIGN.md, "Reused ids and payload conflicts"): a producer whose ids
+//! are entity keys (every PAY carries its CREATE's id). Each later event is no duplicate: it is
+//! dead-lettered with its copy kept, listed, and recoverable by requeueing the copies under new
+//! ids — ending with every order paid once. A payload conflict keeps its copy too.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use dedup_engine::actions::Publishers;
+use dedup_engine::actions::conflicts::{open_conflicts, record_conflicts, requeue_conflict, requeue_conflicts};
+use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, TransactionalHandler};
+use dedup_engine::message::{InboundMessage, TypePolicy, TypeSource};
+use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
+use dedup_engine::record::LeaseExpiryPolicy;
+use dedup_engine::retry::Backoff;
+use dedup_engine::testing::{TestBroker, amqp_url};
+use lapin::options::BasicGetOptions;
+use serde_json::json;
+use sqlx::{PgConnection, PgPool};
+
+const ORDERS: usize = 20;
+
+/// Records `<type> <order>` in `test_effects` per run.
+struct RecordTyped;
+
+#[async_trait]
+impl TransactionalHandler for RecordTyped {
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO test_effects (message_id, payload) VALUES ($1, $2)")
+            .bind(input.message_type)
+            .bind(input.json.cloned())
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+/// A group whose message types come from the AMQP `type` property.
+fn pipeline(h: &Harness, pay: Handler) -> Pipeline {
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.CREATE", Handler::Transactional(Arc::new(RecordTyped)));
+    handlers.register("ORDER.PAY", pay);
+    let types = TypePolicy { from: vec![TypeSource::TypeProperty], ..TypePolicy::default() };
+    h.pipeline_with(handlers, PipelineSettings { type_policy: types, ..settings(3, Duration::from_secs(30)) })
+}
+
+/// Order `n`'s event of `message_type`, whose message id is the order number (an entity key).
+fn event(n: usize, message_type: &str, exchange: &str) -> InboundMessage {
+    let mut m = message(&format!("order-{n}"), json!({ "order": n, "event": message_type }));
+    m.type_property = Some(message_type.to_owned());
+    m.source.exchange = Some(exchange.to_owned());
+    m
+}
+
+async fn effects(pool: &PgPool, message_type: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM test_effects WHERE message_id = $1")
+        .bind(message_type)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_entity_key_reused_by_later_events_dead_letters_them_with_their_copies_and_a_requeue_pays_every_order_once()
+{
+    let h = Harness::new().await;
+    let pool = h.pool();
+    let pipeline = pipeline(&h, Handler::Transactional(Arc::new(RecordTyped)));
+    let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 });
+    let connector = broker.connector();
+    connector.publisher().await.expect("RabbitMQ at AMQP_URL");
+    let mut publishers = Publishers::default();
+    publishers.add(GROUP, connector);
+    let exchange = broker.settings.exchange.clone();
+    let all = |t: &str| (0..ORDERS).map(|n| event(n, t, &exchange)).collect::<Vec<_>>();
+
+    let created = pipeline.process("w", &all("ORDER.CREATE")).await;
+    assert!(created.iter().all(|d| *d == Disposition::Ack(AckReason::Processed)));
+    let paid = pipeline.process("w", &all("ORDER.PAY")).await;
+    assert!(
+        paid.iter().all(|d| matches!(d, Disposition::DeadLetter { reason } if reason.contains("reused id"))),
+        "{paid:?}"
+    );
+    assert_eq!(effects(pool, "ORDER.PAY").await, 0, "never judged a duplicate, never run under another's record");
+    let (dups, conflicts): (i64, i64) =
+        sqlx::query_as("SELECT sum(duplicate_count)::bigint, sum(payload_conflicts)::bigint FROM dedup_records")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!((dups, conflicts), (0, 0), "nothing counted on the CREATE records");
+    // A redelivery of the same PAY adds a copy to its row, not a row.
+    pipeline.process("w", &all("ORDER.PAY")[..1]).await;
+    let record: i64 =
+        sqlx::query_scalar("SELECT id FROM dedup_records WHERE message_id = 'order-0'").fetch_one(pool).await.unwrap();
+    let kept = record_conflicts(pool, record).await.unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!((kept[0].kind.as_str(), kept[0].message_type.as_str(), kept[0].copies), ("type", "ORDER.PAY", 2));
+    assert!(kept[0].payload_excerpt.0.contains("ORDER.PAY"), "{:?}", kept[0].payload_excerpt);
+    assert_eq!(open_conflicts(pool, Some(GROUP)).await.unwrap().len(), ORDERS);
+
+    // A CREATE of another payload under the same id: a payload conflict, acked as a duplicate,
+    // its copy kept beside the PAY.
+    let mut other = event(0, "ORDER.CREATE", &exchange);
+    other.payload = br#"{"order":0,"event":"ORDER.CREATE","amount":2}"#.to_vec();
+    assert_eq!(pipeline.process("w", &[other]).await, vec![Disposition::Ack(AckReason::DuplicateDatabase)]);
+    let kinds: Vec<String> = record_conflicts(pool, record).await.unwrap().into_iter().map(|c| c.kind).collect();
+    assert_eq!(kinds, ["type", "payload"]);
+
+    // The recovery: requeue the copies under new ids; each becomes a record of its own.
+    let (done, failed) = requeue_conflicts(pool, "user:ann", Some(GROUP), &publishers).await.unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(done.len(), ORDERS + 1);
+    let again = requeue_conflict(pool, "user:ann", done[0].0, &publishers).await.unwrap_err();
+    assert!(again.to_string().contains("requeued already"), "{again}");
+    let channel = broker.channel().await;
+    let mut copies = Vec::new();
+    while let Some(got) =
+        channel.basic_get(broker.settings.queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap()
+    {
+        let props = &got.delivery.properties;
+        let mut m = message(props.message_id().as_ref().unwrap().as_str(), json!({}));
+        m.payload = got.delivery.data.clone();
+        m.type_property = props.kind().as_ref().map(|t| t.to_string());
+        copies.push(m);
+    }
+    assert_eq!(copies.len(), ORDERS + 1, "every copy published");
+    assert!(copies.iter().all(|m| m.property_message_id.as_deref().unwrap().contains("#conflict-")));
+    let settled = pipeline.process("w", &copies).await;
+    assert!(settled.iter().all(|d| *d == Disposition::Ack(AckReason::Processed)), "{settled:?}");
+    assert_eq!(effects(pool, "ORDER.PAY").await, ORDERS as i64, "every order paid once");
+    // Replayed, the requeued copies are duplicates of their own records.
+    let replay = pipeline.process("w", &copies).await;
+    let duplicate =
+        |d: &Disposition| matches!(d, Disposition::Ack(AckReason::DuplicateRedis | AckReason::DuplicateDatabase));
+    assert!(replay.iter().all(duplicate), "{replay:?}");
+    assert_eq!(effects(pool, "ORDER.PAY").await, ORDERS as i64);
+    assert!(open_conflicts(pool, None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_reused_id_never_takes_over_a_failed_record_of_another_type_nor_a_leased_one() {
+    let h = Harness::new().await;
+    let pool = h.pool();
+    // CREATE fails (retryable): its record is `failed`, claimable by its own retry.
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.CREATE", Handler::Transactional(Arc::new(AlwaysFails)));
+    let effect = CountingEffect::new(Duration::ZERO);
+    handlers.register(
+        "ORDER.PAY",
+        Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Reclaim },
+    );
+    let types = TypePolicy { from: vec![TypeSource::TypeProperty], ..TypePolicy::default() };
+    let pipeline =
+        h.pipeline_with(handlers, PipelineSettings { type_policy: types, ..settings(3, Duration::from_secs(30)) });
+    let failed = pipeline.process("w", &[event(1, "ORDER.CREATE", "x")]).await;
+    assert!(matches!(failed[0], Disposition::Retry { .. }), "{failed:?}");
+    let pay = pipeline.process("w", &[event(1, "ORDER.PAY", "x")]).await;
+    assert!(matches!(&pay[0], Disposition::DeadLetter { reason } if reason.contains("reused id")), "{pay:?}");
+    assert_eq!(effect.runs(), 0, "the leased PAY never ran");
+    let (message_type, status): (String, String) =
+        sqlx::query_as("SELECT message_type, status FROM dedup_records").fetch_one(pool).await.unwrap();
+    assert_eq!(
+        (message_type.as_str(), status.as_str()),
+        ("ORDER.CREATE", "failed"),
+        "the CREATE's record is untouched"
+    );
+    let kinds: Vec<(String, String)> =
+        sqlx::query_as("SELECT kind, message_type FROM record_conflicts").fetch_all(pool).await.unwrap();
+    assert_eq!(kinds, [("type".to_owned(), "ORDER.PAY".to_owned())], "the leased path keeps its copy too");
+}

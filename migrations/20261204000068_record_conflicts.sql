@@ -1,0 +1,37 @@
+-- Reused message ids made loud (issue 27 part 4; docs/DESIGN.md, "Reused ids and payload
+-- conflicts"). A delivery whose id is already the id of a record of another message type is no
+-- duplicate of it (Kafka record keys that are order numbers: every PAY arrives with its CREATE's
+-- id), and one of the same type with another payload may not be either. Each keeps its copy here
+-- — payload, headers, source — listed in the console and requeued under a new id by an
+-- operator; one row per record and distinct payload, with how many copies came.
+CREATE TABLE record_conflicts (
+    id                 BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- The record whose message id the copy carried (no foreign key: the copy outlives the
+    -- record's cleanup until an operator requeued it).
+    record_id          BIGINT NOT NULL,
+    consumer_group     TEXT NOT NULL,
+    message_id         TEXT NOT NULL,
+    -- `type`: the copy's message type is not the record's (never a duplicate: dead-lettered);
+    -- `payload`: same type, another payload (judged a duplicate, its copy kept).
+    kind               TEXT NOT NULL CHECK (kind IN ('type', 'payload')),
+    message_type       TEXT NOT NULL,
+    payload_hash       BYTEA NOT NULL,
+    payload            BYTEA NOT NULL,
+    headers            JSONB,
+    content_type       TEXT,
+    type_property      TEXT,
+    source_broker      TEXT NOT NULL,
+    source_exchange    TEXT,
+    source_routing_key TEXT,
+    source_queue       TEXT,
+    copies             INTEGER NOT NULL DEFAULT 1,
+    first_seen_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_seen_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- Set once by the requeue (a compare-and-set): the new message id it was published under.
+    requeued_as        TEXT,
+    requeued_at        TIMESTAMPTZ,
+    requeued_by        TEXT,
+    CONSTRAINT record_conflicts_copy_key UNIQUE (record_id, payload_hash)
+);
+-- The open ones: the console's count, filter and list.
+CREATE INDEX record_conflicts_open_idx ON record_conflicts (record_id) WHERE requeued_at IS NULL;

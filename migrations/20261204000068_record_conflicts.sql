@@ -15,6 +15,9 @@ CREATE TABLE record_conflicts (
     -- `payload`: same type, another payload (judged a duplicate, its copy kept).
     kind               TEXT NOT NULL CHECK (kind IN ('type', 'payload')),
     message_type       TEXT NOT NULL,
+    -- Where the consumer found its message id (`key`, `header:x-message-id`, ...: the group's
+    -- `ids.from` source that gave it): a reused id names its culprit.
+    id_source          TEXT NOT NULL,
     payload_hash       BYTEA NOT NULL,
     payload            BYTEA NOT NULL,
     headers            JSONB,

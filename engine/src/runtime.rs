@@ -213,6 +213,7 @@ impl EngineBuilder {
             let types = group.handlers.types().into_iter().map(str::to_owned).collect();
             let http = group.handlers.http_endpoints();
             let status = if self.consume {
+                warn_of_conflicts(&engine_pool, &name).await;
                 let s = &group.settings;
                 let pipeline = Pipeline::new(
                     store.clone(),
@@ -460,5 +461,20 @@ async fn run_stats_flusher(
         if stopping {
             return;
         }
+    }
+}
+
+/// Says at a group's start when conflicting copies of its deliveries wait for an operator
+/// (DESIGN.md, "Reused ids and payload conflicts"): many of them mean its id source is wrong.
+async fn warn_of_conflicts(pool: &sqlx::PgPool, group: &ConsumerGroup) {
+    match crate::actions::conflicts::open_conflicts(pool, Some(group.as_str())).await {
+        Ok(open) if open.is_empty() => {}
+        Ok(open) => tracing::warn!(
+            group = group.as_str(),
+            open = open.len(),
+            "deliveries that reused an existing record's message id (another type or payload) wait for an operator: \
+             is the group's ids.from right? The overview's \"id conflicts\" lists them; requeue them once it is"
+        ),
+        Err(e) => tracing::warn!(group = group.as_str(), error = %e, "counting conflicting copies failed"),
     }
 }

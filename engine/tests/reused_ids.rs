@@ -1,7 +1,9 @@
 //! Reused ids made loud (DESIGN.md, "Reused ids and payload conflicts"): a producer whose ids
 //! are entity keys (every PAY carries its CREATE's id). Each later event is no duplicate: it is
 //! dead-lettered with its copy kept, listed, and recoverable by requeueing the copies under new
-//! ids — ending with every order paid once. A payload conflict keeps its copy too.
+//! ids — ending with every order paid once. A payload conflict keeps its copy too. The Kafka
+//! case end to end: record keys that are order numbers, no id header, `ids.from` left at its
+//! default.
 
 mod common;
 
@@ -12,15 +14,19 @@ use async_trait::async_trait;
 use common::*;
 use dedup_engine::actions::Publishers;
 use dedup_engine::actions::conflicts::{open_conflicts, record_conflicts, requeue_conflict, requeue_conflicts};
+use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, TransactionalHandler};
 use dedup_engine::message::{InboundMessage, TypePolicy, TypeSource};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::record::LeaseExpiryPolicy;
 use dedup_engine::retry::Backoff;
+use dedup_engine::source::{Outbound, SourceFactory};
+use dedup_engine::testing::kafka::TestKafka;
 use dedup_engine::testing::{TestBroker, amqp_url};
 use lapin::options::BasicGetOptions;
 use serde_json::json;
 use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
 
 const ORDERS: usize = 20;
 
@@ -99,6 +105,7 @@ async fn an_entity_key_reused_by_later_events_dead_letters_them_with_their_copie
     let kept = record_conflicts(pool, record).await.unwrap();
     assert_eq!(kept.len(), 1);
     assert_eq!((kept[0].kind.as_str(), kept[0].message_type.as_str(), kept[0].copies), ("type", "ORDER.PAY", 2));
+    assert_eq!(kept[0].id_source, "property", "where the reused id came from");
     assert!(kept[0].payload_excerpt.0.contains("ORDER.PAY"), "{:?}", kept[0].payload_excerpt);
     assert_eq!(open_conflicts(pool, Some(GROUP)).await.unwrap().len(), ORDERS);
 
@@ -171,4 +178,83 @@ async fn a_reused_id_never_takes_over_a_failed_record_of_another_type_nor_a_leas
     let kinds: Vec<(String, String)> =
         sqlx::query_as("SELECT kind, message_type FROM record_conflicts").fetch_all(pool).await.unwrap();
     assert_eq!(kinds, [("type".to_owned(), "ORDER.PAY".to_owned())], "the leased path keeps its copy too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_with_order_numbers_as_keys_no_event_is_lost_and_the_requeue_pays_every_order_once() {
+    let h = Harness::new().await;
+    let kafka = TestKafka::new(2, Backoff { initial_ms: 300, max_ms: 600 });
+    let connector = kafka.connector();
+    let topic = kafka.topic().to_owned();
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.CREATE", Handler::Transactional(Arc::new(RecordTyped)));
+    handlers.register("ORDER.PAY", Handler::Transactional(Arc::new(RecordTyped)));
+    // ids.from at its default (property, header:x-message-id, key, json:/messageId): with no id
+    // header, the key — the order number — is the id.
+    let types = TypePolicy { from: vec![TypeSource::JsonPointer("/event".to_owned())], ..TypePolicy::default() };
+    let settings =
+        PipelineSettings { type_policy: types, backoff: kafka.backoff.clone(), ..settings(3, Duration::from_secs(30)) };
+    let workers = ConsumerSettings {
+        concurrency: 2,
+        batch_size: 10,
+        batch_linger_ms: 0,
+        backoff_initial_ms: 100,
+        backoff_max_ms: 1000,
+    };
+    let consumer =
+        Consumer::new(h.pipeline_with(handlers, settings), connector.clone() as Arc<dyn SourceFactory>, workers);
+    let token = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(token.clone()));
+
+    let publisher = connector.open_publisher().await.expect("topics created");
+    let headers = serde_json::Map::new();
+    for event in ["ORDER.CREATE", "ORDER.PAY"] {
+        for n in 0..ORDERS {
+            let key = format!("order-{n}");
+            let payload = serde_json::to_vec(&json!({ "order": n, "event": event })).unwrap();
+            let record = Outbound {
+                destination: &topic,
+                routing_key: "",
+                key: Some(&key),
+                message_id: None,
+                payload: &payload,
+                headers: &headers,
+                content_type: Some("application/json"),
+                type_property: None,
+            };
+            publisher.publish(record).await.expect("published");
+        }
+    }
+    // Two workers take a partition's records in parallel, so an order's PAY may claim the id
+    // before its CREATE: whichever comes second is the conflict. Every event is one or the other.
+    let pool = h.pool();
+    let records =
+        || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM dedup_records").fetch_one(pool).await.unwrap() };
+    eventually(Duration::from_secs(60), || async {
+        records().await == ORDERS as i64 && open_conflicts(pool, None).await.unwrap().len() == ORDERS
+    })
+    .await;
+    let run = effects(pool, "ORDER.CREATE").await + effects(pool, "ORDER.PAY").await;
+    assert_eq!(run, ORDERS as i64, "one handler run per order id, the other event kept");
+    let dead = kafka
+        .read(&dedup_engine::source::kafka::KafkaSettings::dead_letter_topic(&topic), ORDERS, Duration::from_secs(10))
+        .await;
+    assert_eq!(dead.len(), ORDERS, "every conflicting event is a dead letter too");
+    let source: String =
+        sqlx::query_scalar("SELECT DISTINCT id_source FROM record_conflicts").fetch_one(pool).await.unwrap();
+    assert_eq!(source, "key", "the copies say their id came from the record key");
+
+    let mut publishers = Publishers::default();
+    publishers.add(GROUP, connector.clone());
+    let (done, failed) = requeue_conflicts(pool, "user:ann", None, &publishers).await.unwrap();
+    assert_eq!((done.len(), failed.len()), (ORDERS, 0), "{failed:?}");
+    eventually(Duration::from_secs(60), || async {
+        effects(pool, "ORDER.PAY").await == ORDERS as i64 && effects(pool, "ORDER.CREATE").await == ORDERS as i64
+    })
+    .await;
+    eventually(Duration::from_secs(20), || async { connector.lag().await.unwrap() == 0 }).await;
+    assert_eq!(effects(pool, "ORDER.PAY").await, ORDERS as i64, "every order paid once");
+    assert_eq!(effects(pool, "ORDER.CREATE").await, ORDERS as i64, "and created once");
+    token.cancel();
+    task.await.unwrap();
 }

@@ -42,7 +42,12 @@ pub fn Conflicts(conflicts: Vec<ConflictView>, #[prop(into)] on_done: Callback<(
                 [c.source_exchange, c.source_routing_key].into_iter().flatten().collect::<Vec<_>>().join(" / ");
             view! {
                 <tr data-conflict-id=id data-kind=c.kind.clone()>
-                    <td>{what}</td>
+                    <td>
+                        {what}
+                        <div class="small muted" data-testid="conflict-id-source">
+                            {format!("id from {}", c.id_source)}
+                        </div>
+                    </td>
                     <td class="num">{c.copies}</td>
                     <td>{short_time(&c.first_seen_at)} " – " {short_time(&c.last_seen_at)}</td>
                     <td class="mono">{source}</td>

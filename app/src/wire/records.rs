@@ -370,6 +370,9 @@ pub struct ConflictView {
     pub kind: String,
     /// The copy's message type.
     pub message_type: String,
+    /// Where its message id came from (the group's `ids.from` source: `key`, `header:<name>`,
+    /// `property`, `json:<pointer>`, `offset`).
+    pub id_source: String,
     /// Up to 2 KB of its payload, as text.
     pub payload_excerpt: String,
     /// Its payload's size, bytes.

@@ -32,6 +32,9 @@ pub struct RecordConflict {
     pub kind: String,
     /// Its own message type.
     pub message_type: String,
+    /// Where its message id came from: the group's `ids.from` source that gave it (`key`,
+    /// `header:x-message-id`, ...).
+    pub id_source: String,
     /// Its payload, up to [`PAYLOAD_SHOWN_BYTES`] bytes, as text (lossy UTF-8).
     #[sqlx(try_from = "Vec<u8>")]
     pub payload_excerpt: Lossy,
@@ -69,7 +72,7 @@ impl From<Vec<u8>> for Lossy {
 /// Bytes of a copy's payload a listing shows.
 pub const PAYLOAD_SHOWN_BYTES: i32 = 2048;
 
-const COLUMNS: &str = "id, record_id, consumer_group, message_id, kind, message_type,
+const COLUMNS: &str = "id, record_id, consumer_group, message_id, kind, message_type, id_source,
     substring(payload FROM 1 FOR 2048) AS payload_excerpt, length(payload) AS payload_bytes,
     source_exchange, source_routing_key, copies, first_seen_at, last_seen_at, requeued_as, requeued_at, requeued_by";
 

@@ -194,21 +194,24 @@ impl IdPolicy {
                 Err(e) => return Err(poison(PoisonReason::UnparsablePayload(e.to_string()), envelope_id())),
             }
         };
-        let found = self.from.iter().find_map(|source| match source {
-            IdSource::JsonPointer(pointer) => Some(match json.as_ref()?.pointer(pointer)? {
-                Value::String(s) => parse_id(s),
-                Value::Number(n) => parse_id(&n.to_string()),
-                _ => parse_id(""),
-            }),
-            IdSource::Offset => offset_id(message),
-            _ => envelope(source, message),
+        let found = self.from.iter().enumerate().find_map(|(index, source)| {
+            let id = match source {
+                IdSource::JsonPointer(pointer) => Some(match json.as_ref()?.pointer(pointer)? {
+                    Value::String(s) => parse_id(s),
+                    Value::Number(n) => parse_id(&n.to_string()),
+                    _ => parse_id(""),
+                }),
+                IdSource::Offset => offset_id(message),
+                _ => envelope(source, message),
+            };
+            id.map(|id| (index, id))
         });
         match found {
             None => Err(poison(PoisonReason::NoMessageId { looked_at: self.from.clone() }, None)),
-            Some(Err((error, found))) => Err(poison(PoisonReason::InvalidMessageId { error, found }, None)),
-            Some(Ok(id)) => {
+            Some((_, Err((error, found)))) => Err(poison(PoisonReason::InvalidMessageId { error, found }, None)),
+            Some((id_source, Ok(id))) => {
                 let found = types.resolve(message, Some(&id), json.as_ref());
-                Ok(Identified { id, message_type: found.name, raw_type: found.raw, json })
+                Ok(Identified { id, id_source, message_type: found.name, raw_type: found.raw, json })
             }
         }
     }

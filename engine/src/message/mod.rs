@@ -231,6 +231,8 @@ pub const UNKNOWN_TYPE: &str = "UNKNOWN";
 pub struct Identified {
     /// The message id.
     pub id: MessageId,
+    /// Which source of the policy's `from` gave it (an index into [`IdPolicy::from`]).
+    pub id_source: usize,
     /// The handler type the group's [`TypePolicy`] found (or [`UNKNOWN_TYPE`]).
     pub message_type: String,
     /// The type's value as found, before the policy's map.

@@ -11,6 +11,7 @@ impl Pipeline {
     /// The copy to keep of `item`, judged `disposition` against `existing`: none for a
     /// duplicate with the record's payload, nor for one sent back to be judged again later.
     pub(super) fn conflict_copy<'a>(
+        &self,
         item: &'a Routed<'_>,
         existing: &ExistingRecord,
         disposition: &Disposition,
@@ -27,6 +28,7 @@ impl Pipeline {
             message_id: item.identified.id.as_str(),
             kind,
             message_type: &item.identified.message_type,
+            id_source: self.settings.id_policy.from.get(item.identified.id_source).map(ToString::to_string).unwrap_or_default(),
             payload_hash: &item.payload_hash,
             message: item.message,
         })

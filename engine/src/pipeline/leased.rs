@@ -104,7 +104,7 @@ impl Pipeline {
                 ClaimOutcome::Existing(existing) => {
                     // Nothing to roll back here: the judgement is final.
                     let disposition = self.judge_existing(item.identified.id.as_str(), &existing, &mut tally);
-                    if let Some(copy) = Self::conflict_copy(item, &existing, &disposition) {
+                    if let Some(copy) = self.conflict_copy(item, &existing, &disposition) {
                         conflicts.push((item.index, copy));
                     }
                     outcomes.push((item.index, disposition, None));

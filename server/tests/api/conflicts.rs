@@ -11,9 +11,9 @@ use crate::helpers::{TestApp, spawn_app, succeeded_record};
 async fn reused(app: &TestApp, message_id: &str) -> (i64, i64) {
     let record = succeeded_record(app, message_id, "ORDER.CREATE").await;
     let conflict: i64 = sqlx::query_scalar(
-        "INSERT INTO record_conflicts (record_id, consumer_group, message_id, kind, message_type, payload_hash,
+        "INSERT INTO record_conflicts (record_id, consumer_group, message_id, kind, message_type, id_source, payload_hash,
              payload, headers, source_broker, source_exchange, source_routing_key, copies)
-         VALUES ($1, 'order-service', $2, 'type', 'ORDER.PAY', '\\x01', convert_to('{\"pay\":\"<b>1</b>\"}', 'UTF8'),
+         VALUES ($1, 'order-service', $2, 'type', 'ORDER.PAY', 'key', '\\x01', convert_to('{\"pay\":\"<b>1</b>\"}', 'UTF8'),
                  '{}', 'rabbitmq', 'orders.events', 'order.pay', 3)
          RETURNING id",
     )
@@ -40,6 +40,7 @@ async fn a_reused_id_shows_on_its_record_the_overview_and_the_filter_and_only_an
     assert_eq!(copy["payload_excerpt"], r#"{"pay":"<b>1</b>"}"#);
     let page = app.get(&format!("/records/{record}")).await.text().await.unwrap();
     assert!(page.contains("data-testid=\"conflicts\""), "the record page lists them");
+    assert!(page.contains("id from key"), "and says where the reused id came from");
     assert!(page.contains("&lt;b&gt;1&lt;/b&gt;") && !page.contains("<b>1</b>"), "a payload is shown as text");
 
     let listed: Value = app.get("/api/v1/records?flag=conflict").await.json().await.unwrap();

@@ -200,6 +200,7 @@ pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, C
             id: c.id,
             kind: c.kind,
             message_type: c.message_type,
+            id_source: c.id_source,
             payload_excerpt: c.payload_excerpt.0,
             payload_bytes: c.payload_bytes,
             source_exchange: c.source_exchange,

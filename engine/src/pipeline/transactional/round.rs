@@ -54,7 +54,7 @@ impl Pipeline {
             match claim {
                 ClaimOutcome::Existing(existing) => {
                     let disposition = self.judge_existing(item.identified.id.as_str(), &existing, &mut attempt.tally);
-                    conflicts.extend(Self::conflict_copy(item, &existing, &disposition));
+                    conflicts.extend(self.conflict_copy(item, &existing, &disposition));
                     outcomes.push((item.index, disposition, None));
                 }
                 ClaimOutcome::Claimed(claim) => {

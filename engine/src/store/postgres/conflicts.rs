@@ -15,14 +15,14 @@ use crate::store::StoreError;
 /// `$1` group, `$2`.. the copies' columns; a copy kept already counts one more.
 const KEEP_SQL: &str = "
 INSERT INTO {s}.record_conflicts AS c (
-    record_id, consumer_group, message_id, kind, message_type, payload_hash, payload, headers, content_type,
-    type_property, source_broker, source_exchange, source_routing_key, source_queue, copies)
-SELECT i.record_id, $1, i.message_id, i.kind, i.message_type, i.payload_hash, i.payload, i.headers, i.content_type,
-       i.type_property, i.broker, i.exchange, i.routing_key, i.queue, i.copies
+    record_id, consumer_group, message_id, kind, message_type, id_source, payload_hash, payload, headers,
+    content_type, type_property, source_broker, source_exchange, source_routing_key, source_queue, copies)
+SELECT i.record_id, $1, i.message_id, i.kind, i.message_type, i.id_source, i.payload_hash, i.payload, i.headers,
+       i.content_type, i.type_property, i.broker, i.exchange, i.routing_key, i.queue, i.copies
 FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::text[],
-            $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::int[])
+            $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::int[], $16::text[])
      AS i(record_id, message_id, kind, message_type, payload_hash, payload, headers, content_type,
-          type_property, broker, exchange, routing_key, queue, copies)
+          type_property, broker, exchange, routing_key, queue, copies, id_source)
 ORDER BY i.record_id, i.payload_hash
 ON CONFLICT (record_id, payload_hash) DO UPDATE SET copies = c.copies + EXCLUDED.copies, last_seen_at = now()";
 
@@ -53,6 +53,8 @@ pub(crate) struct ConflictCopy<'a> {
     pub kind: ConflictKind,
     /// Its own message type.
     pub message_type: &'a str,
+    /// The `ids.from` source its message id came from, as written (`key`, `header:<name>`, ...).
+    pub id_source: String,
     pub payload_hash: &'a [u8],
     pub message: &'a InboundMessage,
 }
@@ -92,6 +94,7 @@ impl PgStore {
             .bind(stored.iter().map(|m| m.routing_key.as_deref()).collect::<Vec<_>>())
             .bind(stored.iter().map(|m| m.queue.as_deref()).collect::<Vec<_>>())
             .bind(rows.iter().map(|(_, n)| *n).collect::<Vec<_>>())
+            .bind(rows.iter().map(|(c, _)| c.id_source.as_str()).collect::<Vec<_>>())
             .execute(&mut *conn)
             .await?;
         Ok(())

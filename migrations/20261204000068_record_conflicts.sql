@@ -3,11 +3,12 @@
 -- duplicate of it (Kafka record keys that are order numbers: every PAY arrives with its CREATE's
 -- id), and one of the same type with another payload may not be either. Each keeps its copy here
 -- — payload, headers, source — listed in the console and requeued under a new id by an
--- operator; one row per record and distinct payload, with how many copies came.
+-- operator, or dismissed with a reason; one open row per record and distinct payload, with how
+-- many copies came (a copy that comes after its row was settled opens a new one).
 CREATE TABLE record_conflicts (
     id                 BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    -- The record whose message id the copy carried (no foreign key: the copy outlives the
-    -- record's cleanup until an operator requeued it).
+    -- The record whose message id the copy carried (no foreign key; cleanup keeps a record while
+    -- it has an open copy).
     record_id          BIGINT NOT NULL,
     consumer_group     TEXT NOT NULL,
     message_id         TEXT NOT NULL,
@@ -30,11 +31,13 @@ CREATE TABLE record_conflicts (
     copies             INTEGER NOT NULL DEFAULT 1,
     first_seen_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
     last_seen_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
-    -- Set once by the requeue (a compare-and-set): the new message id it was published under.
+    -- Set once, by a compare-and-set: requeued (the new message id it was published under) or
+    -- dismissed (no new id; the reason is in the audit log).
     requeued_as        TEXT,
-    requeued_at        TIMESTAMPTZ,
-    requeued_by        TEXT,
-    CONSTRAINT record_conflicts_copy_key UNIQUE (record_id, payload_hash)
+    settled_at         TIMESTAMPTZ,
+    settled_by         TEXT
 );
--- The open ones: the console's count, filter and list.
-CREATE INDEX record_conflicts_open_idx ON record_conflicts (record_id) WHERE requeued_at IS NULL;
+-- One open row per record and payload; the console's count, filter and list read the open ones.
+CREATE UNIQUE INDEX record_conflicts_open_key ON record_conflicts (record_id, payload_hash) WHERE settled_at IS NULL;
+-- Pruning the settled ones.
+CREATE INDEX record_conflicts_settled_idx ON record_conflicts (settled_at) WHERE settled_at IS NOT NULL;

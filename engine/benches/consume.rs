@@ -69,7 +69,8 @@ const FINGERPRINTS: i64 = 1_000_000;
 async fn keep_fingerprints(db: &TestDatabase) -> (Arc<RetentionWatch>, f64, f64) {
     sqlx::query(
         "INSERT INTO dedup_fingerprints (fingerprint, first_seen_at, forget_at)
-         SELECT dedup_fingerprint('bench', 'GONE.EVENT.' || i || ':1'), now() - interval '40 days', now() + interval '300 days'
+         SELECT dedup_fingerprint('bench', 'GONE.EVENT', 'GONE.EVENT.' || i || ':1'), now() - interval '40 days',
+                now() + interval '300 days'
          FROM generate_series(1, $1) AS i ON CONFLICT DO NOTHING",
     )
     .bind(FINGERPRINTS)

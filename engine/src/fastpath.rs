@@ -51,24 +51,34 @@ pub enum Lookup {
 pub struct Marker {
     /// The record's first-seen time, Unix milliseconds.
     pub first_seen_ms: i64,
-    /// The first 8 bytes of the payload's SHA-256 (as 16 hex digits in Redis).
+    /// The first 8 bytes of the payload's SHA-256, XOR the message type's 64-bit FNV-1a hash
+    /// (as 16 hex digits in Redis): a delivery of the same id with another payload or another
+    /// type (a reused id) does not match, and goes to the database (DESIGN.md, "Reused ids and
+    /// payload conflicts"). Markers written before the type was in them match no delivery:
+    /// those duplicates are caught by the database until the markers expire.
     pub payload_hash_prefix: u64,
 }
 
+/// 64-bit FNV-1a of `text`: stable across builds and platforms (markers outlive a deploy).
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 impl Marker {
-    /// A marker for a record first seen at `first_seen_ms` with payload hash `payload_hash`
-    /// (SHA-256; shorter input is zero-padded).
-    pub fn new(first_seen_ms: i64, payload_hash: &[u8]) -> Self {
+    /// A marker for a record of `message_type` first seen at `first_seen_ms` with payload hash
+    /// `payload_hash` (SHA-256; shorter input is zero-padded).
+    pub fn new(first_seen_ms: i64, payload_hash: &[u8], message_type: &str) -> Self {
         let mut prefix = [0u8; 8];
         for (dst, src) in prefix.iter_mut().zip(payload_hash) {
             *dst = *src;
         }
-        Self { first_seen_ms, payload_hash_prefix: u64::from_be_bytes(prefix) }
+        Self { first_seen_ms, payload_hash_prefix: u64::from_be_bytes(prefix) ^ fnv1a(message_type) }
     }
 
-    /// Whether `payload_hash` (SHA-256) starts like the marked payload's.
-    pub fn same_payload(&self, payload_hash: &[u8]) -> bool {
-        Marker::new(self.first_seen_ms, payload_hash).payload_hash_prefix == self.payload_hash_prefix
+    /// Whether a delivery of `message_type` with `payload_hash` (SHA-256) is the marked one's
+    /// copy: the same type, a payload that starts alike.
+    pub fn matches(&self, payload_hash: &[u8], message_type: &str) -> bool {
+        Marker::new(self.first_seen_ms, payload_hash, message_type).payload_hash_prefix == self.payload_hash_prefix
     }
 
     fn encode(&self) -> String {
@@ -220,13 +230,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn markers_round_trip_and_compare_payload_hashes() {
+    fn markers_round_trip_and_compare_payload_hashes_and_types() {
         let hash = [0xabu8; 32];
-        let marker = Marker::new(1_700_000_000_000, &hash);
-        assert_eq!(marker.encode(), "1700000000000:abababababababab");
+        let marker = Marker::new(1_700_000_000_000, &hash, "");
+        assert_eq!(marker.encode(), "1700000000000:6059374f2f89888e", "the empty type's FNV-1a is its offset basis");
         assert_eq!(Marker::decode(&marker.encode()), Some(marker));
-        assert!(marker.same_payload(&hash));
-        assert!(!marker.same_payload(&[0u8; 32]));
+        let pay = Marker::new(1_700_000_000_000, &hash, "ORDER.PAY");
+        assert!(pay.matches(&hash, "ORDER.PAY"));
+        assert!(!pay.matches(&[0u8; 32], "ORDER.PAY"), "another payload");
+        assert!(!pay.matches(&hash, "ORDER.CREATE"), "another type: a reused id");
         assert_eq!(Marker::decode("1700000000000"), None);
         assert_eq!(Marker::decode("x:y"), None);
     }

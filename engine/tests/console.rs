@@ -323,7 +323,10 @@ async fn record_detail_has_history_payload_and_marker_state() {
     assert_eq!(state, MarkerState::Absent);
     assert!(
         fast_path
-            .mark_many(&[(fast_path.key("g1", "ORDER.PAY.7:1"), dedup_engine::fastpath::Marker::new(1, &[0]))])
+            .mark_many(&[(
+                fast_path.key("g1", "ORDER.PAY.7:1"),
+                dedup_engine::fastpath::Marker::new(1, &[0], "ORDER.PAY")
+            )])
             .await
     );
     match record_marker(&fast_path, "g1", "ORDER.PAY.7:1").await {

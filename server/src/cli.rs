@@ -69,8 +69,9 @@ pub enum Command {
     /// Requeue the records a filter matches, rate-limited with a canary: prints the preview;
     /// --yes starts the job and runs it.
     RequeueBulk(BulkArgs),
-    /// Requeue the conflicting copies kept on records (reused ids, payload conflicts), each under
-    /// a new message id `<message id>#conflict-<n>`, once: prints what is open; --yes requeues.
+    /// Requeue the reused-id copies kept on records, each under a new message id
+    /// `<message id>#conflict-<n>`, once: prints how many are open; --yes requeues them.
+    /// Payload conflicts (judged duplicates) are settled one by one on their record.
     RequeueConflicts(ConflictArgs),
     /// Cleanup schedules: list, create, edit, or run one now (cleanup run ID [--dry-run], or
     /// cleanup ID [--dry-run]).

@@ -220,7 +220,7 @@ pub async fn run_conflicts(settings: &Settings, args: ConflictArgs) -> anyhow::R
     let db = open_database(settings).await?;
     let pool = &db.engine;
     let open = open_conflicts(pool, args.group.as_deref()).await?.len();
-    println!("open conflicting copies: {open}");
+    println!("open reused-id copies: {open}");
     if !args.yes {
         println!("nothing requeued; add --yes to requeue them under new message ids");
         db.close().await;

@@ -1,6 +1,7 @@
 //! The conflicting copies kept on a record (a reused id: another message type; or another
-//! payload under the same id), each with what came, how often, and — for operators — a button
-//! that requeues it under a new message id of its own, once.
+//! payload under the same id), each with what came, how often, and — for operators — buttons
+//! that settle it once: requeue it under a new message id of its own, or dismiss it with a
+//! reason.
 
 use leptos::prelude::*;
 
@@ -17,15 +18,24 @@ pub async fn requeue_conflict(id: i64) -> Result<ConflictRequeuedView, ConsoleEr
     crate::ssr::service::actions::requeue_conflict(&state, &crate::ssr::service::auth::request_auth().actor(), id).await
 }
 
-/// The record's conflicting copies; `on_done` after a requeue.
+/// Dismisses conflict `id` with `reason`. Role: operator.
+#[server(prefix = "/api/fn", endpoint = "dismiss_conflict", client = crate::csrf::CsrfClient)]
+pub async fn dismiss_conflict(id: i64, reason: String) -> Result<(), ConsoleError> {
+    let state = crate::ssr::service::console_state()?;
+    let actor = crate::ssr::service::auth::request_auth().actor();
+    crate::ssr::service::actions::dismiss_conflict(&state, &actor, id, &reason).await
+}
+
+/// The record's conflicting copies; `on_done` after a requeue or a dismissal.
 #[component]
 pub fn Conflicts(conflicts: Vec<ConflictView>, #[prop(into)] on_done: Callback<()>) -> impl IntoView {
     if conflicts.is_empty() {
         return ().into_any();
     }
     let requeue = ServerAction::<RequeueConflict>::new();
+    let dismiss = ServerAction::<DismissConflict>::new();
     Effect::new(move |_| {
-        if let Some(Ok(_)) = requeue.value().get() {
+        if matches!(requeue.value().get(), Some(Ok(_))) || matches!(dismiss.value().get(), Some(Ok(()))) {
             on_done.run(());
         }
     });
@@ -33,11 +43,13 @@ pub fn Conflicts(conflicts: Vec<ConflictView>, #[prop(into)] on_done: Callback<(
         .into_iter()
         .map(|c| {
             let id = c.id;
-            let what = if c.kind == "type" {
-                format!("another message type, {}: a reused id, dead-lettered", c.message_type)
+            let payload = c.kind != "type";
+            let what = if payload {
+                "the same type, another payload: judged a duplicate (requeue it only if its event must run)".to_owned()
             } else {
-                "the same type, another payload: judged a duplicate".to_owned()
+                format!("another message type, {}: a reused id, dead-lettered", c.message_type)
             };
+            let reason = RwSignal::new(String::new());
             let source =
                 [c.source_exchange, c.source_routing_key].into_iter().flatten().collect::<Vec<_>>().join(" / ");
             view! {
@@ -56,21 +68,42 @@ pub fn Conflicts(conflicts: Vec<ConflictView>, #[prop(into)] on_done: Callback<(
                         <span class="muted small">{format!("{} bytes", c.payload_bytes)}</span>
                     </td>
                     <td>
-                        {match c.requeued_as {
-                            Some(new_id) => view! {
-                                <span class="small" data-testid="conflict-requeued">
-                                    {format!("requeued as {new_id} by {}", c.requeued_by.unwrap_or_default())}
+                        {match (c.settled_at, c.requeued_as) {
+                            (Some(at), Some(new_id)) => view! {
+                                <span class="small" data-testid="conflict-settled">
+                                    {format!("requeued as {new_id} by {} ({})", c.settled_by.unwrap_or_default(), short_time(&at))}
                                 </span>
                             }
                                 .into_any(),
-                            None => view! {
+                            (Some(at), None) => view! {
+                                <span class="small" data-testid="conflict-settled">
+                                    {format!("dismissed by {} ({})", c.settled_by.unwrap_or_default(), short_time(&at))}
+                                </span>
+                            }
+                                .into_any(),
+                            (None, _) => view! {
                                 <IfRole role=RoleView::Operator>
                                     <button
+                                        class=if payload { "" } else { "primary" }
                                         data-testid="conflict-requeue"
                                         disabled=move || requeue.pending().get()
                                         on:click=move |_| { requeue.dispatch(RequeueConflict { id }); }
                                     >
                                         "Requeue under a new id"
+                                    </button>
+                                    <input
+                                        type="text"
+                                        placeholder="why dismiss it"
+                                        data-testid="conflict-dismiss-reason"
+                                        prop:value=move || reason.get()
+                                        on:input=move |ev| reason.set(event_target_value(&ev))
+                                    />
+                                    <button
+                                        data-testid="conflict-dismiss"
+                                        disabled=move || dismiss.pending().get() || reason.get().trim().is_empty()
+                                        on:click=move |_| { dismiss.dispatch(DismissConflict { id, reason: reason.get_untracked() }); }
+                                    >
+                                        "Dismiss"
                                     </button>
                                 </IfRole>
                             }
@@ -86,8 +119,9 @@ pub fn Conflicts(conflicts: Vec<ConflictView>, #[prop(into)] on_done: Callback<(
             <h2 id="conflicts-title">"Conflicting copies"</h2>
             <p class="muted small">
                 "Deliveries that carried this record's message id but not its message type or payload. Each is "
-                "kept whole; a requeue publishes it again under the id <message id>#conflict-<n>, so it becomes "
-                "a record of its own. Many of them mean the id source is wrong (README, \"Message ids\")."
+                "kept whole until settled once: a requeue publishes it again under the id "
+                "<message id>#conflict-<n>, so it becomes a record of its own; a dismissal (with a reason) "
+                "closes it. Many of them mean the id source is wrong (README, \"Message ids\")."
             </p>
             <table class="records">
                 <thead>
@@ -97,13 +131,14 @@ pub fn Conflicts(conflicts: Vec<ConflictView>, #[prop(into)] on_done: Callback<(
                         <th>"Seen"</th>
                         <th>"From"</th>
                         <th>"Payload"</th>
-                        <th>"Requeue"</th>
+                        <th>"Settle"</th>
                     </tr>
                 </thead>
                 <tbody>{rows}</tbody>
             </table>
             {move || {
-                requeue.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error" role="alert">{e.to_string()}</p> })
+                let failed = requeue.value().get().and_then(|r| r.err()).or_else(|| dismiss.value().get().and_then(|r| r.err()));
+                failed.map(|e| view! { <p class="error" role="alert">{e.to_string()}</p> })
             }}
         </section>
     }

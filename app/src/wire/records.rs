@@ -389,8 +389,19 @@ pub struct ConflictView {
     pub last_seen_at: String,
     /// The message id it was requeued under, once it was.
     pub requeued_as: Option<String>,
-    /// Who requeued it.
-    pub requeued_by: Option<String>,
+    /// When it was requeued or dismissed, RFC 3339; `None` while open.
+    pub settled_at: Option<String>,
+    /// Who settled it.
+    pub settled_by: Option<String>,
+}
+
+/// The body of `POST /api/v1/conflicts/{id}/dismiss`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct DismissConflictRequest {
+    /// Why its event needs no run of its own (required; written to the audit log).
+    pub reason: String,
 }
 
 /// What a conflict's requeue did.

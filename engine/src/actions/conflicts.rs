@@ -1,9 +1,12 @@
 //! Conflicting copies (DESIGN.md, "Reused ids and payload conflicts"): deliveries whose message
 //! id was an existing record's while their message type (a reused id) or payload was not, kept
-//! in `record_conflicts` with their whole message. An operator lists them and requeues each under
-//! a new message id of its own, `<message id>#conflict-<conflict id>`, once: a compare-and-set on
-//! `requeued_at`, held while the broker confirms the copy, audited as `conflict.requeue` in the
-//! same transaction.
+//! in `record_conflicts` with their whole message. An operator lists them and settles each once:
+//! requeues it under a new message id of its own, `<message id>#conflict-<conflict id>`, or
+//! dismisses it with a reason. Either is a compare-and-set on `settled_at`, audited
+//! (`conflict.requeue`, `conflict.dismiss`) in the same transaction; a requeue holds it while the
+//! broker confirms the copy. The bulk requeue takes reused ids only: a payload conflict was
+//! judged a duplicate (often a producer's retry with a new send time), so running it again is an
+//! operator's call, copy by copy.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -14,7 +17,7 @@ use super::ActionError;
 use super::bulk::audit_on_pool;
 use super::republish::{Publishers, StoredMessage, publish_stored};
 use crate::audit::{self, AuditOutcome, NewAuditEntry};
-use crate::record::MessageId;
+use crate::record::MAX_MESSAGE_ID_BYTES;
 
 /// One kept copy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, FromRow)]
@@ -52,10 +55,10 @@ pub struct RecordConflict {
     pub last_seen_at: DateTime<Utc>,
     /// The message id it was requeued under, when it was.
     pub requeued_as: Option<String>,
-    /// When.
-    pub requeued_at: Option<DateTime<Utc>>,
+    /// When it was requeued or dismissed; `None` while open.
+    pub settled_at: Option<DateTime<Utc>>,
     /// By whom.
-    pub requeued_by: Option<String>,
+    pub settled_by: Option<String>,
 }
 
 /// Bytes shown as text, invalid UTF-8 replaced (U+FFFD).
@@ -74,7 +77,7 @@ pub const PAYLOAD_SHOWN_BYTES: i32 = 2048;
 
 const COLUMNS: &str = "id, record_id, consumer_group, message_id, kind, message_type, id_source,
     substring(payload FROM 1 FOR 2048) AS payload_excerpt, length(payload) AS payload_bytes,
-    source_exchange, source_routing_key, copies, first_seen_at, last_seen_at, requeued_as, requeued_at, requeued_by";
+    source_exchange, source_routing_key, copies, first_seen_at, last_seen_at, requeued_as, settled_at, settled_by";
 
 /// The copies kept for record `record_id`, oldest first.
 ///
@@ -86,25 +89,29 @@ pub async fn record_conflicts(pool: &PgPool, record_id: i64) -> Result<Vec<Recor
         .await?)
 }
 
-/// The new message id of conflict `id` of `message_id`.
-///
-/// Errors: [`ActionError::Refused`] when it would be longer than a message id may be.
-fn new_message_id(message_id: &str, id: i64) -> Result<String, ActionError> {
-    let new = format!("{message_id}#conflict-{id}");
-    MessageId::parse(new.as_str())
-        .map(|_| new)
-        .map_err(|e| ActionError::Refused(format!("conflict {id} cannot be requeued under a new id: {e}")))
+/// The new message id of conflict `id` of `message_id`: `<message id>#conflict-<id>`, the
+/// message id cut (at a character boundary) so that the whole fits [`MAX_MESSAGE_ID_BYTES`];
+/// unique by the conflict id either way.
+fn new_message_id(message_id: &str, id: i64) -> String {
+    let suffix = format!("#conflict-{id}");
+    let mut keep = MAX_MESSAGE_ID_BYTES.saturating_sub(suffix.len()).min(message_id.len());
+    while !message_id.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}{suffix}", &message_id[..keep])
 }
 
 /// Requeues conflict `id` as `actor`: publishes its copy (payload, headers, content type, AMQP
-/// `type`) to where it came from, under the message id `<message id>#conflict-<id>`, and marks
-/// it requeued — once. Returns the new message id. The group's `ids.from` must read the message
-/// id the copy is published with (the AMQP `message_id` property or the Kafka id header, both in
-/// the default) for the copy to become a record of its own.
+/// `type`) to where it came from, under a new message id (`<message id>#conflict-<id>`, the id cut
+/// at a character boundary to fit 512 bytes), and settles it —
+/// once. Returns the new message id. The group's `ids.from` must read the message id the copy
+/// is published with (the AMQP `message_id` property or the Kafka id header, both in the
+/// default) before any source that gave the old one, for the copy to become a record of its own;
+/// a copy that comes back under the old id opens a new conflict.
 ///
-/// Errors: [`ActionError::UnknownJob`] (no such conflict), [`ActionError::Refused`] (requeued
-/// already, or the new id too long), [`ActionError::NoPublisher`] / [`ActionError::Publish`]
-/// (nothing changed), database errors.
+/// Errors: [`ActionError::UnknownJob`] (no such conflict), [`ActionError::Refused`] (settled
+/// already), [`ActionError::NoPublisher`] / [`ActionError::Publish`] (nothing changed), database
+/// errors.
 #[tracing::instrument(skip_all, fields(conflict = id, actor), err(level = "warn"))]
 pub async fn requeue_conflict(
     pool: &PgPool,
@@ -114,25 +121,22 @@ pub async fn requeue_conflict(
 ) -> Result<String, ActionError> {
     let result = async {
         let mut tx = pool.begin().await?;
-        let row: Option<(StoredMessage, Option<DateTime<Utc>>)> = sqlx::query_as::<_, StoredRow>(
+        let row: Option<StoredRow> = sqlx::query_as(
             "SELECT record_id AS id, consumer_group, message_id, source_broker, source_exchange, source_routing_key,
                     payload, false AS payload_truncated, headers, content_type, type_property, false AS poison,
-                    requeued_at
+                    settled_at
              FROM record_conflicts WHERE id = $1 FOR UPDATE",
         )
         .bind(id)
         .fetch_optional(&mut *tx)
-        .await?
-        .map(|r| (r.stored, r.requeued_at));
-        let (mut stored, requeued_at) = row.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
-        if let Some(at) = requeued_at {
-            return Err(ActionError::Refused(format!("conflict {id} was requeued already, at {at}")));
-        }
+        .await?;
+        let StoredRow { mut stored, settled_at } = row.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
+        refuse_settled(id, settled_at)?;
         let original = std::mem::take(&mut stored.message_id);
-        stored.message_id = new_message_id(&original, id)?;
+        stored.message_id = new_message_id(&original, id);
         let publisher = publishers.for_record(stored.id, &stored.consumer_group, &stored.source_broker).await?;
         publish_stored(publisher.as_ref(), &stored).await?;
-        sqlx::query("UPDATE record_conflicts SET requeued_as = $2, requeued_at = now(), requeued_by = $3 WHERE id = $1")
+        sqlx::query("UPDATE record_conflicts SET requeued_as = $2, settled_at = now(), settled_by = $3 WHERE id = $1")
             .bind(id)
             .bind(&stored.message_id)
             .bind(actor)
@@ -151,7 +155,7 @@ pub async fn requeue_conflict(
         };
         audit::record(&mut *tx, &entry).await?;
         tx.commit().await?;
-        Ok(stored.message_id)
+        Ok::<String, ActionError>(stored.message_id)
     }
     .await;
     if let Err(e) = &result {
@@ -161,13 +165,69 @@ pub async fn requeue_conflict(
     result
 }
 
-/// The open conflicts of `group` (all groups when `None`): those [`requeue_conflicts`] would
-/// requeue.
+fn refuse_settled(id: i64, settled_at: Option<DateTime<Utc>>) -> Result<(), ActionError> {
+    match settled_at {
+        Some(at) => Err(ActionError::Refused(format!("conflict {id} was settled already (requeued or dismissed), at {at}"))),
+        None => Ok(()),
+    }
+}
+
+/// Dismisses conflict `id` as `actor` with `reason` (required): settled without a requeue, for
+/// a copy whose event needs no run of its own (a producer's retry with another send time).
+///
+/// Errors: [`ActionError::Invalid`] (no reason), [`ActionError::UnknownJob`],
+/// [`ActionError::Refused`] (settled already), database errors.
+#[tracing::instrument(skip_all, fields(conflict = id, actor), err(level = "warn"))]
+pub async fn dismiss_conflict(pool: &PgPool, actor: &str, id: i64, reason: &str) -> Result<(), ActionError> {
+    let result = async {
+        let reason = reason.trim();
+        if reason.is_empty() {
+            return Err(ActionError::Invalid("give a reason to dismiss a conflicting copy".to_owned()));
+        }
+        let mut tx = pool.begin().await?;
+        let row: Option<(String, String, i64, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT consumer_group, message_id, record_id, settled_at FROM record_conflicts WHERE id = $1 FOR UPDATE",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (group, message_id, record_id, settled_at) = row.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
+        refuse_settled(id, settled_at)?;
+        sqlx::query("UPDATE record_conflicts SET settled_at = now(), settled_by = $2 WHERE id = $1")
+            .bind(id)
+            .bind(actor)
+            .execute(&mut *tx)
+            .await?;
+        let entry = NewAuditEntry {
+            actor,
+            action: "conflict.dismiss",
+            outcome: AuditOutcome::Ok,
+            reason: Some(reason),
+            consumer_group: Some(&group),
+            message_ids: &[message_id],
+            detail: json!({ "conflict_id": id, "record_id": record_id }),
+            source: None,
+        };
+        audit::record(&mut *tx, &entry).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = &result {
+        let detail = json!({ "conflict_id": id, "error": e.to_string() });
+        audit_on_pool(pool, actor, "conflict.dismiss", e.audit_outcome(), Some(reason), detail).await;
+    }
+    result
+}
+
+/// The open reused-id conflicts of `group` (all groups when `None`): those [`requeue_conflicts`]
+/// would requeue. Payload conflicts are left out (see the module).
 ///
 /// Errors: the database's.
 pub async fn open_conflicts(pool: &PgPool, group: Option<&str>) -> Result<Vec<i64>, ActionError> {
     Ok(sqlx::query_scalar(
-        "SELECT id FROM record_conflicts WHERE requeued_at IS NULL AND ($1::text IS NULL OR consumer_group = $1)
+        "SELECT id FROM record_conflicts
+         WHERE settled_at IS NULL AND kind = 'type' AND ($1::text IS NULL OR consumer_group = $1)
          ORDER BY id",
     )
     .bind(group)
@@ -175,8 +235,8 @@ pub async fn open_conflicts(pool: &PgPool, group: Option<&str>) -> Result<Vec<i6
     .await?)
 }
 
-/// Every open conflict of `group` (all groups when `None`), by id: requeued one after the other
-/// ([`requeue_conflict`]). Returns (requeued, failed with their errors).
+/// Every open reused-id conflict of `group` (all groups when `None`), by id: requeued one after
+/// the other ([`requeue_conflict`]). Returns (requeued, failed with their errors).
 ///
 /// Errors: the database's, listing them.
 pub async fn requeue_conflicts(
@@ -200,5 +260,20 @@ pub async fn requeue_conflicts(
 struct StoredRow {
     #[sqlx(flatten)]
     stored: StoredMessage,
-    requeued_at: Option<DateTime<Utc>>,
+    settled_at: Option<DateTime<Utc>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::MessageId;
+
+    #[test]
+    fn a_new_id_fits_a_message_id_and_cuts_at_a_character() {
+        assert_eq!(new_message_id("order-7", 3), "order-7#conflict-3");
+        let long = "é".repeat(300);
+        let new = new_message_id(&long, 12);
+        assert!(new.len() <= MAX_MESSAGE_ID_BYTES && new.ends_with("#conflict-12"), "{}", new.len());
+        assert!(MessageId::parse(new).is_ok());
+    }
 }

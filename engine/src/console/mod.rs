@@ -95,8 +95,8 @@ pub mod actions {
     /// not: listed, counted, requeued under a new id.
     pub mod conflicts {
         pub use crate::actions::conflicts::{
-            Lossy, PAYLOAD_SHOWN_BYTES, RecordConflict, open_conflicts, record_conflicts, requeue_conflict,
-            requeue_conflicts,
+            Lossy, PAYLOAD_SHOWN_BYTES, RecordConflict, dismiss_conflict, open_conflicts, record_conflicts,
+            requeue_conflict, requeue_conflicts,
         };
     }
 

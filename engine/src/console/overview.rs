@@ -60,7 +60,7 @@ pub async fn late_duplicate_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, Qu
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn conflict_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, QueryError> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM record_conflicts WHERE requeued_at IS NULL").fetch_one(db).await?)
+    Ok(sqlx::query_scalar("SELECT count(*) FROM record_conflicts WHERE settled_at IS NULL").fetch_one(db).await?)
 }
 
 /// Stuck records: `processing` with `lease_expires_at < now()` (database clock).

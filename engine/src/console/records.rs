@@ -143,7 +143,7 @@ pub(crate) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFil
             q.push(" AND id = ANY(ARRAY(SELECT record_id FROM late_duplicates))");
         }
         Some(RecordFlag::Conflict) => {
-            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM record_conflicts WHERE requeued_at IS NULL))");
+            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM record_conflicts WHERE settled_at IS NULL))");
         }
         None => {}
     }

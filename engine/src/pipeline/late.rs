@@ -33,7 +33,8 @@ impl Pipeline {
         }
         let hold = self.settings.late_duplicates == LateDuplicatePolicy::Hold;
         let ids: Vec<&str> = routed.iter().map(|r| r.identified.id.as_str()).collect();
-        let matches = match self.store.fingerprint_matches(&self.settings.group, &ids).await {
+        let types: Vec<&str> = routed.iter().map(|r| r.identified.message_type.as_str()).collect();
+        let matches = match self.store.fingerprint_matches(&self.settings.group, &ids, &types).await {
             Ok(matches) => matches,
             Err(e) if hold => {
                 tracing::warn!(error = %e, "looking up fingerprints failed; redelivering the batch (late_duplicates = hold)");

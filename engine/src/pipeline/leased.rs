@@ -131,8 +131,9 @@ impl Pipeline {
             }
             claimed.push((item, claim));
         }
-        tally.apply(&self.stats, group);
+        // Copies first: a delivery whose copy could not be kept goes back unacknowledged.
         self.keep_conflicts(&conflicts, &mut outcomes).await;
+        tally.apply(&self.stats, group);
         if claimed.is_empty() {
             return outcomes;
         }

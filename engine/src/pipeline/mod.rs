@@ -317,7 +317,7 @@ impl Pipeline {
         let mut rest = Vec::with_capacity(routed.len());
         for (r, lookup) in routed.into_iter().zip(lookups) {
             match lookup {
-                Lookup::Hit(marker) if marker.same_payload(&r.payload_hash) => {
+                Lookup::Hit(marker) if marker.matches(&r.payload_hash, &r.identified.message_type) => {
                     self.stats.count(group, Event::RedisHit, 1);
                     self.stats.count(group, Event::DuplicateRedis, 1);
                     self.stats.duplicate_delay(group, now_ms - marker.first_seen_ms);
@@ -325,7 +325,8 @@ impl Pipeline {
                     dispositions[r.index] = Some(Disposition::Ack(AckReason::DuplicateRedis));
                 }
                 Lookup::Hit(_) => {
-                    // Same id, other payload: the database counts and flags the conflict.
+                    // Same id, other payload or type: the database judges it (a payload conflict,
+                    // a reused id).
                     self.stats.count(group, Event::RedisHit, 1);
                     rest.push(r);
                 }
@@ -400,7 +401,7 @@ impl Pipeline {
     fn marker(&self, r: &Routed<'_>, first_seen: chrono::DateTime<Utc>) -> DueMarker {
         (
             self.fast_path.key(self.settings.group.as_str(), r.identified.id.as_str()),
-            Marker::new(first_seen.timestamp_millis(), &r.payload_hash),
+            Marker::new(first_seen.timestamp_millis(), &r.payload_hash, &r.identified.message_type),
         )
     }
 }

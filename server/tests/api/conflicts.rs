@@ -56,12 +56,17 @@ async fn a_reused_id_shows_on_its_record_the_overview_and_the_filter_and_only_an
     assert_eq!(viewer.status(), 403, "a viewer may not requeue");
     let unknown = app.bearer(Role::Operator).post(app.url("/api/v1/conflicts/999999/requeue")).send().await.unwrap();
     assert_eq!(unknown.status(), 404);
-    sqlx::query("UPDATE record_conflicts SET requeued_at = now(), requeued_as = 'order-7#conflict-1'")
-        .execute(&app._db.pool)
-        .await
-        .unwrap();
-    let twice = app.bearer(Role::Operator).post(&url).send().await.unwrap();
-    assert_eq!(twice.status(), 409, "requeued once only");
+    let dismiss = app.url(&format!("/api/v1/conflicts/{conflict}/dismiss"));
+    let operator = app.bearer(Role::Operator);
+    let no_reason = operator.post(&dismiss).json(&serde_json::json!({ "reason": "" })).send().await.unwrap();
+    assert_eq!(no_reason.status(), 400);
+    let why = serde_json::json!({ "reason": "the producer's retry; its event ran" });
+    assert_eq!(operator.post(&dismiss).json(&why).send().await.unwrap().status(), 204);
+    let twice = operator.post(&url).send().await.unwrap();
+    assert_eq!(twice.status(), 409, "settled once only");
     let listed: Value = app.get("/api/v1/records?flag=conflict").await.json().await.unwrap();
-    assert_eq!(listed["rows"].as_array().unwrap().len(), 0, "a requeued copy is no longer open");
+    assert_eq!(listed["rows"].as_array().unwrap().len(), 0, "a settled copy is no longer open");
+    let detail: Value = app.get(&format!("/api/v1/records/{record}")).await.json().await.unwrap();
+    let by = format!("user:{}", app.user(Role::Operator).name);
+    assert_eq!(detail["conflicts"][0]["settled_by"], by.as_str(), "{detail}");
 }

@@ -70,6 +70,13 @@ pub async fn requeue_conflict(
     Ok(ConflictRequeuedView { conflict_id: id, requeued_as })
 }
 
+/// Dismisses conflict `id` as `actor` with `reason`.
+///
+/// Errors: 400 without a reason, 404 for an unknown conflict, 409 when it was settled already.
+pub async fn dismiss_conflict(state: &ConsoleState, actor: &str, id: i64, reason: &str) -> Result<(), ConsoleError> {
+    Ok(conflicts::dismiss_conflict(state.pool(), actor, id, reason).await?)
+}
+
 impl From<ActionOutcome> for ActionResultView {
     fn from(o: ActionOutcome) -> Self {
         ActionResultView {

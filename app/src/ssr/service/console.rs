@@ -209,7 +209,8 @@ pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, C
             first_seen_at: super::convert::time(c.first_seen_at),
             last_seen_at: super::convert::time(c.last_seen_at),
             requeued_as: c.requeued_as,
-            requeued_by: c.requeued_by,
+            settled_at: c.settled_at.map(super::convert::time),
+            settled_by: c.settled_by,
         })
         .collect();
     Ok(view)

@@ -114,6 +114,7 @@ pub const SERVER_FNS: &[(&str, Access, bool)] = &[
     ("/api/fn/list_handlers", Access::Viewer, READS),
     ("/api/fn/act_on_record", Access::Operator, WRITES),
     ("/api/fn/requeue_conflict", Access::Operator, WRITES),
+    ("/api/fn/dismiss_conflict", Access::Operator, WRITES),
     ("/api/fn/start_requeue", Access::Operator, WRITES),
     ("/api/fn/control_requeue_job", Access::Operator, WRITES),
     ("/api/fn/control_handler", Access::Operator, WRITES),

@@ -200,8 +200,9 @@ pub async fn late_duplicate_of(pool: &PgPool, record_id: i64) -> Result<Option<(
         .await?)
 }
 
-/// Forgets the fingerprints past their horizon and the late-duplicate notes older than
-/// [`KEEP_NOTES_DAYS`], `batch` rows per statement. Returns the fingerprints forgotten.
+/// Forgets the fingerprints past their horizon, and the late-duplicate notes and the settled
+/// conflicting copies older than [`KEEP_NOTES_DAYS`], `batch` rows per statement. Returns the
+/// fingerprints forgotten.
 ///
 /// Errors: the database's.
 pub(crate) async fn forget_expired(pool: &PgPool, batch: i32) -> Result<i64, sqlx::Error> {
@@ -221,6 +222,10 @@ pub(crate) async fn forget_expired(pool: &PgPool, batch: i32) -> Result<i64, sql
         }
     }
     sqlx::query("DELETE FROM late_duplicates WHERE seen_at < now() - make_interval(days => $1)")
+        .bind(KEEP_NOTES_DAYS)
+        .execute(pool)
+        .await?;
+    sqlx::query("DELETE FROM record_conflicts WHERE settled_at < now() - make_interval(days => $1)")
         .bind(KEEP_NOTES_DAYS)
         .execute(pool)
         .await?;

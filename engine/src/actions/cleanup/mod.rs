@@ -309,7 +309,7 @@ pub async fn cleanup_dry_run(pool: &PgPool, id: i64) -> Result<i64, ActionError>
         let (column, narrow, _) = age_column(status);
         let n: i64 = sqlx::query_scalar(&format!(
             "SELECT count(*) FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
-               AND ($3::text IS NULL OR consumer_group = $3)"
+               AND ($3::text IS NULL OR consumer_group = $3) {KEEPS_OPEN_CONFLICTS}"
         ))
         .bind(status)
         .bind(cutoff)
@@ -320,6 +320,11 @@ pub async fn cleanup_dry_run(pool: &PgPool, id: i64) -> Result<i64, ActionError>
     }
     Ok(total)
 }
+
+/// Cleanup keeps a record while a conflicting copy of its message id waits for an operator
+/// (`record_conflicts`): the record page is where the copy is settled.
+const KEEPS_OPEN_CONFLICTS: &str =
+    "AND NOT EXISTS (SELECT 1 FROM record_conflicts c WHERE c.record_id = dedup_records.id AND c.settled_at IS NULL)";
 
 /// The age column of a status, a condition that narrows the records to an index, and the
 /// order batches take them in. `succeeded` records (no index of their own since migration
@@ -336,8 +341,10 @@ fn age_column(status: &str) -> (&'static str, String, &'static str) {
 }
 
 /// Deletes one batch: at most `limit` records of `status` older than `cutoff`, rows locked by
-/// others skipped (a consumer touching a record is never waited for), and keeps their
-/// fingerprints for `fingerprint_days` (none when 0). Returns the count deleted.
+/// others skipped (a consumer touching a record is never waited for) and records with an open
+/// conflicting copy kept (an operator has yet to settle it), and keeps the fingerprints of the
+/// succeeded ones for `fingerprint_days` (none when 0; a failed or dead record's copy is no
+/// duplicate of an effect that happened). Returns the count deleted.
 async fn delete_batch(
     conn: &mut PgConnection,
     status: &str,
@@ -354,15 +361,16 @@ async fn delete_batch(
         // kept already keeps its earliest sighting and its latest horizon.
         "WITH d AS MATERIALIZED (
              SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
-               AND ($3::text IS NULL OR consumer_group = $3)
+               AND ($3::text IS NULL OR consumer_group = $3) {KEEPS_OPEN_CONFLICTS}
              ORDER BY {order} LIMIT $4 FOR UPDATE SKIP LOCKED
          ), gone AS (
              DELETE FROM dedup_records r USING d WHERE r.id = d.id AND r.status = $1
-             RETURNING r.consumer_group, r.message_id, r.first_seen_at
+             RETURNING r.consumer_group, r.message_type, r.message_id, r.first_seen_at
          ), kept AS (
              INSERT INTO dedup_fingerprints AS f (fingerprint, first_seen_at, forget_at)
-             SELECT dedup_fingerprint(consumer_group, message_id), min(first_seen_at), now() + make_interval(days => $5)
-             FROM gone WHERE $5 > 0 GROUP BY 1 ORDER BY 1
+             SELECT dedup_fingerprint(consumer_group, message_type, message_id), min(first_seen_at),
+                    now() + make_interval(days => $5)
+             FROM gone WHERE $5 > 0 AND $1 = 'succeeded' GROUP BY 1 ORDER BY 1
              ON CONFLICT (fingerprint) DO UPDATE SET
                  first_seen_at = LEAST(f.first_seen_at, EXCLUDED.first_seen_at),
                  forget_at = GREATEST(f.forget_at, EXCLUDED.forget_at)

@@ -105,16 +105,34 @@ impl Publish for Publisher {
     }
 }
 
+/// The longest AMQP short string (the `message_id` property), bytes.
+const MAX_SHORT_STRING_BYTES: usize = 255;
+
+/// The header a message id too long for the AMQP property travels in: the id header the default
+/// `ids.from` reads after the property.
+const LONG_ID_HEADER: &str = "x-message-id";
+
 /// Properties for publishing a message with a business message id (simulator, requeue): its
-/// headers and content type, and the AMQP `timestamp` of now.
+/// headers and content type, and the AMQP `timestamp` of now. A message id longer than the AMQP
+/// property allows (255 bytes; a message id may have 512) goes in the `x-message-id` header
+/// instead.
 pub fn properties_for(
     message_id: Option<&str>,
     headers: &serde_json::Map<String, serde_json::Value>,
     content_type: Option<&str>,
 ) -> BasicProperties {
     let sent = u64::try_from(chrono::Utc::now().timestamp()).unwrap_or_default();
-    let mut props = BasicProperties::default().with_headers(json_to_table(headers)).with_timestamp(sent);
-    if let Some(id) = message_id {
+    let long_id = message_id.filter(|id| id.len() > MAX_SHORT_STRING_BYTES);
+    let table = match long_id {
+        Some(id) => {
+            let mut headers = headers.clone();
+            headers.insert(LONG_ID_HEADER.to_owned(), serde_json::Value::String(id.to_owned()));
+            json_to_table(&headers)
+        }
+        None => json_to_table(headers),
+    };
+    let mut props = BasicProperties::default().with_headers(table).with_timestamp(sent);
+    if let Some(id) = message_id.filter(|_| long_id.is_none()) {
         props = props.with_message_id(ShortString::from(id));
     }
     if let Some(ct) = content_type {

@@ -12,7 +12,9 @@ use crate::message::InboundMessage;
 use crate::record::ConsumerGroup;
 use crate::store::StoreError;
 
-/// `$1` group, `$2`.. the copies' columns; a copy kept already counts one more.
+/// `$1` group, `$2`.. the copies' columns; a copy kept already (and open) counts one more. A
+/// record keeps at most [`MAX_OPEN_PAYLOAD_COPIES`] open payload conflicts; copies past that
+/// are counted on the record only (`payload_conflicts`).
 const KEEP_SQL: &str = "
 INSERT INTO {s}.record_conflicts AS c (
     record_id, consumer_group, message_id, kind, message_type, id_source, payload_hash, payload, headers,
@@ -23,8 +25,16 @@ FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::b
             $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::int[], $16::text[])
      AS i(record_id, message_id, kind, message_type, payload_hash, payload, headers, content_type,
           type_property, broker, exchange, routing_key, queue, copies, id_source)
+WHERE i.kind = 'type'
+   OR (SELECT count(*) FROM {s}.record_conflicts o
+       WHERE o.record_id = i.record_id AND o.kind = 'payload' AND o.settled_at IS NULL) < $17
 ORDER BY i.record_id, i.payload_hash
-ON CONFLICT (record_id, payload_hash) DO UPDATE SET copies = c.copies + EXCLUDED.copies, last_seen_at = now()";
+ON CONFLICT (record_id, payload_hash) WHERE settled_at IS NULL
+DO UPDATE SET copies = c.copies + EXCLUDED.copies, last_seen_at = now()";
+
+/// Open payload conflicts a record keeps at most: a producer that puts a send time in its
+/// payload makes every retry one.
+const MAX_OPEN_PAYLOAD_COPIES: i64 = 5;
 
 /// What a conflicting delivery conflicts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +105,7 @@ impl PgStore {
             .bind(stored.iter().map(|m| m.queue.as_deref()).collect::<Vec<_>>())
             .bind(rows.iter().map(|(_, n)| *n).collect::<Vec<_>>())
             .bind(rows.iter().map(|(c, _)| c.id_source.as_str()).collect::<Vec<_>>())
+            .bind(MAX_OPEN_PAYLOAD_COPIES)
             .execute(&mut *conn)
             .await?;
         Ok(())

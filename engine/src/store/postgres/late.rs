@@ -17,11 +17,12 @@ use crate::store::StoreError;
 /// The error class of a held late duplicate.
 pub const LATE_DUPLICATE_CLASS: &str = "LATE_DUPLICATE";
 
-/// Matches of message ids against the kept fingerprints: `$1` group, `$2` message ids.
+/// Matches of deliveries against the kept fingerprints: `$1` group, `$2` message ids, `$3` their
+/// message types.
 const MATCHES_SQL: &str = "
 SELECT d.message_id, f.first_seen_at
-FROM unnest($2::text[]) AS d(message_id)
-JOIN {s}.dedup_fingerprints f ON f.fingerprint = {s}.dedup_fingerprint($1, d.message_id)";
+FROM unnest($2::text[], $3::text[]) AS d(message_id, message_type)
+JOIN {s}.dedup_fingerprints f ON f.fingerprint = {s}.dedup_fingerprint($1, d.message_type, d.message_id)";
 
 /// Late duplicates among records the batch created: `$2` message ids and `$3` the first
 /// sightings their fingerprints keep. A record created since (first seen after the
@@ -81,18 +82,20 @@ pub(crate) struct HeldDelivery<'a> {
 }
 
 impl PgStore {
-    /// The message ids of `ids` whose fingerprint cleanup keeps for `group`, with when their
-    /// deleted record was first seen.
+    /// The message ids of `ids` (with their `types`) whose fingerprint cleanup keeps for
+    /// `group`, with when their deleted record was first seen.
     ///
     /// Errors: the database's.
     pub(crate) async fn fingerprint_matches(
         &self,
         group: &ConsumerGroup,
         ids: &[&str],
+        types: &[&str],
     ) -> Result<Vec<(String, DateTime<Utc>)>, StoreError> {
         let rows = sqlx::query_as(&self.render(MATCHES_SQL))
             .bind(group.as_str())
             .bind(ids)
+            .bind(types)
             .fetch_all(&self.pool)
             .await?;
         Ok(rows)

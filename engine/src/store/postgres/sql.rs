@@ -18,11 +18,11 @@ macro_rules! held_owner {
 /// What every claim of an existing record requires besides its status: the delivery is of the
 /// record's message type. One of another type carries a reused id (a Kafka record key that is
 /// an order number) and is never the record's retry: the duplicate check sends it to
-/// `record_conflicts`. A record dead for want of a handler (`NO_HANDLER`) is the exception: a
-/// type mapping added since maps its copies to another type.
+/// `record_conflicts`. A record dead for want of a handler (error class `NO_HANDLER: <type>`) is
+/// the exception: a type mapping added since maps its copies to another type.
 macro_rules! same_type {
     () => {
-        "(r.message_type = EXCLUDED.message_type OR r.error_class IS NOT DISTINCT FROM 'NO_HANDLER')"
+        "(r.message_type = EXCLUDED.message_type OR COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false))"
     };
 }
 
@@ -173,7 +173,7 @@ pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
 pub(super) const NOTE_DUPLICATES_SQL: &str = r#"
 WITH d AS (
     SELECT d.message_id, d.payload_hash,
-           (r.message_type = d.message_type OR r.error_class IS NOT DISTINCT FROM 'NO_HANDLER') AS same_type,
+           (r.message_type = d.message_type OR COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)) AS same_type,
            (r.status = 'processing' AND r.lease_expires_at >= now()) AS live
     FROM unnest($2::text[], $3::bytea[], $4::text[]) AS d(message_id, payload_hash, message_type)
     JOIN {s}.dedup_records r ON r.consumer_group = $1 AND r.message_id = d.message_id

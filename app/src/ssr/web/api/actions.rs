@@ -5,7 +5,7 @@
 use crate::ssr::service::actions::act;
 use crate::ssr::service::auth::RequestAuth;
 use crate::wire::actions::{ActionResultView, RecordActionKind, RecordActionRequest};
-use crate::wire::records::ConflictRequeuedView;
+use crate::wire::records::{ConflictRequeuedView, DismissConflictRequest};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::routing::post;
@@ -105,11 +105,30 @@ pub async fn requeue_conflict(
     Ok(Json(crate::ssr::service::actions::requeue_conflict(&s.console, &auth.actor(), id).await?))
 }
 
+/// Dismisses a conflicting copy kept on a record: settled without a requeue (its event needs no
+/// run of its own, e.g. a producer's retry with another send time), with a reason. Role:
+/// operator.
+#[utoipa::path(post, path = "/api/v1/conflicts/{id}/dismiss", tag = "actions",
+    params(("id" = i64, Path, description = "Conflict id (a record's `conflicts`)")), request_body = DismissConflictRequest,
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody)))]
+pub async fn dismiss_conflict(
+    State(s): State<AppState>,
+    Extension(auth): Extension<RequestAuth>,
+    id: Result<Path<i64>, PathRejection>,
+    JsonObject(body): JsonObject<DismissConflictRequest>,
+) -> Result<axum::http::StatusCode, crate::ssr::web::error::ApiError> {
+    let Path(id) = id.map_err(rejected)?;
+    crate::ssr::service::actions::dismiss_conflict(&s.console, &auth.actor(), id, &body.reason).await?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
 /// The action routes.
 pub fn routes() -> Vec<RouteSpec> {
     use Access::Operator;
     vec![
         RouteSpec::post("/api/v1/conflicts/{id}/requeue", Operator, post(requeue_conflict)),
+        RouteSpec::post("/api/v1/conflicts/{id}/dismiss", Operator, post(dismiss_conflict)),
         RouteSpec::post("/api/v1/records/{id}/release", Operator, post(release)),
         RouteSpec::post("/api/v1/records/{id}/mark-succeeded", Operator, post(mark_succeeded)),
         RouteSpec::post("/api/v1/records/{id}/dead-letter", Operator, post(dead_letter)),

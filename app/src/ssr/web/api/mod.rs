@@ -51,6 +51,7 @@ use super::state::{AppState, RouteSpec};
         actions::mark_succeeded,
         actions::dead_letter,
         actions::requeue_conflict,
+        actions::dismiss_conflict,
         actions::requeue,
         operations::requeue_preview,
         operations::requeue_start,

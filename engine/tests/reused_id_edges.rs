@@ -8,35 +8,19 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use common::*;
 use dedup_engine::LateDuplicatePolicy;
 use dedup_engine::actions::Publishers;
 use dedup_engine::actions::cleanup::late::RetentionWatch;
 use dedup_engine::actions::cleanup::{ScheduleInput, cleanup_runs, cleanup_schedule_save, scheduler};
 use dedup_engine::actions::conflicts::{dismiss_conflict, open_conflicts, requeue_conflict, requeue_conflicts};
-use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, TransactionalHandler};
+use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::message::{InboundMessage, TypePolicy, TypeSource};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::retry::Backoff;
 use dedup_engine::testing::{TestBroker, amqp_url};
 use lapin::options::BasicGetOptions;
 use serde_json::json;
-use sqlx::{PgConnection, PgPool};
-
-/// Records its message type in `test_effects` per run.
-struct RecordTyped;
-
-#[async_trait]
-impl TransactionalHandler for RecordTyped {
-    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO test_effects (message_id) VALUES ($1)")
-            .bind(input.message_type)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-}
 
 fn typed(late: LateDuplicatePolicy) -> PipelineSettings {
     let types = TypePolicy { from: vec![TypeSource::TypeProperty], ..TypePolicy::default() };
@@ -59,14 +43,6 @@ fn event(id: &str, message_type: &str, body: serde_json::Value) -> InboundMessag
     let mut m = message(id, body);
     m.type_property = Some(message_type.to_owned());
     m
-}
-
-async fn effects(pool: &PgPool, message_type: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM test_effects WHERE message_id = $1")
-        .bind(message_type)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 /// Publishers on a test broker whose work queue gets what is published to its exchange.
@@ -166,7 +142,11 @@ async fn the_bulk_requeue_runs_reused_ids_only_and_payload_conflicts_are_settled
     assert_eq!((done.len(), failed.len()), (1, 0), "the PAY only");
     let settled = p.process("w", &published(&broker).await).await;
     assert_eq!(settled, vec![Disposition::Ack(AckReason::Processed)]);
-    assert_eq!((effects(pool, "ORDER.CREATE").await, effects(pool, "ORDER.PAY").await), (1, 1), "nothing ran twice");
+    assert_eq!(
+        (typed_effects(pool, "ORDER.CREATE").await, typed_effects(pool, "ORDER.PAY").await),
+        (1, 1),
+        "nothing ran twice"
+    );
 
     let payload: i64 =
         sqlx::query_scalar("SELECT id FROM record_conflicts WHERE kind = 'payload'").fetch_one(pool).await.unwrap();
@@ -225,7 +205,7 @@ async fn a_record_dead_for_want_of_a_handler_is_claimed_by_a_copy_a_type_mapping
         .unwrap();
     let copy = p.process("w", &[event("order-8", "ORDER.CREATED", json!({ "order": 8 }))]).await;
     assert_eq!(copy, vec![Disposition::Ack(AckReason::Processed)]);
-    assert_eq!(effects(pool, "ORDER.CREATED").await, 1);
+    assert_eq!(typed_effects(pool, "ORDER.CREATED").await, 1);
 }
 
 #[tokio::test]

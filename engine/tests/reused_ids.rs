@@ -10,12 +10,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use common::*;
 use dedup_engine::actions::Publishers;
 use dedup_engine::actions::conflicts::{open_conflicts, record_conflicts, requeue_conflict, requeue_conflicts};
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
-use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, TransactionalHandler};
+use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::message::{InboundMessage, TypePolicy, TypeSource};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::record::LeaseExpiryPolicy;
@@ -25,25 +24,9 @@ use dedup_engine::testing::kafka::TestKafka;
 use dedup_engine::testing::{TestBroker, amqp_url};
 use lapin::options::BasicGetOptions;
 use serde_json::json;
-use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 const ORDERS: usize = 20;
-
-/// Records `<type> <order>` in `test_effects` per run.
-struct RecordTyped;
-
-#[async_trait]
-impl TransactionalHandler for RecordTyped {
-    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO test_effects (message_id, payload) VALUES ($1, $2)")
-            .bind(input.message_type)
-            .bind(input.json.cloned())
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-}
 
 /// A group whose message types come from the AMQP `type` property.
 fn pipeline(h: &Harness, pay: Handler) -> Pipeline {
@@ -60,14 +43,6 @@ fn event(n: usize, message_type: &str, exchange: &str) -> InboundMessage {
     m.type_property = Some(message_type.to_owned());
     m.source.exchange = Some(exchange.to_owned());
     m
-}
-
-async fn effects(pool: &PgPool, message_type: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM test_effects WHERE message_id = $1")
-        .bind(message_type)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -91,7 +66,7 @@ async fn an_entity_key_reused_by_later_events_dead_letters_them_with_their_copie
         paid.iter().all(|d| matches!(d, Disposition::DeadLetter { reason } if reason.contains("reused id"))),
         "{paid:?}"
     );
-    assert_eq!(effects(pool, "ORDER.PAY").await, 0, "never judged a duplicate, never run under another's record");
+    assert_eq!(typed_effects(pool, "ORDER.PAY").await, 0, "never judged a duplicate, never run under another's record");
     let (dups, conflicts): (i64, i64) =
         sqlx::query_as("SELECT sum(duplicate_count)::bigint, sum(payload_conflicts)::bigint FROM dedup_records")
             .fetch_one(pool)
@@ -139,13 +114,13 @@ async fn an_entity_key_reused_by_later_events_dead_letters_them_with_their_copie
     assert!(copies.iter().all(|m| m.property_message_id.as_deref().unwrap().contains("#conflict-")));
     let settled = pipeline.process("w", &copies).await;
     assert!(settled.iter().all(|d| *d == Disposition::Ack(AckReason::Processed)), "{settled:?}");
-    assert_eq!(effects(pool, "ORDER.PAY").await, ORDERS as i64, "every order paid once");
+    assert_eq!(typed_effects(pool, "ORDER.PAY").await, ORDERS as i64, "every order paid once");
     // Replayed, the requeued copies are duplicates of their own records.
     let replay = pipeline.process("w", &copies).await;
     let duplicate =
         |d: &Disposition| matches!(d, Disposition::Ack(AckReason::DuplicateRedis | AckReason::DuplicateDatabase));
     assert!(replay.iter().all(duplicate), "{replay:?}");
-    assert_eq!(effects(pool, "ORDER.PAY").await, ORDERS as i64);
+    assert_eq!(typed_effects(pool, "ORDER.PAY").await, ORDERS as i64);
     assert!(open_conflicts(pool, None).await.unwrap().is_empty());
 }
 
@@ -235,7 +210,7 @@ async fn on_kafka_with_order_numbers_as_keys_no_event_is_lost_and_the_requeue_pa
         records().await == ORDERS as i64 && open_conflicts(pool, None).await.unwrap().len() == ORDERS
     })
     .await;
-    let run = effects(pool, "ORDER.CREATE").await + effects(pool, "ORDER.PAY").await;
+    let run = typed_effects(pool, "ORDER.CREATE").await + typed_effects(pool, "ORDER.PAY").await;
     assert_eq!(run, ORDERS as i64, "one handler run per order id, the other event kept");
     let dead = kafka
         .read(&dedup_engine::source::kafka::KafkaSettings::dead_letter_topic(&topic), ORDERS, Duration::from_secs(10))
@@ -250,12 +225,13 @@ async fn on_kafka_with_order_numbers_as_keys_no_event_is_lost_and_the_requeue_pa
     let (done, failed) = requeue_conflicts(pool, "user:ann", None, &publishers).await.unwrap();
     assert_eq!((done.len(), failed.len()), (ORDERS, 0), "{failed:?}");
     eventually(Duration::from_secs(60), || async {
-        effects(pool, "ORDER.PAY").await == ORDERS as i64 && effects(pool, "ORDER.CREATE").await == ORDERS as i64
+        typed_effects(pool, "ORDER.PAY").await == ORDERS as i64
+            && typed_effects(pool, "ORDER.CREATE").await == ORDERS as i64
     })
     .await;
     eventually(Duration::from_secs(20), || async { connector.lag().await.unwrap() == 0 }).await;
-    assert_eq!(effects(pool, "ORDER.PAY").await, ORDERS as i64, "every order paid once");
-    assert_eq!(effects(pool, "ORDER.CREATE").await, ORDERS as i64, "and created once");
+    assert_eq!(typed_effects(pool, "ORDER.PAY").await, ORDERS as i64, "every order paid once");
+    assert_eq!(typed_effects(pool, "ORDER.CREATE").await, ORDERS as i64, "and created once");
     token.cancel();
     task.await.unwrap();
 }

@@ -164,6 +164,31 @@ impl TransactionalHandler for RecordEffect {
     }
 }
 
+/// Records its message type (in the `message_id` column) and payload in `test_effects` per run,
+/// in the claim's transaction: for tests where one id carries several types.
+pub struct RecordTyped;
+
+#[async_trait]
+impl TransactionalHandler for RecordTyped {
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO test_effects (message_id, payload) VALUES ($1, $2)")
+            .bind(input.message_type)
+            .bind(input.json.cloned())
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Runs of [`RecordTyped`] for `message_type`.
+pub async fn typed_effects(pool: &PgPool, message_type: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM test_effects WHERE message_id = $1")
+        .bind(message_type)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// Fails every time (retryable), of class `DOWNSTREAM_DOWN`, with the message id in the detail.
 pub struct AlwaysFails;
 

@@ -184,6 +184,13 @@ pub struct VerifyArgs {
     /// Print the report as JSON (an object with a boolean `ok` and the counts).
     #[arg(long)]
     pub json: bool,
+    /// Check only that each Kafka group (or `--group`) has consumed and committed every record
+    /// (lag 0), whoever produced them: no simulation run is needed. Waits up to `--wait-secs`.
+    #[arg(long, conflicts_with_all = ["run", "json"])]
+    pub lag_only: bool,
+    /// With `--lag-only`: only this consumer group.
+    #[arg(long, requires = "lag_only")]
+    pub group: Option<String>,
 }
 
 fn validate_share(name: &str, value: f64) -> anyhow::Result<()> {
@@ -316,20 +323,16 @@ fn rand_seed() -> u64 {
 }
 
 async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()> {
-    let groups = groups_on(settings, args.source)?;
-    let db = open_database_with_example(settings).await?;
     let wait = Duration::from_secs(args.wait_secs);
+    let groups = groups_on(settings, args.source)?;
+    if args.lag_only {
+        return run_lag_check(&groups, args.group.as_deref(), wait).await;
+    }
+    let db = open_database_with_example(settings).await?;
     let mut report = verify(&db.host, &settings.schema, args.run, wait).await?;
     db.close().await;
     for group in groups.iter().filter(|g| g.source == Broker::Kafka) {
-        let id_header = group.settings.ids.header().unwrap_or("x-message-id");
-        let connector = dedup_engine::kafka::KafkaConnector::new(
-            group.kafka.clone(),
-            &group.group,
-            group.settings.backoff.clone(),
-            id_header,
-        );
-        check_kafka_lag(&mut report, &connector, wait).await?;
+        check_kafka_lag(&mut report, &kafka_connector(group), wait).await?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -337,6 +340,48 @@ async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()>
         print_report(&report);
     }
     anyhow::ensure!(report.ok, "verification failed: {}", report.violations.join("; "));
+    Ok(())
+}
+
+/// The Kafka connector of `group`, as its consumer has it.
+fn kafka_connector(group: &GroupConfig) -> dedup_engine::kafka::KafkaConnector {
+    let id_header = group.settings.ids.header().unwrap_or("x-message-id");
+    dedup_engine::kafka::KafkaConnector::new(
+        group.kafka.clone(),
+        &group.group,
+        group.settings.backoff.clone(),
+        id_header,
+    )
+}
+
+/// `verify --lag-only`: every Kafka group of `groups` (or `only`) has consumed and committed
+/// every record of its topics, whoever produced them, within `wait`; prints each group's lag.
+/// RabbitMQ groups are named and skipped (their queue depth is on the overview).
+///
+/// Errors: an unknown `only`, a group left with a lag, Kafka not answering.
+async fn run_lag_check(groups: &[GroupConfig], only: Option<&str>, wait: Duration) -> anyhow::Result<()> {
+    if let Some(name) = only {
+        anyhow::ensure!(groups.iter().any(|g| g.group.as_str() == name), "no consumer group {name:?} is configured");
+    }
+    let mut lagging = Vec::new();
+    for group in groups.iter().filter(|g| only.is_none_or(|name| g.group.as_str() == name)) {
+        if group.source != Broker::Kafka {
+            println!("group {}: RabbitMQ, no lag to check (its queue depth is on the overview)", group.group);
+            continue;
+        }
+        let mut report = VerifyReport::default();
+        check_kafka_lag(&mut report, &kafka_connector(group), wait).await?;
+        let lag = report.kafka_lag.unwrap_or_default();
+        println!(
+            "group {}: lag {lag}{}",
+            group.group,
+            if lag == 0 { " (every record consumed and committed)" } else { "" }
+        );
+        if lag > 0 {
+            lagging.push(group.group.to_string());
+        }
+    }
+    anyhow::ensure!(lagging.is_empty(), "records not consumed and committed after {wait:?}: {}", lagging.join(", "));
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use dedup_engine::source::{Outbound, SourceFactory};
 use dedup_example_orders::verify::{check_kafka_lag, verify};
 
 use crate::support::World;
@@ -115,4 +116,31 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     assert_eq!(consumer["queue_depth"], 0, "verify saw the lag reach 0: {consumer}");
     b.stop().await;
     a2.stop().await;
+
+    // The lag-only check an operator runs, for any producer: 0 now; 1 once a record arrives
+    // that no member consumes.
+    let lag_only =
+        |wait: &'static str| world.command(&["verify", "--source", "kafka", "--lag-only", "--wait-secs", wait]);
+    let done = lag_only("30").output().await.unwrap();
+    let text = String::from_utf8_lossy(&done.stdout).into_owned();
+    assert!(done.status.success() && text.contains("lag 0"), "{text}{}", String::from_utf8_lossy(&done.stderr));
+    let kafka = world.kafka.as_ref().unwrap();
+    let publisher = kafka.connector().open_publisher().await.unwrap();
+    let headers = serde_json::Map::new();
+    publisher
+        .publish(Outbound {
+            destination: kafka.topic(),
+            routing_key: "",
+            key: Some("late"),
+            message_id: Some("ORDER.CREATE.LATE:1"),
+            payload: b"{}",
+            headers: &headers,
+            content_type: Some("application/json"),
+            type_property: None,
+        })
+        .await
+        .unwrap();
+    let waiting = lag_only("1").output().await.unwrap();
+    let text = String::from_utf8_lossy(&waiting.stdout).into_owned();
+    assert!(!waiting.status.success() && text.contains("lag 1"), "{text}");
 }

@@ -1,6 +1,7 @@
 //! Late duplicates (DESIGN.md, "Late duplicates"): deliveries whose message id matches a
-//! fingerprint cleanup kept of a deleted record. The check runs after the Redis fast path, and
-//! only while any fingerprint is kept ([`crate::actions::cleanup::late::RetentionWatch::fingerprints_kept`]): one lookup per
+//! fingerprint cleanup kept of a deleted record. The lookup runs beside the Redis fast path's
+//! (for every delivery; applied to those Redis did not catch), and only while any fingerprint is
+//! kept ([`crate::actions::cleanup::late::RetentionWatch::fingerprints_kept`]): one lookup per
 //! batch. Under the group's `process` policy the batch goes on and the matches whose records
 //! it created are noted once it is done; under `hold` each match becomes a parked record
 //! instead of a handler call.
@@ -17,25 +18,40 @@ use crate::store::postgres::HeldDelivery;
 /// A delivery's message id and when the deleted record of that id was first seen.
 pub(super) type FingerprintMatch = (String, DateTime<Utc>);
 
+/// What the lookup found: `None` when no fingerprint is kept (nothing was asked).
+pub(super) type Lookup = Option<Result<Vec<FingerprintMatch>, crate::store::StoreError>>;
+
 impl Pipeline {
-    /// Looks `routed` up in the kept fingerprints. Under `process` returns them all with the
-    /// matches, to be noted by [`Pipeline::note_late_duplicates`] once the batch is done. Under
-    /// `hold` each match whose record does not exist is stored parked and acknowledged
-    /// ([`AckReason::Parked`]) and the rest are returned; when the lookup fails, every delivery is
-    /// redelivered rather than risk running a held one.
+    /// Looks the deliveries `(message id, message type)` up in the kept fingerprints (none:
+    /// nothing asked, as while no fingerprint is kept). It runs beside the Redis lookup (its round trip hidden behind that one), on
+    /// every delivery; [`Pipeline::check_fingerprints`] applies it to those Redis left.
+    pub(super) async fn lookup_fingerprints(&self, deliveries: Vec<(String, String)>) -> Lookup {
+        if deliveries.is_empty() {
+            return None;
+        }
+        let ids: Vec<&str> = deliveries.iter().map(|d| d.0.as_str()).collect();
+        let types: Vec<&str> = deliveries.iter().map(|d| d.1.as_str()).collect();
+        Some(self.store.fingerprint_matches(&self.settings.group, &ids, &types).await)
+    }
+
+    /// Applies `lookup` to `routed`. Under `process` returns them all with their matches, to be
+    /// noted by [`Pipeline::note_late_duplicates`] once the batch is done. Under `hold` each
+    /// match whose record does not exist is stored parked and acknowledged
+    /// ([`AckReason::Parked`]) and the rest are returned; when the lookup failed, every delivery
+    /// is redelivered rather than risk running a held one.
     pub(super) async fn check_fingerprints<'a>(
         &self,
         routed: Vec<Routed<'a>>,
+        lookup: Lookup,
         dispositions: &mut [Option<Disposition>],
     ) -> (Vec<Routed<'a>>, Vec<FingerprintMatch>) {
-        if routed.is_empty() || !self.retention.fingerprints_kept() {
-            return (routed, Vec::new());
-        }
+        let Some(lookup) = lookup else { return (routed, Vec::new()) };
         let hold = self.settings.late_duplicates == LateDuplicatePolicy::Hold;
-        let ids: Vec<&str> = routed.iter().map(|r| r.identified.id.as_str()).collect();
-        let types: Vec<&str> = routed.iter().map(|r| r.identified.message_type.as_str()).collect();
-        let matches = match self.store.fingerprint_matches(&self.settings.group, &ids, &types).await {
-            Ok(matches) => matches,
+        let matches = match lookup {
+            Ok(matches) => {
+                let left: std::collections::HashSet<&str> = routed.iter().map(|r| r.identified.id.as_str()).collect();
+                matches.into_iter().filter(|m| left.contains(m.0.as_str())).collect::<Vec<_>>()
+            }
             Err(e) if hold => {
                 tracing::warn!(error = %e, "looking up fingerprints failed; redelivering the batch (late_duplicates = hold)");
                 for r in &routed {

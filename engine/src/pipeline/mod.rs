@@ -258,8 +258,14 @@ impl Pipeline {
 
         let poison_indexes = poison.iter().filter(|p| p.2.reason.is_poison()).map(|p| p.0).collect();
         let routed = self.hold_paused(routed, &mut dispositions).await;
-        let routed = self.check_fast_path(routed, &mut dispositions).await;
-        let (routed, late) = self.check_fingerprints(routed, &mut dispositions).await;
+        // Copied only while fingerprints are kept: a database that never ran cleanup pays nothing.
+        let deliveries = match self.retention.fingerprints_kept() {
+            true => routed.iter().map(|r| (r.identified.id.as_str().to_owned(), r.identified.message_type.clone())).collect(),
+            false => Vec::new(),
+        };
+        let (routed, lookup) =
+            tokio::join!(self.check_fast_path(routed, &mut dispositions), self.lookup_fingerprints(deliveries));
+        let (routed, late) = self.check_fingerprints(routed, lookup, &mut dispositions).await;
         let (tx_items, leased_items): (Vec<_>, Vec<_>) =
             routed.into_iter().partition(|r| matches!(r.handler, Handler::Transactional(_)));
 

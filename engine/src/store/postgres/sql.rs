@@ -7,6 +7,15 @@
 //! is written `{s}.<table>`, and [`Statements::new`] puts the engine's schema in place of `{s}`
 //! once, when the store is built.
 
+/// [`same_type`] for a delivery `d` of the duplicate check (every expression reads the record
+/// `r` as locked by the update, never an earlier snapshot: a record completed meanwhile must be
+/// judged, and counted, as it is now).
+macro_rules! same_type_of_delivery {
+    () => {
+        "(r.message_type = d.message_type OR COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false))"
+    };
+}
+
 /// The lease owner of a late duplicate held for an operator (`late.rs`): no worker holds it, and
 /// no lease reclaim takes it over, whatever the handler's `on_lease_expiry`.
 macro_rules! held_owner {
@@ -170,29 +179,39 @@ pub(super) const CLAIM_LEASED_SQL: &str = claim_sql!(
 /// back to be judged again later, and counted then: not now, or each return would count again.
 /// A delivery of another message type ([`same_type`]) is no duplicate: nothing is counted on the
 /// record, `same_type` says so.
-pub(super) const NOTE_DUPLICATES_SQL: &str = r#"
-WITH d AS (
-    SELECT d.message_id, d.payload_hash,
-           (r.message_type = d.message_type OR COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)) AS same_type,
-           (r.status = 'processing' AND r.lease_expires_at >= now()) AS live
-    FROM unnest($2::text[], $3::bytea[], $4::text[]) AS d(message_id, payload_hash, message_type)
-    JOIN {s}.dedup_records r ON r.consumer_group = $1 AND r.message_id = d.message_id
-)
+pub(super) const NOTE_DUPLICATES_SQL: &str = concat!(
+    r#"
 UPDATE {s}.dedup_records r SET
-    duplicate_count = r.duplicate_count + CASE WHEN d.live OR NOT d.same_type THEN 0 ELSE 1 END,
-    last_duplicate_at = CASE WHEN d.live OR NOT d.same_type THEN r.last_duplicate_at ELSE now() END,
-    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash OR d.live OR NOT d.same_type
-                                                   THEN 0 ELSE 1 END,
-    parked_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at < now() AND d.same_type THEN now()
-                     ELSE r.parked_at END
-FROM d
+    duplicate_count = r.duplicate_count + CASE WHEN (r.status = 'processing' AND r.lease_expires_at >= now())
+                                                    OR NOT "#,
+    same_type_of_delivery!(),
+    r#" THEN 0 ELSE 1 END,
+    last_duplicate_at = CASE WHEN (r.status = 'processing' AND r.lease_expires_at >= now()) OR NOT "#,
+    same_type_of_delivery!(),
+    r#"
+                             THEN r.last_duplicate_at ELSE now() END,
+    payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = d.payload_hash
+                                                        OR (r.status = 'processing' AND r.lease_expires_at >= now())
+                                                        OR NOT "#,
+    same_type_of_delivery!(),
+    r#" THEN 0 ELSE 1 END,
+    parked_at = CASE WHEN r.status = 'processing' AND r.lease_expires_at < now() AND "#,
+    same_type_of_delivery!(),
+    r#"
+                     THEN now() ELSE r.parked_at END
+FROM unnest($2::text[], $3::bytea[], $4::text[]) AS d(message_id, payload_hash, message_type)
 WHERE r.consumer_group = $1 AND r.message_id = d.message_id
 RETURNING r.id, r.message_id, r.status, r.lease_expires_at,
           COALESCE(r.lease_expires_at < now(), false) AS lease_expired,
-          r.payload_hash = d.payload_hash AS same_payload, d.same_type,
+          r.payload_hash = d.payload_hash AS same_payload, "#,
+    same_type_of_delivery!(),
+    r#" AS same_type,
           (extract(epoch FROM now() - r.first_seen_at) * 1000)::bigint AS delay_ms,
-          (r.status = 'processing' AND r.lease_expires_at < now() AND d.same_type) AS parked
-"#;
+          (r.status = 'processing' AND r.lease_expires_at < now() AND "#,
+    same_type_of_delivery!(),
+    r#") AS parked
+"#
+);
 
 /// The rows of a transactional batch claim, in message-id order (one lock order for every
 /// batch); `$1` group, `$2` max attempts, `$6`..`$13` the items' columns.

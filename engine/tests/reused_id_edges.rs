@@ -15,7 +15,7 @@ use dedup_engine::actions::cleanup::late::RetentionWatch;
 use dedup_engine::actions::cleanup::{ScheduleInput, cleanup_runs, cleanup_schedule_save, scheduler};
 use dedup_engine::actions::conflicts::{dismiss_conflict, open_conflicts, requeue_conflict, requeue_conflicts};
 use dedup_engine::handler::{Handler, HandlerRegistry};
-use dedup_engine::message::{InboundMessage, TypePolicy, TypeSource};
+use dedup_engine::message::{IdPolicy, IdSource, InboundMessage, TypePolicy, TypeSource};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::retry::Backoff;
 use dedup_engine::testing::{TestBroker, amqp_url};
@@ -73,6 +73,11 @@ async fn published(broker: &TestBroker) -> Vec<InboundMessage> {
         let mut m = message(&id, json!({}));
         m.payload = got.delivery.data.clone();
         m.type_property = props.kind().as_ref().map(|t| t.to_string());
+        for (name, value) in props.headers().as_ref().map(|h| h.inner().iter()).into_iter().flatten() {
+            if let Some(text) = value.as_long_string() {
+                m.headers.insert(name.to_string(), json!(text.to_string()));
+            }
+        }
         copies.push(m);
     }
     copies
@@ -188,6 +193,35 @@ async fn a_copy_after_its_conflict_was_settled_opens_a_new_one_and_a_long_id_sti
     let open = open_conflicts(pool, None).await.unwrap();
     assert_eq!(open.len(), 1, "a new open conflict, not a copy hidden in the settled row");
     assert_ne!(open[0], first[0]);
+}
+
+#[tokio::test]
+async fn a_requeued_copy_whose_id_came_from_a_header_carries_its_new_id_there() {
+    let h = Harness::new().await;
+    let pool = h.pool();
+    // What the README advises when producers stamp a fresh message_id on every send.
+    let ids = IdPolicy::from_sources([IdSource::Header("x-idempotency-key".to_owned()), IdSource::Property]);
+    let mut handlers = HandlerRegistry::new();
+    for t in ["ORDER.CREATE", "ORDER.PAY"] {
+        handlers.register(t, Handler::Transactional(Arc::new(RecordTyped)));
+    }
+    let p = h.pipeline_with(handlers, PipelineSettings { id_policy: ids, ..typed(LateDuplicatePolicy::Process) });
+    let (broker, publishers) = broker().await;
+    let sent = |send: &str, t: &str| {
+        let mut m = event(send, t, json!({ "event": t }));
+        m.headers.insert("x-idempotency-key".to_owned(), json!("order-12"));
+        m.source.exchange = Some(broker.settings.exchange.clone());
+        m
+    };
+    p.process("w", &[sent("send-1", "ORDER.CREATE")]).await;
+    p.process("w", &[sent("send-2", "ORDER.PAY")]).await;
+    let conflict = open_conflicts(pool, None).await.unwrap()[0];
+    let new_id = requeue_conflict(pool, "user:ann", conflict, &publishers).await.unwrap();
+    let copies = published(&broker).await;
+    assert_eq!(copies[0].headers.get("x-idempotency-key"), Some(&json!(new_id)), "the header the id was read from");
+    assert_eq!(p.process("w", &copies).await, vec![Disposition::Ack(AckReason::Processed)]);
+    assert!(open_conflicts(pool, None).await.unwrap().is_empty(), "no new conflict under the old id");
+    assert_eq!((typed_effects(pool, "ORDER.CREATE").await, typed_effects(pool, "ORDER.PAY").await), (1, 1));
 }
 
 #[tokio::test]

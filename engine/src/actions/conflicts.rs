@@ -104,10 +104,11 @@ fn new_message_id(message_id: &str, id: i64) -> String {
 /// Requeues conflict `id` as `actor`: publishes its copy (payload, headers, content type, AMQP
 /// `type`) to where it came from, under a new message id (`<message id>#conflict-<id>`, the id cut
 /// at a character boundary to fit 512 bytes), and settles it —
-/// once. Returns the new message id. The group's `ids.from` must read the message id the copy
-/// is published with (the AMQP `message_id` property or the Kafka id header, both in the
-/// default) before any source that gave the old one, for the copy to become a record of its own;
-/// a copy that comes back under the old id opens a new conflict.
+/// once. Returns the new message id. The new id goes where the old one was read from when that
+/// was a header (the copy's header is rewritten), and always in the AMQP `message_id` property or
+/// the Kafka id header. A copy whose id came from the record key or the payload keeps those as
+/// they were: the group's `ids.from` must then read the property or header first for the copy
+/// to become a record of its own; a copy that comes back under the old id opens a new conflict.
 ///
 /// Errors: [`ActionError::UnknownJob`] (no such conflict), [`ActionError::Refused`] (settled
 /// already), [`ActionError::NoPublisher`] / [`ActionError::Publish`] (nothing changed), database
@@ -124,16 +125,18 @@ pub async fn requeue_conflict(
         let row: Option<StoredRow> = sqlx::query_as(
             "SELECT record_id AS id, consumer_group, message_id, source_broker, source_exchange, source_routing_key,
                     payload, false AS payload_truncated, headers, content_type, type_property, false AS poison,
-                    settled_at
+                    settled_at, id_source
              FROM record_conflicts WHERE id = $1 FOR UPDATE",
         )
         .bind(id)
         .fetch_optional(&mut *tx)
         .await?;
-        let StoredRow { mut stored, settled_at } = row.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
+        let StoredRow { mut stored, settled_at, id_source } =
+            row.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
         refuse_settled(id, settled_at)?;
         let original = std::mem::take(&mut stored.message_id);
         stored.message_id = new_message_id(&original, id);
+        carry_new_id(&mut stored, &id_source);
         let publisher = publishers.for_record(stored.id, &stored.consumer_group, &stored.source_broker).await?;
         publish_stored(publisher.as_ref(), &stored).await?;
         sqlx::query("UPDATE record_conflicts SET requeued_as = $2, settled_at = now(), settled_by = $3 WHERE id = $1")
@@ -261,6 +264,18 @@ struct StoredRow {
     #[sqlx(flatten)]
     stored: StoredMessage,
     settled_at: Option<DateTime<Utc>>,
+    id_source: String,
+}
+
+/// Writes the copy's new message id into the header its old id was read from (`id_source` of
+/// the form `header:<name>`), so that a group whose `ids.from` reads that header first sees the
+/// new id, not the old one again.
+fn carry_new_id(stored: &mut StoredMessage, id_source: &str) {
+    let Some(name) = id_source.strip_prefix("header:") else { return };
+    let headers = stored.headers.get_or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if let Some(headers) = headers.as_object_mut() {
+        headers.insert(name.to_owned(), serde_json::Value::String(stored.message_id.clone()));
+    }
 }
 
 #[cfg(test)]

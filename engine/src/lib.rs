@@ -178,8 +178,8 @@ macro_rules! internal {
 }
 
 internal!(
-    accounts, actions, audit, consumer, db, fastpath, group, handler, health, message, pause, pipeline, record, retry,
-    runtime, source, stats, store,
+    accounts, actions, audit, consumer, db, fastpath, group, handler, health, instances, message, pause, pipeline,
+    record, retry, runtime, source, stats, store,
 );
 #[cfg(feature = "http")]
 pub mod http;

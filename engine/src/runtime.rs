@@ -241,6 +241,14 @@ impl EngineBuilder {
             };
             running.push(RunningGroup { name, source: factory, status, types, http });
         }
+        let running = Arc::new(running);
+        if self.consume {
+            tasks.push(tokio::spawn(crate::instances::run_heartbeat(
+                engine_pool.clone(),
+                running.clone(),
+                shutdown.clone(),
+            )));
+        }
         tasks.push(tokio::spawn(run_stats_flusher(
             engine_pool.clone(),
             store.clone(),
@@ -263,7 +271,7 @@ impl EngineBuilder {
             schema: self.schema,
             fast_path,
             publishers,
-            groups: Arc::new(running),
+            groups: running,
         };
         Ok(Engine { handle, shutdown, tasks })
     }

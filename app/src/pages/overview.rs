@@ -1,14 +1,16 @@
 //! Overview: live record counts (server-sent events, with pause/resume), traffic and duplicate
-//! rates, the dedup-table growth chart, the consumer, the HTTP endpoints, duplicate delays and
-//! the health of the dependencies.
+//! rates, the dedup-table growth chart, the consumer, every instance that consumes, the HTTP
+//! endpoints, duplicate delays and the health of the dependencies.
 
 mod endpoints;
+mod instances;
 mod panels;
 
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
 use self::endpoints::EndpointsPanel;
+use self::instances::InstancesPanel;
 use self::panels::{ConsumersPanel, DelaysPanel, GroupsPanel, GrowthPanel, LivePanel, TrafficPanel};
 use crate::components::live::use_live_feed;
 use crate::error::ConsoleError;
@@ -56,6 +58,7 @@ pub fn OverviewPage() -> impl IntoView {
                                 <TrafficPanel last_hour=data.last_hour last_day=data.last_day />
                                 <ConsumersPanel consumers=data.consumers />
                             </div>
+                            <InstancesPanel instances=data.instances />
                             <EndpointsPanel endpoints=data.endpoints />
                             <div class="columns">
                                 <GroupsPanel groups=data.groups />

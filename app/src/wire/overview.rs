@@ -120,6 +120,47 @@ pub struct ConsumerView {
     pub last_recovery: Option<String>,
 }
 
+/// One engine process that consumes, as its last heartbeat described it (every process that
+/// shares the database, not only the one serving the page).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct InstanceView {
+    /// `<host>:<pid>:<8 random hex digits>`.
+    pub instance_id: String,
+    /// Host name and process id, as `<host>:<pid>`.
+    pub name: String,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// Its last heartbeat (RFC 3339); one is written every 5 s.
+    pub last_seen_at: String,
+    /// True when the last heartbeat is older than 30 s: stopped without saying so (killed, a
+    /// lost host) or cut off from the database.
+    pub gone: bool,
+    /// Whether it is the process that served this answer.
+    pub this_process: bool,
+    /// Its consumer groups.
+    pub consumers: Vec<InstanceConsumerView>,
+}
+
+/// One consumer group of an instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct InstanceConsumerView {
+    /// Consumer group.
+    pub group: String,
+    /// `rabbitmq` or `kafka`.
+    pub broker: String,
+    /// What it owns: `<topic>[<partition>]` per Kafka partition assigned to it, `queue <name>`
+    /// for RabbitMQ; empty while it owns nothing.
+    pub owned: Vec<String>,
+    /// Workers running.
+    pub workers: u64,
+    /// Deliveries taken and not yet settled.
+    pub in_flight: u64,
+    /// Whether its broker connection was up.
+    pub connected: bool,
+}
+
 /// One bucket of the duplicate-delay histogram.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
@@ -146,6 +187,10 @@ pub struct OverviewView {
     pub last_day: TrafficView,
     /// The engine's consumer groups, in the order they were declared.
     pub consumers: Vec<ConsumerView>,
+    /// Every instance that consumes from this database (newest start first), gone ones too
+    /// until they are forgotten a day after their last heartbeat.
+    #[serde(default)]
+    pub instances: Vec<InstanceView>,
     /// Duplicate arrival delays over the last 30 days.
     pub duplicate_delays: Vec<DelayBucketView>,
     /// The engine's HTTP endpoints with their recent calls, by group (declared order) and

@@ -84,6 +84,13 @@ pub trait SourceFactory: Send + Sync + 'static {
     /// Whether the broker connection is up.
     fn connected(&self) -> bool;
 
+    /// What this process owns of the source, as the overview's instance list shows it: the Kafka
+    /// partitions assigned to its group member (`<topic>[<partition>]`, sorted), or the RabbitMQ
+    /// queue its workers' channels read (`queue <name>`) while connected. Default: nothing.
+    async fn owned(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Closes the connection (after the workers have stopped).
     async fn close(&self);
 

@@ -10,6 +10,7 @@ mod faults;
 mod handlers;
 mod health;
 mod helpers;
+mod instances;
 mod late_duplicates;
 mod mounting;
 mod pages;

@@ -114,6 +114,47 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
         "{aggregates}"
     );
     assert_eq!(consumer["queue_depth"], 0, "verify saw the lag reach 0: {consumer}");
+    // Every instance on the overview: the killed one gone, the running ones owning each of the
+    // topic's 4 partitions once.
+    let topic = world.kafka.as_ref().unwrap().topic().to_owned();
+    let owners = || async {
+        let agg: serde_json::Value = reqwest::Client::new()
+            .get(b.url("/api/v1/aggregates"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let list = agg["instances"].as_array().cloned().unwrap_or_default();
+        let pid_of = |i: &serde_json::Value| i["name"].as_str().and_then(|n| n.rsplit(':').next()?.parse::<u32>().ok());
+        let mut owned: Vec<(u32, String)> = list
+            .iter()
+            .filter(|i| i["gone"] == false)
+            .flat_map(|i| {
+                let pid = pid_of(i).unwrap_or_default();
+                let parts = i["consumers"][0]["owned"].as_array().cloned().unwrap_or_default();
+                parts.into_iter().filter_map(move |p| Some((pid, p.as_str()?.to_owned())))
+            })
+            .filter(|(_, p)| p.starts_with(&format!("{topic}[")))
+            .collect();
+        owned.sort_by(|x, y| x.1.cmp(&y.1));
+        let a_gone = list.iter().any(|i| pid_of(i) == Some(pid_a) && i["gone"] == true);
+        (a_gone, owned, list)
+    };
+    let started = Instant::now();
+    loop {
+        let (a_gone, owned, list) = owners().await;
+        let partitions: Vec<&str> = owned.iter().map(|(_, p)| p.as_str()).collect();
+        let pids: std::collections::BTreeSet<u32> = owned.iter().map(|(pid, _)| *pid).collect();
+        let expected: Vec<String> = (0..4).map(|n| format!("{topic}[{n}]")).collect();
+        if a_gone && partitions == expected && pids.is_subset(&[pid_b, a2.pid()].into()) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(45), "b and a2 own the 4 partitions once, a gone: {list:#?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     b.stop().await;
     a2.stop().await;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dedup_engine::console::actions::handlers;
 use dedup_engine::console::filter::{FilterText, RecordListParams};
-use dedup_engine::console::{endpoints, failures, overview, records};
+use dedup_engine::console::{QueryError, endpoints, failures, overview, records};
 
 use super::convert::{endpoint_view, record_detail_view, totals};
 use super::state::ConsoleState;
@@ -90,13 +90,14 @@ pub async fn endpoints(state: &ConsoleState) -> Result<Vec<EndpointView>, Consol
 /// Everything on the overview but the chart and the dependency health.
 pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError> {
     let pool = state.pool();
-    let (snapshot, last_hour, last_day, delays, consumers, endpoints) = tokio::join!(
+    let (snapshot, last_hour, last_day, delays, consumers, endpoints, instances) = tokio::join!(
         overview::live_snapshot(pool),
         overview::traffic(pool, 3600),
         overview::traffic(pool, 86_400),
         overview::duplicate_delays(pool, 30),
         consumers(state),
         endpoints(state),
+        dedup_engine::console::instances(pool),
     );
     let snapshot = snapshot?;
     Ok(OverviewView {
@@ -107,6 +108,7 @@ pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError
         consumers,
         duplicate_delays: delays?.into_iter().map(Into::into).collect(),
         endpoints: endpoints?,
+        instances: instances.map_err(QueryError::from)?.into_iter().map(Into::into).collect(),
     })
 }
 

@@ -7,13 +7,14 @@ use dedup_engine::console::endpoints::{self, EndpointCalls};
 use dedup_engine::console::failures::{DeadLetterGroup, RetryOverview, StuckList};
 use dedup_engine::console::overview::{DelayBucket, GrowthPoint, LiveSnapshot, StatusCount, Traffic};
 use dedup_engine::console::records::{MarkerState, RecordDetail, RecordPage, RecordRow};
-use dedup_engine::console::{HttpEndpoint, RecordStatus};
+use dedup_engine::console::{HttpEndpoint, Instance, RecordStatus};
 
 use crate::wire::failures::{
     AttemptsBucketView, DeadLetterGroupView, RetriesView, StuckRecordView, StuckView, TypeRetriesView,
 };
 use crate::wire::overview::{
-    AnswerCountView, DelayBucketView, EndpointView, GrowthPointView, LiveView, StatusTotals, TrafficView,
+    AnswerCountView, DelayBucketView, EndpointView, GrowthPointView, InstanceConsumerView, InstanceView, LiveView,
+    StatusTotals, TrafficView,
 };
 use crate::wire::records::{
     AttemptView, LateDuplicateNote, MarkerView, PayloadView, RecordDetailView, RecordPageView, RecordSummary,
@@ -84,6 +85,31 @@ impl From<GrowthPoint> for GrowthPointView {
             total_records: p.total_records,
             table_bytes: p.table_bytes,
             index_bytes: p.index_bytes,
+        }
+    }
+}
+
+impl From<Instance> for InstanceView {
+    fn from(i: Instance) -> Self {
+        InstanceView {
+            name: format!("{}:{}", i.host, i.pid),
+            instance_id: i.instance_id,
+            started_at: time(i.started_at),
+            last_seen_at: time(i.last_seen_at),
+            gone: i.gone,
+            this_process: i.this_process,
+            consumers: i
+                .consumers
+                .into_iter()
+                .map(|c| InstanceConsumerView {
+                    group: c.group,
+                    broker: c.broker,
+                    owned: c.owned,
+                    workers: c.workers,
+                    in_flight: c.in_flight,
+                    connected: c.connected,
+                })
+                .collect(),
         }
     }
 }

@@ -331,6 +331,13 @@ impl SourceFactory for KafkaConnector {
         self.connected.load(Ordering::Relaxed)
     }
 
+    async fn owned(&self) -> Vec<String> {
+        let Some(member) = self.member.lock().await.clone() else { return Vec::new() };
+        let mut owned: Vec<_> = member.shared.offsets().assigned().cloned().collect();
+        owned.sort();
+        owned.into_iter().map(|tp| format!("{}[{}]", tp.topic, tp.partition)).collect()
+    }
+
     /// Stops the member: commits what is done and leaves the group.
     async fn close(&self) {
         let member = self.member.lock().await.take();

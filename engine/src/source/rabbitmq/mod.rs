@@ -455,6 +455,10 @@ impl SourceFactory for RabbitConnector {
         self.connected.load(Ordering::Relaxed)
     }
 
+    async fn owned(&self) -> Vec<String> {
+        if self.connected() { vec![format!("queue {}", self.settings.queue)] } else { Vec::new() }
+    }
+
     async fn close(&self) {
         if let Some(conn) = self.connection.lock().await.take() {
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.close(200, "shutting down".into())).await;

@@ -1,0 +1,171 @@
+//! Every instance on the overview (DESIGN.md, "Instances"): each engine that consumes writes a
+//! heartbeat row in `consumer_instances` every [`HEARTBEAT`] — its host, pid and start, and per
+//! consumer group its broker, what it owns ([`SourceFactory::owned`]: Kafka partitions, or the
+//! RabbitMQ queue its channels read), running workers and deliveries in flight. Any process that
+//! serves the console lists every row ([`instances`]): an operator sees who owns what during a
+//! rebalance. A clean stop deletes the row; a row not written for [`FORGET_AFTER`] is deleted by
+//! any instance's next beat (a process killed for good).
+//!
+//! [`SourceFactory::owned`]: crate::source::SourceFactory::owned
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::RunningGroup;
+
+/// How often an instance writes its row.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// A row older than this is shown as gone: the process stopped without deleting it (SIGKILL, a
+/// lost host) or cannot reach the database. Six beats.
+pub const GONE_AFTER: Duration = Duration::from_secs(30);
+
+/// A row older than this is deleted.
+pub const FORGET_AFTER: Duration = Duration::from_secs(86_400);
+
+/// One consumer group of an instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceConsumer {
+    /// The consumer group.
+    pub group: String,
+    /// `rabbitmq` or `kafka`.
+    pub broker: String,
+    /// What the instance owns: `<topic>[<partition>]` per Kafka partition, `queue <name>` for
+    /// RabbitMQ; empty while it owns nothing (a Kafka member without partitions, a broker that
+    /// cannot be reached).
+    pub owned: Vec<String>,
+    /// Workers running (each a RabbitMQ channel, or a reader of the Kafka member).
+    pub workers: u64,
+    /// Deliveries taken from the broker and not yet settled.
+    pub in_flight: u64,
+    /// Whether its broker connection was up.
+    pub connected: bool,
+}
+
+/// One instance: an engine that consumes, as its last heartbeat described it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct Instance {
+    /// `<host>:<pid>:<8 random hex digits>` (a pid reused after a restart, or two engines in
+    /// one process, are other instances).
+    pub instance_id: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: i32,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat (database time).
+    pub last_seen_at: DateTime<Utc>,
+    /// True when the last heartbeat is older than 30 s (six beats).
+    pub gone: bool,
+    /// Whether it is the process that read the list (same host and pid).
+    #[sqlx(skip)]
+    pub this_process: bool,
+    /// Its consumer groups, in their declared order.
+    #[sqlx(json)]
+    pub consumers: Vec<InstanceConsumer>,
+}
+
+/// Every instance with a row, newest start first (database time decides what is gone).
+///
+/// Errors: database errors.
+pub async fn instances(pool: &PgPool) -> Result<Vec<Instance>, sqlx::Error> {
+    let mut rows: Vec<Instance> = sqlx::query_as(
+        "SELECT instance_id, host, pid, started_at, last_seen_at,
+                last_seen_at < now() - $1 * interval '1 millisecond' AS gone, consumers
+         FROM consumer_instances ORDER BY started_at DESC, instance_id",
+    )
+    .bind(millis(GONE_AFTER))
+    .fetch_all(pool)
+    .await?;
+    let (this_host, this_pid) = (crate::worker::hostname(), std::process::id());
+    for row in &mut rows {
+        row.this_process = row.host == this_host && u32::try_from(row.pid).is_ok_and(|pid| pid == this_pid);
+    }
+    Ok(rows)
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// This process as an instance: its id and what its groups are doing now.
+struct Beat {
+    instance_id: String,
+    host: String,
+    pid: i32,
+    started_at: DateTime<Utc>,
+}
+
+impl Beat {
+    fn new() -> Self {
+        let host = crate::worker::hostname();
+        let pid = std::process::id();
+        let started_at = Utc::now();
+        let instance_id = format!("{host}:{pid}:{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        Self { instance_id, host, pid: i32::try_from(pid).unwrap_or(i32::MAX), started_at }
+    }
+
+    async fn consumers(groups: &[RunningGroup]) -> Vec<InstanceConsumer> {
+        let each = groups.iter().filter_map(|g| {
+            let status = g.status.clone()?;
+            Some(async move {
+                InstanceConsumer {
+                    group: g.name.to_string(),
+                    broker: g.broker().as_str().to_owned(),
+                    owned: g.source.owned().await,
+                    workers: status.running_workers() as u64,
+                    in_flight: status.in_flight() as u64,
+                    connected: g.source.connected(),
+                }
+            })
+        });
+        futures::future::join_all(each).await
+    }
+
+    async fn write(&self, pool: &PgPool, groups: &[RunningGroup]) -> Result<(), sqlx::Error> {
+        let consumers = sqlx::types::Json(Self::consumers(groups).await);
+        sqlx::query(
+            "WITH forgotten AS (
+                 DELETE FROM consumer_instances WHERE last_seen_at < now() - $6 * interval '1 millisecond'
+             )
+             INSERT INTO consumer_instances (instance_id, host, pid, started_at, consumers)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (instance_id) DO UPDATE SET last_seen_at = now(), consumers = EXCLUDED.consumers",
+        )
+        .bind(&self.instance_id)
+        .bind(&self.host)
+        .bind(self.pid)
+        .bind(self.started_at)
+        .bind(consumers)
+        .bind(millis(FORGET_AFTER))
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Writes this instance's row every [`HEARTBEAT`] until `shutdown`, then deletes it. A failed
+/// write is logged and tried at the next beat.
+pub(crate) async fn run_heartbeat(pool: PgPool, groups: Arc<Vec<RunningGroup>>, shutdown: CancellationToken) {
+    let beat = Beat::new();
+    let mut ticker = tokio::time::interval(HEARTBEAT);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        if let Err(e) = beat.write(&pool, &groups).await {
+            tracing::warn!(error = %e, "writing this instance's heartbeat failed; will retry");
+        }
+    }
+    let gone = sqlx::query("DELETE FROM consumer_instances WHERE instance_id = $1").bind(&beat.instance_id);
+    if let Err(e) = gone.execute(&pool).await {
+        tracing::warn!(error = %e, "deleting this instance's heartbeat row failed; it shows as gone");
+    }
+}

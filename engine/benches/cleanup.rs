@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use dedup_engine::actions::cleanup::{ScheduleInput, cleanup_runs, cleanup_schedule_save, scheduler};
 use dedup_engine::console::seed::{SeedDomain, SeedParams, seed_records};
 use dedup_engine::db::{self, PoolSettings};
-use dedup_engine::message::{Broker, InboundMessage, SourceRef};
+use dedup_engine::message::{Broker, IdSourceKind, InboundMessage, SourceRef};
 use dedup_engine::record::{ConsumerGroup, MessageId};
 use dedup_engine::store::postgres::PgStore;
 use dedup_engine::store::{ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, DedupStore, Lease};
@@ -65,6 +65,7 @@ async fn claimer(pool: PgPool, tag: &'static str, stop: Arc<AtomicBool>) -> Vec<
                 message_type: "BENCH.CLAIM",
                 payload_hash: h,
                 message: m,
+                id_source: IdSourceKind::Property,
                 reclaim_expired: false,
                 starts_at_once: true,
             })

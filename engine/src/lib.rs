@@ -204,8 +204,9 @@ pub use handler::{
 };
 pub use health::{DependencyHealth, GroupHealth, HealthProbes, HealthReport};
 pub use message::{
-    Broker, IdPolicy, IdSource, Identified, InboundMessage, MAX_HEADER_DEPTH, MAX_SHOWN_ID_CHARS, POISON_TYPE, Poison,
-    PoisonReason, SourceRef, TypePolicy, TypeSource, UNKNOWN_TYPE, UnknownIdSource, UnknownTypeSource,
+    Broker, IdPolicy, IdSource, IdSourceKind, Identified, InboundMessage, MAX_HEADER_DEPTH, MAX_SHOWN_ID_CHARS,
+    POISON_TYPE, Poison, PoisonReason, SourceRef, TypePolicy, TypeSource, UNKNOWN_TYPE, UnknownIdSource,
+    UnknownTypeSource,
 };
 pub use record::{ConsumerGroup, IdError, LateDuplicatePolicy, LeaseExpiryPolicy, MAX_MESSAGE_ID_BYTES, MessageId};
 pub use retry::Backoff;

@@ -232,6 +232,13 @@ async fn on_kafka_with_order_numbers_as_keys_no_event_is_lost_and_the_requeue_pa
     eventually(Duration::from_secs(20), || async { connector.lag().await.unwrap() == 0 }).await;
     assert_eq!(typed_effects(pool, "ORDER.PAY").await, ORDERS as i64, "every order paid once");
     assert_eq!(typed_effects(pool, "ORDER.CREATE").await, ORDERS as i64, "and created once");
+    let kinds: Vec<(String, i64)> =
+        sqlx::query_as("SELECT id_source::text, count(*) FROM dedup_records GROUP BY 1 ORDER BY 1")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let expected = [("h".to_owned(), ORDERS as i64), ("k".to_owned(), ORDERS as i64)];
+    assert_eq!(kinds, expected, "each record keeps where its id came from: the copies' id header, the key");
     token.cancel();
     task.await.unwrap();
 }

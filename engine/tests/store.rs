@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use dedup_engine::IdSourceKind;
 use dedup_engine::record::{ConsumerGroup, HandlerMode, MessageId};
 use dedup_engine::store::postgres::PgStore;
 use dedup_engine::store::{
@@ -227,6 +228,7 @@ async fn every_insert_statement_counts_what_it_creates() {
                 message_type: if i == 0 { "ORDER.REFUND" } else { "ORDER.PAY" },
                 payload_hash: &hashes[i],
                 message: &messages[i].1,
+                id_source: IdSourceKind::Property,
                 reclaim_expired: false,
                 starts_at_once: true,
             })

@@ -352,7 +352,7 @@ fn RecordAudit(group: String, message_id: String) -> impl IntoView {
 }
 
 /// Where the record came from, in its broker's terms: exchange, routing key and queue
-/// (RabbitMQ), or topic, key and partition (Kafka).
+/// (RabbitMQ), or topic, key and partition (Kafka); and where its message id was found.
 fn source_facts(source: SourceView) -> impl IntoView {
     let [place, key, queue] =
         if source.broker == "kafka" { ["Topic", "Key", "Partition"] } else { ["Exchange", "Routing key", "Queue"] };
@@ -361,6 +361,7 @@ fn source_facts(source: SourceView) -> impl IntoView {
         {fact(place, source.exchange)}
         {fact(key, source.routing_key)}
         {fact(queue, source.queue)}
+        {fact("Id from", source.id_from)}
     }
 }
 

@@ -291,6 +291,11 @@ pub struct SourceView {
     pub routing_key: Option<String>,
     /// Queue (partition).
     pub queue: Option<String>,
+    /// Where the message id came from: `property`, `header`, `key`, `payload` or `offset` (the
+    /// kind of the group's `ids.from` source that gave it); `None` when not kept (records from
+    /// before it was, poison messages).
+    #[serde(default)]
+    pub id_from: Option<String>,
 }
 
 /// Every field of one record, its history and its marker.

@@ -10,6 +10,7 @@ use super::filter::{
     Cursor, CursorKey, PageAt, RecordFilter, RecordFlag, RecordListParams, SortKey, SortOrder, prefix_upper_bound,
 };
 use crate::fastpath::FastPath;
+use crate::message::IdSourceKind;
 use crate::record::{HandlerMode, RecordStatus};
 
 /// One row of a records list.
@@ -430,12 +431,21 @@ pub struct RecordDetail {
     pub payload_conflicts: i32,
     /// When a redelivery of this stuck record was parked.
     pub parked_at: Option<DateTime<Utc>>,
+    /// Where its message id came from, as stored ([`RecordDetail::id_source`]).
+    #[sqlx(rename = "id_source")]
+    id_source_code: Option<i8>,
     /// The history, oldest first (filled by [`record_detail`]).
     #[sqlx(skip)]
     pub attempt_history: Vec<AttemptRow>,
 }
 
 impl RecordDetail {
+    /// Where its message id came from (the kind of the group's `ids.from` source that gave it);
+    /// `None` for records from before it was kept, and for poison messages.
+    pub fn id_source(&self) -> Option<IdSourceKind> {
+        self.id_source_code.and_then(IdSourceKind::from_code)
+    }
+
     /// Whether an attempt's effect ran after its lease was lost, so the effect may have run
     /// twice (an operator should check it).
     pub fn possible_double_effect(&self) -> bool {
@@ -464,7 +474,7 @@ pub async fn record_detail(pool: &sqlx::PgPool, id: i64) -> Result<Option<Record
                 completed_at, last_error, encode(payload_hash, 'hex') AS payload_hash, payload, payload_truncated, headers, content_type,
                 source_broker, source_exchange, source_routing_key, source_queue, last_duplicate_at,
                 (extract(epoch FROM last_duplicate_at - first_seen_at) * 1000)::bigint AS last_duplicate_delay_ms,
-                payload_conflicts, parked_at
+                payload_conflicts, parked_at, id_source
          FROM dedup_records WHERE id = $1"
     );
     let Some(mut detail) = sqlx::query_as::<_, RecordDetail>(&sql).bind(id).fetch_optional(pool).await? else {

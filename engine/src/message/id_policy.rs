@@ -37,6 +37,61 @@ pub enum IdSource {
     Offset,
 }
 
+/// What kind of place a message id came from, as a record keeps it (`dedup_records.id_source`,
+/// one byte) and the record page shows it: "id from header". The header's name or the pointer
+/// is the group's `ids.from` (a conflicting copy keeps the whole source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdSourceKind {
+    /// The AMQP `message_id` property.
+    Property,
+    /// A header.
+    Header,
+    /// The Kafka record key.
+    Key,
+    /// A field of the payload (a JSON pointer).
+    Payload,
+    /// `<topic>-<partition>-<offset>` of a Kafka record.
+    Offset,
+}
+
+impl IdSourceKind {
+    const ALL: [IdSourceKind; 5] = [Self::Property, Self::Header, Self::Key, Self::Payload, Self::Offset];
+
+    /// Its name: `property`, `header`, `key`, `payload` or `offset`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Property => "property",
+            Self::Header => "header",
+            Self::Key => "key",
+            Self::Payload => "payload",
+            Self::Offset => "offset",
+        }
+    }
+
+    /// Its one-byte code in `dedup_records.id_source`: the first letter of its name.
+    pub fn code(self) -> i8 {
+        self.as_str().as_bytes()[0] as i8
+    }
+
+    /// The kind of a stored code; `None` for an unknown one.
+    pub fn from_code(code: i8) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.code() == code)
+    }
+}
+
+impl IdSource {
+    /// Its kind.
+    pub fn kind(&self) -> IdSourceKind {
+        match self {
+            IdSource::Property => IdSourceKind::Property,
+            IdSource::Header(_) => IdSourceKind::Header,
+            IdSource::Key => IdSourceKind::Key,
+            IdSource::JsonPointer(_) => IdSourceKind::Payload,
+            IdSource::Offset => IdSourceKind::Offset,
+        }
+    }
+}
+
 /// An id source that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown message id source {0:?}; expected property, header:<name>, key, json:<pointer> or offset")]
@@ -211,7 +266,8 @@ impl IdPolicy {
             Some((_, Err((error, found)))) => Err(poison(PoisonReason::InvalidMessageId { error, found }, None)),
             Some((id_source, Ok(id))) => {
                 let found = types.resolve(message, Some(&id), json.as_ref());
-                Ok(Identified { id, id_source, message_type: found.name, raw_type: found.raw, json })
+                let id_kind = self.from[id_source].kind();
+                Ok(Identified { id, id_source, id_kind, message_type: found.name, raw_type: found.raw, json })
             }
         }
     }

@@ -28,7 +28,7 @@ mod type_policy;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-pub use id_policy::{IdPolicy, IdSource, UnknownIdSource};
+pub use id_policy::{IdPolicy, IdSource, IdSourceKind, UnknownIdSource};
 pub use type_policy::{TypePolicy, TypeSource, UnknownTypeSource};
 
 use crate::record::{IdError, MessageId};
@@ -233,6 +233,8 @@ pub struct Identified {
     pub id: MessageId,
     /// Which source of the policy's `from` gave it (an index into [`IdPolicy::from`]).
     pub id_source: usize,
+    /// That source's kind, as the record keeps it.
+    pub id_kind: IdSourceKind,
     /// The handler type the group's [`TypePolicy`] found (or [`UNKNOWN_TYPE`]).
     pub message_type: String,
     /// The type's value as found, before the policy's map.

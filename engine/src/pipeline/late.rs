@@ -85,6 +85,7 @@ impl Pipeline {
                 max_attempts: self.settings.max_attempts,
                 payload_hash: &r.payload_hash,
                 message: r.message,
+                id_source: r.identified.id_kind,
                 first_seen_at,
             };
             match self.store.hold_late_duplicate(&held).await {

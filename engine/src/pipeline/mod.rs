@@ -139,6 +139,7 @@ impl Routed<'_> {
             message_type: &self.identified.message_type,
             payload_hash: &self.payload_hash,
             message: self.message,
+            id_source: self.identified.id_kind,
             reclaim_expired: self.handler.reclaims_expired(),
             starts_at_once,
         }

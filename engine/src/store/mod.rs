@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::handler::EffectAnswer;
-use crate::message::InboundMessage;
+use crate::message::{IdSourceKind, InboundMessage};
 use crate::record::{ConsumerGroup, HandlerMode, MessageId, RecordStatus};
 
 /// Shortest lease a claim may carry. A claim asked with less (or zero, or negative) is raised to
@@ -85,6 +85,8 @@ pub struct ClaimItem<'a> {
     /// The delivery (its source is stored on new records; a leased claim stores its payload
     /// and headers too).
     pub message: &'a InboundMessage,
+    /// Where its message id came from (stored on new records).
+    pub id_source: IdSourceKind,
     /// Whether a processing record whose lease expired may be taken over (the type's
     /// `on_lease_expiry = reclaim`); read by [`ClaimAs::Leased`] claims only. One whose effect
     /// never started is taken over whatever this says.

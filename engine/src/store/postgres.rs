@@ -273,14 +273,16 @@ impl DedupStore for PgStore {
                 .bind(column(&|s| s.exchange.as_deref().map(str::to_owned)))
                 .bind(column(&|s| s.routing_key.as_deref().map(str::to_owned)))
                 .bind(column(&|s| s.queue.as_deref().map(str::to_owned)));
+            let id_sources = items.iter().map(|it| it.id_source.code()).collect::<Vec<_>>();
             let rows = match batch.claim_as {
-                ClaimAs::Processing | ClaimAs::Succeeded => query,
+                ClaimAs::Processing | ClaimAs::Succeeded => query.bind(id_sources),
                 ClaimAs::Leased => query
                     .bind(items.iter().map(|it| it.message.payload.as_slice()).collect::<Vec<_>>())
                     .bind(stored.iter().map(|s| Json(&s.headers)).collect::<Vec<_>>())
                     .bind(column(&|s| s.type_property.as_deref().map(str::to_owned)))
                     .bind(items.iter().filter(|it| it.reclaim_expired).map(|it| it.message_id.as_str()).collect::<Vec<_>>())
-                    .bind(items.iter().map(|it| it.starts_at_once).collect::<Vec<_>>()),
+                    .bind(items.iter().map(|it| it.starts_at_once).collect::<Vec<_>>())
+                    .bind(id_sources),
             }
             .fetch_all(&mut *conn)
             .await?;

@@ -31,7 +31,14 @@ async fn a_reused_id_shows_on_its_record_the_overview_and_the_filter_and_only_an
     let (record, conflict) = reused(&app, "order-7").await;
     succeeded_record(&app, "order-8", "ORDER.CREATE").await;
 
+    // As a consumer whose ids.from read the Kafka key wrote it.
+    sqlx::query("UPDATE dedup_records SET id_source = 'k' WHERE id = $1")
+        .bind(record)
+        .execute(&app._db.pool)
+        .await
+        .unwrap();
     let detail: Value = app.get(&format!("/api/v1/records/{record}")).await.json().await.unwrap();
+    assert_eq!(detail["source"]["id_from"], "key", "the record says where its own id came from");
     let copy = &detail["conflicts"][0];
     assert_eq!(
         (&copy["kind"], &copy["message_type"], &copy["copies"]),
@@ -41,6 +48,7 @@ async fn a_reused_id_shows_on_its_record_the_overview_and_the_filter_and_only_an
     let page = app.get(&format!("/records/{record}")).await.text().await.unwrap();
     assert!(page.contains("data-testid=\"conflicts\""), "the record page lists them");
     assert!(page.contains("id from key"), "and says where the reused id came from");
+    assert!(page.contains("<dt>Id from</dt><dd>key</dd>"), "as the record's own facts do");
     assert!(page.contains("&lt;b&gt;1&lt;/b&gt;") && !page.contains("<b>1</b>"), "a payload is shown as text");
 
     let listed: Value = app.get("/api/v1/records?flag=conflict").await.json().await.unwrap();

@@ -196,6 +196,7 @@ pub fn record_detail_view(
     marker: MarkerState,
 ) -> RecordDetailView {
     let (takeovers, possible_double_effect, calls) = (d.takeovers(), d.possible_double_effect(), d.calls());
+    let id_from = d.id_source().map(|kind| kind.as_str().to_owned());
     RecordDetailView {
         record: d.row.into(),
         reentries: d.reentries,
@@ -216,6 +217,7 @@ pub fn record_detail_view(
             exchange: d.source_exchange,
             routing_key: d.source_routing_key,
             queue: d.source_queue,
+            id_from,
         },
         last_duplicate_at: opt_time(d.last_duplicate_at),
         last_duplicate_delay_ms: d.last_duplicate_delay_ms,

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::PgStore;
 use crate::db::storable::{self, Storable};
-use crate::message::InboundMessage;
+use crate::message::{IdSourceKind, InboundMessage};
 use crate::record::{ConsumerGroup, HandlerMode, MessageId};
 use crate::store::StoreError;
 
@@ -49,13 +49,13 @@ WITH held AS (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         lease_owner, lease_token, lease_expires_at, parked_at, last_error, error_class,
         payload_hash, payload, headers, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue, type_property)
+        source_broker, source_exchange, source_routing_key, source_queue, type_property, id_source)
     VALUES ($1, $2, $3, 'processing', $4, 0, $5,
             "#,
     held_owner!(),
     r#", $6, now(), now(), $7, $8,
             $9, $10, $11, $12,
-            $13, $14, $15, $16, $17)
+            $13, $14, $15, $16, $17, $19)
     ON CONFLICT (consumer_group, message_id) DO NOTHING
     RETURNING r.id, r.message_type, true AS created
 )"#,
@@ -77,6 +77,8 @@ pub(crate) struct HeldDelivery<'a> {
     pub max_attempts: i32,
     pub payload_hash: &'a [u8],
     pub message: &'a InboundMessage,
+    /// Where its message id came from.
+    pub id_source: IdSourceKind,
     /// When the deleted record of the same message id was first seen.
     pub first_seen_at: DateTime<Utc>,
 }
@@ -150,6 +152,7 @@ impl PgStore {
         .bind(m.queue.as_deref())
         .bind(m.type_property.as_deref())
         .bind(d.first_seen_at)
+        .bind(d.id_source.code())
         .fetch_optional(&self.pool)
         .await?;
     match row {

@@ -214,12 +214,14 @@ RETURNING r.id, r.message_id, r.status, r.lease_expires_at,
 );
 
 /// The rows of a transactional batch claim, in message-id order (one lock order for every
-/// batch); `$1` group, `$2` max attempts, `$6`..`$13` the items' columns.
+/// batch); `$1` group, `$2` max attempts, `$6`..`$14` the items' columns (`$14` where each id
+/// came from, [`crate::message::IdSourceKind::code`]).
 macro_rules! claim_many_rows {
     () => {
         r#"
-FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
-     AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue)
+FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
+            $14::"char"[])
+     AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue, id_source)
 ORDER BY i.message_id
 "#
     };
@@ -234,10 +236,10 @@ WITH claimed AS (
     INSERT INTO {s}.dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         lease_owner, lease_token, lease_expires_at, payload_hash, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue)
+        source_broker, source_exchange, source_routing_key, source_queue, id_source)
     SELECT $1, i.message_id, i.message_type, 'processing', 'transactional', 1, $2,
            $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.content_type,
-           i.broker, i.exchange, i.routing_key, i.queue"#,
+           i.broker, i.exchange, i.routing_key, i.queue, i.id_source"#,
     claim_many_rows!(),
     take_over!(),
     "\n    WHERE ",
@@ -264,10 +266,10 @@ WITH claimed AS (
     INSERT INTO {s}.dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         completed_at, payload_hash, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue)
+        source_broker, source_exchange, source_routing_key, source_queue, id_source)
     SELECT $1, i.message_id, i.message_type, 'succeeded', 'transactional', 1, $2,
            now(), i.payload_hash, i.content_type,
-           i.broker, i.exchange, i.routing_key, i.queue"#,
+           i.broker, i.exchange, i.routing_key, i.queue, i.id_source"#,
     claim_many_rows!(),
     r#"
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET
@@ -302,7 +304,7 @@ SELECT id, message_id, attempts, max_attempts, created, first_seen_at, claimed_a
 /// reclaim`) unless it is a late duplicate held for an operator ([`held_owner`]). `$18`: whether each item's effect starts at once (`effect_started`; the others are
 /// marked by [`MARK_EFFECTS_STARTED_SQL`] before they start). A record whose lease expired
 /// before its effect started (`effect_started = false`) is taken over whatever the policy: no
-/// effect was attempted. `prior` reads the status each record started from, only to tell a
+/// effect was attempted. `$19`: where each id came from. `prior` reads the status each record started from, only to tell a
 /// takeover apart.
 pub(super) const CLAIM_MANY_LEASED_SQL: &str = concat!(
     r#"
@@ -313,14 +315,14 @@ WITH prior AS (
     INSERT INTO {s}.dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         lease_owner, lease_token, lease_expires_at, payload_hash, payload, headers, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue, type_property, effect_started)
+        source_broker, source_exchange, source_routing_key, source_queue, type_property, effect_started, id_source)
     SELECT $1, i.message_id, i.message_type, 'processing', 'leased', 1, $2,
            $3, $4, now() + $5 * interval '1 millisecond', i.payload_hash, i.payload, i.headers, i.content_type,
-           i.broker, i.exchange, i.routing_key, i.queue, i.type_property, i.started
+           i.broker, i.exchange, i.routing_key, i.queue, i.type_property, i.started, i.id_source
     FROM unnest($6::text[], $7::text[], $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
-                $14::bytea[], $15::jsonb[], $16::text[], $18::boolean[])
+                $14::bytea[], $15::jsonb[], $16::text[], $18::boolean[], $19::"char"[])
          AS i(message_id, message_type, payload_hash, content_type, broker, exchange, routing_key, queue,
-              payload, headers, type_property, started)
+              payload, headers, type_property, started, id_source)
     ORDER BY i.message_id"#,
     take_over!(),
     "\n    WHERE ",

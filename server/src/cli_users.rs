@@ -1,5 +1,5 @@
-//! `dedup-console user add|set-password|list`: account management from the command line, for
-//! the first admin and for recovery. Passwords come from the `DEDUP_USER_PASSWORD` environment
+//! `dedup-console user add|set-password|list|token`: account management from the command line,
+//! for the first admin, for recovery, and for API tokens of scripts and CI. Passwords come from the `DEDUP_USER_PASSWORD` environment
 //! variable or the first line of standard input, never from an argument (arguments are visible
 //! in `ps` and shell history). Changes are in the audit log with actor `cli:<os user>`.
 
@@ -8,6 +8,7 @@ use std::io::BufRead;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use dedup_engine::console::accounts::passwords::{self, hash_password};
+use dedup_engine::console::accounts::tokens::token_create;
 use dedup_engine::console::accounts::users::{user_add, user_list, user_set_password};
 use dedup_engine::console::accounts::{Role, UserName};
 use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
@@ -26,6 +27,19 @@ pub enum UserCommand {
     SetPassword(UserNameArg),
     /// List users with role and state.
     List,
+    /// Create an API token for a user and print it on stdout, alone (it is shown once; only its
+    /// SHA-256 is stored): `TOKEN=$(dedup-console user token ci --label pipeline)`.
+    Token(UserTokenArgs),
+}
+
+/// `user token` options.
+#[derive(Debug, Args)]
+pub struct UserTokenArgs {
+    /// Login name of the token's owner (the token acts with that user's role).
+    pub name: String,
+    /// What the token is for, as the Account page lists it.
+    #[arg(long, default_value = "cli")]
+    pub label: String,
 }
 
 /// `user add` options.
@@ -97,6 +111,17 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
             let user = user_set_password(pool, &args.name, &hash).await?;
             audit(pool, "user.set_password", json!({ "user": user.name })).await?;
             println!("password of {} changed", user.name);
+        }
+        UserCommand::Token(args) => {
+            let users = user_list(pool).await?;
+            let user = users
+                .iter()
+                .find(|u| u.name.as_str() == args.name)
+                .with_context(|| format!("no user named {:?} (see `user list`)", args.name))?;
+            let (token, secret) = token_create(pool, user.id, &args.label).await?;
+            let detail = json!({ "user": user.name, "name": token.name, "token_id": token.id });
+            audit(pool, "token.create", detail).await?;
+            println!("{secret}");
         }
         UserCommand::List => {
             for u in user_list(pool).await? {

@@ -56,20 +56,27 @@ async fn cleanup_schedules_are_created_listed_edited_and_run_from_the_command_li
         "--status",
         "dead",
         "--disable",
+        "--fingerprint-days",
+        "3",
     ];
     let out = cli(&edit).await;
     assert!(out.status.success(), "{}", text(&out).1);
     assert!(text(&out).0.contains("next run: disabled"), "{}", text(&out).0);
-    let (cron, retention, statuses, enabled): (String, i32, Vec<String>, bool) =
-        sqlx::query_as("SELECT cron, retention_days, statuses, enabled FROM cleanup_schedules WHERE id = $1")
-            .bind(id)
-            .fetch_one(&world.db.pool)
-            .await
-            .unwrap();
+    let (cron, retention, statuses, enabled, fingerprint_days): (String, i32, Vec<String>, bool, Option<i32>) =
+        sqlx::query_as(
+            "SELECT cron, retention_days, statuses, enabled, fingerprint_days FROM cleanup_schedules WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&world.db.pool)
+        .await
+        .unwrap();
     assert_eq!(
-        (cron.as_str(), retention, statuses, enabled),
-        ("0 3 * * *", 14, vec!["dead".to_owned(), "succeeded".to_owned()], false)
+        (cron.as_str(), retention, statuses, enabled, fingerprint_days),
+        ("0 3 * * *", 14, vec!["dead".to_owned(), "succeeded".to_owned()], false, Some(3))
     );
+    let listed = text(&cli(&["cleanup", "list"]).await).0;
+    let row = listed.lines().find(|l| l.contains("nightly")).unwrap_or_default().to_owned();
+    assert!(row.contains("14 d") && row.contains("3 d"), "the fingerprint horizon listed: {listed}");
 
     // Run: one record past the retention, one inside it.
     sqlx::query(
@@ -91,6 +98,21 @@ async fn cleanup_schedules_are_created_listed_edited_and_run_from_the_command_li
     let left: Vec<String> =
         sqlx::query_scalar("SELECT message_id FROM dedup_records").fetch_all(&world.db.pool).await.unwrap();
     assert_eq!(left, ["ORDER.PAY.NEW:1"]);
+    let (kept, days): (i64, f64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(max(extract(epoch FROM forget_at - now()) / 86400), 0)::float8 FROM dedup_fingerprints",
+    )
+    .fetch_one(&world.db.pool)
+    .await
+    .unwrap();
+    assert!(kept == 1 && days > 2.0 && days <= 3.0, "its fingerprint kept 3 days: {kept} {days}");
+    let out = cli(&["cleanup", "edit", &id_text, "--default-fingerprint-days"]).await;
+    assert!(out.status.success(), "{}", text(&out).1);
+    let days: Option<i32> = sqlx::query_scalar("SELECT fingerprint_days FROM cleanup_schedules WHERE id = $1")
+        .bind(id)
+        .fetch_one(&world.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(days, None, "10 × the retention again");
 
     let audited: Vec<(String, String)> = sqlx::query_as(
         "SELECT action, outcome FROM audit_log WHERE actor = 'cli:olga' AND action LIKE 'cleanup.%' ORDER BY id",
@@ -107,6 +129,7 @@ async fn cleanup_schedules_are_created_listed_edited_and_run_from_the_command_li
             ("cleanup.schedule.create", "refused"),
             ("cleanup.schedule.update", "ok"),
             ("cleanup.run", "ok"),
+            ("cleanup.schedule.update", "ok"),
         ],
         "every change and refusal audited as the CLI's user"
     );

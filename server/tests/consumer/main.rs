@@ -8,6 +8,7 @@
 //! process killed); cleanup schedules managed from the command line.
 
 mod cleanup_cli;
+mod conflicts_cli;
 mod crashes;
 mod database_outage;
 mod database_restart;

@@ -7,10 +7,6 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_engine::console::accounts::passwords::hash_password;
-use dedup_engine::console::accounts::tokens::token_create;
-use dedup_engine::console::accounts::users::user_add;
-use dedup_engine::console::accounts::{Role, UserName};
 use dedup_engine::testing::kafka::TestKafka;
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url, redis_url};
 use dedup_engine::{Backoff, IdPolicy, SourceFactory};
@@ -145,12 +141,21 @@ impl World {
     }
 
     /// Adds the user `operator` (role operator) to the world's database and returns a new API
-    /// token of theirs, for `Authorization: Bearer` calls to the REST API of its servers.
+    /// token of theirs, for `Authorization: Bearer` calls to the REST API of its servers — as a
+    /// team's script would, headless: `user add`, then `user token`, which prints the token alone.
     pub async fn operator_token(&self) -> String {
-        let name = UserName::parse("operator").unwrap();
-        let hash = hash_password("operator password").unwrap();
-        let user = user_add(&self.db.pool, &name, Role::Operator, &hash).await.expect("operator added");
-        token_create(&self.db.pool, user.id, "tests").await.expect("token created").1
+        let add = self
+            .command(&["user", "add", "operator", "--role", "operator"])
+            .env("DEDUP_USER_PASSWORD", "operator password")
+            .output()
+            .await
+            .unwrap();
+        assert!(add.status.success(), "user add: {}", String::from_utf8_lossy(&add.stderr));
+        let token = self.command(&["user", "token", "operator", "--label", "tests"]).output().await.unwrap();
+        assert!(token.status.success(), "user token: {}", String::from_utf8_lossy(&token.stderr));
+        let token = String::from_utf8(token.stdout).unwrap();
+        assert_eq!(token.lines().count(), 1, "the token alone on stdout: {token:?}");
+        token.trim().to_owned()
     }
 
     /// Publishes a simulation run through the world's exchange (or Kafka topic) to the one

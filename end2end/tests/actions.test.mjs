@@ -1,6 +1,7 @@
 // Operator actions in Chromium: release a stuck record and requeue a dead one (confirmation
 // dialogs), a bulk requeue with its preview and live progress, a cleanup schedule (invalid cron
-// refused, dry run, run now), a duplicate drill, and the audit entries of all of them.
+// refused, dry run, run now), a duplicate drill, conflicting copies settled, and the audit
+// entries of all of them.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -138,12 +139,36 @@ test('duplicate drill on a succeeded record: caught, nothing happened twice', as
   await screenshot(page, 'action-drill');
 });
 
+test('conflicting copies on a record: one requeued under a new id, one dismissed with a reason', async () => {
+  const id = insert({ id: 'order-E2E7', status: 'succeeded', payload: false });
+  const copy = (kind, type, payload) => server.sql(`INSERT INTO record_conflicts (record_id, consumer_group, message_id,
+      kind, message_type, id_source, payload_hash, payload, headers, content_type, source_broker, source_exchange,
+      source_routing_key) VALUES (${id}, 'order-service', 'order-E2E7', '${kind}', '${type}', 'key', '\\x0${kind === 'type' ? 1 : 2}',
+      convert_to('${payload}', 'UTF8'), '{}', 'application/json', 'rabbitmq', '${exchange}', 'order.pay') RETURNING id`);
+  const reused = copy('type', 'ORDER.PAY', '{"orderNo": "E2E7", "paid": 1}');
+  const retried = copy('payload', 'ORDER.NOTIFY', '{"orderNo": "E2E7", "sentAt": 2}');
+  const { page, errors } = await open(`/records/${id}`);
+  const row = (conflict) => page.locator(`[data-testid="conflicts"] tr[data-conflict-id="${conflict}"]`);
+  await row(reused).locator('[data-testid="conflict-requeue"]').click();
+  await row(reused).locator('[data-testid="conflict-settled"]').waitFor();
+  assert.match(await row(reused).innerText(), new RegExp(`requeued as order-E2E7#conflict-${reused} by user:admin`));
+  const dismiss = row(retried).locator('[data-testid="conflict-dismiss"]');
+  assert.equal(await dismiss.isDisabled(), true, 'a reason is required');
+  await row(retried).locator('[data-testid="conflict-dismiss-reason"]').fill('a producer retry with a new send time');
+  await dismiss.click();
+  await row(retried).locator('[data-testid="conflict-settled"]').waitFor();
+  assert.match(await row(retried).innerText(), /dismissed by user:admin/);
+  assert.equal(server.sql(`SELECT count(*) FROM record_conflicts WHERE record_id = ${id} AND settled_at IS NOT NULL`), '2');
+  await screenshot(page, 'action-conflicts');
+  assert.deepEqual(errors, []);
+});
+
 test('the audit page lists every action, filters by outcome, and the record page shows its entries', async () => {
   const { page } = await open('/audit');
   const actions = await page.locator('[data-testid="audit-table"] tbody tr').evaluateAll((rows) =>
     rows.map((r) => `${r.dataset.action}:${r.dataset.outcome}`));
   for (const expected of ['record.release:ok', 'record.requeue:ok', 'bulk.requeue.start:ok', 'cleanup.schedule.create:refused',
-    'cleanup.schedule.create:ok', 'cleanup.run:ok', 'record.drill:ok']) {
+    'cleanup.schedule.create:ok', 'cleanup.run:ok', 'record.drill:ok', 'conflict.requeue:ok', 'conflict.dismiss:ok']) {
     assert.ok(actions.includes(expected), `${expected} in ${actions}`);
   }
   await page.selectOption('select[name="outcome"]', 'refused');

@@ -39,6 +39,13 @@ test('overview hydrates and its refresh button fetches the health again', async 
   const after = await page.getByTestId('checked-at').textContent();
   assert.ok(after > before, `checked-at moved forward: ${before} -> ${after}`);
 
+  // This serve process among the instances: live, reading its queue (its own row shows its
+  // consumers as they are now; its first heartbeat was written before its workers connected).
+  const instance = page.locator('[data-testid="instance"]').filter({ hasText: 'this process' });
+  assert.equal(await instance.count(), 1, await page.locator('[data-testid="instances"]').innerText());
+  assert.equal(await instance.getByTestId('instance-state').innerText(), 'live');
+  assert.match(await instance.getByTestId('instance-owns').innerText(), /^queue /, 'as it is now, not at its first beat');
+
   await screenshot(page, 'overview');
   assert.deepEqual(errors, [], 'no script errors');
 });

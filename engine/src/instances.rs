@@ -2,8 +2,8 @@
 //! heartbeat row in `consumer_instances` every [`HEARTBEAT`] — its host, pid and start, and per
 //! consumer group its broker, what it owns ([`SourceFactory::owned`]: Kafka partitions, or the
 //! RabbitMQ queue its channels read), running workers and deliveries in flight. Any process that
-//! serves the console lists every row ([`instances`]): an operator sees who owns what during a
-//! rebalance. A clean stop deletes the row; a row not written for [`FORGET_AFTER`] is deleted by
+//! serves the console lists every row (`EngineHandle::instances`), its own as it is now: an
+//! operator sees who owns what during a rebalance. A clean stop deletes the row; a row not written for [`FORGET_AFTER`] is deleted by
 //! any instance's next beat (a process killed for good).
 //!
 //! [`SourceFactory::owned`]: crate::source::SourceFactory::owned
@@ -63,7 +63,8 @@ pub struct Instance {
     pub last_seen_at: DateTime<Utc>,
     /// True when the last heartbeat is older than 30 s (six beats).
     pub gone: bool,
-    /// Whether it is the process that read the list (same host and pid).
+    /// Whether it is the engine that answered: its consumers are shown as they are now, not as
+    /// its last heartbeat wrote them.
     #[sqlx(skip)]
     pub this_process: bool,
     /// Its consumer groups, in their declared order.
@@ -71,21 +72,32 @@ pub struct Instance {
     pub consumers: Vec<InstanceConsumer>,
 }
 
-/// Every instance with a row, newest start first (database time decides what is gone).
+/// Every instance with a row, newest start first (database time decides what is gone); `own`,
+/// the asking engine's beat and groups, has its row's consumers read now.
 ///
 /// Errors: database errors.
-pub async fn instances(pool: &PgPool) -> Result<Vec<Instance>, sqlx::Error> {
-    let mut rows: Vec<Instance> = sqlx::query_as(
+pub(crate) async fn instances(pool: &PgPool, own: Option<(&Beat, &[RunningGroup])>) -> Result<Vec<Instance>, sqlx::Error> {
+    let read = sqlx::query_as::<_, Instance>(
         "SELECT instance_id, host, pid, started_at, last_seen_at,
                 last_seen_at < now() - $1 * interval '1 millisecond' AS gone, consumers
          FROM consumer_instances ORDER BY started_at DESC, instance_id",
     )
     .bind(millis(GONE_AFTER))
-    .fetch_all(pool)
-    .await?;
-    let (this_host, this_pid) = (crate::worker::hostname(), std::process::id());
-    for row in &mut rows {
-        row.this_process = row.host == this_host && u32::try_from(row.pid).is_ok_and(|pid| pid == this_pid);
+    .fetch_all(pool);
+    let now = async {
+        match own {
+            Some((_, groups)) => Some(Beat::consumers(groups).await),
+            None => None,
+        }
+    };
+    let (rows, now) = tokio::join!(read, now);
+    let mut rows = rows?;
+    if let (Some((beat, _)), Some(now)) = (own, now)
+        && let Some(row) = rows.iter_mut().find(|r| r.instance_id == beat.instance_id)
+    {
+        row.this_process = true;
+        row.gone = false;
+        row.consumers = now;
     }
     Ok(rows)
 }
@@ -94,8 +106,8 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// This process as an instance: its id and what its groups are doing now.
-struct Beat {
+/// An engine as an instance: its id and what its groups are doing now.
+pub(crate) struct Beat {
     instance_id: String,
     host: String,
     pid: i32,
@@ -103,7 +115,7 @@ struct Beat {
 }
 
 impl Beat {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let host = crate::worker::hostname();
         let pid = std::process::id();
         let started_at = Utc::now();
@@ -150,22 +162,35 @@ impl Beat {
     }
 }
 
-/// Writes this instance's row every [`HEARTBEAT`] until `shutdown`, then deletes it. A failed
-/// write is logged and tried at the next beat.
-pub(crate) async fn run_heartbeat(pool: PgPool, groups: Arc<Vec<RunningGroup>>, shutdown: CancellationToken) {
-    let beat = Beat::new();
+/// Longest wait for the row's deletion at a clean stop (a database that hangs must not hold
+/// the stop; the row then shows as gone after [`GONE_AFTER`]).
+const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Writes `beat`'s row every [`HEARTBEAT`] until `shutdown` (a write in progress is abandoned
+/// then), then deletes it. A failed write is logged and tried at the next beat.
+pub(crate) async fn run_heartbeat(
+    pool: PgPool,
+    beat: Arc<Beat>,
+    groups: Arc<Vec<RunningGroup>>,
+    shutdown: CancellationToken,
+) {
     let mut ticker = tokio::time::interval(HEARTBEAT);
     loop {
-        tokio::select! {
+        let written = tokio::select! {
             () = shutdown.cancelled() => break,
-            _ = ticker.tick() => {}
-        }
-        if let Err(e) = beat.write(&pool, &groups).await {
+            _ = ticker.tick() => tokio::select! {
+                () = shutdown.cancelled() => break,
+                written = beat.write(&pool, &groups) => written,
+            },
+        };
+        if let Err(e) = written {
             tracing::warn!(error = %e, "writing this instance's heartbeat failed; will retry");
         }
     }
     let gone = sqlx::query("DELETE FROM consumer_instances WHERE instance_id = $1").bind(&beat.instance_id);
-    if let Err(e) = gone.execute(&pool).await {
-        tracing::warn!(error = %e, "deleting this instance's heartbeat row failed; it shows as gone");
+    match tokio::time::timeout(DELETE_TIMEOUT, gone.execute(&pool)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "deleting this instance's heartbeat row failed; it shows as gone"),
+        Err(_) => tracing::warn!("deleting this instance's heartbeat row timed out; it shows as gone"),
     }
 }

@@ -16,6 +16,7 @@ use crate::db::{self, Schema, SchemaError};
 use crate::fastpath::{FastPath, FastPathSettings};
 use crate::group::{Group, HttpEndpoint};
 use crate::health::GroupHealth;
+use crate::instances::{Beat, Instance};
 use crate::message::Broker;
 use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::record::{ConsumerGroup, IdError};
@@ -242,9 +243,11 @@ impl EngineBuilder {
             running.push(RunningGroup { name, source: factory, status, types, http });
         }
         let running = Arc::new(running);
-        if self.consume {
+        let beat = self.consume.then(|| Arc::new(Beat::new()));
+        if let Some(beat) = &beat {
             tasks.push(tokio::spawn(crate::instances::run_heartbeat(
                 engine_pool.clone(),
+                beat.clone(),
                 running.clone(),
                 shutdown.clone(),
             )));
@@ -272,6 +275,7 @@ impl EngineBuilder {
             fast_path,
             publishers,
             groups: running,
+            beat,
         };
         Ok(Engine { handle, shutdown, tasks })
     }
@@ -306,6 +310,8 @@ pub struct EngineHandle {
     fast_path: Arc<FastPath>,
     publishers: Publishers,
     groups: Arc<Vec<RunningGroup>>,
+    /// This engine as an instance, when it consumes.
+    beat: Option<Arc<Beat>>,
 }
 
 impl EngineHandle {
@@ -338,6 +344,16 @@ impl EngineHandle {
     #[doc(hidden)]
     pub fn groups(&self) -> &[RunningGroup] {
         &self.groups
+    }
+
+    /// Every instance consuming from this database, newest start first, this engine's own
+    /// consumers as they are now (for the console's overview, [`crate::console`]).
+    ///
+    /// Errors: database errors.
+    #[doc(hidden)]
+    pub async fn instances(&self) -> Result<Vec<Instance>, sqlx::Error> {
+        let own = self.beat.as_deref().map(|beat| (beat, &self.groups[..]));
+        crate::instances::instances(&self.pool, own).await
     }
 
     /// Each group's health: not ready while its broker refuses its topology (see

@@ -136,7 +136,8 @@ pub struct InstanceView {
     /// True when the last heartbeat is older than 30 s: stopped without saying so (killed, a
     /// lost host) or cut off from the database.
     pub gone: bool,
-    /// Whether it is the process that served this answer.
+    /// Whether it is the process that served this answer (its consumers as they are now, not
+    /// as its last heartbeat wrote them).
     pub this_process: bool,
     /// Its consumer groups.
     pub consumers: Vec<InstanceConsumerView>,

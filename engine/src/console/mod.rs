@@ -35,7 +35,7 @@ pub use crate::consumer::ConsumerStatus;
 pub use crate::db::engine_pool;
 pub use crate::fastpath::FastPath;
 pub use crate::group::HttpEndpoint;
-pub use crate::instances::{Instance, InstanceConsumer, instances};
+pub use crate::instances::{Instance, InstanceConsumer};
 pub use crate::record::{RecordStatus, UnknownStatus};
 pub use crate::runtime::RunningGroup;
 pub use crate::service::redact_url;

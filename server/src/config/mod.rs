@@ -363,7 +363,9 @@ signing_secret = "whsec_c2VjcmV0LXNpZ25pbmc="
             jail.set_env("DEDUP_CONSUMER__SOURCE", "kafka");
             jail.set_env("DEDUP_CONSUMER__KAFKA__TOPICS", r#"["t-1.orders","t-2"]"#);
             jail.set_env("DEDUP_CONSUMER__KAFKA__SESSION_TIMEOUT_MS", "6000");
+            jail.set_env("DEDUP_CONSUMER__LATE_DUPLICATES", "hold");
             let s = Settings::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(s.consumer.settings.late_duplicates, dedup_engine::LateDuplicatePolicy::Hold);
             assert_eq!(s.consumer.source, Broker::Kafka);
             assert_eq!(s.consumer.kafka.topics, ["t-1.orders", "t-2"]);
             assert_eq!(s.consumer.kafka.session_timeout_ms, 6000);

@@ -25,6 +25,12 @@ async fn a_reused_id_warns_at_start_and_requeue_conflicts_pays_the_order_once() 
     world.publish_with("order-R5", "order.pay", &typed("ORDER.PAY"), pay).await;
     let open = "SELECT count(*) FROM record_conflicts WHERE settled_at IS NULL AND kind = 'type'";
     assert_eq!(world.wait_for(Duration::from_secs(30), open, |n: &i64| *n == 1).await, 1, "the PAY's copy kept");
+    let metrics = reqwest::get(a.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("dedup_reused_ids_total{group=\"order-service\"} 1")),
+        "the metric counts it: {}",
+        metrics.lines().filter(|l| l.contains("reused")).collect::<Vec<_>>().join("\n")
+    );
     a.stop().await;
 
     let b = world.serve("b", &env).await;

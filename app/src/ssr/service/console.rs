@@ -97,7 +97,7 @@ pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError
         overview::duplicate_delays(pool, 30),
         consumers(state),
         endpoints(state),
-        dedup_engine::console::instances(pool),
+        state.engine.instances(),
     );
     let snapshot = snapshot?;
     Ok(OverviewView {

@@ -68,9 +68,18 @@ impl IdSourceKind {
         }
     }
 
-    /// Its one-byte code in `dedup_records.id_source`: the first letter of its name.
+    /// Its one-byte code in `dedup_records.id_source` (migration `20261204000070`): `p`
+    /// property, `h` header, `k` key, `j` payload (a JSON pointer), `o` offset. Not the first
+    /// letter of its name: property and payload share one.
     pub fn code(self) -> i8 {
-        self.as_str().as_bytes()[0] as i8
+        let code = match self {
+            Self::Property => b'p',
+            Self::Header => b'h',
+            Self::Key => b'k',
+            Self::Payload => b'j',
+            Self::Offset => b'o',
+        };
+        code as i8
     }
 
     /// The kind of a stored code; `None` for an unknown one.

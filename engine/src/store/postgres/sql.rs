@@ -38,7 +38,8 @@ macro_rules! same_type {
 /// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
 /// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
 /// was still `processing` (an expired lease), and whether its effect may have started as the
-/// claim says (NULL: unknown, when the claim does not say).
+/// claim says (NULL: unknown, when the claim does not say). A record without an id source (a
+/// `NO_HANDLER` dead letter, a record from before migration 070) takes the claim's.
 macro_rules! take_over {
     () => {
         r#"
@@ -55,6 +56,7 @@ macro_rules! take_over {
         effect_started = EXCLUDED.effect_started,
         next_attempt_at = NULL,
         parked_at = NULL,
+        id_source = COALESCE(r.id_source, EXCLUDED.id_source),
         updated_at = now()"#
     };
 }
@@ -280,6 +282,7 @@ WITH claimed AS (
         message_type = EXCLUDED.message_type,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL, error_class = NULL,
+        id_source = COALESCE(r.id_source, EXCLUDED.id_source),
         completed_at = now(), updated_at = now()
     WHERE "#,
     same_type!(),

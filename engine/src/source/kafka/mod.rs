@@ -331,8 +331,12 @@ impl SourceFactory for KafkaConnector {
         self.connected.load(Ordering::Relaxed)
     }
 
+    /// Never waits on the member lock: a worker's `open` holds it while a member starts (topics
+    /// ensured, up to `request_timeout_ms` per worker while the cluster does not answer), and the
+    /// instance heartbeat, which asks every group, would wait behind it (the instance shown gone).
+    /// A member being started owns nothing yet.
     async fn owned(&self) -> Vec<String> {
-        let Some(member) = self.member.lock().await.clone() else { return Vec::new() };
+        let Some(member) = self.member.try_lock().ok().and_then(|m| m.clone()) else { return Vec::new() };
         let mut owned: Vec<_> = member.shared.offsets().assigned().cloned().collect();
         owned.sort();
         owned.into_iter().map(|tp| format!("{}[{}]", tp.topic, tp.partition)).collect()

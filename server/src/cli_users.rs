@@ -113,11 +113,18 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
             println!("password of {} changed", user.name);
         }
         UserCommand::Token(args) => {
+            // Names are matched as sign-in and `set-password` match them: trimmed, any case.
+            let name = args.name.trim();
             let users = user_list(pool).await?;
             let user = users
                 .iter()
-                .find(|u| u.name.as_str() == args.name)
-                .with_context(|| format!("no user named {:?} (see `user list`)", args.name))?;
+                .find(|u| u.name.as_str().eq_ignore_ascii_case(name))
+                .with_context(|| format!("no user named {name:?} (see `user list`)"))?;
+            if user.disabled {
+                // Its token would not authenticate, and would start to the day the user is
+                // enabled again, unnoticed.
+                anyhow::bail!("user {} is disabled: enable them before making them a token", user.name);
+            }
             let (token, secret) = token_create(pool, user.id, &args.label).await?;
             let detail = json!({ "user": user.name, "name": token.name, "token_id": token.id });
             audit(pool, "token.create", detail).await?;

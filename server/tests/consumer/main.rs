@@ -20,3 +20,4 @@ mod http_service;
 mod kafka;
 mod requeue;
 mod support;
+mod user_token_cli;

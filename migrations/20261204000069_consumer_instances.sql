@@ -2,8 +2,8 @@
 -- that consumes writes its row every 5 s: who it is, and per consumer group what it owns (Kafka
 -- partitions assigned to it, or the RabbitMQ queue its channels read), its running workers and
 -- the deliveries in flight. An operator sees who owns what during a rebalance from any process
--- that serves the console. A clean stop deletes the row; a row not written for a day is deleted
--- by any instance's next write.
+-- that serves the console. A clean stop deletes the row; a row not written for an hour is
+-- deleted by any instance's next write.
 CREATE TABLE consumer_instances (
     -- `<host>:<pid>:<8 random hex digits>` (a pid reused after a restart is another instance).
     instance_id  TEXT PRIMARY KEY,

@@ -25,25 +25,35 @@ pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// lost host) or cannot reach the database. Six beats.
 pub const GONE_AFTER: Duration = Duration::from_secs(30);
 
-/// A row older than this is deleted.
-pub const FORGET_AFTER: Duration = Duration::from_secs(86_400);
+/// A row older than this is deleted (a process that restarts in a loop leaves a gone row per
+/// start; an hour of them is history enough).
+pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
-/// One consumer group of an instance.
+/// Most instances listed: every live one of a large deployment, and the latest gone ones.
+pub const MAX_LISTED: i64 = 100;
+
+/// One consumer group of an instance. Every field but the group has a default, so a row written
+/// by another version of the engine still reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceConsumer {
     /// The consumer group.
     pub group: String,
     /// `rabbitmq` or `kafka`.
+    #[serde(default)]
     pub broker: String,
     /// What the instance owns: `<topic>[<partition>]` per Kafka partition, `queue <name>` for
     /// RabbitMQ; empty while it owns nothing (a Kafka member without partitions, a broker that
     /// cannot be reached).
+    #[serde(default)]
     pub owned: Vec<String>,
     /// Workers running (each a RabbitMQ channel, or a reader of the Kafka member).
+    #[serde(default)]
     pub workers: u64,
     /// Deliveries taken from the broker and not yet settled.
+    #[serde(default)]
     pub in_flight: u64,
     /// Whether its broker connection was up.
+    #[serde(default)]
     pub connected: bool,
 }
 
@@ -72,17 +82,19 @@ pub struct Instance {
     pub consumers: Vec<InstanceConsumer>,
 }
 
-/// Every instance with a row, newest start first (database time decides what is gone); `own`,
-/// the asking engine's beat and groups, has its row's consumers read now.
+/// The instances with a row, live ones first, then newest start first, at most
+/// [`MAX_LISTED`] (database time decides what is gone); `own`, the asking engine's beat and
+/// groups, has its row's consumers read now.
 ///
 /// Errors: database errors.
 pub(crate) async fn instances(pool: &PgPool, own: Option<(&Beat, &[RunningGroup])>) -> Result<Vec<Instance>, sqlx::Error> {
     let read = sqlx::query_as::<_, Instance>(
         "SELECT instance_id, host, pid, started_at, last_seen_at,
                 last_seen_at < now() - $1 * interval '1 millisecond' AS gone, consumers
-         FROM consumer_instances ORDER BY started_at DESC, instance_id",
+         FROM consumer_instances ORDER BY gone, started_at DESC, instance_id LIMIT $2",
     )
     .bind(millis(GONE_AFTER))
+    .bind(MAX_LISTED)
     .fetch_all(pool);
     let now = async {
         match own {

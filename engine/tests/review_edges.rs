@@ -22,13 +22,8 @@ use sqlx::Connection;
 
 #[test]
 fn every_id_source_kind_has_its_own_code() {
-    let kinds = [
-        IdSourceKind::Property,
-        IdSourceKind::Header,
-        IdSourceKind::Key,
-        IdSourceKind::Payload,
-        IdSourceKind::Offset,
-    ];
+    let kinds =
+        [IdSourceKind::Property, IdSourceKind::Header, IdSourceKind::Key, IdSourceKind::Payload, IdSourceKind::Offset];
     for kind in kinds {
         assert_eq!(IdSourceKind::from_code(kind.code()), Some(kind), "{kind:?} reads back as itself");
     }
@@ -45,11 +40,10 @@ async fn a_record_whose_id_came_from_the_payload_says_payload() {
     let mut m = raw_message(None, serde_json::to_vec(&json!({ "messageId": "ORDER.PAY.77" })).unwrap());
     m.content_type = Some("application/json".to_owned());
     assert_eq!(p.process("w", &[m]).await, vec![Disposition::Ack(AckReason::Processed)]);
-    let code: Option<i8> =
-        sqlx::query_scalar("SELECT id_source FROM dedup_records WHERE message_id = 'ORDER.PAY.77'")
-            .fetch_one(h.pool())
-            .await
-            .unwrap();
+    let code: Option<i8> = sqlx::query_scalar("SELECT id_source FROM dedup_records WHERE message_id = 'ORDER.PAY.77'")
+        .fetch_one(h.pool())
+        .await
+        .unwrap();
     assert_eq!(code.and_then(IdSourceKind::from_code), Some(IdSourceKind::Payload));
 }
 
@@ -58,8 +52,11 @@ async fn a_no_handler_record_taken_over_by_a_copy_keeps_where_its_id_came_from()
     let h = Harness::with_redis("redis://127.0.0.1:1").await;
     let pool = h.pool();
     let types = TypePolicy { from: vec![TypeSource::TypeProperty], ..TypePolicy::default() };
-    let settings =
-        PipelineSettings { type_policy: types, late_duplicates: LateDuplicatePolicy::Process, ..settings(3, Duration::from_secs(30)) };
+    let settings = PipelineSettings {
+        type_policy: types,
+        late_duplicates: LateDuplicatePolicy::Process,
+        ..settings(3, Duration::from_secs(30))
+    };
     let mut handlers = HandlerRegistry::new();
     handlers.register("ORDER.CREATED", Handler::Transactional(Arc::new(RecordTyped)));
     let p = h.pipeline_with(handlers, settings);
@@ -104,12 +101,8 @@ async fn a_kafka_group_still_starting_does_not_hold_up_what_it_owns() {
 #[tokio::test]
 async fn a_blocked_heartbeat_row_does_not_hold_up_the_engine_stop() {
     let db = TestDatabase::create().await;
-    let engine = Engine::builder(db.pool.clone())
-        .schema(db.schema.clone())
-        .redis("redis://127.0.0.1:1")
-        .start()
-        .await
-        .unwrap();
+    let engine =
+        Engine::builder(db.pool.clone()).schema(db.schema.clone()).redis("redis://127.0.0.1:1").start().await.unwrap();
     let table = format!("{}.consumer_instances", db.schema.as_str());
     let first = Instant::now();
     loop {

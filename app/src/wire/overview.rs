@@ -188,8 +188,8 @@ pub struct OverviewView {
     pub last_day: TrafficView,
     /// The engine's consumer groups, in the order they were declared.
     pub consumers: Vec<ConsumerView>,
-    /// Every instance that consumes from this database (newest start first), gone ones too
-    /// until they are forgotten a day after their last heartbeat.
+    /// Every instance that consumes from this database, live ones first, then newest start
+    /// first (100 at most); a gone one is listed until forgotten an hour after its last heartbeat.
     #[serde(default)]
     pub instances: Vec<InstanceView>,
     /// Duplicate arrival delays over the last 30 days.

@@ -1,5 +1,5 @@
 //! The records list (filters, keyset pages) and one record's detail with its attempt history
-//! and Redis marker state ([`detail`]).
+//! and Redis marker state ([`record_detail`], [`record_marker`]).
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, QueryBuilder};

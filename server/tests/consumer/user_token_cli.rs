@@ -23,7 +23,11 @@ async fn user_token_refuses_a_disabled_user() {
     sqlx::query("UPDATE users SET disabled = true WHERE name = 'gone'").execute(&world.db.pool).await.unwrap();
     let token = world.command(&["user", "token", "gone"]).output().await.unwrap();
     let stderr = String::from_utf8_lossy(&token.stderr);
-    assert!(!token.status.success(), "a token that cannot authenticate was printed: {:?}", String::from_utf8_lossy(&token.stdout));
+    assert!(
+        !token.status.success(),
+        "a token that cannot authenticate was printed: {:?}",
+        String::from_utf8_lossy(&token.stdout)
+    );
     assert!(stderr.contains("disabled"), "{stderr}");
     let tokens: i64 = sqlx::query_scalar("SELECT count(*) FROM api_tokens").fetch_one(&world.db.pool).await.unwrap();
     assert_eq!(tokens, 0, "no dormant token left for the day the user is enabled again");

@@ -66,7 +66,29 @@ async fn a_no_handler_record_taken_over_by_a_copy_keeps_where_its_id_came_from()
         m
     };
     p.process("w", &[event("ORDER.CREATE")]).await;
-    sqlx::query("UPDATE dedup_records SET status = 'failed', max_attempts = attempts + 1, next_attempt_at = now()")
+    let stored: Option<i8> = sqlx::query_scalar("SELECT id_source FROM dedup_records").fetch_one(pool).await.unwrap();
+    assert_eq!(stored.and_then(IdSourceKind::from_code), Some(IdSourceKind::Property), "the NO_HANDLER dead letter");
+    // Poison with an id of its own keeps where it came from; under a synthetic id, nothing.
+    let mut unparsable = message("order-9", json!({}));
+    unparsable.payload = b"{not json".to_vec();
+    let mut anonymous = message("x", json!({}));
+    (anonymous.property_message_id, anonymous.payload) = (None, b"{not json".to_vec());
+    p.process("w", &[unparsable, anonymous]).await;
+    let poison: Vec<(String, Option<i8>)> = sqlx::query_as(
+        "SELECT message_id, id_source FROM dedup_records WHERE poison ORDER BY message_id LIKE 'POISON%', message_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(poison.len(), 2, "{poison:?}");
+    assert_eq!(
+        (poison[0].0.as_str(), poison[0].1.and_then(IdSourceKind::from_code)),
+        ("order-9", Some(IdSourceKind::Property))
+    );
+    assert_eq!(poison[1].1, None, "a synthetic id came from nowhere: {poison:?}");
+    sqlx::query(
+        "UPDATE dedup_records SET status = 'failed', max_attempts = attempts + 1, next_attempt_at = now() WHERE NOT poison",
+    )
         .execute(pool)
         .await
         .unwrap();

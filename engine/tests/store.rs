@@ -261,6 +261,7 @@ async fn every_insert_statement_counts_what_it_creates() {
         keep_payload_bytes: 1024,
         max_attempts: 3,
         poison: true,
+        id_source: None,
     };
     assert!(store.record_poison(&mut conn, &poison).await.unwrap().1, "created");
     assert!(!store.record_poison(&mut conn, &poison).await.unwrap().1, "a copy is a duplicate");

@@ -232,17 +232,20 @@ impl IdPolicy {
     /// poison message with an id in its envelope (the sources of `from` but the payload and the
     /// offset, in its order) keeps it, typed from it; one without is typed [`POISON_TYPE`].
     pub fn identify(&self, message: &InboundMessage, types: &TypePolicy) -> Result<Identified, Poison> {
-        let poison = |reason: PoisonReason, id: Option<MessageId>| {
-            let (record_id, message_type) = match id {
-                Some(id) => {
+        let poison = |reason: PoisonReason, id: Option<(IdSourceKind, MessageId)>| {
+            let (record_id, message_type, id_source) = match id {
+                Some((kind, id)) => {
                     let t = types.resolve(message, Some(&id), None).name;
-                    (id, t)
+                    (id, t, Some(kind))
                 }
-                None => (synthetic_poison_id(&reason, message), POISON_TYPE.to_owned()),
+                None => (synthetic_poison_id(&reason, message), POISON_TYPE.to_owned(), None),
             };
-            Poison { record_id, message_type, reason }
+            Poison { record_id, message_type, reason, id_source }
         };
-        let envelope_id = || self.from.iter().find_map(|s| envelope(s, message)).and_then(Result::ok);
+        let envelope_id = || {
+            let (kind, found) = self.from.iter().find_map(|s| envelope(s, message).map(|found| (s.kind(), found)))?;
+            found.ok().map(|id| (kind, id))
+        };
         if message.payload.len() > self.max_payload_bytes {
             let reason = PoisonReason::TooLarge { bytes: message.payload.len(), max: self.max_payload_bytes };
             return Err(poison(reason, envelope_id()));

@@ -257,6 +257,8 @@ pub struct Poison {
     pub message_type: String,
     /// Why.
     pub reason: PoisonReason,
+    /// Where its id came from when it is the message's own; `None` for a synthetic id.
+    pub id_source: Option<IdSourceKind>,
 }
 
 /// True when the content type says the payload is not JSON (e.g. `application/octet-stream`).

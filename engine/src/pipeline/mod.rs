@@ -250,8 +250,9 @@ impl Pipeline {
                             message_type: identified.message_type.clone(),
                             raw: identified.raw_type,
                         };
-                        let message_type = identified.message_type;
-                        poison.push((index, message, Poison { record_id: identified.id, message_type, reason }));
+                        let (message_type, id_source) = (identified.message_type, Some(identified.id_kind));
+                        let record_id = identified.id;
+                        poison.push((index, message, Poison { record_id, message_type, reason, id_source }));
                     }
                 },
             }

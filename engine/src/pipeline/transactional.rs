@@ -300,6 +300,7 @@ impl Pipeline {
             keep_payload_bytes: self.settings.keep_poison_payload_bytes,
             max_attempts: self.settings.max_attempts,
             poison: p.reason.is_poison(),
+            id_source: p.id_source,
         };
         let created = match attempt.isolation {
             Isolation::Optimistic => {

@@ -307,6 +307,8 @@ pub struct PoisonRecord<'a> {
     /// True for poison (never processable, never requeued); false for a message whose type
     /// has no handler (a requeue processes it once the handler exists).
     pub poison: bool,
+    /// Where its id came from; `None` for a synthetic id.
+    pub id_source: Option<IdSourceKind>,
 }
 
 /// A dedup store. Methods take a connection so callers compose them with business changes in

@@ -33,6 +33,7 @@ use super::{
 use crate::db::Schema;
 use crate::db::storable::{self, Storable};
 use crate::handler::EffectAnswer;
+use crate::message::IdSourceKind;
 use crate::record::{HandlerMode, RecordStatus};
 
 #[macro_use]
@@ -543,6 +544,7 @@ impl DedupStore for PgStore {
             .bind(m.queue.as_deref())
             .bind(p.poison)
             .bind(m.type_property.as_deref())
+            .bind(p.id_source.map(IdSourceKind::code))
             .fetch_one(&mut *conn)
             .await?;
         Ok((row.try_get("id")?, row.try_get("created")?))

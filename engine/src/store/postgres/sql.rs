@@ -502,7 +502,8 @@ SELECT count(*) FROM deferred
 "#;
 
 /// A message that never reaches a handler, stored `dead` at once: poison (`$16` true), or a
-/// type without a handler (false: requeueable once the handler exists). A copy of one already
+/// type without a handler (false: requeueable once the handler exists); `$18` where its id came
+/// from (NULL for a synthetic id). A copy of one already
 /// stored counts as a duplicate on it.
 pub(super) const POISON_SQL: &str = concat!(
     r#"
@@ -510,9 +511,10 @@ WITH stored AS (
     INSERT INTO {s}.dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         last_error, error_class, payload_hash, payload, payload_truncated, headers, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue, poison, type_property)
-    VALUES ($1, $2, $3, 'dead', NULL, 0, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+        source_broker, source_exchange, source_routing_key, source_queue, poison, type_property, id_source)
+    VALUES ($1, $2, $3, 'dead', NULL, 0, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET
+        id_source = COALESCE(r.id_source, EXCLUDED.id_source),
         duplicate_count = r.duplicate_count + 1,
         last_duplicate_at = now(),
         payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = EXCLUDED.payload_hash THEN 0 ELSE 1 END

@@ -243,6 +243,49 @@ async fn a_record_dead_for_want_of_a_handler_is_claimed_by_a_copy_a_type_mapping
 }
 
 #[tokio::test]
+async fn a_delivery_with_a_handler_claims_a_no_handler_dead_letter_of_its_id() {
+    let h = Harness::with_redis("redis://127.0.0.1:1").await;
+    let pool = h.pool();
+    let p = pipeline_of(&h, &["ORDER.PAY"], LateDuplicatePolicy::Process);
+    // Sent without its type first (UNKNOWN, no handler), then resent typed by its producer.
+    let untyped = p.process("w", &[message("notype-1", json!({ "order": 1 }))]).await;
+    assert!(matches!(&untyped[0], Disposition::DeadLetter { reason } if reason.contains("no handler")), "{untyped:?}");
+    let typed = p.process("w", &[event("notype-1", "ORDER.PAY", json!({ "order": 1 }))]).await;
+    assert_eq!(typed, vec![Disposition::Ack(AckReason::Processed)], "no effect of it had run: it runs now");
+    let again = p.process("w", &[event("notype-1", "ORDER.PAY", json!({ "order": 1 }))]).await;
+    assert_eq!(again, vec![Disposition::Ack(AckReason::DuplicateDatabase)]);
+    assert_eq!(typed_effects(pool, "ORDER.PAY").await, 1);
+    let status: String = sqlx::query_scalar("SELECT status::text FROM dedup_records").fetch_one(pool).await.unwrap();
+    assert_eq!(status, "succeeded");
+}
+
+#[tokio::test]
+async fn a_no_handler_dead_letter_requeued_before_its_handler_exists_is_dead_again_not_stranded() {
+    let h = Harness::with_redis("redis://127.0.0.1:1").await;
+    let pool = h.pool();
+    let without = pipeline_of(&h, &["ORDER.PAY"], LateDuplicatePolicy::Process);
+    let foo = || event("foo-1", "ORDER.FOO", json!({ "x": 1 }));
+    assert!(matches!(&without.process("w", &[foo()]).await[0], Disposition::DeadLetter { .. }));
+    // An operator's requeue (the copy is republished) while ORDER.FOO still has no handler.
+    sqlx::query("UPDATE dedup_records SET status = 'failed', max_attempts = attempts + 1, next_attempt_at = now()")
+        .execute(pool)
+        .await
+        .unwrap();
+    let copy = without.process("w", &[foo()]).await;
+    assert!(matches!(&copy[0], Disposition::DeadLetter { reason } if reason.contains("no handler")), "{copy:?}");
+    let (status, duplicates, class): (String, i32, String) =
+        sqlx::query_as("SELECT status::text, duplicate_count, error_class FROM dedup_records")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), duplicates, class.as_str()), ("dead", 0, "NO_HANDLER: ORDER.FOO"));
+    // Once the handler exists, the next copy runs it.
+    let with = pipeline_of(&h, &["ORDER.FOO"], LateDuplicatePolicy::Process);
+    assert_eq!(with.process("w", &[foo()]).await, vec![Disposition::Ack(AckReason::Processed)]);
+    assert_eq!(typed_effects(pool, "ORDER.FOO").await, 1);
+}
+
+#[tokio::test]
 async fn a_record_keeps_at_most_five_open_payload_conflicts_and_two_requeues_at_once_publish_once() {
     let h = Harness::new().await;
     let pool = h.pool();

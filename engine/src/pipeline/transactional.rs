@@ -302,7 +302,7 @@ impl Pipeline {
             poison: p.reason.is_poison(),
             id_source: p.id_source,
         };
-        let created = match attempt.isolation {
+        let dead_lettered = match attempt.isolation {
             Isolation::Optimistic => {
                 let stored = self.store.record_poison(tx, &record).await;
                 stored.map_err(|e| attempt.isolation.abort("storing a poison record failed", &e))?.1
@@ -310,8 +310,8 @@ impl Pipeline {
             Isolation::Savepoints => {
                 let Ok(mut savepoint) = tx.begin().await else { return Ok(Disposition::Redeliver) };
                 match self.store.record_poison(&mut savepoint, &record).await {
-                    Ok((_, created)) => match savepoint.commit().await {
-                        Ok(()) => created,
+                    Ok((_, dead_lettered)) => match savepoint.commit().await {
+                        Ok(()) => dead_lettered,
                         Err(_) => return Ok(Disposition::Redeliver),
                     },
                     Err(e) => {
@@ -323,7 +323,7 @@ impl Pipeline {
             }
         };
         let tally = &mut attempt.tally;
-        if created {
+        if dead_lettered {
             if p.reason.is_poison() {
                 tally.count(Event::Poison);
             }

@@ -444,7 +444,8 @@ pub trait DedupStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// Stores a poison message as a `dead` record (or counts a duplicate on an existing one).
-    /// Returns the row id and whether the record was created.
+    /// Returns the row id and whether the delivery is to be dead-lettered: the record was
+    /// created, or a requeued `NO_HANDLER` record (still without a handler) is `dead` again.
     async fn record_poison(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,

@@ -547,7 +547,7 @@ impl DedupStore for PgStore {
             .bind(p.id_source.map(IdSourceKind::code))
             .fetch_one(&mut *conn)
             .await?;
-        Ok((row.try_get("id")?, row.try_get("created")?))
+        Ok((row.try_get("id")?, row.try_get("dead_lettered")?))
     }
 
     async fn add_fast_path_duplicates(

@@ -35,6 +35,18 @@ macro_rules! same_type {
     };
 }
 
+/// A record that is claimable as it stands: `failed` with attempts left, or dead for want of a
+/// handler before any ran (`NO_HANDLER`, attempts 0). The latter is claimed by a delivery that
+/// has a handler now — a producer's corrected resend, a copy after the handler was added — as
+/// no effect of it ever started: without this, such a delivery was counted as a duplicate of
+/// the dead record and acked, its event lost.
+macro_rules! claimable {
+    () => {
+        "((r.status = 'failed' AND r.attempts < r.max_attempts)
+       OR (r.status = 'dead' AND r.attempts = 0 AND COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)))"
+    };
+}
+
 /// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
 /// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
 /// was still `processing` (an expired lease), and whether its effect may have started as the
@@ -136,7 +148,9 @@ WITH prior AS (
             take_over!(),
             "\n    WHERE ",
             same_type!(),
-            r#" AND ((r.status = 'failed' AND r.attempts < r.max_attempts)
+            " AND (",
+            claimable!(),
+            r#"
        OR ($17 AND r.status = 'processing' AND r.lease_expires_at < now() AND r.lease_owner IS DISTINCT FROM "#,
             held_owner!(),
             r#"))
@@ -246,7 +260,9 @@ WITH claimed AS (
     take_over!(),
     "\n    WHERE ",
     same_type!(),
-    r#" AND r.status = 'failed' AND r.attempts < r.max_attempts
+    " AND ",
+    claimable!(),
+    r#"
     RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
               r.first_seen_at, now() AS claimed_at
 )"#,
@@ -286,7 +302,9 @@ WITH claimed AS (
         completed_at = now(), updated_at = now()
     WHERE "#,
     same_type!(),
-    r#" AND r.status = 'failed' AND r.attempts < r.max_attempts
+    " AND ",
+    claimable!(),
+    r#"
     RETURNING r.id, r.message_id, r.message_type, r.attempts, r.max_attempts, (r.xmax = 0) AS created,
               r.first_seen_at, now() AS claimed_at
 )"#,
@@ -330,7 +348,9 @@ WITH prior AS (
     take_over!(),
     "\n    WHERE ",
     same_type!(),
-    r#" AND ((r.status = 'failed' AND r.attempts < r.max_attempts)
+    " AND (",
+    claimable!(),
+    r#"
        OR (r.status = 'processing' AND r.lease_expires_at < now()
            AND ((r.message_id = ANY($17::text[]) AND r.lease_owner IS DISTINCT FROM "#,
     held_owner!(),

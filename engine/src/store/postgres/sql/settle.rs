@@ -2,6 +2,17 @@
 //! records, lease heartbeats and late effects, and the duplicates the Redis fast path caught
 //! (see the parent module for the rules every statement follows).
 
+/// The case of [`POISON_SQL`] in which a copy without a handler makes its record `dead` again:
+/// the record is a `NO_HANDLER` dead letter an operator requeued (`failed`) before any handler
+/// ran (attempts 0), and the copy is no poison (`EXCLUDED.poison` false: it has no handler
+/// either).
+macro_rules! dead_again {
+    () => {
+        "(r.status = 'failed' AND r.attempts = 0 AND NOT EXCLUDED.poison
+          AND COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false))"
+    };
+}
+
 /// Completions of a leased batch, fenced by each record's lease token, with their attempt
 /// rows closed with the effect's answer: `$1` record ids, `$2` lease tokens, `$3`..`$5` the
 /// answers (status, latency in ms, summary). Returns the ids completed.
@@ -154,11 +165,17 @@ SELECT count(*) FROM deferred
 
 /// A message that never reaches a handler, stored `dead` at once: poison (`$16` true), or a
 /// type without a handler (false: requeueable once the handler exists); `$18` where its id came
-/// from (NULL for a synthetic id). A copy of one already
-/// stored counts as a duplicate on it.
+/// from (NULL for a synthetic id). A copy of one already stored counts as a duplicate on it —
+/// but a copy without a handler of a `NO_HANDLER` record an operator requeued before its handler
+/// existed (`failed`, no attempt) makes it `dead` again with the copy's reason, and is
+/// dead-lettered again (`dead_lettered`): counted as a duplicate, it left the record `failed`
+/// with nothing to retry it and its message acked. `prior` reads the status the statement
+/// started from, only to tell that case apart.
 pub(super) const POISON_SQL: &str = concat!(
     r#"
-WITH stored AS (
+WITH prior AS (
+    SELECT status FROM {s}.dedup_records WHERE consumer_group = $1 AND message_id = $2
+), stored AS (
     INSERT INTO {s}.dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         last_error, error_class, payload_hash, payload, payload_truncated, headers, content_type,
@@ -166,14 +183,42 @@ WITH stored AS (
     VALUES ($1, $2, $3, 'dead', NULL, 0, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET
         id_source = COALESCE(r.id_source, EXCLUDED.id_source),
-        duplicate_count = r.duplicate_count + 1,
-        last_duplicate_at = now(),
-        payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = EXCLUDED.payload_hash THEN 0 ELSE 1 END
-    RETURNING r.id, (r.xmax = 0) AS created, r.message_type
+        status = CASE WHEN "#,
+    dead_again!(),
+    r#" THEN 'dead' ELSE r.status END,
+        version = r.version + CASE WHEN "#,
+    dead_again!(),
+    r#" THEN 1 ELSE 0 END,
+        message_type = CASE WHEN "#,
+    dead_again!(),
+    r#" THEN EXCLUDED.message_type ELSE r.message_type END,
+        last_error = CASE WHEN "#,
+    dead_again!(),
+    r#" THEN EXCLUDED.last_error ELSE r.last_error END,
+        error_class = CASE WHEN "#,
+    dead_again!(),
+    r#" THEN EXCLUDED.error_class ELSE r.error_class END,
+        next_attempt_at = CASE WHEN "#,
+    dead_again!(),
+    r#" THEN NULL ELSE r.next_attempt_at END,
+        updated_at = CASE WHEN "#,
+    dead_again!(),
+    r#" THEN now() ELSE r.updated_at END,
+        duplicate_count = r.duplicate_count + CASE WHEN "#,
+    dead_again!(),
+    r#" THEN 0 ELSE 1 END,
+        last_duplicate_at = CASE WHEN "#,
+    dead_again!(),
+    r#" THEN r.last_duplicate_at ELSE now() END,
+        payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = EXCLUDED.payload_hash OR "#,
+    dead_again!(),
+    r#" THEN 0 ELSE 1 END
+    RETURNING r.id, (r.xmax = 0) AS created, r.message_type, r.status
 )"#,
     count_created!("stored", "dead"),
     r#"
-SELECT id, created FROM stored
+SELECT id, created OR (status = 'dead' AND COALESCE((SELECT status FROM prior) = 'failed', false)) AS dead_lettered
+FROM stored
 "#
 );
 

@@ -6,7 +6,7 @@
 use anyhow::Context;
 use clap::Args;
 use dedup_engine::Broker;
-use dedup_engine::Outbound;
+use dedup_engine::{IdSource, MessageId, Outbound};
 
 use crate::config::Settings;
 
@@ -17,8 +17,11 @@ pub struct PublishArgs {
     /// the first configured group when omitted.
     #[arg(long)]
     pub group: Option<String>,
-    /// The business message id: the AMQP `message_id` property, or the group's Kafka id header.
-    #[arg(long)]
+    /// The business message id (checked as the consumer checks it: not empty, at most 512
+    /// bytes, no control characters). RabbitMQ: the AMQP `message_id` property, or past its
+    /// 255 bytes the `x-message-id` header; Kafka: the group's id header (the first `header:` of
+    /// its `ids.from`, default `x-message-id`).
+    #[arg(long, value_parser = parse_message_id)]
     pub message_id: String,
     /// RabbitMQ routing key (Kafka ignores it).
     #[arg(long, default_value = "")]
@@ -42,6 +45,14 @@ pub struct PublishArgs {
     pub body: String,
 }
 
+fn parse_message_id(text: &str) -> Result<String, String> {
+    MessageId::parse(text).map(|id| id.as_str().to_owned()).map_err(|e| e.to_string())
+}
+
+/// The id header a message id too long for the AMQP property travels in (the engine's
+/// RabbitMQ publisher's choice).
+const LONG_ID_HEADER: &str = "x-message-id";
+
 fn parse_header(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_owned(), value.to_owned())),
@@ -64,6 +75,16 @@ pub async fn run_publish(settings: &Settings, args: PublishArgs) -> anyhow::Resu
         })?,
         None => groups.first().context("no consumer group is configured")?,
     };
+    let long_id_unread = group.source == Broker::RabbitMq
+        && args.message_id.len() > 255
+        && !group.settings.ids.from.contains(&IdSource::Header(LONG_ID_HEADER.to_owned()));
+    anyhow::ensure!(
+        !long_id_unread,
+        "a message id of {} bytes does not fit the AMQP message_id property (255 bytes) and goes in the \
+         {LONG_ID_HEADER} header, which group {:?}'s ids.from does not read: the consumer would find no id",
+        args.message_id.len(),
+        group.group
+    );
     let body = if args.body == "-" {
         let mut body = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut body).context("reading the body from stdin")?;

@@ -187,6 +187,9 @@ impl Application {
         let console = console_router(handle, probes, config).await?;
         let router = mount(Router::new(), base.as_str(), console);
         tracing::info!("console listening on http://{local_addr}{}/", base.as_str());
+        if settings.auth.mode == AuthMode::Accounts {
+            warn_without_accounts(engine.handle().pool()).await;
+        }
         let shutdown_timeout = Duration::from_millis(settings.shutdown_timeout_ms);
         Ok(Self { listener, router, pool, engine, demo, console_shutdown, shutdown_timeout })
     }
@@ -355,5 +358,18 @@ fn start_crashing_worker(
             tracing::warn!(error = %e, "demo: the crashing worker did not start");
             None
         }
+    }
+}
+
+/// Warns when the database has no console account yet: nobody can sign in until one is added
+/// from the command line (a team's own configuration starts on an empty database).
+async fn warn_without_accounts(pool: &sqlx::PgPool) {
+    match dedup_engine::console::accounts::users::user_list(pool).await {
+        Ok(users) if users.is_empty() => tracing::warn!(
+            "no console account yet, so nobody can sign in: add the first with `dedup-console user add admin --role \
+             admin` (password from DEDUP_USER_PASSWORD or stdin; the same --config or DEDUP_CONFIG as serve)"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "listing the console's accounts failed"),
     }
 }

@@ -138,7 +138,9 @@ pub async fn requeue_conflict(
         stored.message_id = new_message_id(&original, id);
         carry_new_id(&mut stored, &id_source);
         let publisher = publishers.for_record(stored.id, &stored.consumer_group, &stored.source_broker).await?;
-        publish_stored(publisher.as_ref(), &stored).await?;
+        let published = publish_stored(publisher.as_ref(), &stored).await;
+        publisher.close().await;
+        published?;
         sqlx::query("UPDATE record_conflicts SET requeued_as = $2, settled_at = now(), settled_by = $3 WHERE id = $1")
             .bind(id)
             .bind(&stored.message_id)

@@ -155,7 +155,7 @@ pub async fn drill_start(
                 .map_err(|e| ActionError::Unexpected(e.into()))?,
         };
         let routing_key = row.source_routing_key.as_deref().unwrap_or_default();
-        publisher
+        let published = publisher
             .publish(Outbound {
                 destination: row.source_exchange.as_deref().unwrap_or_default(),
                 routing_key,
@@ -166,8 +166,9 @@ pub async fn drill_start(
                 content_type: Some("application/json"),
                 type_property: None,
             })
-            .await
-            .map_err(|e| ActionError::Publish(e.0))?;
+            .await;
+        publisher.close().await;
+        published.map_err(|e| ActionError::Publish(e.0))?;
         let ids = [row.message_id.clone()];
         let entry = NewAuditEntry {
             actor,

@@ -109,7 +109,9 @@ impl StoredMessage {
 pub async fn republish(publishers: &Publishers, stored: &StoredMessage) -> Result<(), ActionError> {
     stored.check_republishable()?;
     let publisher = publishers.for_record(stored.id, &stored.consumer_group, &stored.source_broker).await?;
-    publish_stored(publisher.as_ref(), stored).await
+    let published = publish_stored(publisher.as_ref(), stored).await;
+    publisher.close().await;
+    published
 }
 
 /// Publishes the stored message through `publisher` (of the record's broker) and waits for the

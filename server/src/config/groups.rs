@@ -240,6 +240,12 @@ pub fn resolve(consumer: &GroupConfig, groups: &[Value]) -> anyhow::Result<Vec<G
     let (mut names, mut queues, mut kafka_groups) = (HashSet::new(), HashSet::new(), HashSet::new());
     for g in &resolved {
         anyhow::ensure!(names.insert(g.group.as_str()), "consumer group {:?} is declared twice", g.group);
+        anyhow::ensure!(
+            g.settings.max_attempts >= 1,
+            "consumer group {:?}: max_attempts = {} allows no attempt; the first delivery is one (give 1 or more)",
+            g.group,
+            g.settings.max_attempts
+        );
         match g.source {
             Broker::RabbitMq => anyhow::ensure!(
                 queues.insert(g.rabbitmq.queue.as_str()),
@@ -364,5 +370,8 @@ mod tests {
         let old_ids = [json!({"group": "a", "ids": {"header": "x-id"}})];
         let err = format!("{:#}", resolve(&consumer, &old_ids).unwrap_err());
         assert!(err.contains("replaced by ids.from"), "{err}");
+        let no_attempt = [json!({"group": "a", "max_attempts": 0})];
+        let err = resolve(&consumer, &no_attempt).unwrap_err().to_string();
+        assert!(err.contains("max_attempts = 0 allows no attempt"), "{err}");
     }
 }

@@ -19,6 +19,7 @@ async fn a_reused_id_warns_at_start_and_requeue_conflicts_pays_the_order_once() 
     // The type from a header: the id ("order-R5") says nothing of the event.
     let env = [("DEDUP_CONSUMER__TYPES__FROM", r#"["header:x-type"]"#)];
     let a = world.serve("a", &env).await;
+    assert!(a.log_text().contains("no console account yet"), "a start without accounts says how to add one");
     let create = json!({"orderNo": "R5", "sku": "SKU-0001", "quantity": 1, "amountCents": 100, "phone": "+1"});
     world.publish_with("order-R5", "order.create", &typed("ORDER.CREATE"), create).await;
     let pay = json!({"orderNo": "R5", "amountCents": 100, "expectedVersion": 1});
@@ -50,7 +51,9 @@ async fn a_reused_id_warns_at_start_and_requeue_conflicts_pays_the_order_once() 
     assert!(text.contains("nothing requeued"), "without --yes nothing moves: {text}");
     let run = cli(&["requeue-conflicts", "--yes"]).await;
     let text = String::from_utf8_lossy(&run.stdout).into_owned();
-    assert!(run.status.success() && text.contains("requeued: 1"), "{text}{}", String::from_utf8_lossy(&run.stderr));
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success() && text.contains("requeued: 1"), "{text}{stderr}");
+    assert!(!stderr.contains("ERROR"), "a clean run logs no ERROR (a publisher channel left open did): {stderr}");
 
     let paid = "SELECT count(*) FROM shop.payments WHERE order_no = 'R5'";
     assert_eq!(world.wait_for(Duration::from_secs(30), paid, |n: &i64| *n == 1).await, 1, "the order paid");

@@ -18,6 +18,7 @@ mod http;
 mod http_drill;
 mod http_service;
 mod kafka;
+mod publish_cli;
 mod requeue;
 mod support;
 mod user_token_cli;

@@ -277,6 +277,22 @@ async fn run_locked(
         return Ok(());
     }
     let publisher = open_publishers(pool, publishers, id).await?;
+    let result = run_open(pool, &publisher, id, job, shutdown).await;
+    for open in publisher.values() {
+        open.close().await;
+    }
+    result
+}
+
+/// Runs job `id` (`job` as it was read) with its publishers open, until it completes, pauses,
+/// is cancelled or `shutdown` fires.
+async fn run_open(
+    pool: &PgPool,
+    publisher: &OpenPublishers,
+    id: i64,
+    job: JobState,
+    shutdown: &CancellationToken,
+) -> Result<(), ActionError> {
     let canary = i64::from(job.canary_size);
     let mut published = job.done + job.failed;
     let mut canary_failed = job.failed;
@@ -299,7 +315,7 @@ async fn run_locked(
         }
         let in_canary = published < canary;
         let limit = if in_canary { size.min(canary - published) } else { size };
-        let outcome = match run_batch(pool, &publisher, id, limit).await {
+        let outcome = match run_batch(pool, publisher, id, limit).await {
             Ok(o) => o,
             Err(ActionError::Unexpected(e)) => {
                 tracing::warn!(job_id = id, error = %e, "bulk requeue batch failed; retrying");

@@ -1,4 +1,4 @@
-//! `dedup-console user add|set-password|list|token`: account management from the command line,
+//! `dedup-console user add|set-password|list|token|tokens|revoke-token`: account management from the command line,
 //! for the first admin, for recovery, and for API tokens of scripts and CI. Passwords come from the `DEDUP_USER_PASSWORD` environment
 //! variable or the first line of standard input, never from an argument (arguments are visible
 //! in `ps` and shell history). Changes are in the audit log with actor `cli:<os user>`.
@@ -8,9 +8,9 @@ use std::io::BufRead;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use dedup_engine::console::accounts::passwords::{self, hash_password};
-use dedup_engine::console::accounts::tokens::token_create;
+use dedup_engine::console::accounts::tokens::{token_create, token_list, token_revoke};
 use dedup_engine::console::accounts::users::{user_add, user_list, user_set_password};
-use dedup_engine::console::accounts::{Role, UserName};
+use dedup_engine::console::accounts::{Role, User, UserName};
 use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
 use serde_json::json;
 use sqlx::PgPool;
@@ -30,6 +30,19 @@ pub enum UserCommand {
     /// Create an API token for a user and print it on stdout, alone (it is shown once; only its
     /// SHA-256 is stored): `TOKEN=$(dedup-console user token ci --label pipeline)`.
     Token(UserTokenArgs),
+    /// List a user's API tokens: id, label, first characters, created, last used, revoked.
+    Tokens(UserNameArg),
+    /// Revoke one of a user's API tokens by its id (as `user tokens` lists it).
+    RevokeToken(UserRevokeArgs),
+}
+
+/// `user revoke-token` options.
+#[derive(Debug, Args)]
+pub struct UserRevokeArgs {
+    /// Login name of the token's owner.
+    pub name: String,
+    /// The token's id.
+    pub id: i64,
 }
 
 /// `user token` options.
@@ -113,13 +126,7 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
             println!("password of {} changed", user.name);
         }
         UserCommand::Token(args) => {
-            // Names are matched as sign-in and `set-password` match them: trimmed, any case.
-            let name = args.name.trim();
-            let users = user_list(pool).await?;
-            let user = users
-                .iter()
-                .find(|u| u.name.as_str().eq_ignore_ascii_case(name))
-                .with_context(|| format!("no user named {name:?} (see `user list`)"))?;
+            let user = named_user(pool, &args.name).await?;
             if user.disabled {
                 // Its token would not authenticate, and would start to the day the user is
                 // enabled again, unnoticed.
@@ -130,6 +137,22 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
             audit(pool, "token.create", detail).await?;
             println!("{secret}");
         }
+        UserCommand::Tokens(args) => {
+            let user = named_user(pool, &args.name).await?;
+            let time = |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
+            println!("{:<8} {:<24} {:<12} {:<26} {:<26} revoked", "id", "label", "starts", "created", "last used");
+            for t in token_list(pool, user.id).await? {
+                let created = t.created_at.to_rfc3339();
+                let (used, revoked) = (time(t.last_used_at), time(t.revoked_at));
+                println!("{:<8} {:<24} {:<12} {created:<26} {used:<26} {revoked}", t.id, t.name, t.prefix);
+            }
+        }
+        UserCommand::RevokeToken(args) => {
+            let user = named_user(pool, &args.name).await?;
+            let token = token_revoke(pool, user.id, args.id).await?;
+            audit(pool, "token.revoke", json!({ "user": user.name, "token_id": token.id })).await?;
+            println!("token {} ({}) of {} revoked", token.id, token.name, user.name);
+        }
         UserCommand::List => {
             for u in user_list(pool).await? {
                 let state = if u.disabled { "disabled" } else { "enabled" };
@@ -139,4 +162,14 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The user named `name`, matched as sign-in and `set-password` match names: trimmed, any case.
+async fn named_user(pool: &PgPool, name: &str) -> anyhow::Result<User> {
+    let name = name.trim();
+    user_list(pool)
+        .await?
+        .into_iter()
+        .find(|u| u.name.as_str().eq_ignore_ascii_case(name))
+        .with_context(|| format!("no user named {name:?} (see `user list`)"))
 }

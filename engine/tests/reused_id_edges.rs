@@ -286,6 +286,25 @@ async fn a_no_handler_dead_letter_requeued_before_its_handler_exists_is_dead_aga
 }
 
 #[tokio::test]
+async fn a_reused_id_whose_type_has_no_handler_is_a_dead_letter_with_its_copy_not_a_duplicate() {
+    let h = Harness::with_redis("redis://127.0.0.1:1").await;
+    let pool = h.pool();
+    // A group that handles CREATE only, its ids the order numbers.
+    let p = pipeline_of(&h, &["ORDER.CREATE"], LateDuplicatePolicy::Process);
+    p.process("w", &[event("order-5", "ORDER.CREATE", json!({ "order": 5 }))]).await;
+    for _ in 0..2 {
+        let pay = p.process("w", &[event("order-5", "ORDER.PAY", json!({ "order": 5, "paid": 1 }))]).await;
+        assert!(matches!(&pay[0], Disposition::DeadLetter { reason } if reason.contains("reused id")), "{pay:?}");
+    }
+    let (status, duplicates): (String, i32) =
+        sqlx::query_as("SELECT status::text, duplicate_count FROM dedup_records").fetch_one(pool).await.unwrap();
+    assert_eq!((status.as_str(), duplicates), ("succeeded", 0), "nothing counted on the CREATE");
+    let (kind, copies): (String, i32) =
+        sqlx::query_as("SELECT kind, copies FROM record_conflicts").fetch_one(pool).await.unwrap();
+    assert_eq!((kind.as_str(), copies), ("type", 2), "the PAY kept, both copies counted");
+}
+
+#[tokio::test]
 async fn a_record_keeps_at_most_five_open_payload_conflicts_and_two_requeues_at_once_publish_once() {
     let h = Harness::new().await;
     let pool = h.pool();

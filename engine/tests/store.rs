@@ -263,8 +263,8 @@ async fn every_insert_statement_counts_what_it_creates() {
         poison: true,
         id_source: None,
     };
-    assert!(store.record_poison(&mut conn, &poison).await.unwrap().1, "created");
-    assert!(!store.record_poison(&mut conn, &poison).await.unwrap().1, "a copy is a duplicate");
+    assert!(store.record_poison(&mut conn, &poison).await.unwrap().dead_lettered, "created");
+    assert!(!store.record_poison(&mut conn, &poison).await.unwrap().dead_lettered, "a copy is a duplicate");
 
     let counted: Vec<(String, i64)> =
         sqlx::query_as("SELECT status, sum(n)::bigint FROM record_counts GROUP BY 1 HAVING sum(n) <> 0 ORDER BY 1")

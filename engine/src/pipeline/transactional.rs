@@ -25,6 +25,7 @@ use super::{AckReason, Disposition, Outcome, Pipeline, Routed};
 use crate::handler::Handler;
 use crate::message::{InboundMessage, Poison};
 use crate::stats::Event;
+use crate::store::postgres::{ConflictCopy, ConflictKind};
 use crate::store::{DedupStore, PoisonRecord};
 
 /// Most messages in one transaction with savepoints. Every handler runs in a savepoint, and a
@@ -302,16 +303,16 @@ impl Pipeline {
             poison: p.reason.is_poison(),
             id_source: p.id_source,
         };
-        let dead_lettered = match attempt.isolation {
+        let stored = match attempt.isolation {
             Isolation::Optimistic => {
                 let stored = self.store.record_poison(tx, &record).await;
-                stored.map_err(|e| attempt.isolation.abort("storing a poison record failed", &e))?.1
+                stored.map_err(|e| attempt.isolation.abort("storing a poison record failed", &e))?
             }
             Isolation::Savepoints => {
                 let Ok(mut savepoint) = tx.begin().await else { return Ok(Disposition::Redeliver) };
                 match self.store.record_poison(&mut savepoint, &record).await {
-                    Ok((_, dead_lettered)) => match savepoint.commit().await {
-                        Ok(()) => dead_lettered,
+                    Ok(stored) => match savepoint.commit().await {
+                        Ok(()) => stored,
                         Err(_) => return Ok(Disposition::Redeliver),
                     },
                     Err(e) => {
@@ -322,8 +323,11 @@ impl Pipeline {
                 }
             }
         };
+        if let Some(record_type) = &stored.reused_of {
+            return self.reused_without_handler(tx, attempt, message, p, stored.id, record_type).await;
+        }
         let tally = &mut attempt.tally;
-        if dead_lettered {
+        if stored.dead_lettered {
             if p.reason.is_poison() {
                 tally.count(Event::Poison);
             }
@@ -335,5 +339,40 @@ impl Pipeline {
             tally.count(Event::DuplicateDb);
             Ok(Disposition::Ack(AckReason::DuplicateDatabase))
         }
+    }
+
+    /// A delivery without a handler that carries the id of record `record` of another type
+    /// (`record_type`): a reused id, never its duplicate. Its copy is kept in the batch's
+    /// transaction (a failure aborts the batch, which is redelivered) and it is dead-lettered.
+    async fn reused_without_handler(
+        &self,
+        tx: &mut PgConnection,
+        attempt: &mut Attempt,
+        message: &InboundMessage,
+        p: &Poison,
+        record: i64,
+        record_type: &str,
+    ) -> Result<Disposition, Abort> {
+        let copy = ConflictCopy {
+            record_id: record,
+            message_id: p.record_id.as_str(),
+            kind: ConflictKind::Type,
+            message_type: &p.message_type,
+            id_source: p.id_source.map(|k| k.as_str().to_owned()).unwrap_or_default(),
+            payload_hash: &message.payload_hash(),
+            message,
+        };
+        let kept = self.store.keep_conflicts(tx, &self.settings.group, std::slice::from_ref(&copy)).await;
+        kept.map_err(|e| attempt.isolation.abort("keeping a conflicting copy failed", &e))?;
+        attempt.tally.reused_id(p.record_id.as_str(), record);
+        attempt.tally.count(Event::Dead);
+        Ok(Disposition::DeadLetter {
+            reason: format!(
+                "message id {:?} is the id of record {record} of message type {record_type}: a reused id, not a \
+                 duplicate (and {} has no handler); its copy is kept for an operator (records filter flag=conflict)",
+                p.record_id.as_str(),
+                p.message_type
+            ),
+        })
     }
 }

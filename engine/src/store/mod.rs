@@ -97,6 +97,21 @@ pub struct ClaimItem<'a> {
     pub starts_at_once: bool,
 }
 
+/// What [`DedupStore::record_poison`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoisonStored {
+    /// The record's id.
+    pub id: i64,
+    /// Whether the delivery is to be dead-lettered: its record was created, or a requeued
+    /// `NO_HANDLER` record (still without a handler) is `dead` again. Otherwise it was a
+    /// duplicate, counted on its record, or a reused id ([`PoisonStored::reused_of`]).
+    pub dead_lettered: bool,
+    /// The message type of the record whose id the delivery carried, when that is another type
+    /// than the delivery's (a reused id): nothing was counted on the record, and the delivery is
+    /// a dead letter with its copy kept, never a duplicate.
+    pub reused_of: Option<String>,
+}
+
 /// A batch of claims sharing group, limits and lease.
 #[derive(Debug, Clone)]
 pub struct ClaimBatch<'a> {
@@ -443,14 +458,13 @@ pub trait DedupStore: Send + Sync + 'static {
         answer: Option<&EffectAnswer>,
     ) -> Result<(), StoreError>;
 
-    /// Stores a poison message as a `dead` record (or counts a duplicate on an existing one).
-    /// Returns the row id and whether the delivery is to be dead-lettered: the record was
-    /// created, or a requeued `NO_HANDLER` record (still without a handler) is `dead` again.
+    /// Stores a poison message as a `dead` record (or counts a duplicate on an existing one);
+    /// see [`PoisonStored`].
     async fn record_poison(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         poison: &PoisonRecord<'_>,
-    ) -> Result<(i64, bool), StoreError>;
+    ) -> Result<PoisonStored, StoreError>;
 
     /// Adds duplicates caught by the Redis fast path to their records' `duplicate_count`
     /// (batched, off the hot path). Entries: (group, message id, copies, latest arrival).

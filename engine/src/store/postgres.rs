@@ -28,7 +28,7 @@ use tracing::field::Empty;
 use super::ClaimRequest;
 use super::{
     ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, ExistingRecord, FailureOutcome, FailureReport, Lease,
-    PoisonRecord, StoreError,
+    PoisonRecord, PoisonStored, StoreError,
 };
 use crate::db::Schema;
 use crate::db::storable::{self, Storable};
@@ -521,7 +521,7 @@ impl DedupStore for PgStore {
     }
 
     #[tracing::instrument(level = "debug", name = "record_poison", skip_all, fields(message_id = %p.message_id, poison = p.poison))]
-    async fn record_poison(&self, conn: &mut PgConnection, p: &PoisonRecord<'_>) -> Result<(i64, bool), StoreError> {
+    async fn record_poison(&self, conn: &mut PgConnection, p: &PoisonRecord<'_>) -> Result<PoisonStored, StoreError> {
         let payload = &p.message.payload;
         let truncated = payload.len() > p.keep_payload_bytes;
         let kept = &payload[..payload.len().min(p.keep_payload_bytes)];
@@ -547,7 +547,11 @@ impl DedupStore for PgStore {
             .bind(p.id_source.map(IdSourceKind::code))
             .fetch_one(&mut *conn)
             .await?;
-        Ok((row.try_get("id")?, row.try_get("dead_lettered")?))
+        Ok(PoisonStored {
+            id: row.try_get("id")?,
+            dead_lettered: row.try_get("dead_lettered")?,
+            reused_of: row.try_get("reused_of")?,
+        })
     }
 
     async fn add_fast_path_duplicates(

@@ -6,6 +6,14 @@
 /// the record is a `NO_HANDLER` dead letter an operator requeued (`failed`) before any handler
 /// ran (attempts 0), and the copy is no poison (`EXCLUDED.poison` false: it has no handler
 /// either).
+macro_rules! reused_id {
+    () => {
+        "(NOT EXCLUDED.poison AND r.message_type <> EXCLUDED.message_type
+          AND NOT COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false))"
+    };
+}
+
+/// The case of [`POISON_SQL`] in which a copy without a handler makes its record `dead` again:
 macro_rules! dead_again {
     () => {
         "(r.status = 'failed' AND r.attempts = 0 AND NOT EXCLUDED.poison
@@ -169,8 +177,10 @@ SELECT count(*) FROM deferred
 /// but a copy without a handler of a `NO_HANDLER` record an operator requeued before its handler
 /// existed (`failed`, no attempt) makes it `dead` again with the copy's reason, and is
 /// dead-lettered again (`dead_lettered`): counted as a duplicate, it left the record `failed`
-/// with nothing to retry it and its message acked. `prior` reads the status the statement
-/// started from, only to tell that case apart.
+/// with nothing to retry it and its message acked. One that carries the id of a record of
+/// another type ([`reused_id`]) counts nothing on it: `reused_of` names that record's type, and
+/// the pipeline dead-letters the delivery and keeps its copy. `prior` reads the status the
+/// statement started from, only to tell a record dead again apart.
 pub(super) const POISON_SQL: &str = concat!(
     r#"
 WITH prior AS (
@@ -206,18 +216,27 @@ WITH prior AS (
     r#" THEN now() ELSE r.updated_at END,
         duplicate_count = r.duplicate_count + CASE WHEN "#,
     dead_again!(),
+    " OR ",
+    reused_id!(),
     r#" THEN 0 ELSE 1 END,
         last_duplicate_at = CASE WHEN "#,
     dead_again!(),
+    " OR ",
+    reused_id!(),
     r#" THEN r.last_duplicate_at ELSE now() END,
         payload_conflicts = r.payload_conflicts + CASE WHEN r.payload_hash = EXCLUDED.payload_hash OR "#,
     dead_again!(),
+    " OR ",
+    reused_id!(),
     r#" THEN 0 ELSE 1 END
-    RETURNING r.id, (r.xmax = 0) AS created, r.message_type, r.status
+    RETURNING r.id, (r.xmax = 0) AS created, r.message_type, r.status, r.error_class
 )"#,
     count_created!("stored", "dead"),
     r#"
-SELECT id, created OR (status = 'dead' AND COALESCE((SELECT status FROM prior) = 'failed', false)) AS dead_lettered
+SELECT id, created OR (status = 'dead' AND COALESCE((SELECT status FROM prior) = 'failed', false)) AS dead_lettered,
+       CASE WHEN NOT created AND NOT $16 AND message_type <> $3
+                 AND NOT COALESCE(left(error_class, 11) = 'NO_HANDLER:', false)
+            THEN message_type END AS reused_of
 FROM stored
 "#
 );

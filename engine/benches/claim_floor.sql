@@ -15,10 +15,10 @@ WITH claimed AS (
     INSERT INTO dedup_records AS r (
         consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts,
         completed_at, payload_hash, content_type,
-        source_broker, source_exchange, source_routing_key, source_queue)
+        source_broker, source_exchange, source_routing_key, source_queue, id_source)
     SELECT 'bench', 'BENCH.EVENT.' || gen_random_uuid()::text || ':1', 'BENCH.EVENT', 'succeeded', 'transactional', 1, 5,
            now(), sha256(g::text::bytea), 'application/json',
-           'rabbitmq', 'orders.events', 'bench', 'bench.queue'
+           'rabbitmq', 'orders.events', 'bench', 'bench.queue', 'h'
     FROM generate_series(1, 500) AS g
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET status = 'succeeded'
     WHERE r.status = 'failed' AND r.attempts < r.max_attempts

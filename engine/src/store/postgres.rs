@@ -526,6 +526,11 @@ impl DedupStore for PgStore {
         let truncated = payload.len() > p.keep_payload_bytes;
         let kept = &payload[..payload.len().min(p.keep_payload_bytes)];
         let m = Storable::of(p.message);
+        sqlx::query(&self.sql.lock_record)
+            .bind(p.group.as_str())
+            .bind(p.message_id.as_str())
+            .execute(&mut *conn)
+            .await?;
         let row = sqlx::query(&self.sql.poison)
             .bind(p.group.as_str())
             .bind(p.message_id.as_str())

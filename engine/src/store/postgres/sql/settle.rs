@@ -180,7 +180,10 @@ SELECT count(*) FROM deferred
 /// with nothing to retry it and its message acked. One that carries the id of a record of
 /// another type ([`reused_id`]) counts nothing on it: `reused_of` names that record's type, and
 /// the pipeline dead-letters the delivery and keeps its copy. `prior` reads the status the
-/// statement started from, only to tell a record dead again apart.
+/// statement started from, only to tell a record dead again apart: its row is locked first
+/// ([`LOCK_RECORD_SQL`]), or a copy whose statement waited on another copy making the record
+/// dead again read `failed` from its snapshot, found it `dead`, and was dead-lettered a second
+/// time.
 pub(super) const POISON_SQL: &str = concat!(
     r#"
 WITH prior AS (
@@ -240,6 +243,13 @@ SELECT id, created OR (status = 'dead' AND COALESCE((SELECT status FROM prior) =
 FROM stored
 "#
 );
+
+/// Locks a record's row, if it exists (`$1` group, `$2` message id), before [`POISON_SQL`]: the
+/// statement that follows starts from a snapshot that sees the row as it is, and no other
+/// transaction changes it meanwhile. (`FOR UPDATE` in `prior` itself would not do: a CTE that
+/// only the final `SELECT` reads is scanned after `stored` changed the row, and skips it.)
+pub(super) const LOCK_RECORD_SQL: &str =
+    "SELECT 1 FROM {s}.dedup_records WHERE consumer_group = $1 AND message_id = $2 FOR UPDATE";
 
 /// A superseded worker's effect ran although its completion was refused (`$1` record, `$2` its
 /// attempt, `$3`..`$5` its late answer): flagged, the attempt closed as `lease_lost` if the

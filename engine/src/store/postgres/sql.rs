@@ -47,6 +47,33 @@ macro_rules! claimable {
     };
 }
 
+/// The stored message of a `NO_HANDLER` record is the delivery that found no handler; a claim
+/// that takes such a record over (a producer's resend with its type fixed, a copy a type mapping
+/// added since maps) stores its own delivery in its place — hash, content type, AMQP `type`,
+/// source — as an insert would: kept, the old copy was what a requeue published (untyped: a
+/// reused id of the record, never its handler) and its hash made every copy of the message that
+/// ran a payload conflict. The payload and headers and the error class are set by each claim.
+macro_rules! restamp {
+    () => {
+        r#",
+        payload_hash = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                            THEN EXCLUDED.payload_hash ELSE r.payload_hash END,
+        payload_truncated = r.payload_truncated AND NOT COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false),
+        content_type = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                            THEN EXCLUDED.content_type ELSE r.content_type END,
+        type_property = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                             THEN EXCLUDED.type_property ELSE r.type_property END,
+        source_broker = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                             THEN EXCLUDED.source_broker ELSE r.source_broker END,
+        source_exchange = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                               THEN EXCLUDED.source_exchange ELSE r.source_exchange END,
+        source_routing_key = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                                  THEN EXCLUDED.source_routing_key ELSE r.source_routing_key END,
+        source_queue = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                            THEN EXCLUDED.source_queue ELSE r.source_queue END"#
+    };
+}
+
 /// How a claim takes over an existing, claimable record (the `ON CONFLICT` branch shared by the
 /// single and the batch claim): a new lease, one more attempt, counted as a re-entry when it
 /// was still `processing` (an expired lease), and whether its effect may have started as the
@@ -54,7 +81,8 @@ macro_rules! claimable {
 /// `NO_HANDLER` dead letter, a record from before migration 070) takes the claim's.
 macro_rules! take_over {
     () => {
-        r#"
+        concat!(
+            r#"
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET
         status = 'processing',
         version = r.version + 1,
@@ -69,7 +97,15 @@ macro_rules! take_over {
         next_attempt_at = NULL,
         parked_at = NULL,
         id_source = COALESCE(r.id_source, EXCLUDED.id_source),
-        updated_at = now()"#
+        payload = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                       THEN EXCLUDED.payload ELSE r.payload END,
+        headers = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                       THEN EXCLUDED.headers ELSE r.headers END,
+        error_class = CASE WHEN COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+                           THEN NULL ELSE r.error_class END,
+        updated_at = now()"#,
+            restamp!()
+        )
     };
 }
 
@@ -299,7 +335,9 @@ WITH claimed AS (
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL, error_class = NULL,
         id_source = COALESCE(r.id_source, EXCLUDED.id_source),
-        completed_at = now(), updated_at = now()
+        completed_at = now(), updated_at = now()"#,
+    restamp!(),
+    r#"
     WHERE "#,
     same_type!(),
     " AND ",

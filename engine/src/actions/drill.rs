@@ -123,7 +123,6 @@ pub async fn drill_start(
                 allowed: "succeeded".to_owned(),
             });
         }
-        let publisher = publishers.for_record(row.id, &row.consumer_group, &row.source_broker).await?;
         let marker_present = matches!(fast_path.marker_ttl(&fast_path.key(&row.consumer_group, &row.message_id)).await, Ok(Some(_)));
         let mut tx = pool.begin().await?;
         let id: i64 = sqlx::query_scalar(
@@ -155,6 +154,10 @@ pub async fn drill_start(
                 .map_err(|e| ActionError::Unexpected(e.into()))?,
         };
         let routing_key = row.source_routing_key.as_deref().unwrap_or_default();
+        // Opened only now: every refusal above returns before it, and it is closed below
+        // whatever the publish answers (a channel left to a drop is closed in the background,
+        // racing the connection's close, which lapin logs as an ERROR).
+        let publisher = publishers.for_record(row.id, &row.consumer_group, &row.source_broker).await?;
         let published = publisher
             .publish(Outbound {
                 destination: row.source_exchange.as_deref().unwrap_or_default(),

@@ -248,3 +248,23 @@ async fn a_delivery_of_another_type_does_not_erase_a_no_handler_dead_letter() {
     .unwrap();
     assert_eq!(dead_pay, 1, "the PAY's dead letter is kept somewhere an operator can requeue it");
 }
+
+/// Two workers with the handler (leased) get copies of a NO_HANDLER dead letter's id at once:
+/// one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_taking_over_one_no_handler_dead_letter_run_one_effect() {
+    let h = Harness::with_redis("redis://127.0.0.1:1").await;
+    let pool = h.pool();
+    let none = transactional(&h, &[], TypeSource::TypeProperty);
+    none.process("w", &[message("k-1", json!({ "k": 1 }))]).await;
+    let effect = CountingEffect::new(Duration::from_millis(200));
+    let mut handlers = HandlerRegistry::new();
+    handlers.register("ORDER.NOTIFY", Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Reclaim });
+    let p = Arc::new(h.pipeline_with(handlers, by(TypeSource::TypeProperty)));
+    let (a, b) = (p.clone(), p.clone());
+    let one = tokio::spawn(async move { a.process("w1", &[event("k-1", "ORDER.NOTIFY", json!({ "k": 1 }))]).await });
+    let two = tokio::spawn(async move { b.process("w2", &[event("k-1", "ORDER.NOTIFY", json!({ "k": 1 }))]).await });
+    let (one, two) = (one.await.unwrap(), two.await.unwrap());
+    assert_eq!(effect.runs(), 1, "{one:?} {two:?}");
+    counts_agree(pool).await;
+}

@@ -12,7 +12,8 @@
 /// judged, and counted, as it is now).
 macro_rules! same_type_of_delivery {
     () => {
-        "(r.message_type = d.message_type OR COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false))"
+        "(r.message_type = d.message_type OR (COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+          AND (r.message_type = 'UNKNOWN' OR r.payload_hash = d.payload_hash)))"
     };
 }
 
@@ -28,10 +29,15 @@ macro_rules! held_owner {
 /// record's message type. One of another type carries a reused id (a Kafka record key that is
 /// an order number) and is never the record's retry: the duplicate check sends it to
 /// `record_conflicts`. A record dead for want of a handler (error class `NO_HANDLER: <type>`) is
-/// the exception: a type mapping added since maps its copies to another type.
+/// the exception when the delivery is its own message typed anew — the same payload (a copy a
+/// type mapping added since maps to another type, a resend with its type header fixed), or any
+/// payload when the record found no type at all (`UNKNOWN`, the engine's `UNKNOWN_TYPE`: a
+/// resend typed in its body). A delivery of another type and payload is another event under
+/// the same id, a reused id even of a dead letter: taking it over would erase that event.
 macro_rules! same_type {
     () => {
-        "(r.message_type = EXCLUDED.message_type OR COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false))"
+        "(r.message_type = EXCLUDED.message_type OR (COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+          AND (r.message_type = 'UNKNOWN' OR r.payload_hash = EXCLUDED.payload_hash)))"
     };
 }
 

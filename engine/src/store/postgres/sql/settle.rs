@@ -2,18 +2,23 @@
 //! records, lease heartbeats and late effects, and the duplicates the Redis fast path caught
 //! (see the parent module for the rules every statement follows).
 
-/// The case of [`POISON_SQL`] in which a copy without a handler makes its record `dead` again:
-/// the record is a `NO_HANDLER` dead letter an operator requeued (`failed`) before any handler
-/// ran (attempts 0), and the copy is no poison (`EXCLUDED.poison` false: it has no handler
-/// either).
+/// The case of [`POISON_SQL`] in which a delivery without a handler carries the id of a record of
+/// another message type, and is not that record's own message typed anew (as `same_type!` in the
+/// parent module has it: a `NO_HANDLER` record of the same payload, or one that found no type):
+/// a reused id, never its duplicate (DESIGN.md, "Reused ids and payload conflicts"); nothing is
+/// counted on the record.
 macro_rules! reused_id {
     () => {
-        "(NOT EXCLUDED.poison AND r.message_type <> EXCLUDED.message_type
-          AND NOT COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false))"
+        "(NOT EXCLUDED.poison AND NOT (r.message_type = EXCLUDED.message_type
+          OR (COALESCE(left(r.error_class, 11) = 'NO_HANDLER:', false)
+              AND (r.message_type = 'UNKNOWN' OR r.payload_hash = EXCLUDED.payload_hash))))"
     };
 }
 
 /// The case of [`POISON_SQL`] in which a copy without a handler makes its record `dead` again:
+/// the record is a `NO_HANDLER` dead letter an operator requeued (`failed`) before any handler
+/// ran (attempts 0), and the copy is no poison (`EXCLUDED.poison` false: it has no handler
+/// either).
 macro_rules! dead_again {
     () => {
         "(r.status = 'failed' AND r.attempts = 0 AND NOT EXCLUDED.poison
@@ -232,13 +237,14 @@ WITH prior AS (
     " OR ",
     reused_id!(),
     r#" THEN 0 ELSE 1 END
-    RETURNING r.id, (r.xmax = 0) AS created, r.message_type, r.status, r.error_class
+    RETURNING r.id, (r.xmax = 0) AS created, r.message_type, r.status, r.error_class, r.payload_hash
 )"#,
     count_created!("stored", "dead"),
     r#"
 SELECT id, created OR (status = 'dead' AND COALESCE((SELECT status FROM prior) = 'failed', false)) AS dead_lettered,
-       CASE WHEN NOT created AND NOT $16 AND message_type <> $3
-                 AND NOT COALESCE(left(error_class, 11) = 'NO_HANDLER:', false)
+       CASE WHEN NOT created AND NOT $16 AND NOT (message_type = $3
+                 OR (COALESCE(left(error_class, 11) = 'NO_HANDLER:', false)
+                     AND (message_type = 'UNKNOWN' OR payload_hash = $7)))
             THEN message_type END AS reused_of
 FROM stored
 "#

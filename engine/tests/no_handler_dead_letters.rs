@@ -1,5 +1,6 @@
-//! Review of the NO_HANDLER takeover (22fff82): a delivery with a handler that takes over a
-//! `NO_HANDLER` dead letter, and a copy without one that makes a requeued one dead again.
+//! `NO_HANDLER` dead letters (DESIGN.md, "Terms", dead letter; found by a review): a delivery with
+//! a handler that takes one over (its own message typed anew), one of another event that must
+//! not, and a copy without a handler that makes a requeued one dead again.
 
 mod common;
 
@@ -12,9 +13,7 @@ use common::*;
 use dedup_engine::LeaseExpiryPolicy;
 use dedup_engine::actions::Publishers;
 use dedup_engine::actions::{RecordAction, RecordActionKind, record_action};
-use dedup_engine::handler::{
-    Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler,
-};
+use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler};
 use dedup_engine::message::{InboundMessage, TypePolicy, TypeSource};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::retry::Backoff;
@@ -111,12 +110,11 @@ async fn a_fixed_resend_typed_in_its_body_is_no_payload_conflict_of_its_own_copi
     assert_eq!(p.process("w", &[fixed()]).await, vec![Disposition::Ack(AckReason::Processed)]);
     // The broker's ordinary redelivery of the same fixed message.
     assert_eq!(p.process("w", &[fixed()]).await, vec![Disposition::Ack(AckReason::DuplicateDatabase)]);
-    let (conflicts, kept): (i32, i64) = sqlx::query_as(
-        "SELECT payload_conflicts, (SELECT count(*) FROM record_conflicts) FROM dedup_records",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let (conflicts, kept): (i32, i64) =
+        sqlx::query_as("SELECT payload_conflicts, (SELECT count(*) FROM record_conflicts) FROM dedup_records")
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!((conflicts, kept), (0, 0), "a copy of the message that ran is no payload conflict");
 }
 
@@ -129,7 +127,10 @@ async fn a_leased_takeover_that_fails_is_requeued_as_the_delivery_that_ran() {
     let pool = h.pool();
     let effect = Arc::new(FailsOnce::default());
     let mut handlers = HandlerRegistry::new();
-    handlers.register("ORDER.NOTIFY", Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Hold });
+    handlers.register(
+        "ORDER.NOTIFY",
+        Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Hold },
+    );
     let p = h.pipeline_with(handlers, by(TypeSource::TypeProperty));
     let (broker, publishers) = broker().await;
     let on = |mut m: InboundMessage| {
@@ -143,7 +144,8 @@ async fn a_leased_takeover_that_fails_is_requeued_as_the_delivery_that_ran() {
     let (status, type_property): (String, Option<String>) =
         sqlx::query_as("SELECT status::text, type_property FROM dedup_records").fetch_one(pool).await.unwrap();
     assert_eq!(status, "failed");
-    let (id, version): (i64, i64) = sqlx::query_as("SELECT id, version FROM dedup_records").fetch_one(pool).await.unwrap();
+    let (id, version): (i64, i64) =
+        sqlx::query_as("SELECT id, version FROM dedup_records").fetch_one(pool).await.unwrap();
     let params = RecordAction {
         record_id: id,
         expected_status: None,
@@ -181,7 +183,10 @@ async fn record_counts_follow_takeovers_and_dead_again() {
     }
     counts_agree(pool).await;
     // Optimistic takeover (dead → succeeded).
-    assert_eq!(with.process("w", &[event("c-0", "ORDER.PAY", json!({ "i": 0 }))]).await[0], Disposition::Ack(AckReason::Processed));
+    assert_eq!(
+        with.process("w", &[event("c-0", "ORDER.PAY", json!({ "i": 0 }))]).await[0],
+        Disposition::Ack(AckReason::Processed)
+    );
     counts_agree(pool).await;
     // Savepoints takeover that fails (dead → processing → failed).
     let f = failing.process("w", &[event("c-1", "ORDER.PAY", json!({ "i": 1 }))]).await;
@@ -196,7 +201,8 @@ async fn record_counts_follow_takeovers_and_dead_again() {
     assert!(matches!(d[0], Disposition::DeadLetter { .. }), "{d:?}");
     counts_agree(pool).await;
     // One batch: untyped and typed copies of one id.
-    let both = with.process("w", &[message("c-9", json!({ "i": 9 })), event("c-9", "ORDER.PAY", json!({ "i": 9 }))]).await;
+    let both =
+        with.process("w", &[message("c-9", json!({ "i": 9 })), event("c-9", "ORDER.PAY", json!({ "i": 9 }))]).await;
     counts_agree(pool).await;
     assert_eq!(typed_effects(pool, "ORDER.PAY").await, 2, "{both:?}");
 }
@@ -226,19 +232,24 @@ async fn a_copy_that_waited_for_the_record_dead_again_is_its_duplicate() {
 }
 
 /// Order numbers as ids, a group handling CREATE only until PAY's handler is deployed: the PAY
-/// arrives first and is a NO_HANDLER dead letter; the CREATE of the same order takes its record
-/// over. The PAY must stay recoverable in the database (its record, or a kept copy), not only
-/// in the broker's dead-letter queue.
+/// arrives first and is a NO_HANDLER dead letter; the CREATE of the same order must not take its
+/// record over: the PAY stays recoverable in the database (not only in the broker's dead-letter
+/// queue), and the CREATE is a reused id with its copy kept.
 #[tokio::test]
-#[ignore = "review finding, not fixed: the takeover cannot tell a fixed resend from a reused id"]
 async fn a_delivery_of_another_type_does_not_erase_a_no_handler_dead_letter() {
     let h = Harness::with_redis("redis://127.0.0.1:1").await;
     let pool = h.pool();
     let p = transactional(&h, &["ORDER.CREATE"], TypeSource::TypeProperty);
     let pay = p.process("w", &[event("order-5", "ORDER.PAY", json!({ "order": 5, "amount": 10 }))]).await;
     assert!(matches!(&pay[0], Disposition::DeadLetter { .. }), "{pay:?}");
+    // Another event under the same id: a reused id, dead-lettered with its copy kept.
     let create = p.process("w", &[event("order-5", "ORDER.CREATE", json!({ "order": 5 }))]).await;
-    assert_eq!(create, vec![Disposition::Ack(AckReason::Processed)]);
+    assert!(matches!(&create[0], Disposition::DeadLetter { reason } if reason.contains("reused id")), "{create:?}");
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM record_conflicts WHERE message_type = 'ORDER.CREATE'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, 1, "the CREATE is kept for an operator too");
     let dead_pay: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM dedup_records WHERE message_type = 'ORDER.PAY' AND status = 'dead')
               + (SELECT count(*) FROM record_conflicts WHERE message_type = 'ORDER.PAY')",
@@ -259,7 +270,10 @@ async fn two_workers_taking_over_one_no_handler_dead_letter_run_one_effect() {
     none.process("w", &[message("k-1", json!({ "k": 1 }))]).await;
     let effect = CountingEffect::new(Duration::from_millis(200));
     let mut handlers = HandlerRegistry::new();
-    handlers.register("ORDER.NOTIFY", Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Reclaim });
+    handlers.register(
+        "ORDER.NOTIFY",
+        Handler::Leased { handler: effect.clone(), on_lease_expiry: LeaseExpiryPolicy::Reclaim },
+    );
     let p = Arc::new(h.pipeline_with(handlers, by(TypeSource::TypeProperty)));
     let (a, b) = (p.clone(), p.clone());
     let one = tokio::spawn(async move { a.process("w1", &[event("k-1", "ORDER.NOTIFY", json!({ "k": 1 }))]).await });

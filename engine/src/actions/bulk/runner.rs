@@ -260,7 +260,12 @@ async fn open_publishers(pool: &PgPool, publishers: &Publishers, id: i64) -> Res
                 open.insert((group, broker), publisher);
             }
             Err(ActionError::NoPublisher { .. }) => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                for opened in open.values() {
+                    opened.close().await;
+                }
+                return Err(e);
+            }
         }
     }
     Ok(open)

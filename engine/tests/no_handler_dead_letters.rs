@@ -9,16 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::amqp::{broker, published};
 use common::*;
 use dedup_engine::LeaseExpiryPolicy;
-use dedup_engine::actions::Publishers;
 use dedup_engine::actions::{RecordAction, RecordActionKind, record_action};
 use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler};
 use dedup_engine::message::{InboundMessage, TypePolicy, TypeSource};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
-use dedup_engine::retry::Backoff;
-use dedup_engine::testing::{TestBroker, amqp_url};
-use lapin::options::BasicGetOptions;
 use serde_json::json;
 
 fn by(from: TypeSource) -> PipelineSettings {
@@ -71,31 +68,6 @@ async fn counts_agree(pool: &sqlx::PgPool) {
             .await
             .unwrap();
     assert_eq!(kept, real, "record_counts against the rows");
-}
-
-async fn broker() -> (TestBroker, Publishers) {
-    let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 });
-    let connector = broker.connector();
-    connector.publisher().await.expect("RabbitMQ at AMQP_URL");
-    let mut publishers = Publishers::default();
-    publishers.add(GROUP, connector);
-    (broker, publishers)
-}
-
-async fn published(broker: &TestBroker) -> Vec<InboundMessage> {
-    let channel = broker.channel().await;
-    let mut copies = Vec::new();
-    while let Some(got) =
-        channel.basic_get(broker.settings.queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap()
-    {
-        let props = &got.delivery.properties;
-        let id = props.message_id().as_ref().map(|i| i.to_string()).expect("a message id");
-        let mut m = message(&id, json!({}));
-        m.payload = got.delivery.data.clone();
-        m.type_property = props.kind().as_ref().map(|t| t.to_string());
-        copies.push(m);
-    }
-    copies
 }
 
 /// The type read from the body (`/event`): the producer's fixed resend differs in its payload.

@@ -8,18 +8,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::amqp::{broker, published};
 use common::*;
 use dedup_engine::LateDuplicatePolicy;
-use dedup_engine::actions::Publishers;
 use dedup_engine::actions::cleanup::late::RetentionWatch;
 use dedup_engine::actions::cleanup::{ScheduleInput, cleanup_runs, cleanup_schedule_save, scheduler};
 use dedup_engine::actions::conflicts::{dismiss_conflict, open_conflicts, requeue_conflict, requeue_conflicts};
 use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::message::{IdPolicy, IdSource, InboundMessage, TypePolicy, TypeSource};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
-use dedup_engine::retry::Backoff;
-use dedup_engine::testing::{TestBroker, amqp_url};
-use lapin::options::BasicGetOptions;
 use serde_json::json;
 
 fn typed(late: LateDuplicatePolicy) -> PipelineSettings {
@@ -43,44 +40,6 @@ fn event(id: &str, message_type: &str, body: serde_json::Value) -> InboundMessag
     let mut m = message(id, body);
     m.type_property = Some(message_type.to_owned());
     m
-}
-
-/// Publishers on a test broker whose work queue gets what is published to its exchange.
-async fn broker() -> (TestBroker, Publishers) {
-    let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 });
-    let connector = broker.connector();
-    connector.publisher().await.expect("RabbitMQ at AMQP_URL");
-    let mut publishers = Publishers::default();
-    publishers.add(GROUP, connector);
-    (broker, publishers)
-}
-
-/// What the broker's work queue holds, as deliveries.
-async fn published(broker: &TestBroker) -> Vec<InboundMessage> {
-    let channel = broker.channel().await;
-    let mut copies = Vec::new();
-    while let Some(got) =
-        channel.basic_get(broker.settings.queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap()
-    {
-        let props = &got.delivery.properties;
-        let header =
-            props.headers().as_ref().and_then(|h| h.inner().get("x-message-id")).and_then(|v| v.as_long_string());
-        let id = match (props.message_id(), header) {
-            (Some(id), _) => id.to_string(),
-            (None, Some(long)) => long.to_string(),
-            (None, None) => panic!("a copy without a message id"),
-        };
-        let mut m = message(&id, json!({}));
-        m.payload = got.delivery.data.clone();
-        m.type_property = props.kind().as_ref().map(|t| t.to_string());
-        for (name, value) in props.headers().as_ref().map(|h| h.inner().iter()).into_iter().flatten() {
-            if let Some(text) = value.as_long_string() {
-                m.headers.insert(name.to_string(), json!(text.to_string()));
-            }
-        }
-        copies.push(m);
-    }
-    copies
 }
 
 #[tokio::test]

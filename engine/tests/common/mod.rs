@@ -2,6 +2,7 @@
 //! prefix per test, messages, and small handlers whose effects can be counted.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod amqp;
 pub mod service;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -98,15 +98,11 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     );
     // The overview's consumer panel speaks of Kafka: connected, the group's lag as its depth.
     let token = world.operator_token().await;
-    let aggregates: serde_json::Value = reqwest::Client::new()
-        .get(b.url("/api/v1/aggregates"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fetch_aggregates = || async {
+        let response = reqwest::Client::new().get(b.url("/api/v1/aggregates")).bearer_auth(&token).send().await;
+        response.unwrap().json::<serde_json::Value>().await.unwrap()
+    };
+    let aggregates = fetch_aggregates().await;
     let consumer = &aggregates["consumers"][0];
     assert_eq!(
         (consumer["broker"].as_str(), consumer["connected"].as_bool()),
@@ -118,15 +114,7 @@ async fn ten_thousand_orders_through_a_kafka_group_with_a_member_killed_and_rest
     // topic's 4 partitions once.
     let topic = world.kafka.as_ref().unwrap().topic().to_owned();
     let owners = || async {
-        let agg: serde_json::Value = reqwest::Client::new()
-            .get(b.url("/api/v1/aggregates"))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let agg = fetch_aggregates().await;
         let list = agg["instances"].as_array().cloned().unwrap_or_default();
         let pid_of = |i: &serde_json::Value| i["name"].as_str().and_then(|n| n.rsplit(':').next()?.parse::<u32>().ok());
         let mut owned: Vec<(u32, String)> = list

@@ -4,11 +4,13 @@
 //!    broker's ceiling for this setup. Kafka has two raw phases: a plain rdkafka poll + commit
 //!    loop, and the engine's Kafka source acknowledging everything (its offset bookkeeping,
 //!    queue and workers, without the pipeline);
-//! 2. idempotent, twice: the full pipeline — Redis lookup, PostgreSQL claim in the business
-//!    transaction (one transaction per batch, no savepoints while no handler fails), Redis
-//!    marker, ack or offset commit — first with a transactional handler that changes nothing
-//!    (what the pipeline itself costs over raw), then with one that inserts a business row per
-//!    message (`BENCH.EVENT`, the phase the duplicates below repeat);
+//! 2. idempotent, three times: the full pipeline — Redis lookup, PostgreSQL claim in the
+//!    business transaction (one transaction per batch, no savepoints while no handler fails),
+//!    Redis marker, ack or offset commit — first with a transactional handler that changes
+//!    nothing (what the pipeline itself costs over raw), then with a batch handler that writes
+//!    the business rows of a run of messages in one statement (`BENCH.ROWS`, `max_batch` 500),
+//!    then with one that inserts a business row per message, a round trip each (`BENCH.EVENT`,
+//!    the phase the duplicates below repeat);
 //! 3. duplicates caught by Redis (the same messages again);
 //! 4. duplicates caught by the database (again, Redis unreachable);
 //! 5. the pipeline alone: in-memory deliveries of new messages through it (handler without
@@ -40,12 +42,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use dedup_engine::actions::cleanup::late::RetentionWatch;
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
-use dedup_engine::handler::{
-    Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
-};
+use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::record::{ConsumerGroup, LeaseExpiryPolicy};
@@ -59,7 +58,10 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use sqlx::PgConnection;
+
+#[path = "consume/handlers.rs"]
+mod handlers;
+use handlers::{InsertRow, InsertRows, LeasedNoEffect, NoEffect};
 
 /// Fingerprints of deleted records kept for the late-duplicate phases.
 const FINGERPRINTS: i64 = 1_000_000;
@@ -94,40 +96,6 @@ async fn keep_fingerprints(db: &TestDatabase) -> (Arc<RetentionWatch>, f64, f64)
 
 /// The body of every bench message (published or in memory).
 const BODY: &[u8] = br#"{"orderNo":"1","amountCents":100}"#;
-
-/// The business change of the idempotent phase: one row per message.
-struct InsertRow;
-
-#[async_trait]
-impl TransactionalHandler for InsertRow {
-    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO bench_effects (message_id) VALUES ($1)")
-            .bind(input.message_id.as_str())
-            .execute(tx)
-            .await?;
-        Ok(())
-    }
-}
-
-/// The pipeline alone: a transactional handler with no business change of its own.
-struct NoEffect;
-
-#[async_trait]
-impl TransactionalHandler for NoEffect {
-    async fn handle(&self, _: &HandlerInput<'_>, _: &mut PgConnection) -> Result<(), HandlerError> {
-        Ok(())
-    }
-}
-
-/// The leased phase: a leased handler with no effect of its own.
-struct LeasedNoEffect;
-
-#[async_trait]
-impl LeasedHandler for LeasedNoEffect {
-    async fn handle(&self, _: &HandlerInput<'_>, lease: &LeaseGuard) -> Result<(), HandlerError> {
-        lease.check()
-    }
-}
 
 /// The HTTP phase's endpoint: a local axum server answering 200 with an empty body at once.
 /// Returns its URL; it serves until the bench exits.
@@ -439,6 +407,7 @@ fn raw_kafka(kafka: &TestKafka, total: usize, batch: usize) -> Phase {
 fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>, http: Option<&str>) -> Pipeline {
     let mut handlers = HandlerRegistry::new();
     handlers.register("BENCH.EVENT", Handler::Transactional(Arc::new(InsertRow)));
+    handlers.register("BENCH.ROWS", Handler::Transactional(Arc::new(InsertRows)));
     handlers.register("BENCH.NOEFFECT", Handler::Transactional(Arc::new(NoEffect)));
     let hold = LeaseExpiryPolicy::Hold;
     handlers.register("BENCH.LEASED", Handler::Leased { handler: Arc::new(LeasedNoEffect), on_lease_expiry: hold });
@@ -515,6 +484,7 @@ fn main() {
         let raw_ids: Vec<String> = (0..total).map(|i| format!("RAW.EVENT.{i}:1")).collect();
         let no_effect_ids: Vec<String> = (0..total).map(|i| format!("BENCH.NOEFFECT.{i}:1")).collect();
         let ids: Vec<String> = (0..total).map(|i| format!("BENCH.EVENT.{i}:1")).collect();
+        let rows_ids: Vec<String> = (0..total).map(|i| format!("BENCH.ROWS.{i}:1")).collect();
         let in_memory_ids: Vec<String> = (0..total).map(|i| format!("BENCH.NOEFFECT.M{i}:1")).collect();
         let kept_memory_ids: Vec<String> = (0..total).map(|i| format!("BENCH.NOEFFECT.F{i}:1")).collect();
         let kept_ids: Vec<String> = (0..total).map(|i| format!("BENCH.EVENT.F{i}:1")).collect();
@@ -536,6 +506,7 @@ fn main() {
         phases.push(consume(raw_name, bench.factory(), Work::Ack, total, workers, batch).await);
         let pipelined = [
             ("idempotent, handler without effect", &no_effect_ids, &redis, AckReason::Processed),
+            ("idempotent, batch handler inserts rows", &rows_ids, &redis, AckReason::Processed),
             ("idempotent, handler inserts a row", &ids, &redis, AckReason::Processed),
             ("duplicates, Redis hit", &ids, &redis, AckReason::DuplicateRedis),
             ("duplicates, database (Redis down)", &ids, &no_redis, AckReason::DuplicateDatabase),
@@ -588,7 +559,7 @@ fn main() {
         }
 
         let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_effects").fetch_one(&db.pool).await.unwrap();
-        assert_eq!(effects, 3 * i64::try_from(total).unwrap(), "every message applied exactly once");
+        assert_eq!(effects, 4 * i64::try_from(total).unwrap(), "every message applied exactly once");
         let late: i64 = sqlx::query_scalar("SELECT count(*) FROM late_duplicates").fetch_one(&db.pool).await.unwrap();
         assert_eq!(late, 0, "no bench message matches a kept fingerprint");
 
@@ -616,6 +587,9 @@ fn main() {
             phases[idempotent].rate() / phases[naive].rate()
         );
         let rate_of = |prefix: &str| phases.iter().find(|p| p.name.starts_with(prefix)).map(Phase::rate);
+        if let (Some(rows), Some(row)) = (rate_of("idempotent, batch handler"), rate_of("idempotent, handler inserts")) {
+            println!("business rows by a batch handler vs a row per message: {:.2}× the rate", rows / row);
+        }
         if let (Some(alone), Some(kept), Some(row), Some(row_kept)) = (
             rate_of("pipeline alone, no broker"),
             rate_of("pipeline alone, 1 M"),

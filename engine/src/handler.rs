@@ -292,6 +292,31 @@ pub trait TransactionalHandler: Send + Sync + 'static {
     /// Applies the message's business changes on `tx`. Returning an error rolls them back.
     async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError>;
 
+    /// Most messages [`TransactionalHandler::handle_batch`] takes in one call; 1 (the default):
+    /// the pipeline calls [`TransactionalHandler::handle`] once per message. A handler that can
+    /// write many messages' business rows in one statement (`INSERT … SELECT * FROM unnest($1,
+    /// $2)`) says how many it takes, and saves a round trip per message.
+    fn max_batch(&self) -> usize {
+        1
+    }
+
+    /// Applies the business changes of several claimed messages of this handler's type on `tx`,
+    /// as [`TransactionalHandler::handle`] would one after the other, in `inputs`' order (the
+    /// batch's lock order: [`TransactionalHandler::lock_key`], then the message id). A call takes
+    /// a run of consecutive messages of this handler in that order. Called only when
+    /// [`TransactionalHandler::max_batch`] is above 1, with at most that many inputs, and only in
+    /// a batch's optimistic transaction (DESIGN.md, "Batch handlers"): an error rolls the whole
+    /// transaction back, and its messages run again one by one through `handle`, each in a
+    /// savepoint, so a failure is pinned on its own message and the others commit. Its effects
+    /// must therefore live in `tx` alone, as `handle`'s do. The default calls `handle` for each
+    /// input in turn.
+    async fn handle_batch(&self, inputs: &[HandlerInput<'_>], tx: &mut PgConnection) -> Result<(), HandlerError> {
+        for input in inputs {
+            self.handle(input, tx).await?;
+        }
+        Ok(())
+    }
+
     /// The shared business row this message will lock, if any (e.g. the SKU whose stock it
     /// reserves, the card whose balance it debits). A batch runs its messages ordered by this
     /// key, so concurrent batches lock hot rows in one order and wait for each other instead of

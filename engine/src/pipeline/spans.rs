@@ -1,4 +1,4 @@
-//! The pipeline's `tracing` spans: one per batch, one per handler call.
+//! The pipeline's `tracing` spans: one per batch, one per handler call (or batch handler call).
 //!
 //! Levels (DESIGN.md, "Tracing"): the **batch** and each **handler call** are `INFO` — they
 //! answer an on-call engineer's first questions (which batch was slow, which message's handler,
@@ -75,6 +75,39 @@ impl Pipeline {
                 Err(_) => "error",
             },
         );
+        result
+    }
+
+    /// Runs one [`crate::handler::TransactionalHandler::handle_batch`] call over `items` (at
+    /// least one, all of one type) in a span of its own, `handler_batch` (`message_type`,
+    /// `messages`, the `first_message_id` and `last_message_id`; `duration_ms` and `outcome` —
+    /// `ok` or `error` — when it returns), at the level of a handler call. Each message's share
+    /// of the duration goes to the `dedup_handler_duration_seconds` histogram, once per message.
+    pub(super) async fn call_batch_handler(
+        items: &[&Routed<'_>],
+        call: impl Future<Output = Result<(), HandlerError>>,
+    ) -> Result<(), HandlerError> {
+        let (first, last) = (items[0], items[items.len() - 1]);
+        let span = tracing::info_span!(
+            "handler_batch",
+            message_type = %first.identified.message_type,
+            messages = items.len(),
+            first_message_id = %first.identified.id,
+            last_message_id = %last.identified.id,
+            duration_ms = Empty,
+            outcome = Empty,
+        );
+        let started = Instant::now();
+        let result = call.instrument(span.clone()).await;
+        let elapsed = started.elapsed();
+        let share = elapsed.as_secs_f64() / items.len() as f64;
+        let histogram =
+            metrics::histogram!("dedup_handler_duration_seconds", "type" => first.identified.message_type.clone());
+        for _ in items {
+            histogram.record(share);
+        }
+        span.record("duration_ms", elapsed.as_micros() as f64 / 1000.0);
+        span.record("outcome", if result.is_ok() { "ok" } else { "error" });
         result
     }
 }

@@ -6,12 +6,13 @@
 //! needs no completion statement.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use sqlx::{Acquire, Executor, PgConnection};
 
 use super::{Abort, Attempt, Isolation};
 use crate::pipeline::Outcome;
-use crate::handler::Handler;
+use crate::handler::{Handler, HandlerInput};
 use crate::pipeline::{AckReason, Disposition, Pipeline, Routed};
 use crate::record::HandlerMode;
 use crate::stats::Event;
@@ -49,6 +50,9 @@ impl Pipeline {
         let mut savepoint_open = false;
         let mut outcomes = Vec::with_capacity(items.len());
         let mut succeeded: Vec<(&Routed<'_>, ClaimedRecord)> = Vec::new();
+        // Claims waiting for one call of their batch handler (optimistic only): a run of
+        // consecutive messages of one handler, at most its `max_batch`.
+        let mut run: Vec<(&Routed<'_>, ClaimedRecord)> = Vec::new();
         let mut conflicts = Vec::new();
         for (item, claim) in items.iter().zip(claims) {
             match claim {
@@ -63,12 +67,27 @@ impl Pipeline {
                         attempt.tally.count(Event::Created);
                         self.check_late(item.message, &mut attempt.tally);
                     }
+                    let batches = attempt.isolation == Isolation::Optimistic && max_batch(item) > 1;
+                    if run.first().is_some_and(|(head, _)| {
+                        !batches || !same_handler(head, item) || run.len() >= max_batch(head)
+                    }) {
+                        self.run_batch_handler(&mut *tx, &run).await?;
+                        succeeded.append(&mut run);
+                    }
+                    if batches {
+                        run.push((item, claim));
+                        continue;
+                    }
                     match self.run_handler(tx, attempt, &mut savepoint_open, item, &claim, &lease).await? {
                         None => succeeded.push((item, claim)),
                         Some(failed) => outcomes.push((item.index, failed, None)),
                     }
                 }
             }
+        }
+        if !run.is_empty() {
+            self.run_batch_handler(&mut *tx, &run).await?;
+            succeeded.append(&mut run);
         }
         // Kept in the transaction that judged them: acknowledged only with their copy.
         if !conflicts.is_empty() {
@@ -128,6 +147,21 @@ impl Pipeline {
             }
         }
         Err(Abort) // not reached: the last try returns
+    }
+
+    /// Runs one batch handler's call over a run of its claimed messages, in an optimistic
+    /// attempt ([`crate::handler::TransactionalHandler::handle_batch`]). An error aborts the
+    /// attempt, as a handler's does: the savepoint attempt that follows runs each message's
+    /// `handle` alone and records the failure on its own message.
+    async fn run_batch_handler(&self, tx: &mut PgConnection, run: &[(&Routed<'_>, ClaimedRecord)]) -> Result<(), Abort> {
+        let Handler::Transactional(handler) = &run[0].0.handler else { unreachable!("partitioned by mode") };
+        let inputs: Vec<HandlerInput<'_>> = run.iter().map(|(item, claim)| self.input(item, claim.attempt)).collect();
+        let items: Vec<&Routed<'_>> = run.iter().map(|(item, _)| *item).collect();
+        let result = Self::call_batch_handler(&items, handler.handle_batch(&inputs, tx)).await;
+        result.map_err(|error| {
+            tracing::debug!(messages = run.len(), error = %error, "batch handler failed; running the batch again with savepoints");
+            Abort
+        })
     }
 
     /// Runs one claimed message's handler. `None`: it succeeded (completion is due);
@@ -221,5 +255,22 @@ impl Pipeline {
             }));
         }
         Err(Abort) // not reached: the last try returns
+    }
+}
+
+/// [`crate::handler::TransactionalHandler::max_batch`] of a transactional message's handler.
+fn max_batch(item: &Routed<'_>) -> usize {
+    match &item.handler {
+        Handler::Transactional(handler) => handler.max_batch(),
+        Handler::Leased { .. } => 1,
+    }
+}
+
+/// Whether two messages go to the same handler instance (one call of a batch handler takes only
+/// its own messages).
+fn same_handler(a: &Routed<'_>, b: &Routed<'_>) -> bool {
+    match (&a.handler, &b.handler) {
+        (Handler::Transactional(x), Handler::Transactional(y)) => Arc::ptr_eq(x, y),
+        _ => false,
     }
 }

@@ -110,16 +110,15 @@ pub(crate) const DATABASE_TIMED_OUT: &str =
     "the database did not answer in time (a long lock or an overload); nothing was changed, try again";
 
 /// Whether `error` (or a cause of it) is a database wait cut by the console's bounds:
-/// PostgreSQL cancelled the statement at its `statement_timeout` (SQLSTATE 57014
-/// `query_canceled`), or no connection of the pool came in time.
+/// the database cancelled the statement at its statement timeout
+/// ([`dedup_engine::console::DbErrorKind::StatementTimeout`]), or no connection of the pool came
+/// in time.
 #[cfg(feature = "ssr")]
 pub(crate) fn database_timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
-    std::iter::successors(Some(error), |e| e.source()).filter_map(|e| e.downcast_ref::<sqlx::Error>()).any(
-        |e| match e {
-            sqlx::Error::PoolTimedOut => true,
-            other => other.as_database_error().and_then(|d| d.code()).is_some_and(|code| code == "57014"),
-        },
-    )
+    use dedup_engine::console::DbErrorKind;
+    std::iter::successors(Some(error), |e| e.source())
+        .filter_map(|e| e.downcast_ref::<sqlx::Error>())
+        .any(|e| matches!(DbErrorKind::of(e), DbErrorKind::PoolTimedOut | DbErrorKind::StatementTimeout))
 }
 
 #[cfg(feature = "ssr")]

@@ -275,7 +275,7 @@ impl From<sqlx::Error> for HandlerError {
     /// A retryable [`HandlerError::unclassified`] failure of kind `DATABASE`; transient for a
     /// deadlock, a serialization failure or a lost connection.
     fn from(e: sqlx::Error) -> Self {
-        let transient = crate::store::is_transient(&e);
+        let transient = crate::store::DbErrorKind::of(&e).is_transient();
         Self { transient, ..Self::unclassified("DATABASE", e.to_string()) }
     }
 }

@@ -39,6 +39,7 @@ pub use crate::instances::{Instance, InstanceConsumer};
 pub use crate::record::{RecordStatus, UnknownStatus};
 pub use crate::runtime::RunningGroup;
 pub use crate::service::redact_url;
+pub use crate::store::DbErrorKind;
 
 /// Operator accounts: users with a role and an argon2id password hash, per-user API tokens
 /// (stored as SHA-256), and the login-failure throttle.

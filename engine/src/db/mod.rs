@@ -26,6 +26,7 @@ pub use schema::{MIGRATOR, verify_schema};
 pub use schema::{Schema, SchemaError, SchemaNameError, migrate, migrate_schema};
 
 use crate::service::{Service, Unreachable};
+use crate::store::DbErrorKind;
 
 /// Pool settings for [`connect`].
 #[derive(Debug, Clone)]
@@ -75,17 +76,12 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, Unrea
     let pool_options =
         || PgPoolOptions::new().max_connections(settings.max_connections).acquire_timeout(settings.acquire_timeout);
     match pool_options().connect_with(options.clone()).await {
-        Err(e) if is_missing_database(&e) => {
+        Err(e) if DbErrorKind::of(&e) == DbErrorKind::UnknownDatabase => {
             create_database(&options).await.map_err(unreachable)?;
             pool_options().connect_with(options).await.map_err(unreachable)
         }
         other => other.map_err(unreachable),
     }
-}
-
-/// PostgreSQL's `invalid_catalog_name`: the database in the URL does not exist.
-fn is_missing_database(error: &sqlx::Error) -> bool {
-    error.as_database_error().and_then(|e| e.code()).is_some_and(|code| code == "3D000")
 }
 
 /// Creates the database named in `options`, connecting to the `postgres` maintenance database
@@ -98,8 +94,8 @@ async fn create_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> 
     let created = sqlx::query(&format!("CREATE DATABASE {quoted}")).execute(&mut admin).await;
     admin.close().await?;
     match created {
-        // duplicate_database: another process created it first.
-        Err(e) if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42P04") => Ok(()),
+        // Another process created it first.
+        Err(e) if DbErrorKind::of(&e) == DbErrorKind::DatabaseExists => Ok(()),
         Err(e) => Err(e),
         Ok(_) => {
             tracing::info!(database = %name, "created database");

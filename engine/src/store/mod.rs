@@ -5,7 +5,10 @@
 //! conditional statement fenced by the expected status (and lease token where a lease is held),
 //! timed by the database clock (`now()`), never the worker's.
 
+mod errors;
 pub mod postgres;
+
+pub use errors::DbErrorKind;
 
 use std::time::Duration;
 
@@ -21,8 +24,9 @@ use crate::record::{ConsumerGroup, HandlerMode, MessageId, RecordStatus};
 /// this: a claim without a live lease would let a second worker take the record at once.
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
 
-/// Errors from the store. Database errors keep their SQLSTATE so callers can tell transient
-/// ones (deadlock, serialization failure, lost connection) from the rest.
+/// Errors from the store. Database errors keep their database's code, read as a
+/// [`DbErrorKind`], so callers can tell transient ones (deadlock, serialization failure, lost
+/// connection) from the rest.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database refused or failed the statement.
@@ -31,22 +35,11 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// See [`is_transient`].
+    /// See [`DbErrorKind::is_transient`].
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Database(e) => is_transient(e),
+            StoreError::Database(e) => DbErrorKind::of(e).is_transient(),
         }
-    }
-}
-
-/// True for database errors worth retrying the same work: deadlock (40P01), serialization
-/// failure (40001), the server shutting the connection (57P01), a lost connection, a pool
-/// timeout.
-pub fn is_transient(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
-        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40P01" | "40001" | "57P01")),
-        _ => false,
     }
 }
 

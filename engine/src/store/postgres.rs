@@ -39,6 +39,7 @@ use crate::record::{HandlerMode, RecordStatus};
 #[macro_use]
 mod sql;
 mod conflicts;
+pub(super) mod errors;
 mod late;
 pub(crate) use conflicts::{ConflictCopy, ConflictKind};
 pub(crate) use late::HeldDelivery;

@@ -11,7 +11,7 @@ use dedup_engine::record::{ConsumerGroup, HandlerMode, MessageId};
 use dedup_engine::store::postgres::PgStore;
 use dedup_engine::store::{
     ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, ClaimRequest, ClaimedRecord, DedupStore, FailureOutcome,
-    FailureReport, Lease, PoisonRecord,
+    FailureReport, Lease, LeaseStore, PoisonRecord,
 };
 use serde_json::json;
 

@@ -16,7 +16,7 @@
 //! for the probe interval (DESIGN.md, "Pause and circuit breaker").
 //!
 //! One heartbeat statement every third of the lease extends the leases of all the worker's
-//! in-flight records ([`DedupStore::extend_leases`]). Each handler gets a [`LeaseGuard`]: lost
+//! in-flight records ([`LeaseStore::extend_leases`]). Each handler gets a [`LeaseGuard`]: lost
 //! when the heartbeat finds its lease taken over, or when no extension was confirmed within the
 //! lease (this worker may have been frozen). The engine checks it before calling the handler;
 //! the handler checks it right before its effect. A handler that stopped because the lease was
@@ -40,7 +40,7 @@ use crate::handler::{EffectAnswer, Handler, HandlerError, HandlerInput, LeaseGua
 use crate::record::HandlerMode;
 use crate::stats::Event;
 use crate::store::{
-    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease, LeaseStore,
     StoreError,
 };
 

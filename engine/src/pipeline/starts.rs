@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use crate::handler::{EffectStart, HandlerError};
 use crate::pause::Pauses;
 use crate::store::postgres::PgStore;
-use crate::store::{ClaimedRecord, DedupStore, StoreError};
+use crate::store::{ClaimedRecord, DedupStore, LeaseStore, StoreError};
 
 /// The claims of one batch whose effects wait for a slot, in waves, and how far they are marked.
 pub(super) struct Starts {

@@ -86,7 +86,7 @@ pub struct ClaimItem<'a> {
     pub reclaim_expired: bool,
     /// [`ClaimAs::Leased`]: whether the effect starts as soon as the claim commits, so the claim
     /// marks it started (`effect_started`); false for one that waits for a slot of its
-    /// handler's concurrency, marked by [`DedupStore::mark_effects_started`] before it starts.
+    /// handler's concurrency, marked by [`LeaseStore::mark_effects_started`] before it starts.
     pub starts_at_once: bool,
 }
 
@@ -141,7 +141,7 @@ pub enum ClaimAs {
     /// its effect starts at once ([`ClaimItem::starts_at_once`]), and a record whose lease
     /// expired is taken over when its item's [`ClaimItem::reclaim_expired`] says so or its
     /// effect never started, closing the superseded attempt as `lease_lost`. Completed with
-    /// [`DedupStore::complete_many_leased`].
+    /// [`LeaseStore::complete_many_leased`].
     Leased,
 }
 
@@ -273,7 +273,7 @@ pub struct FailureReport<'a> {
     pub answer: Option<&'a EffectAnswer>,
     /// Leased mode: the far side said it is still working on the message
     /// ([`crate::handler::HandlerError::in_progress`]); the attempt is marked so, which keeps
-    /// the run of such answers going ([`DedupStore::defer_claimed`]).
+    /// the run of such answers going ([`LeaseStore::defer_claimed`]).
     pub in_progress: bool,
 }
 
@@ -319,8 +319,10 @@ pub struct PoisonRecord<'a> {
     pub id_source: Option<IdSourceKind>,
 }
 
-/// A dedup store. Methods take a connection so callers compose them with business changes in
-/// one transaction (transactional mode) or run them alone (leased mode, autocommit).
+/// A dedup store: claims, transactional completions, failures, poison records and the fast
+/// path's duplicate counts (leased handlers' statements are [`LeaseStore`]'s). Methods take a
+/// connection so callers compose them with business changes in one transaction (transactional
+/// mode) or run them alone (leased mode, autocommit).
 #[async_trait]
 pub trait DedupStore: Send + Sync + 'static {
     /// The database.
@@ -375,6 +377,37 @@ pub trait DedupStore: Send + Sync + 'static {
         lease: &Lease,
     ) -> Result<Vec<i64>, StoreError>;
 
+    /// Records a handler failure of a claim, fenced by the lease token: `failed` with the retry
+    /// due time, or `dead` at max attempts (or for a permanent error).
+    async fn fail_claimed(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        failure: &FailureReport<'_>,
+    ) -> Result<FailureOutcome, StoreError>;
+
+    /// Stores a poison message as a `dead` record (or counts a duplicate on an existing one);
+    /// see [`PoisonStored`].
+    async fn record_poison(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        poison: &PoisonRecord<'_>,
+    ) -> Result<PoisonStored, StoreError>;
+
+    /// Adds duplicates caught by the Redis fast path to their records' `duplicate_count`
+    /// (batched, off the hot path). Entries: (group, message id, copies, latest arrival).
+    async fn add_fast_path_duplicates(
+        &self,
+        entries: &[(String, String, i32, DateTime<Utc>)],
+    ) -> Result<(), StoreError>;
+}
+
+/// The statements of leased handlers ([`crate::handler::LeasedHandler`]) beyond the claims and
+/// failures of [`DedupStore`]: their completions with the effect's answer, deferrals, the
+/// heartbeat, effect-start marks, releases of calls that never started, late effects. Each is
+/// fenced by the record's own lease token and runs alone (autocommit): a leased claim commits
+/// before its effect.
+#[async_trait]
+pub trait LeaseStore: DedupStore {
     /// Marks claimed leased records `succeeded` in one statement, each fenced by status and its
     /// own lease token, clears their leases and stored payloads, and closes their attempt rows
     /// with the effect's answer. `done`: the claims with their answers. Returns which ids were
@@ -384,14 +417,6 @@ pub trait DedupStore: Send + Sync + 'static {
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         done: &[(&ClaimedRecord, Option<&EffectAnswer>)],
     ) -> Result<Vec<i64>, StoreError>;
-
-    /// Records a handler failure of a claim, fenced by the lease token: `failed` with the retry
-    /// due time, or `dead` at max attempts (or for a permanent error).
-    async fn fail_claimed(
-        &self,
-        conn: &mut <Self::Db as sqlx::Database>::Connection,
-        failure: &FailureReport<'_>,
-    ) -> Result<FailureOutcome, StoreError>;
 
     /// Gives a leased claim back without counting its attempt (the far side is still working on
     /// the message, [`crate::handler::HandlerError::in_progress`]), fenced by the lease token:
@@ -449,20 +474,5 @@ pub trait DedupStore: Send + Sync + 'static {
         conn: &mut <Self::Db as sqlx::Database>::Connection,
         claim: &ClaimedRecord,
         answer: Option<&EffectAnswer>,
-    ) -> Result<(), StoreError>;
-
-    /// Stores a poison message as a `dead` record (or counts a duplicate on an existing one);
-    /// see [`PoisonStored`].
-    async fn record_poison(
-        &self,
-        conn: &mut <Self::Db as sqlx::Database>::Connection,
-        poison: &PoisonRecord<'_>,
-    ) -> Result<PoisonStored, StoreError>;
-
-    /// Adds duplicates caught by the Redis fast path to their records' `duplicate_count`
-    /// (batched, off the hot path). Entries: (group, message id, copies, latest arrival).
-    async fn add_fast_path_duplicates(
-        &self,
-        entries: &[(String, String, i32, DateTime<Utc>)],
     ) -> Result<(), StoreError>;
 }

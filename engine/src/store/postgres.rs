@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -41,6 +40,7 @@ mod sql;
 mod conflicts;
 pub(super) mod errors;
 mod late;
+mod leases;
 pub(crate) use conflicts::{ConflictCopy, ConflictKind};
 pub(crate) use late::HeldDelivery;
 use sql::Statements;
@@ -131,31 +131,6 @@ fn existing_from_row(row: &PgRow) -> Result<ExistingRecord, sqlx::Error> {
 }
 
 impl PgStore {
-    /// Runs `sql`, a statement over leased claims fenced each by its own lease token (`$1` ids,
-    /// `$2` tokens, `$3` the `millis` when given), returning the ids it found held. The ids go
-    /// in one lock order (ascending) for every writer of a batch of these rows.
-    async fn fenced_many(
-        &self,
-        conn: &mut PgConnection,
-        sql: &str,
-        claims: &[&ClaimedRecord],
-        millis: Option<i64>,
-    ) -> Result<Vec<i64>, StoreError> {
-        if claims.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut sorted = claims.to_vec();
-        sorted.sort_by_key(|claim| claim.id);
-        let query = sqlx::query_scalar(sql)
-            .bind(sorted.iter().map(|claim| claim.id).collect::<Vec<_>>())
-            .bind(sorted.iter().map(|claim| claim.lease_token).collect::<Vec<_>>());
-        let query = match millis {
-            Some(ms) => query.bind(ms),
-            None => query,
-        };
-        Ok(query.fetch_all(&mut *conn).await?)
-    }
-
     /// Counts a duplicate delivery on each existing record of the same message type; returns
     /// what it saw, by message id. Ids without a record (deleted meanwhile) are missing.
     async fn note_duplicates(
@@ -382,29 +357,6 @@ impl DedupStore for PgStore {
             .await?)
     }
 
-    #[tracing::instrument(level = "debug", name = "complete", skip_all, fields(count = done.len(), mode = "leased"))]
-    async fn complete_many_leased(
-        &self,
-        conn: &mut PgConnection,
-        done: &[(&ClaimedRecord, Option<&EffectAnswer>)],
-    ) -> Result<Vec<i64>, StoreError> {
-        if done.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut sorted = done.to_vec();
-        // One lock order (the record id) for every writer of a batch of these rows.
-        sorted.sort_by_key(|(claim, _)| claim.id);
-        let answers: Vec<_> = sorted.iter().map(|(_, answer)| answer_columns(*answer)).collect();
-        Ok(sqlx::query_scalar(&self.sql.complete_many_leased)
-            .bind(sorted.iter().map(|(claim, _)| claim.id).collect::<Vec<_>>())
-            .bind(sorted.iter().map(|(claim, _)| claim.lease_token).collect::<Vec<_>>())
-            .bind(answers.iter().map(|a| a.0).collect::<Vec<_>>())
-            .bind(answers.iter().map(|a| a.1).collect::<Vec<_>>())
-            .bind(answers.into_iter().map(|a| a.2).collect::<Vec<_>>())
-            .fetch_all(&mut *conn)
-            .await?)
-    }
-
     #[tracing::instrument(
         level = "debug",
         name = "record_failure",
@@ -447,78 +399,6 @@ impl DedupStore for PgStore {
             (_, RecordStatus::Dead) => FailureOutcome::Dead,
             _ => FailureOutcome::Failed,
         })
-    }
-
-    #[tracing::instrument(level = "debug", name = "defer", skip_all, fields(record = failure.claim.id))]
-    async fn defer_claimed(
-        &self,
-        conn: &mut PgConnection,
-        failure: &FailureReport<'_>,
-        within: Option<Duration>,
-    ) -> Result<bool, StoreError> {
-        let (status, latency, summary) = answer_columns(failure.answer);
-        let count: i64 = sqlx::query_scalar(&self.sql.defer)
-            .bind(failure.claim.id)
-            .bind(failure.claim.lease_token)
-            .bind(storable::text(failure.error))
-            .bind(storable::text(failure.error_class))
-            .bind(failure.retry_delay_ms)
-            .bind(within.map(|w| i64::try_from(w.as_millis()).unwrap_or(i64::MAX)))
-            .bind(status)
-            .bind(latency)
-            .bind(summary)
-            .bind(failure.in_progress)
-            .fetch_one(&mut *conn)
-            .await?;
-        Ok(count == 1)
-    }
-
-    #[tracing::instrument(level = "debug", name = "extend_lease", skip_all, fields(count = claims.len()))]
-    async fn extend_leases(
-        &self,
-        conn: &mut PgConnection,
-        claims: &[&ClaimedRecord],
-        lease: &Lease,
-    ) -> Result<Vec<i64>, StoreError> {
-        self.fenced_many(conn, &self.sql.extend_leases, claims, Some(lease.millis())).await
-    }
-
-    #[tracing::instrument(level = "debug", name = "mark_effects_started", skip_all, fields(count = claims.len()))]
-    async fn mark_effects_started(
-        &self,
-        conn: &mut PgConnection,
-        claims: &[&ClaimedRecord],
-    ) -> Result<Vec<i64>, StoreError> {
-        self.fenced_many(conn, &self.sql.mark_effects_started, claims, None).await
-    }
-
-    #[tracing::instrument(level = "debug", name = "release_unstarted", skip_all, fields(count = claims.len()))]
-    async fn release_unstarted(
-        &self,
-        conn: &mut PgConnection,
-        claims: &[&ClaimedRecord],
-        retry_delay_ms: i64,
-    ) -> Result<Vec<i64>, StoreError> {
-        self.fenced_many(conn, &self.sql.release_unstarted, claims, Some(retry_delay_ms)).await
-    }
-
-    #[tracing::instrument(level = "debug", name = "note_late_effect", skip_all, fields(record = claim.id))]
-    async fn note_late_effect(
-        &self,
-        conn: &mut PgConnection,
-        claim: &ClaimedRecord,
-        answer: Option<&EffectAnswer>,
-    ) -> Result<(), StoreError> {
-        let (status, latency, summary) = answer_columns(answer);
-        sqlx::query(&self.sql.late_effect)
-            .bind(claim.id)
-            .bind(claim.attempt)
-            .bind(status)
-            .bind(latency)
-            .bind(summary)
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
     }
 
     #[tracing::instrument(level = "debug", name = "record_poison", skip_all, fields(message_id = %p.message_id, poison = p.poison))]
@@ -584,3 +464,4 @@ impl DedupStore for PgStore {
         Ok(())
     }
 }
+

@@ -368,9 +368,12 @@ pub trait LeasedHandler: Send + Sync + 'static {
 
     /// The most runs of the effect at a time in this process, if the handler limits them (the
     /// HTTP handler's `concurrency`). Such a handler must call [`LeaseGuard::effect_starts`]
-    /// right before each effect, when its run has its slot: the engine marks a record's effect
-    /// started in its claim for the first `concurrency` records of a batch, and the others in
-    /// waves from there. Without a limit (`None`) every run starts at once: the claim marks them
+    /// right before each effect, when its run has its slot, and should call
+    /// [`LeaseGuard::effect_due`] before it waits for the slot: the engine marks a record's
+    /// effect started in its claim for the first `concurrency` records of a batch, and the
+    /// others in waves from there, each wave's statement when the wave before it has started
+    /// (without `effect_due`, when the wave's first run has its slot, which it then holds while
+    /// the statement commits). Without a limit (`None`) every run starts at once: the claim marks them
     /// all, and the engine calls [`LeaseGuard::effect_starts`] itself before the handler.
     fn concurrency(&self) -> Option<usize> {
         None

@@ -2,7 +2,8 @@
 //! lease expiry): the records whose call never started are told apart from the one whose call
 //! was in flight. Once their leases run out, the never-started ones are taken over by the next
 //! delivery and called once; the one in flight, which the service may have seen, is parked for
-//! an operator. The worker is cancelled mid-batch (its task aborted: no heartbeat, no
+//! an operator, with the one wave marked while it waited for a slot (at most one wave is marked
+//! without having started). The worker is cancelled mid-batch (its task aborted: no heartbeat, no
 //! completion), as a SIGKILL leaves it; against a real HTTP service the test starts.
 
 mod common;
@@ -54,7 +55,7 @@ fn calls_per_key(service: &Service, keys: &[&str]) -> Vec<usize> {
 }
 
 #[tokio::test]
-async fn after_a_crash_the_calls_that_never_started_are_reclaimed_and_the_one_in_flight_is_parked() {
+async fn after_a_crash_the_calls_never_marked_are_reclaimed_and_the_one_in_flight_is_parked() {
     let h = Harness::new().await;
     // The first call hangs (until released); every later one is answered at once.
     let service = Service::start([Reply::status(200).gated(), Reply::status(200)]).await;
@@ -62,7 +63,7 @@ async fn after_a_crash_the_calls_that_never_started_are_reclaimed_and_the_one_in
     s.concurrency = 1;
     s.on_lease_expiry = LeaseExpiryPolicy::Hold;
     let lease = Duration::from_secs(1);
-    let keys = ["U1", "U2", "U3"];
+    let keys = ["U1", "U2", "U3", "U4"];
     let batch: Vec<InboundMessage> = keys.iter().map(|k| paid(k)).collect();
 
     let a = h.pipeline_with(registry(&s), settings(5, lease));
@@ -71,15 +72,16 @@ async fn after_a_crash_the_calls_that_never_started_are_reclaimed_and_the_one_in
         async move { a.process("host-a:1:0", &batch).await }
     });
     tokio::time::timeout(Duration::from_secs(10), service.inner.arrived.notified()).await.expect("U1 is called");
-    // U2 and U3 wait for the one slot; then the worker dies.
+    // U2, U3 and U4 wait for the one slot; then the worker dies.
     tokio::time::sleep(Duration::from_millis(200)).await;
     worker.abort();
     assert!(worker.await.unwrap_err().is_cancelled());
     let processing = |id: &str, started| (format!("{TYPE}.{id}:1"), "processing".to_owned(), Some(started), false);
     assert_eq!(
         records(&h).await,
-        [processing("U1", true), processing("U2", false), processing("U3", false)],
-        "the claim marked the call that started; the two waiting were never marked"
+        [processing("U1", true), processing("U2", true), processing("U3", false), processing("U4", false)],
+        "the claim marked the call that started, and U1's start made U2's wave due: marked while it waits for \
+         the slot (no slot is held while a mark commits); the waves after it were never marked"
     );
 
     // Their leases run out; the broker redelivers the batch to another gateway.
@@ -90,18 +92,20 @@ async fn after_a_crash_the_calls_that_never_started_are_reclaimed_and_the_one_in
         done,
         [
             Disposition::Ack(AckReason::Parked),
+            Disposition::Ack(AckReason::Parked),
             Disposition::Ack(AckReason::Processed),
             Disposition::Ack(AckReason::Processed)
         ],
-        "U1 may have reached the service: parked under hold; U2 and U3 never did: taken over"
+        "U1 may have reached the service, and U2 is marked as if it might: parked under hold; U3 and U4 \
+         never did: taken over"
     );
-    assert_eq!(calls_per_key(&service, &keys), [1, 1, 1], "each key called once");
+    assert_eq!(calls_per_key(&service, &keys), [1, 0, 1, 1], "each key that was called, called once");
     let now = records(&h).await;
-    assert_eq!((now[0].1.as_str(), now[0].3), ("processing", true), "U1 waits for an operator");
-    assert!(now[1..].iter().all(|r| r.1 == "succeeded"), "{now:?}");
+    assert!(now[..2].iter().all(|r| (r.1.as_str(), r.3) == ("processing", true)), "U1 and U2 wait for an operator");
+    assert!(now[2..].iter().all(|r| r.1 == "succeeded"), "{now:?}");
 
     // U1 stays parked however often it comes back.
     assert_eq!(b.process("host-b:2:0", &batch[..1]).await, [Disposition::Ack(AckReason::Parked)]);
-    assert_eq!(calls_per_key(&service, &keys), [1, 1, 1]);
+    assert_eq!(calls_per_key(&service, &keys), [1, 0, 1, 1]);
     service.inner.release.notify_one();
 }

@@ -13,10 +13,17 @@ use super::HandlerError;
 /// holds it when its handler is paused, and makes sure its record is marked started.
 #[async_trait]
 pub(crate) trait EffectStart: Send + Sync + 'static {
+    /// `Ok` when the record is marked started, or its mark is written now that its turn came
+    /// ([`LeaseGuard::effect_due`]); waits for the turn. Errors as [`EffectStart::starts`].
+    async fn due(&self) -> Result<(), HandlerError>;
+
     /// `Ok` when the effect may start, its mark committed. Errors: [`HandlerError::held`],
     /// [`HandlerError::lease_lost`] (the mark found the record no longer held), or a retryable
     /// failure when the mark could not be written (the effect must not start unmarked).
     async fn starts(&self) -> Result<(), HandlerError>;
+
+    /// The call has returned, whether its effect started or not.
+    fn finished(&self);
 }
 
 /// What the far side of a leased handler's effect answered (an HTTP status and body, an SMS
@@ -79,6 +86,32 @@ impl LeaseGuard {
     pub(crate) fn with_start(mut self, start: Arc<dyn EffectStart>) -> Self {
         self.start = Some(start);
         self
+    }
+
+    /// For a handler that limits its runs ([`LeasedHandler::concurrency`](super::LeasedHandler::concurrency)):
+    /// call before waiting for a slot of its own. Resolves when the engine's part of this run's
+    /// start is done — its record is marked started, the mark written for the run's whole wave
+    /// once the wave before it has started — so that no slot is held while a mark commits.
+    /// [`LeaseGuard::effect_starts`] must still be called right before the effect (it holds a
+    /// run of a handler paused meanwhile). Optional: `effect_starts` alone marks too, with the
+    /// slot held. Errors as `effect_starts`.
+    pub async fn effect_due(&self) -> Result<(), HandlerError> {
+        self.check()?;
+        if let Some(start) = &self.start {
+            tokio::select! {
+                due = start.due() => due?,
+                () = self.lost() => return Err(HandlerError::lease_lost()),
+            }
+        }
+        self.check()
+    }
+
+    /// Tells the engine the run has returned (its effect started or not): the next wave of
+    /// marks may go on without it.
+    pub(crate) fn finished(&self) {
+        if let Some(start) = &self.start {
+            start.finished();
+        }
     }
 
     /// Call right before the effect, once it is really about to start (a handler that limits

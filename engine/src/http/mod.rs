@@ -297,6 +297,8 @@ fn signal(status: Option<u16>, verdict: &Result<(), HandlerError>) -> Signal<'_>
 #[async_trait]
 impl LeasedHandler for HttpHandler {
     async fn handle(&self, input: &HandlerInput<'_>, lease: &LeaseGuard) -> Result<(), HandlerError> {
+        // Marked started before it waits for a slot: no slot is held while a mark commits.
+        lease.effect_due().await?;
         let _permit = tokio::select! {
             permit = self.permits.acquire() => permit.map_err(|_| HandlerError::retryable("HTTP_CLOSED", "the handler is shut down"))?,
             () = lease.lost() => return Err(HandlerError::lease_lost()),
@@ -305,7 +307,7 @@ impl LeasedHandler for HttpHandler {
             pace.wait().await;
         }
         // Not made when the handler was paused while this call waited (the claim is given back
-        // uncounted); marked started, durably, before it is sent.
+        // uncounted).
         lease.effect_starts().await?;
         let request = self.request(input);
         let started = Instant::now();

@@ -97,7 +97,7 @@ impl Pipeline {
         let mut tally = Tally::default();
         let in_flight: InFlight = Arc::default();
         let mut claimed = Vec::with_capacity(items.len());
-        let mut waiting = Vec::new();
+        let (mut first, mut waiting) = (Vec::new(), Vec::new());
         let mut conflicts = Vec::new();
         for ((item, claim), at_once) in items.iter().zip(claims).zip(at_once) {
             let claim = match claim {
@@ -126,8 +126,10 @@ impl Pipeline {
                 };
                 tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, why, "expired lease taken over");
             }
-            if !at_once && let Some(concurrency) = item.handler.concurrency() {
-                waiting.push((claim.clone(), concurrency));
+            match item.handler.concurrency() {
+                Some(concurrency) if !at_once => waiting.push((claim.clone(), concurrency)),
+                Some(_) => first.push(claim.clone()),
+                None => {}
             }
             claimed.push((item, claim));
         }
@@ -137,7 +139,7 @@ impl Pipeline {
         if claimed.is_empty() {
             return outcomes;
         }
-        let starts = Starts::new(self.store.clone(), self.pauses.clone(), waiting);
+        let starts = Starts::new(self.store.clone(), self.pauses.clone(), first, waiting);
         let mut calls = FuturesUnordered::new();
         for (item, claim) in claimed {
             let start = starts.of(&claim, &item.identified.message_type, item.probe);
@@ -258,6 +260,7 @@ impl Pipeline {
             metrics::counter!("dedup_lease_lost_before_effect_total", "group" => group.to_owned()).increment(1);
             tracing::warn!(message_id = %item.identified.id, attempt = claim.attempt, "lease lost before the effect; the effect was not performed");
         }
+        guard.finished();
         Finished { item, claim, result, answer: guard.take_answer() }
     }
 

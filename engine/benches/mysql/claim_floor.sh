@@ -26,6 +26,7 @@
 #           lower bound the others add to)
 #
 #   engine/benches/mysql/claim_floor.sh rounds N   # N alternated rounds of postgres and each variant
+#   VARIANTS="nonce odku" engine/benches/mysql/claim_floor.sh rounds N   # postgres and these only
 #
 # Message ids are random per row (MD5 of a per-transaction UUID and the row number, printed as
 # a UUID): MySQL's UUID() is time-based and would put a batch's ids next to each other in the
@@ -74,7 +75,7 @@ type_odku_sql="INSERT INTO message_types (message_type) VALUES ('BENCH.EVENT') O
 # the count delta: the store counts `created` in the read-back (every row here is new)
 count_sql="INSERT INTO record_counts (consumer_group, status, n) VALUES ('bench', 'succeeded', 500)"
 begin_sql="SET @p = UUID(), @n = UNHEX(REPLACE(UUID(), '-', '')); START TRANSACTION"
-attempts_sql() { echo "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome) SELECT id, attempts, 'bench', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'succeeded' FROM dedup_records WHERE claim_nonce = $1 AND attempts > 1"; }
+attempts_sql() { echo "INSERT INTO record_attempts (record_id, attempt, worker, started_at, ended_at, outcome) SELECT id, attempts, 'bench', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'succeeded' FROM dedup_records WHERE claim_nonce = $1 AND version > 0 AND attempts > 1"; }  # a retry is a takeover: version > 0 (the index range is empty for new records)
 count_server_sql() { echo "INSERT INTO record_counts (consumer_group, status, n) SELECT 'bench', 'succeeded', COUNT(*) FROM dedup_records WHERE claim_nonce = $1 AND version = 0 HAVING COUNT(*) > 0"; }
 
 # one transaction of VARIANT, one round trip per line
@@ -167,8 +168,8 @@ rounds)
   for r in $(seq 1 "$2"); do
     echo "== round $r, $(date -u +%H:%M:%S) UTC"
     "$0" postgres 20 2>/dev/null
-    for v in nonce keys multi proc odku insert; do "$0" mariadb $v 2000; done
-    "$0" mariadb perrow 200
+    for v in ${VARIANTS:-nonce keys multi proc odku insert}; do "$0" mariadb $v 2000; done
+    [ -n "${VARIANTS:-}" ] || "$0" mariadb perrow 200
   done ;;
-*) sed -n '2,32p' "$0"; exit 2 ;;
+*) sed -n '2,33p' "$0"; exit 2 ;;
 esac

@@ -51,7 +51,7 @@ CREATE TABLE dedup_records (
     PRIMARY KEY (id),                                                 -- clustered, arrival order, appended at the right edge
     UNIQUE KEY dedup_records_group_message_key (consumer_group, message_id), -- the dedup key: the only unique key besides the PK (ODKU fires on any)
     KEY dedup_records_unsettled_idx (unsettled_status, id),           -- ≈ (status, id) WHERE status <> 'succeeded'; succeeded rows still write a NULL entry (InnoDB indexes NULLs)
-    KEY dedup_records_claim_nonce_idx (claim_nonce),                  -- the read-back's `WHERE claim_nonce = ?` (one batch = one key: 500 adjacent entries); see BENCHMARKS.md for the cost
+    KEY dedup_records_claim_nonce_idx (claim_nonce, version),         -- the read-back's `WHERE claim_nonce = ?` (a batch: 500 adjacent entries); version makes created (0) index-only
     CONSTRAINT dedup_records_attempts_check CHECK (attempts >= 0 AND max_attempts > 0),                          -- as PostgreSQL
     CONSTRAINT dedup_records_handler_mode_check CHECK (handler_mode IN ('transactional', 'leased')),             -- as PostgreSQL
     CONSTRAINT dedup_records_source_broker_check CHECK (source_broker IN ('rabbitmq', 'kafka')),                 -- as PostgreSQL

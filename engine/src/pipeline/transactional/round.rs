@@ -266,11 +266,14 @@ fn max_batch(item: &Routed<'_>) -> usize {
     }
 }
 
-/// Whether two messages go to the same handler instance (one call of a batch handler takes only
-/// its own messages).
+/// Whether two messages go to the same handler instance under the same type (one call of a batch
+/// handler takes only its own messages, of one type: an instance registered for two types gets
+/// a call per type, and its span and duration histogram are labelled with that type).
 fn same_handler(a: &Routed<'_>, b: &Routed<'_>) -> bool {
     match (&a.handler, &b.handler) {
-        (Handler::Transactional(x), Handler::Transactional(y)) => Arc::ptr_eq(x, y),
+        (Handler::Transactional(x), Handler::Transactional(y)) => {
+            Arc::ptr_eq(x, y) && a.identified.message_type == b.identified.message_type
+        }
         _ => false,
     }
 }

@@ -1,5 +1,6 @@
 //! Test support: a fresh PostgreSQL database per test, migrated, dropped afterwards; with the
-//! `rabbitmq` and `kafka` features, a test's own queues ([`TestBroker`]) and topics.
+//! `rabbitmq` and `kafka` features, a test's own queues ([`TestBroker`]) and topics; with
+//! `mysql`, a fresh MySQL/MariaDB database ([`mysql::TestMySqlDatabase`]).
 //!
 //! Enabled by the `testing` feature (the engine's and the server's tests turn it on). The server
 //! to use is `DEDUP_TEST_DATABASE_URL` (any database on it; default
@@ -9,6 +10,8 @@
 pub mod amqp;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};

@@ -128,7 +128,7 @@ SQL
 
 fresh_mariadb() { # $1: database, $2: variant
   "${MY[@]}" -e "DROP DATABASE IF EXISTS $1; CREATE DATABASE $1"
-  "${MY[@]}" "$1" < "$here/claim_floor_schema.sql"
+  "${MY[@]}" "$1" < "$repo/engine/src/store/mysql/migrations/20261204000001_claim_tables.sql"
   case $2 in keys|perrow) "${MY[@]}" "$1" -e "ALTER TABLE dedup_records DROP INDEX dedup_records_claim_nonce_idx" ;; esac
   "${MY[@]}" "$1" -e "CREATE TABLE bench_seq (n INT PRIMARY KEY); INSERT INTO bench_seq WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 500) SELECT n FROM g"
   if [ "$2" = proc ]; then procedure | "${MY[@]}" "$1"; fi

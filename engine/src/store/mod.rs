@@ -6,6 +6,8 @@
 //! timed by the database clock (`now()`), never the worker's.
 
 mod errors;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod postgres;
 
 pub use errors::DbErrorKind;

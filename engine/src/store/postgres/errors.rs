@@ -12,6 +12,7 @@ pub(in crate::store) fn kind(error: &PgDatabaseError) -> DbErrorKind {
         "40001" => DbErrorKind::SerializationFailure,
         "57P01" => DbErrorKind::ConnectionLost,
         "57014" => DbErrorKind::StatementTimeout,
+        "55P03" => DbErrorKind::LockWaitTimeout,
         "3D000" => DbErrorKind::UnknownDatabase,
         "42P04" => DbErrorKind::DatabaseExists,
         _ => DbErrorKind::Other,

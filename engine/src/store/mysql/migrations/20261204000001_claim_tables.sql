@@ -1,11 +1,11 @@
--- The lean MySQL 8 / MariaDB 10.11 schema of the tables a batch claim writes (issue 25), for
--- `claim_floor.sh` beside it: `dedup_records` with PostgreSQL's columns after migration
--- 20261204000070 (types mapped, see each line) and only the indexes the lean write path keeps
--- that a first-try success writes, `record_counts`, `message_types`, `record_attempts`. Not a
--- migration: the store's own migrations (docs/research/store-seam.md 3.5) come later and may
--- differ. Accepted by MariaDB 10.11; uses nothing MySQL 8.0.16+ lacks (CHECK, expression
--- defaults, STORED generated columns), and nothing MariaDB-only (no sequences, no
--- `utf8mb4_nopad_bin`, no `PERSISTENT` spelling).
+-- The MySQL store's first migration (issue 25): the tables a claim writes, in the lean shape of
+-- the PostgreSQL store after its migration 20261204000070 (docs/DESIGN.md, "The lean write
+-- path"): `dedup_records` with only its primary key, the dedup key, the stand-in for the partial
+-- index over the records not succeeded, and the claim nonce's index; append-only count deltas;
+-- message types; attempt rows. Each choice is measured by engine/benches/mysql/claim_floor.sh,
+-- which claims on this schema (BENCHMARKS.md, "MariaDB's claim floor beside PostgreSQL's").
+-- MariaDB 10.11 accepts it; it uses nothing MySQL 8.0.16+ lacks (CHECK, expression defaults,
+-- STORED generated columns) and nothing MariaDB-only.
 
 -- Keys and compared text are VARBINARY: byte comparison, no collation, no PAD SPACE ('a' <> 'a ').
 CREATE TABLE dedup_records (

@@ -2,7 +2,6 @@
 //! reads from — RabbitMQ, or Kafka when it is the source), shared by `/readyz` and the console's
 //! overview.
 
-#[cfg(feature = "kafka")]
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -100,6 +99,8 @@ pub struct HealthProbes {
     broker: BrokerProbe,
     timeout: Duration,
     start_hints: Option<fn(Service) -> Option<&'static str>>,
+    /// The last report and when it was made, shared by clones ([`HealthProbes::recent`]).
+    last: Arc<tokio::sync::Mutex<Option<(Instant, HealthReport)>>>,
 }
 
 /// Which broker the broker probe asks.
@@ -130,6 +131,7 @@ impl HealthProbes {
             broker: BrokerProbe::None,
             timeout,
             start_hints: None,
+            last: Arc::default(),
         }
     }
 
@@ -158,6 +160,30 @@ impl HealthProbes {
 
     /// Runs the three probes concurrently.
     pub async fn check(&self) -> HealthReport {
+        let report = self.probe().await;
+        *self.last.lock().await = Some((Instant::now(), report.clone()));
+        report
+    }
+
+    /// The last report when it is younger than `max_age`, else a new one ([`HealthProbes::check`]);
+    /// callers that arrive while one is made wait for it rather than probe again. For a page
+    /// that shows the report with its `checked_at` (the console's overview): a page view need
+    /// not pay for an AMQP handshake when another made one a moment ago. Readiness checks call
+    /// [`HealthProbes::check`].
+    pub async fn recent(&self, max_age: Duration) -> HealthReport {
+        let mut last = self.last.lock().await;
+        if let Some((at, report)) = last.as_ref()
+            && at.elapsed() < max_age
+        {
+            return report.clone();
+        }
+        let report = self.probe().await;
+        *last = Some((Instant::now(), report.clone()));
+        report
+    }
+
+    /// The three probes, concurrently.
+    async fn probe(&self) -> HealthReport {
         let checked_at = Utc::now();
         let (database, redis, broker) = tokio::join!(self.check_database(), self.check_redis(), self.check_broker());
         HealthReport { checked_at, database, redis, broker }

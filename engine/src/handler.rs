@@ -295,7 +295,8 @@ pub trait TransactionalHandler: Send + Sync + 'static {
     /// Most messages [`TransactionalHandler::handle_batch`] takes in one call; 1 (the default):
     /// the pipeline calls [`TransactionalHandler::handle`] once per message. A handler that can
     /// write many messages' business rows in one statement (`INSERT … SELECT * FROM unnest($1,
-    /// $2)`) says how many it takes, and saves a round trip per message.
+    /// $2)`) says how many it takes, and saves a round trip per message. 0 counts as 1. A run
+    /// is also bounded by the delivery batch (the group's batch size) and 500 per transaction.
     fn max_batch(&self) -> usize {
         1
     }

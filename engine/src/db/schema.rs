@@ -169,10 +169,15 @@ async fn migrate_with(
     result
 }
 
-/// The options of `pool` with `search_path` set to `schema` alone and no statement timeout:
-/// a migration may rebuild an index of a large table.
+/// The options of `pool` with `search_path` set to `schema` alone and no statement timeout (a
+/// migration may rebuild an index of a large table), and no notices below warnings (every start
+/// would log "schema … already exists, skipping" and the like at INFO).
 fn schema_options(pool: &PgPool, schema: &Schema) -> PgConnectOptions {
-    pool.connect_options().as_ref().clone().options([("search_path", schema.as_str()), ("statement_timeout", "0")])
+    pool.connect_options().as_ref().clone().options([
+        ("search_path", schema.as_str()),
+        ("statement_timeout", "0"),
+        ("client_min_messages", "warning"),
+    ])
 }
 
 /// Verifies that `<schema>.dedup_records` has a UNIQUE (or primary key) constraint on exactly

@@ -99,8 +99,11 @@ pub struct HealthProbes {
     broker: BrokerProbe,
     timeout: Duration,
     start_hints: Option<fn(Service) -> Option<&'static str>>,
-    /// The last report and when it was made, shared by clones ([`HealthProbes::recent`]).
-    last: Arc<tokio::sync::Mutex<Option<(Instant, HealthReport)>>>,
+    /// The newest report and when its probes started, shared by clones ([`HealthProbes::recent`]).
+    last: Arc<std::sync::Mutex<Option<(Instant, HealthReport)>>>,
+    /// Held by the one [`HealthProbes::recent`] caller that probes; the others wait on it.
+    /// [`HealthProbes::check`] never takes it, so a readiness check never waits behind a page.
+    refreshing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Which broker the broker probe asks.
@@ -132,6 +135,7 @@ impl HealthProbes {
             timeout,
             start_hints: None,
             last: Arc::default(),
+            refreshing: Arc::default(),
         }
     }
 
@@ -160,25 +164,40 @@ impl HealthProbes {
 
     /// Runs the three probes concurrently.
     pub async fn check(&self) -> HealthReport {
-        let report = self.probe().await;
-        *self.last.lock().await = Some((Instant::now(), report.clone()));
-        report
+        self.probe_and_keep().await
     }
 
     /// The last report when it is younger than `max_age`, else a new one ([`HealthProbes::check`]);
     /// callers that arrive while one is made wait for it rather than probe again. For a page
     /// that shows the report with its `checked_at` (the console's overview): a page view need
     /// not pay for an AMQP handshake when another made one a moment ago. Readiness checks call
-    /// [`HealthProbes::check`].
+    /// [`HealthProbes::check`], which never waits for a probe made here.
     pub async fn recent(&self, max_age: Duration) -> HealthReport {
-        let mut last = self.last.lock().await;
-        if let Some((at, report)) = last.as_ref()
-            && at.elapsed() < max_age
-        {
-            return report.clone();
+        if let Some(report) = self.kept(max_age) {
+            return report;
         }
+        let _refreshing = self.refreshing.lock().await;
+        // Made by the caller this one waited for, or by a readiness check meanwhile.
+        if let Some(report) = self.kept(max_age) {
+            return report;
+        }
+        self.probe_and_keep().await
+    }
+
+    /// The kept report, when it is younger than `max_age`.
+    fn kept(&self, max_age: Duration) -> Option<HealthReport> {
+        let last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        last.as_ref().filter(|(at, _)| at.elapsed() < max_age).map(|(_, report)| report.clone())
+    }
+
+    /// Probes, and keeps the report unless a newer one (probes started later) was kept meanwhile.
+    async fn probe_and_keep(&self) -> HealthReport {
+        let started = Instant::now();
         let report = self.probe().await;
-        *last = Some((Instant::now(), report.clone()));
+        let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if last.as_ref().is_none_or(|(at, _)| *at <= started) {
+            *last = Some((started, report.clone()));
+        }
         report
     }
 
@@ -261,5 +280,54 @@ impl HealthProbes {
                 format!("{service} is down: {cause}{}", hint.map(|h| format!(". {h}")).unwrap_or_default())
             }),
         }
+    }
+}
+
+#[cfg(all(test, feature = "rabbitmq", feature = "testing"))]
+mod tests {
+    use super::*;
+
+    /// A "broker" that accepts connections and never answers: its probe takes the whole timeout.
+    async fn silent_broker() -> (tokio::task::JoinHandle<()>, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("amqp://guest:guest@{}/%2f", listener.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        (held, url)
+    }
+
+    #[tokio::test]
+    async fn a_readiness_check_never_waits_for_a_page_probe_and_a_page_reuses_the_newest_report() {
+        let (_broker, amqp_url) = silent_broker().await;
+        let pool = PgPool::connect_lazy(&crate::testing::admin_url()).unwrap();
+        let probes = HealthProbes::new(pool, &crate::testing::admin_url(), &crate::testing::redis_url(), Duration::from_millis(800))
+            .with_rabbitmq(&amqp_url);
+
+        // A readiness check starts; a page's probe starts 400 ms later, while it runs. The check's
+        // own probe ends at 800 ms, the page's at 1 200 ms: the check must not wait for the page.
+        let order = std::sync::Mutex::new(Vec::new());
+        let readiness = async {
+            let report = probes.check().await;
+            order.lock().unwrap().push("readiness");
+            report
+        };
+        let page = async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let report = probes.recent(Duration::ZERO).await;
+            order.lock().unwrap().push("page");
+            report
+        };
+        let (readiness, page) = tokio::join!(readiness, page);
+        assert_eq!(*order.lock().unwrap(), ["readiness", "page"]);
+        assert!(!readiness.broker.up && !page.broker.up, "the silent broker is reported down");
+        assert!(page.checked_at > readiness.checked_at);
+
+        // The page's report is the newest: a page within max_age gets it, not the check's.
+        let again = probes.recent(Duration::from_secs(60)).await;
+        assert_eq!(again.checked_at, page.checked_at);
     }
 }

@@ -234,6 +234,19 @@ impl Group {
         self.handler(message_type, Handler::Transactional(Arc::new(handler)))
     }
 
+    /// Registers a transactional handler of database `DB` for `message_type`, as
+    /// [`Group::transactional`] does a PostgreSQL one: `group.transactional_on::<sqlx::MySql,
+    /// _>("ORDER.PAY", PayOrder)` for `impl TransactionalHandler<sqlx::MySql> for PayOrder`. The
+    /// engine refuses to start when `DB` is not the database it runs on
+    /// ([`crate::EngineError::HandlerDatabase`]).
+    pub fn transactional_on<DB: sqlx::Database, H: TransactionalHandler<DB>>(
+        self,
+        message_type: impl Into<String>,
+        handler: H,
+    ) -> Self {
+        self.handler(message_type, Handler::transactional_on(handler))
+    }
+
     /// Registers a leased handler for `message_type`: an external effect run under a lease,
     /// completed fenced by the lease token; `on_lease_expiry` says whether an expired lease may
     /// be taken over automatically (`Reclaim`) or waits for an operator (`Hold`, the safe

@@ -199,8 +199,8 @@ pub use db::{PoolSettings, Schema, SchemaError, SchemaNameError, connect, migrat
 pub use fastpath::FastPathSettings;
 pub use group::{Group, GroupSettings, GroupSource};
 pub use handler::{
-    EffectAnswer, Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler,
-    MAX_ERROR_CLASS_CHARS, TransactionalHandler,
+    AnyTransactionalHandler, EffectAnswer, Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard,
+    LeasedHandler, MAX_ERROR_CLASS_CHARS, TransactionalHandler,
 };
 pub use health::{DependencyHealth, GroupHealth, HealthProbes, HealthReport};
 pub use message::{

@@ -22,6 +22,7 @@ use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::record::{ConsumerGroup, IdError};
 use crate::source::SourceFactory;
 use crate::stats::{self, Stats};
+use crate::store::DedupStore;
 use crate::store::postgres::PgStore;
 
 /// Why an engine did not start.
@@ -80,6 +81,22 @@ pub enum EngineError {
         lease_ms: u64,
         /// The handler's longest run, in ms.
         longest_ms: u64,
+    },
+    /// A transactional handler is written for another database than the engine runs on
+    /// ([`crate::TransactionalHandler`]'s `DB`): it would get a transaction it cannot use.
+    #[error(
+        "consumer group {name:?}: the handler of {message_type:?} is written for {handler_database}, \
+         but the engine runs on {engine_database}"
+    )]
+    HandlerDatabase {
+        /// The group's name.
+        name: String,
+        /// The handler's message type.
+        message_type: String,
+        /// The handler's database (sqlx's `Database::NAME`, e.g. `"MySQL"`).
+        handler_database: &'static str,
+        /// The engine's database.
+        engine_database: &'static str,
     },
     /// Migrating or verifying the engine's schema failed.
     #[error(transparent)]
@@ -173,6 +190,15 @@ impl EngineBuilder {
             group.source.check().map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
             let lease = Duration::from_millis(group.settings.lease_ms).max(crate::store::MIN_LEASE);
             for (message_type, handler) in group.handlers.iter() {
+                let engine_database = <<PgStore as DedupStore>::Db as sqlx::Database>::NAME;
+                if let Some(handler_database) = handler.database().filter(|db| *db != engine_database) {
+                    return Err(EngineError::HandlerDatabase {
+                        name: group.name.clone(),
+                        message_type: message_type.to_owned(),
+                        handler_database,
+                        engine_database,
+                    });
+                }
                 if let Some(longest) = handler.longest_run().filter(|longest| *longest >= lease) {
                     return Err(EngineError::LeaseTooShort {
                         name: group.name.clone(),

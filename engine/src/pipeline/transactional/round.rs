@@ -157,7 +157,7 @@ impl Pipeline {
         let Handler::Transactional(handler) = &run[0].0.handler else { unreachable!("partitioned by mode") };
         let inputs: Vec<HandlerInput<'_>> = run.iter().map(|(item, claim)| self.input(item, claim.attempt)).collect();
         let items: Vec<&Routed<'_>> = run.iter().map(|(item, _)| *item).collect();
-        let result = Self::call_batch_handler(&items, handler.handle_batch(&inputs, tx)).await;
+        let result = Self::call_batch_handler(&items, handler.handle_batch_any(&inputs, tx)).await;
         result.map_err(|error| {
             tracing::debug!(messages = run.len(), error = %error, "batch handler failed; running the batch again with savepoints");
             Abort
@@ -192,7 +192,7 @@ impl Pipeline {
                 *savepoint_open = true;
             }
             let input = self.input(item, claim.attempt);
-            let call = handler.handle(&input, tx);
+            let call = handler.handle_any(&input, &mut *tx);
             let result = Self::call_handler(item, claim.attempt, HandlerMode::Transactional, call).await;
             let Err(error) = result else { return Ok(None) };
             if isolation == Isolation::Optimistic {

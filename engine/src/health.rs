@@ -99,11 +99,19 @@ pub struct HealthProbes {
     broker: BrokerProbe,
     timeout: Duration,
     start_hints: Option<fn(Service) -> Option<&'static str>>,
-    /// The newest report and when its probes started, shared by clones ([`HealthProbes::recent`]).
-    last: Arc<std::sync::Mutex<Option<(Instant, HealthReport)>>>,
+    /// The newest report, shared by clones ([`HealthProbes::recent`]).
+    last: Arc<std::sync::Mutex<Option<KeptReport>>>,
     /// Held by the one [`HealthProbes::recent`] caller that probes; the others wait on it.
     /// [`HealthProbes::check`] never takes it, so a readiness check never waits behind a page.
     refreshing: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A report [`HealthProbes`] keeps for [`HealthProbes::recent`]: the newest is the one whose
+/// probes started last; its age counts from when they finished.
+struct KeptReport {
+    started: Instant,
+    finished: Instant,
+    report: HealthReport,
 }
 
 /// Which broker the broker probe asks.
@@ -173,30 +181,33 @@ impl HealthProbes {
     /// not pay for an AMQP handshake when another made one a moment ago. Readiness checks call
     /// [`HealthProbes::check`], which never waits for a probe made here.
     pub async fn recent(&self, max_age: Duration) -> HealthReport {
-        if let Some(report) = self.kept(max_age) {
+        let asked = Instant::now();
+        if let Some(report) = self.kept(|_, finished| finished.elapsed() < max_age) {
             return report;
         }
         let _refreshing = self.refreshing.lock().await;
-        // Made by the caller this one waited for, or by a readiness check meanwhile.
-        if let Some(report) = self.kept(max_age) {
+        // One finished while this caller waited (by the caller it waited for, or a readiness
+        // check) is as new as it can ask for, however long its probes took.
+        if let Some(report) = self.kept(|_, finished| finished >= asked || finished.elapsed() < max_age) {
             return report;
         }
         self.probe_and_keep().await
     }
 
-    /// The kept report, when it is younger than `max_age`.
-    fn kept(&self, max_age: Duration) -> Option<HealthReport> {
+    /// The kept report, when `fresh(started, finished)` says it will do.
+    fn kept(&self, fresh: impl Fn(Instant, Instant) -> bool) -> Option<HealthReport> {
         let last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        last.as_ref().filter(|(at, _)| at.elapsed() < max_age).map(|(_, report)| report.clone())
+        last.as_ref().filter(|kept| fresh(kept.started, kept.finished)).map(|kept| kept.report.clone())
     }
 
-    /// Probes, and keeps the report unless a newer one (probes started later) was kept meanwhile.
+    /// Probes, and keeps the report unless a newer one (its probes started later) was kept
+    /// meanwhile.
     async fn probe_and_keep(&self) -> HealthReport {
         let started = Instant::now();
         let report = self.probe().await;
         let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if last.as_ref().is_none_or(|(at, _)| *at <= started) {
-            *last = Some((started, report.clone()));
+        if last.as_ref().is_none_or(|kept| kept.started <= started) {
+            *last = Some(KeptReport { started, finished: Instant::now(), report: report.clone() });
         }
         report
     }
@@ -329,5 +340,17 @@ mod tests {
         // The page's report is the newest: a page within max_age gets it, not the check's.
         let again = probes.recent(Duration::from_secs(60)).await;
         assert_eq!(again.checked_at, page.checked_at);
+    }
+
+    #[tokio::test]
+    async fn pages_that_wait_for_a_probe_take_its_report_even_when_it_took_longer_than_max_age() {
+        let (_broker, amqp_url) = silent_broker().await;
+        let pool = PgPool::connect_lazy(&crate::testing::admin_url()).unwrap();
+        let probes = HealthProbes::new(pool, &crate::testing::admin_url(), &crate::testing::redis_url(), Duration::from_millis(800))
+            .with_rabbitmq(&amqp_url);
+        // Each probe takes 800 ms (the silent broker), longer than the 300 ms a page accepts.
+        let max_age = Duration::from_millis(300);
+        let (a, b, c) = tokio::join!(probes.recent(max_age), probes.recent(max_age), probes.recent(max_age));
+        assert_eq!((a.checked_at, b.checked_at), (c.checked_at, c.checked_at), "one probe for the three");
     }
 }

@@ -168,8 +168,8 @@ impl EngineBuilder {
     /// not wait for the brokers or Redis: workers connect and reconnect in the background.
     ///
     /// Errors: [`EngineError`]: an invalid or repeated group name, two groups reading one queue,
-    /// a message type with two handlers, a lease shorter than a handler's longest run, a failed
-    /// migration.
+    /// a message type with two handlers, a lease shorter than a handler's longest run, a
+    /// transactional handler of another database than the engine's, a failed migration.
     pub async fn start(self) -> Result<Engine, EngineError> {
         let mut names = HashSet::new();
         let mut sources = HashMap::new();

@@ -63,7 +63,7 @@ async fn a_mysql_handler_writes_in_the_mysql_transaction_and_refuses_another_dat
     let db = TestMySqlDatabase::create().await;
     sqlx::query("CREATE TABLE effects (message_id VARCHAR(64) NOT NULL)").execute(&db.pool).await.unwrap();
     let handler = on_mysql();
-    assert_eq!((handler.database(), handler.max_batch()), ("MySQL", 7));
+    assert_eq!((handler.database(), handler.max_batch_any()), ("MySQL", 7));
 
     let group = ConsumerGroup::parse("orders").unwrap();
     let (first, second) = (MessageId::parse("A-1").unwrap(), MessageId::parse("A-2").unwrap());
@@ -110,9 +110,34 @@ async fn an_engine_on_postgresql_refuses_a_mysql_handler_at_start_and_takes_the_
         other => panic!("expected HandlerDatabase, got {other:?}"),
     }
 
-    // Registered as a PostgreSQL handler (the trait's default database), the same type is one.
+    // Registered as a PostgreSQL handler (the trait's default database), the same type is one;
+    // so is a shared one from a table of handlers.
     let mut registry = dedup_engine::HandlerRegistry::new();
     registry.register("ORDER.PAY", Handler::Transactional(Arc::new(RecordEffect)));
-    let Some(Handler::Transactional(handler)) = registry.get("ORDER.PAY") else { panic!("registered") };
-    assert_eq!(handler.database(), "PostgreSQL");
+    let shared: Arc<dyn TransactionalHandler> = Arc::new(PostgresOnly);
+    registry.register("ORDER.SHIP", Handler::Transactional(Arc::new(shared)));
+    for message_type in ["ORDER.PAY", "ORDER.SHIP"] {
+        let Some(Handler::Transactional(handler)) = registry.get(message_type) else { panic!("registered") };
+        assert_eq!(handler.database(), "PostgreSQL");
+    }
+    assert_eq!(
+        registry.get("ORDER.SHIP").map(|h| matches!(h, Handler::Transactional(h) if h.max_batch_any() == 3)),
+        Some(true)
+    );
+    // With the engine's traits in scope, a handler's own methods are called as before.
+    assert_eq!(PostgresOnly.max_batch(), 3);
+}
+
+/// A PostgreSQL handler only.
+struct PostgresOnly;
+
+#[async_trait]
+impl TransactionalHandler for PostgresOnly {
+    async fn handle(&self, _input: &HandlerInput<'_>, _tx: &mut PgConnection) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    fn max_batch(&self) -> usize {
+        3
+    }
 }

@@ -23,7 +23,8 @@ use super::{HandlerError, HandlerInput};
 /// names it (`impl TransactionalHandler<sqlx::MySql> for X`, `tx: &mut MySqlConnection`) and is
 /// registered with [`crate::Group::transactional_on`]; one type may implement both. The engine
 /// refuses to start with a handler of another database than its own
-/// ([`crate::EngineError::HandlerDatabase`]).
+/// ([`crate::EngineError::HandlerDatabase`]). So far the engine runs on PostgreSQL only: a
+/// MySQL handler is refused until the MySQL store lands (issue 25).
 #[async_trait]
 pub trait TransactionalHandler<DB: Database = Postgres>: Send + Sync + 'static {
     /// Applies the message's business changes on `tx`. Returning an error rolls them back.
@@ -85,6 +86,27 @@ pub trait TransactionalHandler<DB: Database = Postgres>: Send + Sync + 'static {
     }
 }
 
+/// A shared handler is a handler: `Arc<dyn TransactionalHandler>` (a table of handlers) goes
+/// into [`crate::Handler::Transactional`] as `Arc::new(shared)`.
+#[async_trait]
+impl<DB: Database, T: TransactionalHandler<DB> + ?Sized> TransactionalHandler<DB> for std::sync::Arc<T> {
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut DB::Connection) -> Result<(), HandlerError> {
+        (**self).handle(input, tx).await
+    }
+
+    fn max_batch(&self) -> usize {
+        (**self).max_batch()
+    }
+
+    async fn handle_batch(&self, inputs: &[HandlerInput<'_>], tx: &mut DB::Connection) -> Result<(), HandlerError> {
+        (**self).handle_batch(inputs, tx).await
+    }
+
+    fn lock_key(&self, input: &HandlerInput<'_>) -> Option<String> {
+        (**self).lock_key(input)
+    }
+}
+
 /// A [`TransactionalHandler`] of any database, as a group keeps it ([`crate::Handler::Transactional`]):
 /// every `TransactionalHandler` (of PostgreSQL) is one, so `Handler::Transactional(Arc::new(h))`
 /// takes it as is, and [`crate::Group::transactional_on`] makes one of a handler of another
@@ -95,11 +117,12 @@ pub trait AnyTransactionalHandler: sealed::Sealed + Send + Sync + 'static {
     /// `Database::NAME`: `"PostgreSQL"`, `"MySQL"`).
     fn database(&self) -> &'static str;
 
-    /// [`TransactionalHandler::max_batch`].
-    fn max_batch(&self) -> usize;
+    /// [`TransactionalHandler::max_batch`] (named apart, so that a handler with both traits in
+    /// scope still calls its own `max_batch` unambiguously).
+    fn max_batch_any(&self) -> usize;
 
-    /// [`TransactionalHandler::lock_key`].
-    fn lock_key(&self, input: &HandlerInput<'_>) -> Option<String>;
+    /// [`TransactionalHandler::lock_key`] (named apart, as `max_batch_any`).
+    fn lock_key_any(&self, input: &HandlerInput<'_>) -> Option<String>;
 
     /// [`TransactionalHandler::handle`] on `tx`, the connection of the handler's database (a
     /// `PgConnection`, a `MySqlConnection`). Another database's connection is a permanent
@@ -133,12 +156,12 @@ impl<H: TransactionalHandler> AnyTransactionalHandler for H {
         Postgres::NAME
     }
 
-    fn max_batch(&self) -> usize {
-        TransactionalHandler::max_batch(self)
+    fn max_batch_any(&self) -> usize {
+        self.max_batch()
     }
 
-    fn lock_key(&self, input: &HandlerInput<'_>) -> Option<String> {
-        TransactionalHandler::lock_key(self, input)
+    fn lock_key_any(&self, input: &HandlerInput<'_>) -> Option<String> {
+        self.lock_key(input)
     }
 
     async fn handle_any(&self, input: &HandlerInput<'_>, tx: &mut (dyn Any + Send)) -> Result<(), HandlerError> {
@@ -169,11 +192,11 @@ impl<DB: Database, H: TransactionalHandler<DB>> AnyTransactionalHandler for OnDa
         DB::NAME
     }
 
-    fn max_batch(&self) -> usize {
+    fn max_batch_any(&self) -> usize {
         self.0.max_batch()
     }
 
-    fn lock_key(&self, input: &HandlerInput<'_>) -> Option<String> {
+    fn lock_key_any(&self, input: &HandlerInput<'_>) -> Option<String> {
         self.0.lock_key(input)
     }
 

@@ -131,7 +131,7 @@ impl Pipeline {
         // failing once and waiting for a retry.
         items.sort_by_cached_key(|r| {
             let key = match &r.handler {
-                Handler::Transactional(h) => h.lock_key(&self.input(r, 0)),
+                Handler::Transactional(h) => h.lock_key_any(&self.input(r, 0)),
                 Handler::Leased { .. } => None,
             };
             (key.is_none(), key, r.identified.id.clone())

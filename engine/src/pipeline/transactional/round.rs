@@ -206,7 +206,7 @@ impl Pipeline {
                 continue;
             }
             if error.is_transient() {
-                let hint = match handler.lock_key(&input) {
+                let hint = match handler.lock_key_any(&input) {
                     Some(_) => "",
                     None => {
                         "; batches that lock shared rows in different orders deadlock each other: give this \
@@ -261,7 +261,7 @@ impl Pipeline {
 /// [`crate::handler::TransactionalHandler::max_batch`] of a transactional message's handler.
 fn max_batch(item: &Routed<'_>) -> usize {
     match &item.handler {
-        Handler::Transactional(handler) => handler.max_batch(),
+        Handler::Transactional(handler) => handler.max_batch_any(),
         Handler::Leased { .. } => 1,
     }
 }

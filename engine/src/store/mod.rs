@@ -1,9 +1,10 @@
 //! The dedup store: where records live, and every state transition on them.
 //!
-//! [`DedupStore`] is the seam for other databases (MySQL/MariaDB and an embedded SQLite store
-//! come next); [`postgres::PgStore`] is the PostgreSQL implementation. Every transition is one
-//! conditional statement fenced by the expected status (and lease token where a lease is held),
-//! timed by the database clock (`now()`), never the worker's.
+//! [`DedupStore`] is the seam for other databases; [`postgres::PgStore`] is the PostgreSQL
+//! implementation, `mysql::MySqlStore` (feature `mysql`) the MySQL/MariaDB one, in construction.
+//! Every transition is one conditional statement fenced by the expected status (and lease token where
+//! a lease is held), timed by the database clock (`now()` on PostgreSQL, `UTC_TIMESTAMP(6)` on
+//! MySQL), never the worker's.
 
 mod errors;
 #[cfg(feature = "mysql")]
@@ -34,6 +35,11 @@ pub enum StoreError {
     /// The database refused or failed the statement.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The store cannot do this yet (the MySQL store's leased claims, issue 25): a setup error,
+    /// never transient. The text names what is missing.
+    #[error("not supported by this store: {0}")]
+    #[cfg_attr(not(any(feature = "testing", feature = "mysql")), expect(dead_code, reason = "only the MySQL store says it"))]
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -41,6 +47,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Database(e) => DbErrorKind::of(e).is_transient(),
+            StoreError::Unsupported(_) => false,
         }
     }
 }

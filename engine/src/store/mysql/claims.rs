@@ -1,0 +1,226 @@
+//! The claims of the MySQL store: one `INSERT … ON DUPLICATE KEY UPDATE` per batch, its nonce
+//! read back in place of `RETURNING`, the duplicate check of the rows it did not take, and the
+//! bookkeeping PostgreSQL's statement does in the same statement (count deltas, message types,
+//! attempt rows of retries).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySqlConnection, Row};
+use uuid::Uuid;
+
+use super::{MySqlStore, sql, text};
+use crate::db::storable::Storable;
+use crate::message::{IdSourceKind, InboundMessage};
+use crate::record::MessageId;
+use crate::store::{ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, ExistingRecord, StoreError};
+
+/// One message of a claim, as the store binds it (a batch item, or the testing-only single
+/// claim, which stores no id source, as PostgreSQL's does not).
+pub(super) struct Claim<'a> {
+    pub message_id: &'a MessageId,
+    pub message_type: &'a str,
+    pub payload_hash: &'a [u8],
+    pub message: &'a InboundMessage,
+    pub id_source: Option<IdSourceKind>,
+}
+
+/// `CHAR(1)` of an id source ([`IdSourceKind::code`]).
+fn id_source_code(kind: Option<IdSourceKind>) -> Option<String> {
+    kind.map(|k| char::from(u8::try_from(k.code()).unwrap_or(b'?')).to_string())
+}
+
+/// A row the claim took, as read back by its nonce.
+struct Taken {
+    record: ClaimedRecord,
+    /// The status it was taken from; `None` for a record the claim created.
+    from: Option<String>,
+}
+
+impl MySqlStore {
+    /// Claims `claims` (distinct message ids) as `claim_as` says, for [`crate::store::DedupStore::claim_many`].
+    /// The statements run on `conn` in whatever transaction it is in: a transactional claim's
+    /// caller holds one (the rows stay locked until it ends).
+    pub(super) async fn claim_rows(
+        &self,
+        conn: &mut MySqlConnection,
+        batch: &ClaimBatch<'_>,
+        claims: &[Claim<'_>],
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let succeeded = match batch.claim_as {
+            ClaimAs::Processing => false,
+            ClaimAs::Succeeded => true,
+            ClaimAs::Leased => return Err(StoreError::Unsupported(super::NO_LEASED_CLAIMS)),
+        };
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One lock order for every batch: by message id, byte-wise (as the VARBINARY key sorts).
+        let mut order: Vec<usize> = (0..claims.len()).collect();
+        order.sort_by(|&a, &b| claims[a].message_id.as_str().cmp(claims[b].message_id.as_str()));
+        let nonce = Uuid::new_v4();
+        let stored: Vec<Storable<'_>> = claims.iter().map(|c| Storable::of(c.message)).collect();
+        let sql = self.render(&sql::claim_many(claims.len(), succeeded));
+        let mut query = sqlx::query(&sql);
+        for &i in &order {
+            let (c, s) = (&claims[i], &stored[i]);
+            query = query
+                .bind(batch.group.as_str())
+                .bind(c.message_id.as_str())
+                .bind(c.message_type)
+                .bind(batch.max_attempts);
+            if !succeeded {
+                query = query.bind(&batch.lease.owner).bind(batch.lease.token).bind(batch.lease.millis());
+            }
+            query = query
+                .bind(c.payload_hash)
+                .bind(s.content_type.as_deref())
+                .bind(c.message.broker.as_str())
+                .bind(s.exchange.as_deref())
+                .bind(s.routing_key.as_deref())
+                .bind(s.queue.as_deref())
+                .bind(id_source_code(c.id_source))
+                .bind(nonce);
+        }
+        query.execute(&mut *conn).await?;
+
+        let rows = sqlx::query(&self.render(sql::CLAIMED)).bind(nonce).fetch_all(&mut *conn).await?;
+        let mut taken: HashMap<String, Taken> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let t = taken_from_row(row, batch)?;
+            taken.insert(text(row, "message_id")?, t);
+        }
+        self.book_claims(conn, batch, claims, &taken).await?;
+
+        let rest: Vec<usize> = order.iter().copied().filter(|&i| !taken.contains_key(claims[i].message_id.as_str())).collect();
+        let mut seen = self.note_duplicates(conn, batch.group.as_str(), claims, &rest).await?;
+        claims
+            .iter()
+            .map(|c| {
+                let id = c.message_id.as_str();
+                if let Some(t) = taken.remove(id) {
+                    Ok(ClaimOutcome::Claimed(t.record))
+                } else {
+                    // The ODKU left a row for every id: inserted (ours) or existing, locked.
+                    seen.remove(id).map(ClaimOutcome::Existing).ok_or_else(|| {
+                        StoreError::Database(sqlx::Error::Protocol(format!("no record for {id} after its claim")))
+                    })
+                }
+            })
+            .collect()
+    }
+
+    /// The count deltas, message types and attempt rows of the rows a claim took: a created
+    /// record counts under its new status, a taken one moves from its old status; a claim into
+    /// `succeeded` of a retry writes its attempt row (a first try writes none).
+    async fn book_claims(
+        &self,
+        conn: &mut MySqlConnection,
+        batch: &ClaimBatch<'_>,
+        claims: &[Claim<'_>],
+        taken: &HashMap<String, Taken>,
+    ) -> Result<(), StoreError> {
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let mut deltas: BTreeMap<&str, i64> = BTreeMap::new();
+        for t in taken.values() {
+            *deltas.entry(batch.claim_as.as_str()).or_default() += 1;
+            if let Some(from) = &t.from {
+                *deltas.entry(from.as_str()).or_default() -= 1;
+            }
+        }
+        self.add_counts(conn, batch.group.as_str(), &deltas).await?;
+        let types: BTreeSet<&str> =
+            claims.iter().filter(|c| taken.contains_key(c.message_id.as_str())).map(|c| c.message_type).collect();
+        self.add_types(conn, &types).await?;
+        if batch.claim_as == ClaimAs::Succeeded {
+            let retries: Vec<(&ClaimedRecord, DateTime<Utc>)> =
+                taken.values().filter(|t| t.record.attempt > 1).map(|t| (&t.record, t.record.claimed_at)).collect();
+            self.add_attempts(conn, &batch.lease.owner, &retries, "succeeded", None).await?;
+        }
+        Ok(())
+    }
+
+    /// The duplicate check of `rest` (indexes into `claims`): judged with one clock reading,
+    /// then counted (a delivery under a live lease is sent back uncounted; one of another type
+    /// is no duplicate; a stuck record's delivery is parked). By message id.
+    async fn note_duplicates(
+        &self,
+        conn: &mut MySqlConnection,
+        group: &str,
+        claims: &[Claim<'_>],
+        rest: &[usize],
+    ) -> Result<HashMap<String, ExistingRecord>, StoreError> {
+        if rest.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let sql = self.render(&sql::judge_duplicates(rest.len()));
+        let mut query = sqlx::query(&sql);
+        for &i in rest {
+            query = query.bind(claims[i].message_id.as_str()).bind(claims[i].payload_hash).bind(claims[i].message_type);
+        }
+        let rows = query.bind(group).fetch_all(&mut *conn).await?;
+        let mut seen = HashMap::with_capacity(rows.len());
+        let mut counted: Vec<(i64, i32, i32, i32)> = Vec::new();
+        for row in &rows {
+            let status: String = text(row, "status")?;
+            let same_type: bool = row.try_get("same_type")?;
+            let same_payload: bool = row.try_get("same_payload")?;
+            let lease_expired: bool = row.try_get("lease_expired")?;
+            let live: bool = row.try_get::<Option<bool>, _>("lease_live")?.unwrap_or(false);
+            let parked = status == "processing" && lease_expired && same_type;
+            let dup = same_type && !live;
+            let id: i64 = row.try_get("id")?;
+            if dup || parked {
+                counted.push((id, i32::from(dup), i32::from(dup && !same_payload), i32::from(parked)));
+            }
+            let existing = ExistingRecord {
+                id,
+                status: status.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                lease_expired,
+                lease_expires_at: row.try_get("lease_expires_at")?,
+                same_payload,
+                same_type,
+                delay_ms: row.try_get::<Option<i64>, _>("delay_ms")?.unwrap_or_default(),
+                parked,
+            };
+            seen.insert(text(row, "message_id")?, existing);
+        }
+        if !counted.is_empty() {
+            let sql = self.render(&sql::note_duplicates(counted.len()));
+            let mut query = sqlx::query(&sql);
+            for (id, dup, conflict, park) in counted {
+                query = query.bind(id).bind(dup).bind(conflict).bind(park);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        Ok(seen)
+    }
+}
+
+fn taken_from_row(row: &MySqlRow, batch: &ClaimBatch<'_>) -> Result<Taken, sqlx::Error> {
+    let attempts: i32 = row.try_get("attempts")?;
+    let created: bool = row.try_get("created")?;
+    let from = if created { None } else { row.try_get::<Option<Vec<u8>>, _>("claimed_from")?.map(lossy) };
+    Ok(Taken {
+        record: ClaimedRecord {
+            id: row.try_get("id")?,
+            attempt: attempts,
+            max_attempts: row.try_get("max_attempts")?,
+            created,
+            took_over: from.as_deref() == Some("processing"),
+            first_seen_at: row.try_get("first_seen_at")?,
+            claimed_at: row.try_get("claimed_at")?,
+            lease_token: batch.lease.token,
+            calls: attempts,
+            previous_status: None,
+        },
+        from,
+    })
+}
+
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}

@@ -2,10 +2,13 @@
 //!
 //! [`DedupStore`] is the seam for other databases; [`postgres::PgStore`] is the PostgreSQL
 //! implementation, `mysql::MySqlStore` (feature `mysql`) the MySQL/MariaDB one, in construction.
-//! Every transition is one conditional statement fenced by the expected status (and lease token where
+//! With the `testing` feature, `conformance` holds the cases every store passes. Every
+//! transition is one conditional statement fenced by the expected status (and lease token where
 //! a lease is held), timed by the database clock (`now()` on PostgreSQL, `UTC_TIMESTAMP(6)` on
 //! MySQL), never the worker's.
 
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod errors;
 #[cfg(feature = "mysql")]
 pub mod mysql;

@@ -90,6 +90,9 @@ pub trait Fixtures {
 pub trait Harness: Fixtures + Sized + 'static {
     /// The store.
     type Store: DedupStore;
+    /// The database's name (`postgres`, `mysql`), for the few cases whose expectations differ
+    /// by database, each saying why.
+    const NAME: &'static str;
     /// A fresh store. Panics when its database is unreachable: the tests need it.
     async fn fresh() -> Self;
     /// The store.
@@ -149,6 +152,7 @@ macro_rules! conformance_tests {
             a_duplicate_under_an_expired_lease_is_parked_and_counted,
             eight_concurrent_claims_of_one_id_make_one_claim,
             a_batch_claims_new_and_counts_existing_in_item_order,
+            overlapping_batches_claimed_at_once_claim_each_id_once,
             poison_is_recorded_once_then_counted_as_a_duplicate,
             a_message_without_handler_under_another_types_id_is_a_reused_id,
             fast_path_duplicates_are_added_to_their_records,

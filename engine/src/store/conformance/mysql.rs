@@ -21,6 +21,7 @@ pub struct MySqlHarness {
 #[async_trait(?Send)]
 impl Harness for MySqlHarness {
     type Store = MySqlStore;
+    const NAME: &'static str = "mysql";
 
     async fn fresh() -> Self {
         let db = TestMySqlDatabase::create().await;

@@ -17,6 +17,7 @@ pub struct PgHarness {
 #[async_trait(?Send)]
 impl Harness for PgHarness {
     type Store = PgStore;
+    const NAME: &'static str = "postgres";
 
     async fn fresh() -> Self {
         let db = TestDatabase::create().await;

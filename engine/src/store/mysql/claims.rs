@@ -157,24 +157,37 @@ impl MySqlStore {
             return Ok(HashMap::new());
         }
         let sql = self.render(&sql::judge_duplicates(rest.len()));
-        let mut query = sqlx::query(&sql);
+        let mut query = sqlx::query(&sql).bind(group);
         for &i in rest {
-            query = query.bind(claims[i].message_id.as_str()).bind(claims[i].payload_hash).bind(claims[i].message_type);
+            query = query.bind(claims[i].message_id.as_str());
         }
-        let rows = query.bind(group).fetch_all(&mut *conn).await?;
+        let rows = query.fetch_all(&mut *conn).await?;
+        let by_id: HashMap<&str, &Claim<'_>> = rest.iter().map(|&i| (claims[i].message_id.as_str(), &claims[i])).collect();
         let mut seen = HashMap::with_capacity(rows.len());
-        let mut counted: Vec<(i64, i32, i32, i32)> = Vec::new();
+        let (mut dups, mut conflicts, mut parks, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for row in &rows {
+            let message_id = text(row, "message_id")?;
+            let Some(delivery) = by_id.get(message_id.as_str()) else { continue };
             let status: String = text(row, "status")?;
-            let same_type: bool = row.try_get("same_type")?;
-            let same_payload: bool = row.try_get("same_payload")?;
+            let stored_hash: Vec<u8> = row.try_get("payload_hash")?;
+            let same_type = same_type(row, delivery, &stored_hash)?;
+            let same_payload = stored_hash == delivery.payload_hash;
             let lease_expired: bool = row.try_get("lease_expired")?;
-            let live: bool = row.try_get::<Option<bool>, _>("lease_live")?.unwrap_or(false);
+            let live: bool = row.try_get("lease_live")?;
             let parked = status == "processing" && lease_expired && same_type;
             let dup = same_type && !live;
             let id: i64 = row.try_get("id")?;
+            if dup {
+                dups.push(id);
+                if !same_payload {
+                    conflicts.push(id);
+                }
+            }
+            if parked {
+                parks.push(id);
+            }
             if dup || parked {
-                counted.push((id, i32::from(dup), i32::from(dup && !same_payload), i32::from(parked)));
+                all.push(id);
             }
             let existing = ExistingRecord {
                 id,
@@ -186,13 +199,18 @@ impl MySqlStore {
                 delay_ms: row.try_get::<Option<i64>, _>("delay_ms")?.unwrap_or_default(),
                 parked,
             };
-            seen.insert(text(row, "message_id")?, existing);
+            seen.insert(message_id, existing);
         }
-        if !counted.is_empty() {
-            let sql = self.render(&sql::note_duplicates(counted.len()));
+        if !all.is_empty() {
+            let sql = self.render(&sql::note_duplicates(dups.len(), conflicts.len(), parks.len(), all.len()));
             let mut query = sqlx::query(&sql);
-            for (id, dup, conflict, park) in counted {
-                query = query.bind(id).bind(dup).bind(conflict).bind(park);
+            for list in [&dups, &dups, &conflicts, &parks, &all] {
+                if list.is_empty() {
+                    query = query.bind(-1_i64);
+                }
+                for id in list {
+                    query = query.bind(*id);
+                }
             }
             query.execute(&mut *conn).await?;
         }
@@ -219,6 +237,18 @@ fn taken_from_row(row: &MySqlRow, batch: &ClaimBatch<'_>) -> Result<Taken, sqlx:
         },
         from,
     })
+}
+
+/// `same_type!` of `postgres/sql.rs`, judged on the record's `row` as read by the duplicate
+/// check: the delivery is of the record's type, or the record is dead for want of a handler
+/// (`NO_HANDLER:` error class) and the delivery is its own message typed anew (the same payload,
+/// or the record found no type). Byte-wise, as the columns compare.
+fn same_type(row: &MySqlRow, delivery: &Claim<'_>, stored_hash: &[u8]) -> Result<bool, sqlx::Error> {
+    let stored_type: Vec<u8> = row.try_get("message_type")?;
+    let error_class: Option<Vec<u8>> = row.try_get("error_class")?;
+    let no_handler = error_class.is_some_and(|c| c.starts_with(b"NO_HANDLER:"));
+    Ok(stored_type == delivery.message_type.as_bytes()
+        || (no_handler && (stored_type == b"UNKNOWN" || stored_hash == delivery.payload_hash)))
 }
 
 fn lossy(bytes: Vec<u8>) -> String {

@@ -130,36 +130,40 @@ ON DUPLICATE KEY UPDATE
 pub(super) const CLAIMED: &str = "SELECT id, message_id, attempts, max_attempts, version = 0 AS created, claimed_from, \
      first_seen_at, UTC_TIMESTAMP(6) AS claimed_at FROM {s}.dedup_records WHERE claim_nonce = ?";
 
-/// The duplicate check of the rows a claim did not take (`n` deliveries: message id, payload
-/// hash, type; then the group): what `NOTE_DUPLICATES_SQL` of `postgres/sql.rs` reports, read
-/// with one clock reading. The claim's ODKU locked the rows, so this reads them as they are; the
-/// counts it implies are written by [`note_duplicates`].
+/// The duplicate check of the rows a claim did not take (binds: the group, then `n` message
+/// ids): the records as they are, with one clock reading. Looked up by the dedup key (a join
+/// with a derived table of the deliveries made InnoDB scan and lock other transactions' rows,
+/// and deadlock concurrent batches); the claim's ODKU locked these rows already, in the same
+/// order. The store judges each delivery against its record (`same_type`, `same_payload`) and
+/// writes the counts with [`note_duplicates`].
 pub(super) fn judge_duplicates(n: usize) -> String {
     format!(
-        "SELECT r.id, r.message_id, r.status, r.lease_expires_at,
+        "SELECT r.id, r.message_id, r.status, r.lease_expires_at, r.message_type, r.payload_hash, r.error_class,
         COALESCE(r.lease_expires_at < UTC_TIMESTAMP(6), FALSE) AS lease_expired,
-        (r.status = 'processing' AND r.lease_expires_at >= UTC_TIMESTAMP(6)) AS lease_live,
-        r.payload_hash = d.payload_hash AS same_payload,
-        (r.message_type = d.message_type OR (COALESCE(LEFT(r.error_class, 11) = 'NO_HANDLER:', FALSE)
-          AND (r.message_type = 'UNKNOWN' OR r.payload_hash = d.payload_hash))) AS same_type,
+        COALESCE(r.status = 'processing' AND r.lease_expires_at >= UTC_TIMESTAMP(6), FALSE) AS lease_live,
         TIMESTAMPDIFF(MICROSECOND, r.first_seen_at, UTC_TIMESTAMP(6)) DIV 1000 AS delay_ms
- FROM {d} d JOIN {{s}}.dedup_records r ON r.consumer_group = ? AND r.message_id = d.message_id
- FOR UPDATE",
-        d = derived(&["message_id", "payload_hash", "message_type"], n)
+ FROM {{s}}.dedup_records r WHERE r.consumer_group = ? AND r.message_id IN ({})
+ ORDER BY r.message_id FOR UPDATE",
+        repeat("?", n)
     )
 }
 
-/// The counts of a duplicate check (`n` rows: record id, 1 to count a duplicate, 1 to count a
-/// payload conflict, 1 to park). A multi-table `UPDATE` has no assignment order, so no
-/// assignment reads a column another one writes.
-pub(super) fn note_duplicates(n: usize) -> String {
+/// The counts of a duplicate check, by primary key (binds: the ids counted as duplicates, twice,
+/// the ids with a payload conflict, the ids parked, then every id; lists of `dup`, `conflict`,
+/// `park`, `all` ids, never empty: `-1` stands for none).
+pub(super) fn note_duplicates(dup: usize, conflict: usize, park: usize, all: usize) -> String {
+    let list = |n: usize| repeat("?", n.max(1));
     format!(
-        "UPDATE {{s}}.dedup_records r JOIN {d} d ON r.id = d.id SET
-    r.duplicate_count = r.duplicate_count + d.dup,
-    r.last_duplicate_at = IF(d.dup > 0, UTC_TIMESTAMP(6), r.last_duplicate_at),
-    r.payload_conflicts = r.payload_conflicts + d.conflict,
-    r.parked_at = IF(d.park > 0, UTC_TIMESTAMP(6), r.parked_at)",
-        d = derived(&["id", "dup", "conflict", "park"], n)
+        "UPDATE {{s}}.dedup_records SET
+    duplicate_count = duplicate_count + (id IN ({d})),
+    last_duplicate_at = IF(id IN ({d}), UTC_TIMESTAMP(6), last_duplicate_at),
+    payload_conflicts = payload_conflicts + (id IN ({c})),
+    parked_at = IF(id IN ({p}), UTC_TIMESTAMP(6), parked_at)
+ WHERE id IN ({a})",
+        d = list(dup),
+        c = list(conflict),
+        p = list(park),
+        a = list(all),
     )
 }
 

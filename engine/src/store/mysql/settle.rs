@@ -187,7 +187,7 @@ impl MySqlStore {
     }
 
     /// [`crate::store::DedupStore::add_fast_path_duplicates`], sorted by key (one lock order for
-    /// every writer of these rows), on the store's pool.
+    /// every writer of these rows), one statement per group, on the store's pool.
     pub(super) async fn fast_path_duplicates(
         &self,
         entries: &[(String, String, i32, DateTime<Utc>)],
@@ -197,12 +197,23 @@ impl MySqlStore {
         }
         let mut sorted: Vec<_> = entries.iter().collect();
         sorted.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        let sql = self.render(&sql::fast_path_duplicates(sorted.len()));
-        let mut query = sqlx::query(&sql);
-        for (group, id, copies, at) in sorted {
-            query = query.bind(group.as_str()).bind(id.as_str()).bind(*copies).bind(*at);
+        // The same key twice counts one entry, as PostgreSQL's `UPDATE … FROM` does.
+        sorted.dedup_by(|a, b| (&a.0, &a.1) == (&b.0, &b.1));
+        for group in sorted.chunk_by(|a, b| a.0 == b.0) {
+            let sql = self.render(&sql::fast_path_duplicates(group.len()));
+            let mut query = sqlx::query(&sql);
+            for (_, id, copies, _) in group {
+                query = query.bind(id.as_str()).bind(*copies);
+            }
+            for (_, id, _, at) in group {
+                query = query.bind(id.as_str()).bind(*at).bind(*at);
+            }
+            query = query.bind(group[0].0.as_str());
+            for (_, id, _, _) in group {
+                query = query.bind(id.as_str());
+            }
+            query.execute(&self.pool).await?;
         }
-        query.execute(&self.pool).await?;
         Ok(())
     }
 }

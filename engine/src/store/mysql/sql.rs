@@ -271,13 +271,18 @@ pub(super) fn poison_stored() -> String {
     )
 }
 
-/// Duplicates the fast path caught (`n` rows: group, message id, copies, latest arrival). MySQL's
-/// `GREATEST` is NULL when an argument is, so the latest arrival is picked with `IF`.
+/// Duplicates the fast path caught in one group (binds: `n` × (message id, copies), `n` ×
+/// (message id, latest arrival, latest arrival), the group, the `n` message ids). Looked up by
+/// the dedup key: a join with a derived table would scan and lock other transactions' rows.
+/// MySQL's `GREATEST` is NULL when an argument is, so the latest arrival is picked with `IF`.
 pub(super) fn fast_path_duplicates(n: usize) -> String {
     format!(
-        "UPDATE {{s}}.dedup_records r JOIN {d} d ON r.consumer_group = d.consumer_group AND r.message_id = d.message_id
- SET r.duplicate_count = r.duplicate_count + d.copies,
-     r.last_duplicate_at = IF(r.last_duplicate_at IS NULL OR r.last_duplicate_at < d.at, d.at, r.last_duplicate_at)",
-        d = derived(&["consumer_group", "message_id", "copies", "at"], n)
+        "UPDATE {{s}}.dedup_records SET
+    duplicate_count = duplicate_count + CASE message_id {copies} ELSE 0 END,
+    last_duplicate_at = CASE message_id {at} ELSE last_duplicate_at END
+ WHERE consumer_group = ? AND message_id IN ({ids})",
+        copies = vec!["WHEN ? THEN ?"; n].join(" "),
+        at = vec!["WHEN ? THEN IF(last_duplicate_at IS NULL OR last_duplicate_at < ?, ?, last_duplicate_at)"; n].join(" "),
+        ids = repeat("?", n),
     )
 }

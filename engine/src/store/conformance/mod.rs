@@ -156,6 +156,7 @@ macro_rules! conformance_tests {
             poison_is_recorded_once_then_counted_as_a_duplicate,
             a_message_without_handler_under_another_types_id_is_a_reused_id,
             fast_path_duplicates_are_added_to_their_records,
+            a_retry_completed_writes_its_attempt_row,
         );
     };
     (@cases $harness:ty; $($case:ident),* $(,)?) => {

@@ -127,3 +127,24 @@ pub async fn fast_path_duplicates_are_added_to_their_records<H: Harness>() {
     assert_eq!(record(&h, &m).await.duplicate_count, 6);
     assert_counts(&h, "fast-path duplicates").await;
 }
+
+/// A retry's success writes its attempt row next to the failed one's (a first try's writes none).
+pub async fn a_retry_completed_writes_its_attempt_row<H: Harness>() {
+    let h = H::fresh().await;
+    let m = msg("ORDER.PAY.26:1", "ORDER.PAY", "{}");
+    let first = lease("a");
+    let c = claimed(claim_one(&h, &m, &first).await);
+    assert_eq!(fail(&h, &c, &m, &first, false).await, FailureOutcome::Failed);
+    let second = lease("b");
+    let retry = claimed(claim_one(&h, &m, &second).await);
+    assert_eq!((retry.id, retry.attempt, retry.created), (c.id, 2, false));
+    let r = record(&h, &m).await;
+    assert_eq!((r.status.as_str(), r.retry_due, r.lease_token), ("processing", false, Some(second.token)));
+    assert_counts(&h, "a retry's claim").await;
+    assert_eq!(complete(&h, &[&retry], &second).await, [c.id]);
+    let rows: Vec<(i32, Option<String>)> = vec![(1, Some("failed".into())), (2, Some("succeeded".into()))];
+    assert_eq!(h.attempt_rows(c.id).await, rows);
+    let r = record(&h, &m).await;
+    assert_eq!((r.status.as_str(), r.has_payload, r.error_class, r.attempts), ("succeeded", false, None, 2));
+    assert_counts(&h, "a retry's success").await;
+}

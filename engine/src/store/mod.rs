@@ -1,7 +1,7 @@
 //! The dedup store: where records live, and every state transition on them.
 //!
 //! [`DedupStore`] is the seam for other databases; [`postgres::PgStore`] is the PostgreSQL
-//! implementation, `mysql::MySqlStore` (feature `mysql`) the MySQL/MariaDB one, in construction.
+//! implementation, `mysql::MySqlStore` (feature `mysql`) the MySQL/MariaDB one.
 //! With the `testing` feature, `conformance` holds the cases every store passes. Every
 //! transition is one conditional statement fenced by the expected status (and lease token where
 //! a lease is held), timed by the database clock (`now()` on PostgreSQL, `UTC_TIMESTAMP(6)` on
@@ -38,11 +38,6 @@ pub enum StoreError {
     /// The database refused or failed the statement.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    /// The store cannot do this yet (the MySQL store's leased claims, issue 25): a setup error,
-    /// never transient. The text names what is missing.
-    #[error("not supported by this store: {0}")]
-    #[cfg_attr(not(any(feature = "testing", feature = "mysql")), expect(dead_code, reason = "only the MySQL store says it"))]
-    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -50,7 +45,6 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Database(e) => DbErrorKind::of(e).is_transient(),
-            StoreError::Unsupported(_) => false,
         }
     }
 }

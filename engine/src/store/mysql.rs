@@ -1,9 +1,9 @@
-//! The MySQL 8 / MariaDB 10.11 dedup store (issue 25), in construction: [`MySqlStore`] makes the
-//! transactional claims, completions, failures, poison records and the fast path's duplicate
-//! counts of [`DedupStore`], and passes the conformance suite (`store/conformance/`) for them.
-//! Not yet: leased claims ([`ClaimAs::Leased`], leased failures and completions) and
-//! [`crate::store::LeaseStore`] answer [`StoreError::Unsupported`]; no host can run the engine
-//! on MySQL yet (docs/research/store-seam.md, "Order of work").
+//! The MySQL 8 / MariaDB 10.11 dedup store (issue 25): [`MySqlStore`] makes every statement of
+//! [`DedupStore`] and [`crate::store::LeaseStore`] (the hot path: claims of every kind,
+//! completions, failures, poison records, the fast path's duplicate counts, leases, heartbeats,
+//! deferrals, releases, late effects), and passes the conformance suite (`store/conformance/`).
+//! No host can run the engine on MySQL yet: the pipeline, runtime and console still hold
+//! PostgreSQL (docs/research/store-seam.md, "Order of work").
 //!
 //! The schema is the lean one of the PostgreSQL store (docs/DESIGN.md, "The lean write path"),
 //! in MySQL's terms: keys and compared text are `VARBINARY` or `_bin` (byte comparison: no
@@ -22,7 +22,8 @@
 //! lease token with `FOR UPDATE`, then update those. No trigger counts anything: every
 //! transition appends its own count deltas, and inserts its new message types
 //! (`mysql/books.rs`). A batch is several statements, so callers run it in a transaction (a
-//! transactional claim's caller does; the testing-only single claim and completion open one).
+//! transactional claim's caller does; leased statements and the testing-only single claim and
+//! completion open their own, a savepoint inside the caller's if it has one).
 
 #![cfg_attr(
     not(feature = "testing"),
@@ -32,6 +33,7 @@
 mod books;
 mod claims;
 pub(super) mod errors;
+mod leases;
 mod settle;
 mod sql;
 
@@ -42,9 +44,9 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySql, MySqlConnection, Row};
 
 #[cfg(feature = "testing")]
-use super::{ClaimAs, ClaimRequest};
+use super::ClaimRequest;
 use super::{
-    ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease, PoisonRecord,
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease, PoisonRecord,
     PoisonStored, StoreError,
 };
 use crate::db::Schema;
@@ -52,9 +54,6 @@ use crate::db::Schema;
 use crate::handler::EffectAnswer;
 #[cfg(feature = "testing")]
 use crate::record::HandlerMode;
-
-/// What [`StoreError::Unsupported`] says of leased claims.
-const NO_LEASED_CLAIMS: &str = "leased claims and their settlements on MySQL (issue 25: not yet built)";
 
 /// The MySQL store's migrations, applied to the database its pool connects to (MySQL's schema
 /// is a database). MySQL commits each DDL statement at once, so each file is small.
@@ -79,8 +78,8 @@ pub async fn connect(options: MySqlConnectOptions, max_connections: u32) -> Resu
         .await
 }
 
-/// The MySQL/MariaDB implementation of [`DedupStore`] (transactional claims so far; see the
-/// module docs). Cheap to clone.
+/// The MySQL/MariaDB implementation of [`DedupStore`] and [`crate::store::LeaseStore`]. Cheap to
+/// clone.
 ///
 /// Its statements name the engine's tables with the database they were migrated into (MySQL's
 /// schema), so they run on any connection of the server — a team's transaction on its own
@@ -120,14 +119,14 @@ impl DedupStore for MySqlStore {
     #[cfg(feature = "testing")]
     async fn claim(&self, conn: &mut MySqlConnection, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         use sqlx::Connection;
-        if req.mode == HandlerMode::Leased {
-            return Err(StoreError::Unsupported(NO_LEASED_CLAIMS));
-        }
         let batch = ClaimBatch {
             group: req.group,
             max_attempts: req.max_attempts,
             lease: req.lease,
-            claim_as: ClaimAs::Processing,
+            claim_as: match req.mode {
+                HandlerMode::Transactional => ClaimAs::Processing,
+                HandlerMode::Leased => ClaimAs::Leased,
+            },
             items: Vec::new(),
         };
         let claim = claims::Claim {
@@ -136,6 +135,8 @@ impl DedupStore for MySqlStore {
             payload_hash: req.payload_hash,
             message: req.message,
             id_source: None,
+            reclaim: req.reclaim_expired,
+            starts_at_once: None,
         };
         let mut tx = conn.begin().await?;
         let mut outcomes = self.claim_rows(&mut tx, &batch, std::slice::from_ref(&claim)).await?;
@@ -150,11 +151,12 @@ impl DedupStore for MySqlStore {
         claim: &ClaimedRecord,
         lease: &Lease,
         mode: HandlerMode,
-        _answer: Option<&EffectAnswer>,
+        answer: Option<&EffectAnswer>,
     ) -> Result<bool, StoreError> {
         use sqlx::Connection;
         if mode == HandlerMode::Leased {
-            return Err(StoreError::Unsupported(NO_LEASED_CLAIMS));
+            let done = crate::store::LeaseStore::complete_many_leased(self, conn, &[(claim, answer)]).await?;
+            return Ok(done == [claim.id]);
         }
         // Fenced by the claim's own token, as PostgreSQL's single completion is.
         let lease = Lease { token: claim.lease_token, ..lease.clone() };
@@ -184,9 +186,18 @@ impl DedupStore for MySqlStore {
                 payload_hash: it.payload_hash,
                 message: it.message,
                 id_source: Some(it.id_source),
+                reclaim: it.reclaim_expired,
+                starts_at_once: Some(it.starts_at_once),
             })
             .collect();
-        self.claim_rows(conn, batch, &claims).await
+        if batch.claim_as != ClaimAs::Leased {
+            return self.claim_rows(conn, batch, &claims).await;
+        }
+        // A leased claim commits at once: its statements in a transaction of their own.
+        let mut tx = sqlx::Connection::begin(conn).await?;
+        let outcomes = self.claim_rows(&mut tx, batch, &claims).await?;
+        tx.commit().await?;
+        Ok(outcomes)
     }
 
     #[tracing::instrument(level = "debug", name = "complete", skip_all, fields(count = claims.len(), mode = "transactional"))]

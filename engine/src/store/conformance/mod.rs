@@ -6,10 +6,12 @@
 //!
 //! Every case checks after each operation that `record_counts` sums to what a `GROUP BY status`
 //! counts ([`assert_counts`]): no store may let its count deltas drift. Cases of the hot path
-//! are in `claims.rs` (claims, duplicates, reused ids, keys, concurrency) and `settle.rs`
-//! (completions, failures, poison, fast-path duplicates).
+//! are in `claims.rs` (claims, duplicates, reused ids, keys, concurrency), `settle.rs`
+//! (completions, failures, poison, fast-path duplicates) and `leases.rs` (leased claims and
+//! [`LeaseStore`]).
 
 mod claims;
+mod leases;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod postgres;
@@ -19,13 +21,14 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use claims::*;
+pub use leases::*;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlHarness;
 pub use postgres::PgHarness;
 pub use settle::*;
 
 use crate::message::{Broker, InboundMessage, SourceRef};
-use crate::store::DedupStore;
+use crate::store::LeaseStore;
 
 /// A record's row as the cases read it, the same on every database.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +49,8 @@ pub struct RecordRow {
     pub duplicate_count: i32,
     /// Duplicates whose payload differed.
     pub payload_conflicts: i32,
+    /// Claims of it while it was still `processing` (lease takeovers).
+    pub reentries: i32,
     /// The lease token, while processing.
     pub lease_token: Option<Uuid>,
     /// All three lease columns are set.
@@ -82,6 +87,10 @@ pub trait Fixtures {
     async fn message_types(&self) -> Vec<String>;
     /// The attempt rows of record `id`: attempt and outcome, in attempt order.
     async fn attempt_rows(&self, id: i64) -> Vec<(i32, Option<String>)>;
+    /// The attempts of record `id` flagged as late effects, in order.
+    async fn late_effects(&self, id: i64) -> Vec<i32>;
+    /// Milliseconds until the lease of record `id` expires (database clock).
+    async fn lease_remaining_ms(&self, id: i64) -> f64;
 }
 
 /// A store under test: a fresh, migrated database of its own (dropped with the harness) and its
@@ -89,7 +98,7 @@ pub trait Fixtures {
 #[async_trait(?Send)]
 pub trait Harness: Fixtures + Sized + 'static {
     /// The store.
-    type Store: DedupStore;
+    type Store: LeaseStore;
     /// The database's name (`postgres`, `mysql`), for the few cases whose expectations differ
     /// by database, each saying why.
     const NAME: &'static str;
@@ -157,6 +166,12 @@ macro_rules! conformance_tests {
             a_message_without_handler_under_another_types_id_is_a_reused_id,
             fast_path_duplicates_are_added_to_their_records,
             a_retry_completed_writes_its_attempt_row,
+            a_lease_of_zero_or_less_is_raised_to_the_minimum,
+            a_live_lease_is_never_taken_even_with_reclaim_allowed,
+            an_expired_lease_is_reclaimed_only_when_allowed_and_the_old_holder_is_fenced_out,
+            extending_a_lease_needs_its_token,
+            a_failed_leased_record_is_claimable_until_its_attempts_run_out,
+            leased_batches_and_their_settlements,
         );
     };
     (@cases $harness:ty; $($case:ident),* $(,)?) => {

@@ -40,7 +40,7 @@ impl Fixtures for MySqlHarness {
     async fn record(&self, group: &str, message_id: &str) -> Option<RecordRow> {
         let row = sqlx::query(
             "SELECT id, CAST(status AS CHAR) AS status, CAST(message_type AS CHAR) AS message_type, attempts,
-                    max_attempts, version, duplicate_count, payload_conflicts, lease_token,
+                    max_attempts, version, duplicate_count, payload_conflicts, reentries, lease_token,
                     (lease_owner IS NOT NULL AND lease_token IS NOT NULL AND lease_expires_at IS NOT NULL) AS leased,
                     payload IS NOT NULL AS has_payload, CAST(last_error AS CHAR) AS last_error,
                     CAST(error_class AS CHAR) AS error_class, next_attempt_at IS NOT NULL AS retry_due,
@@ -62,6 +62,7 @@ impl Fixtures for MySqlHarness {
             version: row.get("version"),
             duplicate_count: row.get("duplicate_count"),
             payload_conflicts: row.get("payload_conflicts"),
+            reentries: row.get("reentries"),
             lease_token: row.get::<Option<Uuid>, _>("lease_token"),
             leased: row.get("leased"),
             has_payload: row.get("has_payload"),
@@ -121,6 +122,25 @@ impl Fixtures for MySqlHarness {
         )
         .bind(id)
         .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn late_effects(&self, id: i64) -> Vec<i32> {
+        sqlx::query_scalar("SELECT attempt FROM record_attempts WHERE record_id = ? AND late_effect ORDER BY attempt")
+            .bind(id)
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn lease_remaining_ms(&self, id: i64) -> f64 {
+        sqlx::query_scalar(
+            "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_expires_at) AS DOUBLE) / 1000
+             FROM dedup_records WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_one(&self.db.pool)
         .await
         .unwrap()
     }

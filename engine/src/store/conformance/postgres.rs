@@ -34,7 +34,7 @@ impl Harness for PgHarness {
 impl Fixtures for PgHarness {
     async fn record(&self, group: &str, message_id: &str) -> Option<RecordRow> {
         let row = sqlx::query(
-            "SELECT id, status, message_type, attempts, max_attempts, version, duplicate_count, payload_conflicts,
+            "SELECT id, status, message_type, attempts, max_attempts, version, duplicate_count, payload_conflicts, reentries,
                     lease_token, (lease_owner IS NOT NULL AND lease_token IS NOT NULL
                                   AND lease_expires_at IS NOT NULL) AS leased,
                     payload IS NOT NULL AS has_payload, last_error, error_class,
@@ -56,6 +56,7 @@ impl Fixtures for PgHarness {
             version: row.get("version"),
             duplicate_count: row.get("duplicate_count"),
             payload_conflicts: row.get("payload_conflicts"),
+            reentries: row.get("reentries"),
             lease_token: row.get("lease_token"),
             leased: row.get("leased"),
             has_payload: row.get("has_payload"),
@@ -106,5 +107,24 @@ impl Fixtures for PgHarness {
             .fetch_all(&self.db.pool)
             .await
             .unwrap()
+    }
+
+    async fn late_effects(&self, id: i64) -> Vec<i32> {
+        sqlx::query_scalar("SELECT attempt FROM record_attempts WHERE record_id = $1 AND late_effect ORDER BY attempt")
+            .bind(id)
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn lease_remaining_ms(&self, id: i64) -> f64 {
+        sqlx::query_scalar(
+            "SELECT (extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000)::float8 FROM dedup_records
+             WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap()
     }
 }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlRow;
+use sqlx::types::Json;
 use sqlx::{MySqlConnection, Row};
 use uuid::Uuid;
 
@@ -24,6 +25,11 @@ pub(super) struct Claim<'a> {
     pub payload_hash: &'a [u8],
     pub message: &'a InboundMessage,
     pub id_source: Option<IdSourceKind>,
+    /// Leased claims: whether an expired lease of its record may be taken over.
+    pub reclaim: bool,
+    /// Leased claims: whether its effect starts at once (`None`: unknown, the testing-only
+    /// single claim, as PostgreSQL's).
+    pub starts_at_once: Option<bool>,
 }
 
 /// `CHAR(1)` of an id source ([`IdSourceKind::code`]).
@@ -48,20 +54,17 @@ impl MySqlStore {
         batch: &ClaimBatch<'_>,
         claims: &[Claim<'_>],
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        let succeeded = match batch.claim_as {
-            ClaimAs::Processing => false,
-            ClaimAs::Succeeded => true,
-            ClaimAs::Leased => return Err(StoreError::Unsupported(super::NO_LEASED_CLAIMS)),
-        };
         if claims.is_empty() {
             return Ok(Vec::new());
         }
+        let leased = batch.claim_as == ClaimAs::Leased;
         // One lock order for every batch: by message id, byte-wise (as the VARBINARY key sorts).
         let mut order: Vec<usize> = (0..claims.len()).collect();
         order.sort_by(|&a, &b| claims[a].message_id.as_str().cmp(claims[b].message_id.as_str()));
         let nonce = Uuid::new_v4();
         let stored: Vec<Storable<'_>> = claims.iter().map(|c| Storable::of(c.message)).collect();
-        let sql = self.render(&sql::claim_many(claims.len(), succeeded));
+        let reclaim: Vec<&str> = claims.iter().filter(|c| leased && c.reclaim).map(|c| c.message_id.as_str()).collect();
+        let sql = self.render(&sql::claim_many(claims.len(), batch.claim_as, reclaim.len()));
         let mut query = sqlx::query(&sql);
         for &i in &order {
             let (c, s) = (&claims[i], &stored[i]);
@@ -70,18 +73,31 @@ impl MySqlStore {
                 .bind(c.message_id.as_str())
                 .bind(c.message_type)
                 .bind(batch.max_attempts);
-            if !succeeded {
+            if batch.claim_as != ClaimAs::Succeeded {
                 query = query.bind(&batch.lease.owner).bind(batch.lease.token).bind(batch.lease.millis());
             }
+            query = query.bind(c.payload_hash).bind(s.content_type.as_deref());
+            if leased {
+                query = query.bind(s.type_property.as_deref());
+            }
             query = query
-                .bind(c.payload_hash)
-                .bind(s.content_type.as_deref())
                 .bind(c.message.broker.as_str())
                 .bind(s.exchange.as_deref())
                 .bind(s.routing_key.as_deref())
                 .bind(s.queue.as_deref())
                 .bind(id_source_code(c.id_source))
                 .bind(nonce);
+            if leased {
+                query = query.bind(&c.message.payload).bind(Json(&s.headers)).bind(c.starts_at_once);
+            }
+        }
+        if leased {
+            if reclaim.is_empty() {
+                query = query.bind(""); // no message id is empty
+            }
+            for id in &reclaim {
+                query = query.bind(*id);
+            }
         }
         query.execute(&mut *conn).await?;
 
@@ -90,6 +106,9 @@ impl MySqlStore {
         for row in &rows {
             let t = taken_from_row(row, batch)?;
             taken.insert(text(row, "message_id")?, t);
+        }
+        if leased {
+            self.open_leased_attempts(conn, batch, claims, &mut taken).await?;
         }
         self.book_claims(conn, batch, claims, &taken).await?;
 
@@ -109,6 +128,58 @@ impl MySqlStore {
                 }
             })
             .collect()
+    }
+
+    /// A leased claim's attempt rows: the runs so far of the records it took over
+    /// ([`ClaimedRecord::calls`], `previous_status`), the superseded attempts closed as
+    /// `lease_lost`, and one attempt opened per claim, named by its endpoint (group and type).
+    async fn open_leased_attempts(
+        &self,
+        conn: &mut MySqlConnection,
+        batch: &ClaimBatch<'_>,
+        claims: &[Claim<'_>],
+        taken: &mut HashMap<String, Taken>,
+    ) -> Result<(), StoreError> {
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let again: Vec<i64> = taken.values().filter(|t| !t.record.created).map(|t| t.record.id).collect();
+        if !again.is_empty() {
+            let sql = self.render(&sql::prior_runs(again.len()));
+            let mut query = sqlx::query(&sql);
+            for id in &again {
+                query = query.bind(*id);
+            }
+            let mut runs: HashMap<i64, (i64, Option<i16>)> = HashMap::new();
+            for row in query.fetch_all(&mut *conn).await? {
+                runs.insert(row.try_get("record_id")?, (row.try_get("runs")?, row.try_get("previous_status")?));
+            }
+            for t in taken.values_mut().filter(|t| !t.record.created) {
+                let (n, previous) = runs.get(&t.record.id).copied().unwrap_or((0, None));
+                t.record.calls = i32::try_from(n).unwrap_or(i32::MAX).saturating_add(1);
+                t.record.previous_status = previous.and_then(|s| u16::try_from(s).ok());
+            }
+            let sql = self.render(&sql::close_superseded(again.len()));
+            let mut query = sqlx::query(&sql).bind(&batch.lease.owner).bind(&batch.lease.owner);
+            for t in taken.values().filter(|t| !t.record.created) {
+                query = query.bind(t.record.id).bind(t.record.attempt);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        let sql = self.render(&sql::open_attempts(taken.len()));
+        let mut query = sqlx::query(&sql);
+        for c in claims {
+            if let Some(t) = taken.get(c.message_id.as_str()) {
+                query = query
+                    .bind(t.record.id)
+                    .bind(t.record.attempt)
+                    .bind(&batch.lease.owner)
+                    .bind(batch.group.as_str())
+                    .bind(c.message_type);
+            }
+        }
+        query.execute(&mut *conn).await?;
+        Ok(())
     }
 
     /// The count deltas, message types and attempt rows of the rows a claim took: a created

@@ -10,6 +10,7 @@ use sqlx::types::Json;
 use sqlx::{MySqlConnection, Row};
 use uuid::Uuid;
 
+use super::leases::Held;
 use super::{MySqlStore, sql, text};
 use crate::db::storable::{self, Storable};
 use crate::message::IdSourceKind;
@@ -17,9 +18,6 @@ use crate::record::{HandlerMode, RecordStatus};
 use crate::store::{
     ClaimedRecord, FailureOutcome, FailureReport, Lease, PoisonRecord, PoisonStored, StoreError,
 };
-
-/// A held claim: record id, attempt, group.
-type Held = (i64, i32, String);
 
 impl MySqlStore {
     /// The claims among `ids` still `processing` under `token`, locked until the transaction
@@ -35,18 +33,6 @@ impl MySqlStore {
             .map(|row| Ok((row.try_get("id")?, row.try_get("attempts")?, text(row, "consumer_group")?)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(StoreError::from)
-    }
-
-    /// Count deltas of `held` records leaving `processing` for `to`.
-    async fn count_settled(&self, conn: &mut MySqlConnection, held: &[Held], to: &str) -> Result<(), StoreError> {
-        let mut groups: BTreeMap<&str, i64> = BTreeMap::new();
-        for (_, _, group) in held {
-            *groups.entry(group.as_str()).or_default() += 1;
-        }
-        for (group, n) in groups {
-            self.add_counts(conn, group, &BTreeMap::from([("processing", -n), (to, n)])).await?;
-        }
-        Ok(())
     }
 
     /// [`crate::store::DedupStore::complete_many`]: the claims still held under `lease` become
@@ -72,7 +58,7 @@ impl MySqlStore {
             query = query.bind(*id);
         }
         query.execute(&mut *conn).await?;
-        self.count_settled(conn, &held, "succeeded").await?;
+        self.count_moved(conn, &held, "succeeded").await?;
         let started = claims[0].claimed_at;
         let retries: Vec<(&ClaimedRecord, DateTime<Utc>)> = claims
             .iter()
@@ -91,19 +77,24 @@ impl MySqlStore {
         conn: &mut MySqlConnection,
         failure: &FailureReport<'_>,
     ) -> Result<FailureOutcome, StoreError> {
-        if failure.mode == HandlerMode::Leased {
-            return Err(StoreError::Unsupported(super::NO_LEASED_CLAIMS));
-        }
         let claim = failure.claim;
-        let held = self.held(conn, &[claim.id], claim.lease_token).await?;
-        if held.is_empty() {
-            return Ok(FailureOutcome::Superseded);
-        }
         let status = if failure.permanent || claim.attempt >= claim.max_attempts {
             RecordStatus::Dead
         } else {
             RecordStatus::Failed
         };
+        let settled = |done: bool| match (done, status) {
+            (false, _) => FailureOutcome::Superseded,
+            (true, RecordStatus::Dead) => FailureOutcome::Dead,
+            (true, _) => FailureOutcome::Failed,
+        };
+        if failure.mode == HandlerMode::Leased {
+            return Ok(settled(self.fail_leased(conn, failure, status.as_str()).await?));
+        }
+        let held = self.held(conn, &[claim.id], claim.lease_token).await?;
+        if held.is_empty() {
+            return Ok(FailureOutcome::Superseded);
+        }
         let m = Storable::of(failure.message);
         let error = storable::text(failure.error);
         sqlx::query(&self.render(sql::FAIL_TX))
@@ -118,10 +109,10 @@ impl MySqlStore {
             .bind(claim.id)
             .execute(&mut *conn)
             .await?;
-        self.count_settled(conn, &held, status.as_str()).await?;
+        self.count_moved(conn, &held, status.as_str()).await?;
         self.add_attempts(conn, &failure.lease.owner, &[(claim, claim.claimed_at)], status.as_str(), Some(&error))
             .await?;
-        Ok(if status == RecordStatus::Dead { FailureOutcome::Dead } else { FailureOutcome::Failed })
+        Ok(settled(true))
     }
 
     /// [`crate::store::DedupStore::record_poison`]: one ODKU with the nonce-first pattern, read

@@ -7,6 +7,11 @@
 //! depends on its number of rows: the functions below build it. Times are `UTC_TIMESTAMP(6)`, the
 //! statement's start (PostgreSQL's `now()` is the transaction's).
 
+mod leases;
+pub(super) use leases::*;
+
+use crate::store::ClaimAs;
+
 /// Whether the record's stored delivery found no handler (`NO_HANDLER: <type>`); reads
 /// `error_class`, so an ODKU list assigns `error_class` after every use of it.
 pub(super) const NO_HANDLER: &str = "COALESCE(LEFT(error_class, 11) = 'NO_HANDLER:', FALSE)";
@@ -49,42 +54,69 @@ pub(super) fn derived(columns: &[&str], n: usize) -> String {
     sql
 }
 
-/// The columns a batch claim inserts (the same for both kinds, so `VALUES(col)` of the ODKU list
+/// The columns a batch claim inserts (the same for every kind, so `VALUES(col)` of the ODKU list
 /// never reads a column left out of the insert).
 const CLAIM_COLUMNS: &str = "consumer_group, message_id, message_type, status, handler_mode, attempts, max_attempts, \
      lease_owner, lease_token, lease_expires_at, completed_at, payload_hash, content_type, type_property, \
-     source_broker, source_exchange, source_routing_key, source_queue, id_source, claim_nonce";
+     source_broker, source_exchange, source_routing_key, source_queue, id_source, claim_nonce, payload, headers, \
+     effect_started";
 
 /// One row of a `processing` claim: group, id, type, max attempts, lease owner, token and
 /// milliseconds, hash, content type, broker, exchange, routing key, queue, id source, nonce.
-pub(super) const PROCESSING_ROW: &str = "(?, ?, ?, 'processing', 'transactional', 1, ?, ?, ?, \
-     TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), NULL, ?, ?, NULL, ?, ?, ?, ?, ?, ?)";
+const PROCESSING_ROW: &str = "(?, ?, ?, 'processing', 'transactional', 1, ?, ?, ?, \
+     TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), NULL, ?, ?, NULL, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)";
 
 /// One row of a claim straight into `succeeded`: as [`PROCESSING_ROW`] without the lease.
-pub(super) const SUCCEEDED_ROW: &str =
-    "(?, ?, ?, 'succeeded', 'transactional', 1, ?, NULL, NULL, NULL, UTC_TIMESTAMP(6), ?, ?, NULL, ?, ?, ?, ?, ?, ?)";
+const SUCCEEDED_ROW: &str = "(?, ?, ?, 'succeeded', 'transactional', 1, ?, NULL, NULL, NULL, UTC_TIMESTAMP(6), \
+     ?, ?, NULL, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)";
 
-/// A batch claim of `n` rows (rows in message-id order, one lock order for every batch):
-/// `INSERT … ON DUPLICATE KEY UPDATE` whose first assignment decides, on the old row, whether
-/// this statement takes the record (the same type and claimable: then the row gets the
+/// One row of a leased claim: as [`PROCESSING_ROW`] with the AMQP `type` property after the
+/// content type, and the payload, headers and whether the effect starts at once after the nonce.
+const LEASED_ROW: &str = "(?, ?, ?, 'processing', 'leased', 1, ?, ?, ?, \
+     TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// The lease owner of a late duplicate held for an operator (`held_owner!` of `postgres/sql.rs`):
+/// no lease reclaim takes it over.
+const HELD_OWNER: &str = "'held: late duplicate'";
+
+/// A batch claim of `n` rows as `kind` says (rows in message-id order, one lock order for every
+/// batch): `INSERT … ON DUPLICATE KEY UPDATE` whose first assignment decides, on the old row,
+/// whether this statement takes the record (the same type and claimable: then the row gets the
 /// statement's nonce); every later assignment keys off the nonce. Assignments run left to right
 /// and see earlier results, so each column is read before it is assigned: `claimed_from` and
 /// `reentries` before `status`, `error_class` (which [`NO_HANDLER`] reads) last. A row not
 /// taken is left as it was (locked until the transaction ends). `succeeded`: what a completion
-/// writes (no lease, no payload, no error class); otherwise `processing` under the lease.
-pub(super) fn claim_many(n: usize, succeeded: bool) -> String {
+/// writes (no lease, no payload, no error class); otherwise `processing` under the lease. A
+/// leased claim also takes over a record whose lease expired when its message id is among the
+/// `reclaim` ids bound after the rows (their type reclaims; `-1`… stands for none) and no
+/// operator holds it, or when its effect never started.
+pub(super) fn claim_many(n: usize, kind: ClaimAs, reclaim: usize) -> String {
     let c = OURS;
     let nh = NO_HANDLER;
-    let row = if succeeded { SUCCEEDED_ROW } else { PROCESSING_ROW };
-    // Succeeded claims clear payload, headers and error class; processing ones only for a
-    // NO_HANDLER record, whose stored delivery is replaced by this one (`restamp!`).
+    let (row, succeeded) = match kind {
+        ClaimAs::Processing => (PROCESSING_ROW, false),
+        ClaimAs::Succeeded => (SUCCEEDED_ROW, true),
+        ClaimAs::Leased => (LEASED_ROW, false),
+    };
+    let claimable = if kind == ClaimAs::Leased {
+        format!(
+            "({claimable} OR (status = 'processing' AND lease_expires_at < UTC_TIMESTAMP(6)
+              AND ((message_id IN ({ids}) AND NOT (lease_owner <=> {HELD_OWNER})) OR effect_started <=> FALSE)))",
+            claimable = claimable(),
+            ids = repeat("?", reclaim.max(1)),
+        )
+    } else {
+        claimable()
+    };
+    // Succeeded claims clear payload, headers and error class; the others give a NO_HANDLER
+    // record this delivery's (`restamp!`): a leased claim stores it, a transactional one none.
     let clear = if succeeded { c.to_owned() } else { format!("{c} AND {nh}") };
     let processing_only = if succeeded {
         String::new()
     } else {
         format!(
             "reentries = IF({c} AND status = 'processing', reentries + 1, reentries),
- effect_started = IF({c}, NULL, effect_started),"
+ effect_started = IF({c}, VALUES(effect_started), effect_started),"
         )
     };
     let completed = if succeeded { format!("completed_at = IF({c}, VALUES(completed_at), completed_at),") } else { String::new() };
@@ -107,8 +139,8 @@ ON DUPLICATE KEY UPDATE
  next_attempt_at = IF({c}, NULL, next_attempt_at),
  parked_at = IF({c}, NULL, parked_at),
  id_source = IF({c}, COALESCE(id_source, VALUES(id_source)), id_source),
- payload = IF({clear}, NULL, payload),
- headers = IF({clear}, NULL, headers),
+ payload = IF({clear}, VALUES(payload), payload),
+ headers = IF({clear}, VALUES(headers), headers),
  payload_hash = IF({c} AND {nh}, VALUES(payload_hash), payload_hash),
  payload_truncated = IF({c} AND {nh}, FALSE, payload_truncated),
  content_type = IF({c} AND {nh}, VALUES(content_type), content_type),
@@ -121,7 +153,6 @@ ON DUPLICATE KEY UPDATE
  error_class = IF({clear}, NULL, error_class)",
         rows = repeat(row, n),
         same_type = same_type(),
-        claimable = claimable(),
     )
 }
 

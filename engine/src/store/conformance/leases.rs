@@ -223,3 +223,20 @@ pub async fn leased_batches_and_their_settlements<H: Harness>() {
     assert_eq!(h.attempt_rows(claims[2].id).await, [(1, Some("succeeded".to_owned()))]);
     assert_counts(&h, "a deferral and a completion").await;
 }
+
+/// Eight leased claims of one new id at once, each committed alone: one claims it, the others
+/// find it under a live lease (not counted); no error reaches the caller.
+pub async fn eight_concurrent_leased_claims_of_one_id_make_one_claim<H: Harness>() {
+    let h = H::fresh().await;
+    let m = msg("ORDER.NOTIFY.8:1", "ORDER.NOTIFY", "{}");
+    let leases: Vec<Lease> = (0..8).map(|i| lease(&format!("w{i}"))).collect();
+    let item = [(&m, true)];
+    let outcomes = futures::future::join_all(leases.iter().map(|l| claim_batch(&h, &item, l, true))).await;
+    let claimed: Vec<&ClaimOutcome> =
+        outcomes.iter().flatten().filter(|o| matches!(o, ClaimOutcome::Claimed(_))).collect();
+    assert_eq!(claimed.len(), 1, "{outcomes:?}");
+    let r = record(&h, &m).await;
+    assert_eq!((r.status.as_str(), r.attempts, r.duplicate_count), ("processing", 1, 0));
+    assert_eq!(h.attempt_rows(r.id).await, [(1, None)]);
+    assert_counts(&h, "concurrent leased claims").await;
+}

@@ -172,6 +172,8 @@ macro_rules! conformance_tests {
             extending_a_lease_needs_its_token,
             a_failed_leased_record_is_claimable_until_its_attempts_run_out,
             leased_batches_and_their_settlements,
+            eight_concurrent_leased_claims_of_one_id_make_one_claim,
+            a_batch_of_500,
         );
     };
     (@cases $harness:ty; $($case:ident),* $(,)?) => {

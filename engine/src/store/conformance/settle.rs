@@ -148,3 +148,19 @@ pub async fn a_retry_completed_writes_its_attempt_row<H: Harness>() {
     assert_eq!((r.status.as_str(), r.has_payload, r.error_class, r.attempts), ("succeeded", false, None, 2));
     assert_counts(&h, "a retry's success").await;
 }
+
+/// A batch of 500 (the pipeline's largest) is claimed, then counted as 500 duplicates, in one
+/// statement each however many binds that takes.
+pub async fn a_batch_of_500<H: Harness>() {
+    let h = H::fresh().await;
+    let msgs: Vec<super::claims::Msg> =
+        (0..500).map(|n| msg(&format!("ORDER.PAY.{n:03}:500"), "ORDER.PAY", "{}")).collect();
+    let refs: Vec<&super::claims::Msg> = msgs.iter().collect();
+    let l = lease("w");
+    let first = super::claims::claim(&h, &refs, crate::store::ClaimAs::Succeeded, &l).await;
+    assert!(first.iter().all(|o| matches!(o, crate::store::ClaimOutcome::Claimed(_))));
+    let again = super::claims::claim(&h, &refs, crate::store::ClaimAs::Processing, &l).await;
+    assert!(again.iter().all(|o| matches!(o, crate::store::ClaimOutcome::Existing(e) if e.same_payload)));
+    assert_eq!(record(&h, &msgs[499]).await.duplicate_count, 1);
+    assert_eq!(h.counted().await, [(GROUP.to_owned(), "succeeded".to_owned(), 500)]);
+}

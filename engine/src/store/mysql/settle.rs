@@ -19,6 +19,9 @@ use crate::store::{
     ClaimedRecord, FailureOutcome, FailureReport, Lease, PoisonRecord, PoisonStored, StoreError,
 };
 
+/// Entries of one group per fast-path duplicates statement.
+const FAST_PATH_CHUNK: usize = 1000;
+
 impl MySqlStore {
     /// The claims among `ids` still `processing` under `token`, locked until the transaction
     /// ends.
@@ -190,7 +193,9 @@ impl MySqlStore {
         sorted.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         // The same key twice counts one entry, as PostgreSQL's `UPDATE … FROM` does.
         sorted.dedup_by(|a, b| (&a.0, &a.1) == (&b.0, &b.1));
-        for group in sorted.chunk_by(|a, b| a.0 == b.0) {
+        // MySQL takes at most 65 535 binds per statement; a flush holds whatever the fast path
+        // caught since the last one, so a group's entries go 1 000 (5 001 binds) at a time.
+        for group in sorted.chunk_by(|a, b| a.0 == b.0).flat_map(|g| g.chunks(FAST_PATH_CHUNK)) {
             let sql = self.render(&sql::fast_path_duplicates(group.len()));
             let mut query = sqlx::query(&sql);
             for (_, id, copies, _) in group {

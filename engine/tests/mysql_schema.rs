@@ -1,5 +1,5 @@
-//! The MySQL store's schema and errors on the local MariaDB 10.11 (issue 25): what the claims to
-//! come rely on — the dedup key compares bytes, it is the only unique key beside the primary key
+//! The MySQL store's schema and errors on the local MariaDB 10.11 (issue 25): what the claims
+//! rely on — the dedup key is the only unique key beside the primary key
 //! (`ON DUPLICATE KEY UPDATE` fires on any), a lease exists exactly while a record is
 //! processing, the stand-in for the partial index holds the records not succeeded — and the
 //! database's errors read as the engine's `DbErrorKind`.
@@ -32,11 +32,11 @@ fn kind<T>(result: Result<T, sqlx::Error>) -> DbErrorKind {
 }
 
 #[tokio::test]
-async fn the_dedup_key_compares_bytes_and_is_the_only_unique_key_beside_the_primary_key() {
+async fn the_dedup_key_is_the_only_unique_key_beside_the_primary_key() {
     let db = TestMySqlDatabase::create().await;
-    for id in ["ORDER.PAY.A-1:1", "order.pay.a-1:1", "ORDER.PAY.A-1:1 ", "ORDER.PAY.Ä-1:1", "ORDER.PAY.A-1:1\t"] {
-        insert(&db.pool, id, "succeeded").await.unwrap_or_else(|e| panic!("{id:?} is a key of its own: {e}"));
-    }
+    // That it compares bytes (case, trailing spaces, accents) is the conformance suite's
+    // `keys_compare_bytes`, through the store's claims.
+    insert(&db.pool, "ORDER.PAY.A-1:1", "succeeded").await.unwrap();
     let again = insert(&db.pool, "ORDER.PAY.A-1:1", "succeeded").await.expect_err("the same key twice");
     let db_error = again.as_database_error().expect("a database error");
     assert_eq!(db_error.kind(), sqlx::error::ErrorKind::UniqueViolation, "{db_error}");

@@ -1,10 +1,14 @@
 //! The dedup store: where records live, and every state transition on them.
 //!
-//! [`DedupStore`] is the seam for other databases (MySQL/MariaDB and an embedded SQLite store
-//! come next); [`postgres::PgStore`] is the PostgreSQL implementation. Every transition is one
-//! conditional statement fenced by the expected status (and lease token where a lease is held),
-//! timed by the database clock (`now()`), never the worker's.
+//! [`DedupStore`] is the seam for other databases; [`postgres::PgStore`] is the PostgreSQL
+//! implementation, `mysql::MySqlStore` (feature `mysql`) the MySQL/MariaDB one.
+//! With the `testing` feature, `conformance` holds the cases every store passes. Every
+//! transition is one conditional statement fenced by the expected status (and lease token where
+//! a lease is held), timed by the database clock (`now()` on PostgreSQL, `UTC_TIMESTAMP(6)` on
+//! MySQL), never the worker's.
 
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod errors;
 #[cfg(feature = "mysql")]
 pub mod mysql;

@@ -1,7 +1,9 @@
-//! The MySQL 8 / MariaDB 10.11 dedup store (issue 25), in construction: so far its schema —
-//! the tables a claim writes, in `mysql/migrations/` — its connections, and its database
-//! errors (`mysql/errors.rs`). The statements come role by role (docs/research/store-seam.md,
-//! "Order of work"); no host can run the engine on MySQL yet.
+//! The MySQL 8 / MariaDB 10.11 dedup store (issue 25): [`MySqlStore`] makes every statement of
+//! [`DedupStore`] and [`crate::store::LeaseStore`] (the hot path: claims of every kind,
+//! completions, failures, poison records, the fast path's duplicate counts, leases, heartbeats,
+//! deferrals, releases, late effects), and passes the conformance suite (`store/conformance/`).
+//! No host can run the engine on MySQL yet: the pipeline, runtime and console still hold
+//! PostgreSQL (docs/research/store-seam.md, "Order of work").
 //!
 //! The schema is the lean one of the PostgreSQL store (docs/DESIGN.md, "The lean write path"),
 //! in MySQL's terms: keys and compared text are `VARBINARY` or `_bin` (byte comparison: no
@@ -11,23 +13,58 @@
 //! stored generated column stands in for the partial index over the records not succeeded
 //! (MariaDB has no functional index); a claim nonce is read back where PostgreSQL has
 //! `RETURNING` (BENCHMARKS.md, "MariaDB's claim floor").
+//!
+//! How the statements work (docs/DESIGN.md, "MySQL store"): a claim is one `INSERT … ON
+//! DUPLICATE KEY UPDATE` whose first assignment gives the rows it takes the statement's random
+//! nonce, read back by that nonce (affected rows decide nothing: sqlx always sends
+//! `CLIENT_FOUND_ROWS`, and a batch sums them); the rows it did not take are judged by a locking
+//! read and counted by an update. Completions and failures read the claims still held under the
+//! lease token with `FOR UPDATE`, then update those. No trigger counts anything: every
+//! transition appends its own count deltas, and inserts its new message types
+//! (`mysql/books.rs`). A batch is several statements, so callers run it in a transaction (a
+//! transactional claim's caller does; leased statements and the testing-only single claim and
+//! completion open their own, a savepoint inside the caller's if it has one).
 
+#![cfg_attr(
+    not(feature = "testing"),
+    expect(dead_code, reason = "no host runs the MySQL store yet: only its tests (feature `testing`) use it")
+)]
+
+mod books;
+mod claims;
 pub(super) mod errors;
+mod leases;
+mod settle;
+mod sql;
 
-use sqlx::Executor;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{Executor, MySql, MySqlConnection, Row};
+
+#[cfg(feature = "testing")]
+use super::ClaimRequest;
+use super::{
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease, PoisonRecord,
+    PoisonStored, StoreError,
+};
+use crate::db::Schema;
+#[cfg(feature = "testing")]
+use crate::handler::EffectAnswer;
+#[cfg(feature = "testing")]
+use crate::record::HandlerMode;
 
 /// The MySQL store's migrations, applied to the database its pool connects to (MySQL's schema
 /// is a database). MySQL commits each DDL statement at once, so each file is small.
-#[cfg_attr(not(feature = "testing"), expect(dead_code, reason = "the MySQL store's first role lands next"))]
 pub static MIGRATOR: Migrator = sqlx::migrate!("src/store/mysql/migrations");
 
 /// A pool on `options` as the store uses its connections: `READ COMMITTED` (a claim reads the
 /// rows as committed, as PostgreSQL's does; MySQL's default `REPEATABLE READ` would take gap
 /// locks), and the session time zone UTC (sqlx's default for `options`, which must keep it), so
 /// that `DATETIME` values are UTC whatever the server's zone.
-#[cfg_attr(not(feature = "testing"), expect(dead_code, reason = "the MySQL store's first role lands next"))]
+///
+/// Errors: the first connection's (unreachable server, refused login, unknown database).
 pub async fn connect(options: MySqlConnectOptions, max_connections: u32) -> Result<MySqlPool, sqlx::Error> {
     MySqlPoolOptions::new()
         .max_connections(max_connections)
@@ -39,4 +76,163 @@ pub async fn connect(options: MySqlConnectOptions, max_connections: u32) -> Resu
         })
         .connect_with(options)
         .await
+}
+
+/// The MySQL/MariaDB implementation of [`DedupStore`] and [`crate::store::LeaseStore`]. Cheap to
+/// clone.
+///
+/// Its statements name the engine's tables with the database they were migrated into (MySQL's
+/// schema), so they run on any connection of the server — a team's transaction on its own
+/// database above all. Connections must run `READ COMMITTED` in UTC, as [`connect`] sets them.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    database: String,
+}
+
+impl MySqlStore {
+    /// A store on `pool`, with its tables in the database `schema` (migrated with [`MIGRATOR`]).
+    pub fn new(pool: MySqlPool, schema: &Schema) -> Self {
+        Self { pool, database: format!("`{}`", schema.as_str()) }
+    }
+
+    /// `template` with each `{s}` replaced by the store's database, quoted.
+    fn render(&self, template: &str) -> String {
+        template.replace("{s}", &self.database)
+    }
+}
+
+/// A text column stored as bytes (`VARBINARY`, `_bin`: sqlx reads those as bytes only), as text.
+fn text(row: &MySqlRow, column: &str) -> Result<String, sqlx::Error> {
+    let bytes: Vec<u8> = row.try_get(column)?;
+    String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+#[async_trait]
+impl DedupStore for MySqlStore {
+    type Db = MySql;
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    #[cfg(feature = "testing")]
+    async fn claim(&self, conn: &mut MySqlConnection, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        use sqlx::Connection;
+        let batch = ClaimBatch {
+            group: req.group,
+            max_attempts: req.max_attempts,
+            lease: req.lease,
+            claim_as: match req.mode {
+                HandlerMode::Transactional => ClaimAs::Processing,
+                HandlerMode::Leased => ClaimAs::Leased,
+            },
+            items: Vec::new(),
+        };
+        let claim = claims::Claim {
+            message_id: req.message_id,
+            message_type: req.message_type,
+            payload_hash: req.payload_hash,
+            message: req.message,
+            id_source: None,
+            reclaim: req.reclaim_expired,
+            starts_at_once: None,
+        };
+        let mut tx = conn.begin().await?;
+        let mut outcomes = self.claim_rows(&mut tx, &batch, std::slice::from_ref(&claim)).await?;
+        tx.commit().await?;
+        outcomes.pop().ok_or_else(|| StoreError::Database(sqlx::Error::RowNotFound))
+    }
+
+    #[cfg(feature = "testing")]
+    async fn complete(
+        &self,
+        conn: &mut MySqlConnection,
+        claim: &ClaimedRecord,
+        lease: &Lease,
+        mode: HandlerMode,
+        answer: Option<&EffectAnswer>,
+    ) -> Result<bool, StoreError> {
+        use sqlx::Connection;
+        if mode == HandlerMode::Leased {
+            let done = crate::store::LeaseStore::complete_many_leased(self, conn, &[(claim, answer)]).await?;
+            return Ok(done == [claim.id]);
+        }
+        // Fenced by the claim's own token, as PostgreSQL's single completion is.
+        let lease = Lease { token: claim.lease_token, ..lease.clone() };
+        let mut tx = conn.begin().await?;
+        let done = self.complete_claims(&mut tx, &[claim], &lease).await?;
+        tx.commit().await?;
+        Ok(done == [claim.id])
+    }
+
+    #[tracing::instrument(
+        level = "debug",
+        name = "claim",
+        skip_all,
+        fields(count = batch.items.len(), mode = batch.claim_as.mode(), into = batch.claim_as.as_str())
+    )]
+    async fn claim_many(
+        &self,
+        conn: &mut MySqlConnection,
+        batch: &ClaimBatch<'_>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let claims: Vec<claims::Claim<'_>> = batch
+            .items
+            .iter()
+            .map(|it| claims::Claim {
+                message_id: it.message_id,
+                message_type: it.message_type,
+                payload_hash: it.payload_hash,
+                message: it.message,
+                id_source: Some(it.id_source),
+                reclaim: it.reclaim_expired,
+                starts_at_once: Some(it.starts_at_once),
+            })
+            .collect();
+        if batch.claim_as != ClaimAs::Leased {
+            return self.claim_rows(conn, batch, &claims).await;
+        }
+        // A leased claim commits at once: its statements in a transaction of their own.
+        let mut tx = sqlx::Connection::begin(conn).await?;
+        let outcomes = self.claim_rows(&mut tx, batch, &claims).await?;
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    #[tracing::instrument(level = "debug", name = "complete", skip_all, fields(count = claims.len(), mode = "transactional"))]
+    async fn complete_many(
+        &self,
+        conn: &mut MySqlConnection,
+        claims: &[&ClaimedRecord],
+        lease: &Lease,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.complete_claims(conn, claims, lease).await
+    }
+
+    #[tracing::instrument(
+        level = "debug",
+        name = "record_failure",
+        skip_all,
+        fields(record = failure.claim.id, mode = failure.mode.as_str())
+    )]
+    async fn fail_claimed(
+        &self,
+        conn: &mut MySqlConnection,
+        failure: &FailureReport<'_>,
+    ) -> Result<FailureOutcome, StoreError> {
+        self.fail_claim(conn, failure).await
+    }
+
+    #[tracing::instrument(level = "debug", name = "record_poison", skip_all, fields(message_id = %p.message_id, poison = p.poison))]
+    async fn record_poison(&self, conn: &mut MySqlConnection, p: &PoisonRecord<'_>) -> Result<PoisonStored, StoreError> {
+        self.store_poison(conn, p).await
+    }
+
+    async fn add_fast_path_duplicates(
+        &self,
+        entries: &[(String, String, i32, DateTime<Utc>)],
+    ) -> Result<(), StoreError> {
+        self.fast_path_duplicates(entries).await
+    }
 }

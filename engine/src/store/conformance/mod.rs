@@ -1,0 +1,187 @@
+//! The conformance suite every dedup store passes (issue 25; docs/research/store-seam.md, "One
+//! conformance suite"): the cases are `async fn`s generic over a [`Harness`], which gives a fresh
+//! migrated store and the [`Fixtures`] the cases read it with, and [`crate::conformance_tests!`]
+//! expands one `#[tokio::test]` per case for a harness (`engine/tests/conformance_postgres.rs`,
+//! `engine/tests/conformance_mysql.rs`).
+//!
+//! Every case checks after each operation that `record_counts` sums to what a `GROUP BY status`
+//! counts ([`assert_counts`]): no store may let its count deltas drift. Cases of the hot path
+//! are in `claims.rs` (claims, duplicates, reused ids, keys, concurrency), `settle.rs`
+//! (completions, failures, poison, fast-path duplicates) and `leases.rs` (leased claims and
+//! [`LeaseStore`]).
+
+mod claims;
+mod leases;
+#[cfg(feature = "mysql")]
+mod mysql;
+mod postgres;
+mod settle;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+pub use claims::*;
+pub use leases::*;
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlHarness;
+pub use postgres::PgHarness;
+pub use settle::*;
+
+use crate::message::{Broker, InboundMessage, SourceRef};
+use crate::store::LeaseStore;
+
+/// A record's row as the cases read it, the same on every database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordRow {
+    /// Row id.
+    pub id: i64,
+    /// `processing`, `succeeded`, `failed` or `dead`.
+    pub status: String,
+    /// Its message type.
+    pub message_type: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// Raised by every transition.
+    pub version: i64,
+    /// Deliveries counted as duplicates.
+    pub duplicate_count: i32,
+    /// Duplicates whose payload differed.
+    pub payload_conflicts: i32,
+    /// Claims of it while it was still `processing` (lease takeovers).
+    pub reentries: i32,
+    /// The lease token, while processing.
+    pub lease_token: Option<Uuid>,
+    /// All three lease columns are set.
+    pub leased: bool,
+    /// A payload is stored.
+    pub has_payload: bool,
+    /// `last_error`.
+    pub last_error: Option<String>,
+    /// `error_class`.
+    pub error_class: Option<String>,
+    /// A retry is due (`next_attempt_at` set).
+    pub retry_due: bool,
+    /// `completed_at` is set.
+    pub completed: bool,
+    /// `parked_at` is set.
+    pub parked: bool,
+    /// Where its id came from (`id_source`, one letter).
+    pub id_source: Option<String>,
+}
+
+/// What the cases read and change on a store's database directly: what tests do with raw SQL,
+/// written once per database.
+#[async_trait(?Send)]
+pub trait Fixtures {
+    /// The record of (`group`, `message_id`), if any.
+    async fn record(&self, group: &str, message_id: &str) -> Option<RecordRow>;
+    /// Makes the lease of record `id` expire a second ago (database clock).
+    async fn expire_lease(&self, id: i64);
+    /// `record_counts` summed per group and status, the non-zero sums, sorted.
+    async fn counted(&self) -> Vec<(String, String, i64)>;
+    /// The records per group and status (`GROUP BY`), sorted.
+    async fn actual(&self) -> Vec<(String, String, i64)>;
+    /// `message_types`, sorted.
+    async fn message_types(&self) -> Vec<String>;
+    /// The attempt rows of record `id`: attempt and outcome, in attempt order.
+    async fn attempt_rows(&self, id: i64) -> Vec<(i32, Option<String>)>;
+    /// The attempts of record `id` flagged as late effects, in order.
+    async fn late_effects(&self, id: i64) -> Vec<i32>;
+    /// Milliseconds until the lease of record `id` expires (database clock).
+    async fn lease_remaining_ms(&self, id: i64) -> f64;
+}
+
+/// A store under test: a fresh, migrated database of its own (dropped with the harness) and its
+/// [`Fixtures`].
+#[async_trait(?Send)]
+pub trait Harness: Fixtures + Sized + 'static {
+    /// The store.
+    type Store: LeaseStore;
+    /// The database's name (`postgres`, `mysql`), for the few cases whose expectations differ
+    /// by database, each saying why.
+    const NAME: &'static str;
+    /// A fresh store. Panics when its database is unreachable: the tests need it.
+    async fn fresh() -> Self;
+    /// The store.
+    fn store(&self) -> &Self::Store;
+}
+
+/// The consumer group of the cases.
+pub const GROUP: &str = "conformance-group";
+
+/// A RabbitMQ delivery of `body` under `id`.
+pub fn delivery(id: &str, body: &str) -> InboundMessage {
+    InboundMessage {
+        payload: body.as_bytes().to_vec(),
+        headers: serde_json::Map::new(),
+        property_message_id: Some(id.to_owned()),
+        type_property: None,
+        published_at: None,
+        content_type: Some("application/json".to_owned()),
+        broker: Broker::RabbitMq,
+        source: SourceRef {
+            exchange: Some("test.exchange".to_owned()),
+            routing_key: Some("test.key".to_owned()),
+            queue: Some("test.queue".to_owned()),
+            offset: None,
+            key_not_text: false,
+        },
+        redelivered: false,
+        headers_too_deep: false,
+    }
+}
+
+/// `rows` in Rust's (byte-wise) order, whatever the database's collation sorts by.
+fn sorted<T: Ord>(mut rows: Vec<T>) -> Vec<T> {
+    rows.sort();
+    rows
+}
+
+/// Asserts that `record_counts` sums to the records per status.
+pub async fn assert_counts<H: Fixtures>(h: &H, after: &str) {
+    assert_eq!(h.counted().await, h.actual().await, "record_counts drifted after {after}");
+}
+
+/// Expands one `#[tokio::test]` per conformance case for a [`Harness`] type given by its path
+/// (`conformance_tests!(<path to>::PgHarness)` in a test crate of the engine).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:ty) => {
+        $crate::conformance_tests!(@cases $harness;
+            a_new_claim_then_a_duplicate_counted_on_it,
+            a_failed_record_is_claimed_again_until_its_attempts_run_out,
+            dead_at_max_attempts_and_on_a_permanent_error,
+            completion_and_failure_are_fenced_by_the_lease_token,
+            claims_straight_into_succeeded,
+            a_reused_id_of_another_type_is_neither_claimed_nor_counted,
+            a_no_handler_record_is_claimed_by_its_own_message,
+            keys_compare_bytes,
+            a_duplicate_under_an_expired_lease_is_parked_and_counted,
+            eight_concurrent_claims_of_one_id_make_one_claim,
+            a_batch_claims_new_and_counts_existing_in_item_order,
+            overlapping_batches_claimed_at_once_claim_each_id_once,
+            poison_is_recorded_once_then_counted_as_a_duplicate,
+            a_message_without_handler_under_another_types_id_is_a_reused_id,
+            fast_path_duplicates_are_added_to_their_records,
+            a_retry_completed_writes_its_attempt_row,
+            a_lease_of_zero_or_less_is_raised_to_the_minimum,
+            a_live_lease_is_never_taken_even_with_reclaim_allowed,
+            an_expired_lease_is_reclaimed_only_when_allowed_and_the_old_holder_is_fenced_out,
+            extending_a_lease_needs_its_token,
+            a_failed_leased_record_is_claimable_until_its_attempts_run_out,
+            leased_batches_and_their_settlements,
+            eight_concurrent_leased_claims_of_one_id_make_one_claim,
+            a_batch_of_500,
+        );
+    };
+    (@cases $harness:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                $crate::store::conformance::$case::<$harness>().await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,130 @@
+//! The PostgreSQL harness: a fresh database per case ([`crate::testing::TestDatabase`]) and a
+//! [`PgStore`] on it.
+
+use async_trait::async_trait;
+use sqlx::Row;
+
+use super::{Fixtures, Harness, RecordRow, sorted};
+use crate::store::postgres::PgStore;
+use crate::testing::TestDatabase;
+
+/// [`Harness`] of [`PgStore`]. Its pool's `search_path` finds the engine's tables unqualified.
+pub struct PgHarness {
+    db: TestDatabase,
+    store: PgStore,
+}
+
+#[async_trait(?Send)]
+impl Harness for PgHarness {
+    type Store = PgStore;
+    const NAME: &'static str = "postgres";
+
+    async fn fresh() -> Self {
+        let db = TestDatabase::create().await;
+        let store = PgStore::new(db.pool.clone(), &db.schema);
+        Self { db, store }
+    }
+
+    fn store(&self) -> &PgStore {
+        &self.store
+    }
+}
+
+#[async_trait(?Send)]
+impl Fixtures for PgHarness {
+    async fn record(&self, group: &str, message_id: &str) -> Option<RecordRow> {
+        let row = sqlx::query(
+            "SELECT id, status, message_type, attempts, max_attempts, version, duplicate_count, payload_conflicts, reentries,
+                    lease_token, (lease_owner IS NOT NULL AND lease_token IS NOT NULL
+                                  AND lease_expires_at IS NOT NULL) AS leased,
+                    payload IS NOT NULL AS has_payload, last_error, error_class,
+                    next_attempt_at IS NOT NULL AS retry_due, completed_at IS NOT NULL AS completed,
+                    parked_at IS NOT NULL AS parked, id_source::text AS id_source
+             FROM dedup_records WHERE consumer_group = $1 AND message_id = $2",
+        )
+        .bind(group)
+        .bind(message_id)
+        .fetch_optional(&self.db.pool)
+        .await
+        .unwrap()?;
+        Some(RecordRow {
+            id: row.get("id"),
+            status: row.get("status"),
+            message_type: row.get("message_type"),
+            attempts: row.get("attempts"),
+            max_attempts: row.get("max_attempts"),
+            version: row.get("version"),
+            duplicate_count: row.get("duplicate_count"),
+            payload_conflicts: row.get("payload_conflicts"),
+            reentries: row.get("reentries"),
+            lease_token: row.get("lease_token"),
+            leased: row.get("leased"),
+            has_payload: row.get("has_payload"),
+            last_error: row.get("last_error"),
+            error_class: row.get("error_class"),
+            retry_due: row.get("retry_due"),
+            completed: row.get("completed"),
+            parked: row.get("parked"),
+            id_source: row.get("id_source"),
+        })
+    }
+
+    async fn expire_lease(&self, id: i64) {
+        sqlx::query("UPDATE dedup_records SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+            .bind(id)
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
+    }
+
+    async fn counted(&self) -> Vec<(String, String, i64)> {
+        sorted(
+            sqlx::query_as(
+                "SELECT consumer_group, status, sum(n)::bigint FROM record_counts GROUP BY 1, 2 HAVING sum(n) <> 0",
+            )
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap(),
+        )
+    }
+
+    async fn actual(&self) -> Vec<(String, String, i64)> {
+        sorted(
+            sqlx::query_as("SELECT consumer_group, status, count(*) FROM dedup_records GROUP BY 1, 2")
+                .fetch_all(&self.db.pool)
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn message_types(&self) -> Vec<String> {
+        sorted(sqlx::query_scalar("SELECT message_type FROM message_types").fetch_all(&self.db.pool).await.unwrap())
+    }
+
+    async fn attempt_rows(&self, id: i64) -> Vec<(i32, Option<String>)> {
+        sqlx::query_as("SELECT attempt, outcome FROM record_attempts WHERE record_id = $1 ORDER BY attempt, id")
+            .bind(id)
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn late_effects(&self, id: i64) -> Vec<i32> {
+        sqlx::query_scalar("SELECT attempt FROM record_attempts WHERE record_id = $1 AND late_effect ORDER BY attempt")
+            .bind(id)
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn lease_remaining_ms(&self, id: i64) -> f64 {
+        sqlx::query_scalar(
+            "SELECT (extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000)::float8 FROM dedup_records
+             WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap()
+    }
+}

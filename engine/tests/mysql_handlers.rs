@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use dedup_engine::prelude::*;
 use dedup_engine::rabbitmq::RabbitSettings;
+use dedup_engine::store::conformance::delivery;
 use dedup_engine::testing::mysql::TestMySqlDatabase;
 use dedup_engine::testing::{admin_url, amqp_url};
-use dedup_engine::{AnyTransactionalHandler, Broker, EngineError, Handler, InboundMessage, SourceRef};
+use dedup_engine::{AnyTransactionalHandler, EngineError, Handler};
 use dedup_engine::{ConsumerGroup, MessageId};
 use sqlx::{Connection, MySql, MySqlConnection, PgConnection};
 
@@ -43,21 +44,6 @@ fn on_mysql() -> Arc<dyn AnyTransactionalHandler> {
     }
 }
 
-fn delivery() -> InboundMessage {
-    InboundMessage {
-        payload: br#"{"orderNo":"A-1"}"#.to_vec(),
-        headers: serde_json::Map::new(),
-        property_message_id: None,
-        type_property: None,
-        published_at: None,
-        content_type: Some("application/json".to_owned()),
-        broker: Broker::RabbitMq,
-        source: SourceRef::default(),
-        redelivered: false,
-        headers_too_deep: false,
-    }
-}
-
 #[tokio::test]
 async fn a_mysql_handler_writes_in_the_mysql_transaction_and_refuses_another_databases() {
     let db = TestMySqlDatabase::create().await;
@@ -67,7 +53,7 @@ async fn a_mysql_handler_writes_in_the_mysql_transaction_and_refuses_another_dat
 
     let group = ConsumerGroup::parse("orders").unwrap();
     let (first, second) = (MessageId::parse("A-1").unwrap(), MessageId::parse("A-2").unwrap());
-    let message = delivery();
+    let message = delivery("A-1", r#"{"orderNo":"A-1"}"#);
     let input = |message_id| HandlerInput {
         group: &group,
         message_id,

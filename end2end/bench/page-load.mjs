@@ -1,7 +1,8 @@
 // Page loads in Chromium, for the console bench (server/benches/console.rs runs it while its two
 // servers are up): each page of each server, navigation start to the `load` event, from the
 // Navigation Timing entry, and navigation start to hydrated (the wasm bundle has taken over:
-// `<body data-hydrated>` set, seen by a MutationObserver). Three warm-ups, then N timed loads
+// `<body data-hydrated>` set, seen by a MutationObserver). Three warm-ups, then N timed loads, a
+// page's served, static and debug loads taken in turn
 // (BENCH_PAGE_LOADS, default 20); prints p50 and p95 in ms side by side, as a Markdown table.
 //
 // Two floors: `/healthz` (two bytes of text: what Chromium itself takes on this machine), and
@@ -66,13 +67,21 @@ async function time(page, url, app) {
   });
 }
 
-/** p50 and p95 of load, then of hydrated, for `url`. */
-async function measure(page, url, app) {
-  for (let i = 0; i < 3; i += 1) await time(page, url, app);
-  const samples = [];
-  for (let i = 0; i < loads; i += 1) samples.push(await time(page, url, app));
-  const column = (k) => samples.map((s) => s[k]).sort((a, b) => a - b);
-  return [0, 1].flatMap((k) => [percentile(column(k), 0.5), percentile(column(k), 0.95)]);
+/**
+ * p50 and p95 of load, then of hydrated, for each of `targets` ([url, app] pairs), their loads
+ * interleaved (one of each in turn), so that what else the machine does meanwhile falls on all
+ * of them alike.
+ */
+async function measure(page, targets) {
+  for (let i = 0; i < 3; i += 1) for (const [url, app] of targets) await time(page, url, app);
+  const samples = targets.map(() => []);
+  for (let i = 0; i < loads; i += 1) {
+    for (const [t, [url, app]] of targets.entries()) samples[t].push(await time(page, url, app));
+  }
+  return samples.map((of) => {
+    const column = (k) => of.map((s) => s[k]).sort((a, b) => a - b);
+    return [0, 1].flatMap((k) => [percentile(column(k), 0.5), percentile(column(k), 0.95)]);
+  });
 }
 
 const copies = await staticCopies(served);
@@ -85,11 +94,8 @@ console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
 try {
   for (const path of paths) {
     const app = path !== '/healthz';
-    const row = [
-      ...(await measure(page, served + path, app)),
-      ...(await measure(page, copies + path, false)).slice(0, 2),
-      ...(await measure(page, debug + path, app)).slice(0, 2),
-    ];
+    const [live, copy, slow] = await measure(page, [[served + path, app], [copies + path, false], [debug + path, app]]);
+    const row = [...live, ...copy.slice(0, 2), ...slow.slice(0, 2)];
     const cells = row.map((v) => (Number.isNaN(v) ? '–' : v.toFixed(1)).padStart(7));
     console.log(`| ${path.padEnd(20)} | ${cells.join(' | ')} |`);
   }

@@ -19,89 +19,14 @@ use crate::health::GroupHealth;
 use crate::instances::{Beat, Instance};
 use crate::message::Broker;
 use crate::pipeline::{Pipeline, PipelineSettings};
-use crate::record::{ConsumerGroup, IdError};
+use crate::record::ConsumerGroup;
 use crate::source::SourceFactory;
 use crate::stats::{self, Stats};
 use crate::store::DedupStore;
 use crate::store::postgres::PgStore;
 
-/// Why an engine did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// A group's name is not a valid consumer group.
-    #[error("consumer group {name:?}: {error}")]
-    GroupName {
-        /// The name given.
-        name: String,
-        /// What is wrong with it.
-        error: IdError,
-    },
-    /// Two groups share a name (they would share dedup records).
-    #[error("consumer group {0:?} is declared twice")]
-    DuplicateGroup(String),
-    /// Two groups read the same RabbitMQ queue (or are one Kafka consumer group): each would
-    /// get a share of the other's messages, and dead-letter those it has no handler for.
-    #[error("consumer groups {first:?} and {second:?} both read the {source_name}")]
-    SharedSource {
-        /// The group declared first.
-        first: String,
-        /// The group declared later.
-        second: String,
-        /// What both read (a queue's or Kafka consumer group's name).
-        source_name: String,
-    },
-    /// A group registers two handlers for one message type: one of them would never run.
-    #[error("consumer group {name:?}: message type {message_type:?} has more than one handler")]
-    DuplicateHandler {
-        /// The group's name.
-        name: String,
-        /// The message type registered twice.
-        message_type: String,
-    },
-    /// A group's source names no queue or topics to read.
-    #[error("consumer group {name:?}: {error}")]
-    GroupSource {
-        /// The group's name.
-        name: String,
-        /// What is missing.
-        error: String,
-    },
-    /// A leased handler's run can outlast the group's lease ([`crate::handler::LeasedHandler::longest_run`]):
-    /// a worker that stopped extending it could still be calling when another takes the record over.
-    #[error(
-        "consumer group {name:?}: the handler of {message_type:?} may run {longest_ms} ms (its timeout), \
-         not shorter than the group's lease of {lease_ms} ms; raise lease_ms above it"
-    )]
-    LeaseTooShort {
-        /// The group's name.
-        name: String,
-        /// The handler's message type.
-        message_type: String,
-        /// The group's lease, in ms.
-        lease_ms: u64,
-        /// The handler's longest run, in ms.
-        longest_ms: u64,
-    },
-    /// A transactional handler is written for another database than the engine runs on
-    /// ([`crate::TransactionalHandler`]'s `DB`): it would get a transaction it cannot use.
-    #[error(
-        "consumer group {name:?}: the handler of {message_type:?} is written for {handler_database}, \
-         but the engine runs on {engine_database}"
-    )]
-    HandlerDatabase {
-        /// The group's name.
-        name: String,
-        /// The handler's message type.
-        message_type: String,
-        /// The handler's database (sqlx's `Database::NAME`, e.g. `"MySQL"`).
-        handler_database: &'static str,
-        /// The engine's database.
-        engine_database: &'static str,
-    },
-    /// Migrating or verifying the engine's schema failed.
-    #[error(transparent)]
-    Schema(#[from] SchemaError),
-}
+mod errors;
+pub use errors::EngineError;
 
 /// Builds an [`Engine`]: see [`Engine::builder`].
 #[must_use = "an engine builder does nothing until `start` is called"]
@@ -171,6 +96,7 @@ impl EngineBuilder {
     /// a message type with two handlers, a lease shorter than a handler's longest run, a
     /// transactional handler of another database than the engine's, a failed migration.
     pub async fn start(self) -> Result<Engine, EngineError> {
+        let engine_database = <<PgStore as DedupStore>::Db as sqlx::Database>::NAME;
         let mut names = HashSet::new();
         let mut sources = HashMap::new();
         let mut groups = Vec::with_capacity(self.groups.len());
@@ -190,7 +116,6 @@ impl EngineBuilder {
             group.source.check().map_err(|error| EngineError::GroupSource { name: group.name.clone(), error })?;
             let lease = Duration::from_millis(group.settings.lease_ms).max(crate::store::MIN_LEASE);
             for (message_type, handler) in group.handlers.iter() {
-                let engine_database = <<PgStore as DedupStore>::Db as sqlx::Database>::NAME;
                 if let Some(handler_database) = handler.database().filter(|db| *db != engine_database) {
                     return Err(EngineError::HandlerDatabase {
                         name: group.name.clone(),

@@ -9,6 +9,8 @@
 //! And the batch's leased path around it: a slow call holds back neither the calls nor the
 //! completions of its batch's other messages, one heartbeat statement extends all the leases a
 //! worker holds, and a takeover in the middle of a batch completes nothing of what was taken.
+//! A batch's claim that fails after its claim statement (in the duplicate check) claims nothing,
+//! so no record is left marked started without its call.
 
 mod common;
 
@@ -17,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{GROUP, Harness, eventually, message, settings};
+use common::{CountingEffect, GROUP, Harness, eventually, message, settings};
 use dedup_engine::console::records::{RecordDetail, record_detail};
 use dedup_engine::handler::{Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline};
@@ -335,4 +337,51 @@ async fn a_takeover_in_the_middle_of_a_batch_completes_nothing_that_was_taken() 
         ],
         "the taken records stay the new holder's; the late answers are kept on their attempts"
     );
+}
+
+#[tokio::test]
+async fn a_leased_claim_that_fails_in_its_duplicate_check_claims_nothing() {
+    // Redis down: the database judges the duplicate (a marker would skip it before the claim).
+    let h = Harness::with_redis("redis://127.0.0.1:1").await;
+    let handler = CountingEffect::new(Duration::ZERO);
+    let mut handlers = HandlerRegistry::new();
+    handlers.register(
+        "ORDER.NOTIFY",
+        Handler::Leased { handler: handler.clone(), on_lease_expiry: LeaseExpiryPolicy::Hold },
+    );
+    let pipeline = h.pipeline(handlers, 5);
+    let (old, new) = ("ORDER.NOTIFY.OLD:1", "ORDER.NOTIFY.NEW:1");
+    assert_eq!(
+        pipeline.process("host-a:1:0", &notify_batch(&[old])).await,
+        vec![Disposition::Ack(AckReason::Processed)]
+    );
+
+    // A real error from PostgreSQL in the duplicate check's update of the old record, after
+    // the claim statement has claimed the new one.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_duplicate() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'duplicate check refused (test)'; END $$;
+         CREATE TRIGGER refuse_duplicate BEFORE UPDATE OF duplicate_count ON dedup_records
+         FOR EACH ROW WHEN (NEW.duplicate_count > OLD.duplicate_count) EXECUTE FUNCTION refuse_duplicate();",
+    )
+    .execute(h.pool())
+    .await
+    .unwrap();
+    let batch = notify_batch(&[new, old]);
+    assert_eq!(pipeline.process("host-a:1:0", &batch).await, vec![Disposition::Redeliver; 2]);
+    let state: Option<(String, Option<bool>)> =
+        sqlx::query_as("SELECT status, effect_started FROM dedup_records WHERE message_id = $1")
+            .bind(new)
+            .fetch_optional(h.pool())
+            .await
+            .unwrap();
+    assert_eq!(state, None, "the new record is not left claimed (and marked started) without its call");
+    assert_eq!(handler.runs(), 1, "no call was made");
+
+    // Redelivered once the database takes the check again: called once, the old one a duplicate.
+    sqlx::query("DROP TRIGGER refuse_duplicate ON dedup_records").execute(h.pool()).await.unwrap();
+    let dispositions = pipeline.process("host-a:1:0", &batch).await;
+    assert_eq!(dispositions, [Disposition::Ack(AckReason::Processed), Disposition::Ack(AckReason::DuplicateDatabase)]);
+    assert_eq!(handler.runs(), 2);
+    assert!(statuses(&h).await.values().all(|s| s == "succeeded"));
 }

@@ -182,22 +182,22 @@ impl HealthProbes {
     /// [`HealthProbes::check`], which never waits for a probe made here.
     pub async fn recent(&self, max_age: Duration) -> HealthReport {
         let asked = Instant::now();
-        if let Some(report) = self.kept(|_, finished| finished.elapsed() < max_age) {
+        if let Some(report) = self.kept(|finished| finished.elapsed() < max_age) {
             return report;
         }
         let _refreshing = self.refreshing.lock().await;
         // One finished while this caller waited (by the caller it waited for, or a readiness
         // check) is as new as it can ask for, however long its probes took.
-        if let Some(report) = self.kept(|_, finished| finished >= asked || finished.elapsed() < max_age) {
+        if let Some(report) = self.kept(|finished| finished >= asked || finished.elapsed() < max_age) {
             return report;
         }
         self.probe_and_keep().await
     }
 
-    /// The kept report, when `fresh(started, finished)` says it will do.
-    fn kept(&self, fresh: impl Fn(Instant, Instant) -> bool) -> Option<HealthReport> {
+    /// The kept report, when `fresh(finished)` (when its probes finished) says it will do.
+    fn kept(&self, fresh: impl Fn(Instant) -> bool) -> Option<HealthReport> {
         let last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        last.as_ref().filter(|kept| fresh(kept.started, kept.finished)).map(|kept| kept.report.clone())
+        last.as_ref().filter(|kept| fresh(kept.finished)).map(|kept| kept.report.clone())
     }
 
     /// Probes, and keeps the report unless a newer one (its probes started later) was kept

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use dedup_engine::actions::cleanup::{ScheduleInput, cleanup_runs, cleanup_schedule_save, scheduler};
 use dedup_engine::console::seed::{SeedDomain, SeedParams, seed_records};
 use dedup_engine::db::{self, PoolSettings};
-use dedup_engine::message::{Broker, IdSourceKind, InboundMessage, SourceRef};
+use dedup_engine::message::{IdSourceKind, InboundMessage};
 use dedup_engine::record::{ConsumerGroup, MessageId};
 use dedup_engine::store::postgres::PgStore;
 use dedup_engine::store::{ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, DedupStore, Lease};
@@ -25,22 +25,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn message(id: &str) -> InboundMessage {
-    InboundMessage {
-        payload: format!("{{\"messageId\":\"{id}\"}}").into_bytes(),
-        headers: serde_json::Map::new(),
-        property_message_id: Some(id.to_owned()),
-        type_property: None,
-        published_at: None,
-        content_type: Some("application/json".to_owned()),
-        broker: Broker::RabbitMq,
-        source: SourceRef {
-            exchange: Some("bench".to_owned()),
-            routing_key: Some("order.pay".to_owned()),
-            ..SourceRef::default()
-        },
-        redelivered: false,
-        headers_too_deep: false,
-    }
+    dedup_engine::testing::rabbitmq_delivery(Some(id), format!("{{\"messageId\":\"{id}\"}}").into_bytes())
 }
 
 /// Claims and completes batches of 50 new records until `stop`; returns each batch's latency.

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use dedup_engine::actions::cleanup::late::RetentionWatch;
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
-use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
+use dedup_engine::message::{IdPolicy, InboundMessage, TypePolicy};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::record::{ConsumerGroup, LeaseExpiryPolicy};
 use dedup_engine::retry::Backoff;
@@ -327,23 +327,7 @@ async fn consume(
 async fn without_broker(name: &'static str, pipeline: Pipeline, ids: &[String], workers: usize, batch: usize) -> Phase {
     let batches: Vec<Vec<InboundMessage>> = ids
         .chunks(batch)
-        .map(|chunk| {
-            chunk
-                .iter()
-                .map(|id| InboundMessage {
-                    payload: BODY.to_vec(),
-                    headers: serde_json::Map::new(),
-                    property_message_id: Some(id.clone()),
-                    type_property: None,
-                    published_at: None,
-                    content_type: Some("application/json".to_owned()),
-                    broker: Broker::RabbitMq,
-                    source: SourceRef::default(),
-                    redelivered: false,
-                    headers_too_deep: false,
-                })
-                .collect()
-        })
+        .map(|chunk| chunk.iter().map(|id| dedup_engine::testing::rabbitmq_delivery(Some(id), BODY.to_vec())).collect())
         .collect();
     let queue = Arc::new(std::sync::Mutex::new(batches));
     let started = Instant::now();

@@ -17,6 +17,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::db::Schema;
+use crate::message::{Broker, InboundMessage, SourceRef};
 
 /// Base URL of the PostgreSQL server tests create their databases on.
 pub fn admin_url() -> String {
@@ -111,6 +112,30 @@ impl Drop for TestDatabase {
         if !matches!(dropped, Ok(Some(()))) {
             eprintln!("warning: could not drop test database {}", self.name);
         }
+    }
+}
+
+/// A delivery as the tests' RabbitMQ hands it over: `payload` as `application/json`, `id` (if
+/// any) in the AMQP `message_id` property, from exchange `test.exchange` with routing key
+/// `test.key` on queue `test.queue`, not redelivered.
+pub fn rabbitmq_delivery(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
+    InboundMessage {
+        payload,
+        headers: serde_json::Map::new(),
+        property_message_id: id.map(str::to_owned),
+        type_property: None,
+        published_at: None,
+        content_type: Some("application/json".to_owned()),
+        broker: Broker::RabbitMq,
+        source: SourceRef {
+            exchange: Some("test.exchange".to_owned()),
+            routing_key: Some("test.key".to_owned()),
+            queue: Some("test.queue".to_owned()),
+            offset: None,
+            key_not_text: false,
+        },
+        redelivered: false,
+        headers_too_deep: false,
     }
 }
 

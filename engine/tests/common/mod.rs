@@ -16,7 +16,7 @@ use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::handler::{
     Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
 };
-use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
+use dedup_engine::message::{IdPolicy, InboundMessage, TypePolicy};
 use dedup_engine::pipeline::{Pipeline, PipelineSettings};
 use dedup_engine::record::ConsumerGroup;
 use dedup_engine::retry::Backoff;
@@ -123,24 +123,7 @@ pub fn message(id: &str, body: serde_json::Value) -> InboundMessage {
 }
 
 pub fn raw_message(id: Option<&str>, payload: Vec<u8>) -> InboundMessage {
-    InboundMessage {
-        payload,
-        headers: serde_json::Map::new(),
-        property_message_id: id.map(str::to_owned),
-        type_property: None,
-        published_at: None,
-        content_type: Some("application/json".to_owned()),
-        broker: Broker::RabbitMq,
-        source: SourceRef {
-            exchange: Some("test.exchange".to_owned()),
-            routing_key: Some("test.key".to_owned()),
-            queue: Some("test.queue".to_owned()),
-            offset: None,
-            key_not_text: false,
-        },
-        redelivered: false,
-        headers_too_deep: false,
-    }
+    dedup_engine::testing::rabbitmq_delivery(id, payload)
 }
 
 /// `ORDER.PAY` → [`RecordEffect`].

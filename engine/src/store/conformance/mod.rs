@@ -27,7 +27,7 @@ pub use mysql::MySqlHarness;
 pub use postgres::PgHarness;
 pub use settle::*;
 
-use crate::message::{Broker, InboundMessage, SourceRef};
+use crate::message::InboundMessage;
 use crate::store::LeaseStore;
 
 /// A record's row as the cases read it, the same on every database.
@@ -113,24 +113,7 @@ pub const GROUP: &str = "conformance-group";
 
 /// A RabbitMQ delivery of `body` under `id`.
 pub fn delivery(id: &str, body: &str) -> InboundMessage {
-    InboundMessage {
-        payload: body.as_bytes().to_vec(),
-        headers: serde_json::Map::new(),
-        property_message_id: Some(id.to_owned()),
-        type_property: None,
-        published_at: None,
-        content_type: Some("application/json".to_owned()),
-        broker: Broker::RabbitMq,
-        source: SourceRef {
-            exchange: Some("test.exchange".to_owned()),
-            routing_key: Some("test.key".to_owned()),
-            queue: Some("test.queue".to_owned()),
-            offset: None,
-            key_not_text: false,
-        },
-        redelivered: false,
-        headers_too_deep: false,
-    }
+    crate::testing::rabbitmq_delivery(Some(id), body.as_bytes().to_vec())
 }
 
 /// `rows` in Rust's (byte-wise) order, whatever the database's collation sorts by.

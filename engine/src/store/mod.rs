@@ -367,7 +367,8 @@ pub trait DedupStore: Send + Sync + 'static {
     /// distinct. Transactional claims store no payload: the claim commits only together with
     /// its outcome, and a failure stores it ([`DedupStore::fail_claimed`]); leased ones do
     /// ([`ClaimAs::Leased`]). Claimed records become what [`ClaimBatch::claim_as`] says.
-    /// Returns one outcome per item, in the items' order.
+    /// Returns one outcome per item, in the items' order. The caller's transaction holds it:
+    /// a leased batch's claims commit together, before any call starts, or not at all.
     async fn claim_many(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,

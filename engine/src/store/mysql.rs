@@ -193,7 +193,8 @@ impl DedupStore for MySqlStore {
         if batch.claim_as != ClaimAs::Leased {
             return self.claim_rows(conn, batch, &claims).await;
         }
-        // A leased claim commits at once: its statements in a transaction of their own.
+        // A leased claim's statements are one unit: a transaction of their own, or a savepoint
+        // in the caller's (the pipeline claims a batch's rounds in one transaction).
         let mut tx = sqlx::Connection::begin(conn).await?;
         let outcomes = self.claim_rows(&mut tx, batch, &claims).await?;
         tx.commit().await?;

@@ -367,8 +367,9 @@ pub trait DedupStore: Send + Sync + 'static {
     /// distinct. Transactional claims store no payload: the claim commits only together with
     /// its outcome, and a failure stores it ([`DedupStore::fail_claimed`]); leased ones do
     /// ([`ClaimAs::Leased`]). Claimed records become what [`ClaimBatch::claim_as`] says.
-    /// Returns one outcome per item, in the items' order. The caller's transaction holds it:
-    /// a leased batch's claims commit together, before any call starts, or not at all.
+    /// Returns one outcome per item, in the items' order. Runs in the caller's transaction, if
+    /// any: the pipeline claims a leased batch in one, so that its claims commit together,
+    /// before any call starts, or not at all.
     async fn claim_many(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,

@@ -35,6 +35,9 @@ pub struct HandlerError {
     /// failure. See [`HandlerError::in_progress`].
     pub uncounted_within: Option<Duration>,
     outcome_unknown: bool,
+    /// The database chose the handler's transaction as a deadlock victim (PostgreSQL 40P01,
+    /// MySQL 1213): on MySQL the whole transaction is gone, not only the statement.
+    deadlock: bool,
 }
 
 /// Longest error class kept, in characters; a longer one is cut.
@@ -62,6 +65,7 @@ impl HandlerError {
             retry_after: None,
             uncounted_within: None,
             outcome_unknown: false,
+            deadlock: false,
         }
     }
 
@@ -103,6 +107,11 @@ impl HandlerError {
     /// failure. Class and detail as for [`HandlerError::retryable`].
     pub fn outcome_unknown(class: impl Into<Cow<'static, str>>, detail: impl Into<String>) -> Self {
         Self { outcome_unknown: true, ..Self::new(class, detail, false) }
+    }
+
+    /// Whether the database chose its transaction as a deadlock victim (from a `sqlx::Error`).
+    pub(crate) fn is_deadlock(&self) -> bool {
+        self.deadlock
     }
 
     /// True for [`HandlerError::outcome_unknown`].
@@ -216,8 +225,12 @@ impl From<sqlx::Error> for HandlerError {
     /// A retryable [`HandlerError::unclassified`] failure of kind `DATABASE`; transient for a
     /// deadlock, a serialization failure or a lost connection.
     fn from(e: sqlx::Error) -> Self {
-        let transient = crate::store::DbErrorKind::of(&e).is_transient();
-        Self { transient, ..Self::unclassified("DATABASE", e.to_string()) }
+        let kind = crate::store::DbErrorKind::of(&e);
+        Self {
+            transient: kind.is_transient(),
+            deadlock: kind == crate::store::DbErrorKind::Deadlock,
+            ..Self::unclassified("DATABASE", e.to_string())
+        }
     }
 }
 

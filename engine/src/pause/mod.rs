@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 
 pub(crate) use breaker::Breaker;
 #[cfg(feature = "http")]
@@ -30,8 +29,8 @@ pub(crate) use breaker::Signal;
 pub use breaker::{BreakerSettings, Failure};
 
 use crate::handler::{Handler, HandlerRegistry};
-use crate::store::DedupStore;
-use crate::store::postgres::PgStore;
+use crate::store::PipelineStore;
+use crate::store::roles::PauseBook;
 
 /// Longest a process acts on its last reading of the pause states: a pause written by another
 /// process (or an operator) holds this process's deliveries at most this much later.
@@ -94,7 +93,7 @@ struct Reading {
 /// The pause states of one consumer group's handlers, as this process reads and writes them.
 /// One per pipeline; its circuit breakers write through it.
 pub(crate) struct Pauses {
-    pool: PgPool,
+    book: std::sync::Arc<dyn PauseBook>,
     group: String,
     /// (type, kind) of the group's handlers, registered on the first reading.
     handlers: Vec<(String, &'static str)>,
@@ -103,86 +102,21 @@ pub(crate) struct Pauses {
     reading: Mutex<Reading>,
     /// One reader at a time; the others use the reading it makes.
     reader: tokio::sync::Mutex<()>,
-    sql: Statements,
 }
 
-/// The statements, with the engine's schema.
-struct Statements {
-    register: String,
-    read: String,
-    probe: String,
-    #[cfg(feature = "http")]
-    pause: String,
-    #[cfg(feature = "http")]
-    resume: String,
-}
-
-/// Registers the group's handlers (`$1` group, `$2` types, `$3` kinds) as `running` unless they
-/// have a row.
-const REGISTER_SQL: &str = "
-INSERT INTO {s}.handler_pauses (consumer_group, message_type, kind)
-SELECT $1, t, k FROM unnest($2::text[], $3::text[]) AS u(t, k)
-ON CONFLICT (consumer_group, message_type) DO UPDATE SET kind = EXCLUDED.kind, seen_at = now()";
-
-/// The group's paused handlers (served by the primary key; one row per handler).
-const READ_SQL: &str = "
-SELECT message_type, state, probe_at FROM {s}.handler_pauses WHERE consumer_group = $1 AND state <> 'running'";
-
-/// Takes the probe of a breaker-paused handler when it is due (`$3` the probe interval in ms):
-/// one process wins it.
-const PROBE_SQL: &str = "
-UPDATE {s}.handler_pauses SET probe_at = now() + $3 * interval '1 millisecond'
-WHERE consumer_group = $1 AND message_type = $2 AND state = 'breaker' AND (probe_at IS NULL OR probe_at <= now())
-RETURNING probe_at";
-
-#[cfg(feature = "http")]
-/// The engine pauses a handler (`$3` `breaker` or `gone`; `$4`..`$6` the failure; `$7` the
-/// probe interval in ms): from `running` or `breaker`, or again in the same state (the last
-/// failure is updated, `since` kept). An operator's pause, or a 410's, is not overridden by the
-/// breaker. A failed probe keeps the probe time the probe set.
-const PAUSE_SQL: &str = "
-INSERT INTO {s}.handler_pauses AS p (consumer_group, message_type, state, changed_by, reason, error_class,
-                                     http_status, failed_at, probe_at)
-VALUES ($1, $2, $3, 'engine', $4, $5, $6, now(),
-        CASE WHEN $3 = 'breaker' THEN now() + $7 * interval '1 millisecond' END)
-ON CONFLICT (consumer_group, message_type) DO UPDATE SET
-    state = EXCLUDED.state,
-    since = CASE WHEN p.state = EXCLUDED.state THEN p.since ELSE now() END,
-    changed_by = 'engine', reason = EXCLUDED.reason, error_class = EXCLUDED.error_class,
-    http_status = EXCLUDED.http_status, failed_at = now(),
-    probe_at = CASE WHEN p.state = 'breaker' AND EXCLUDED.state = 'breaker' THEN p.probe_at ELSE EXCLUDED.probe_at END,
-    version = p.version + CASE WHEN p.state = EXCLUDED.state THEN 0 ELSE 1 END
-WHERE p.state IN ('running', 'breaker') OR p.state = EXCLUDED.state
-RETURNING state, probe_at";
-
-#[cfg(feature = "http")]
-/// A probe succeeded: `breaker` → `running` (an operator's pause is left alone).
-const RESUME_SQL: &str = "
-UPDATE {s}.handler_pauses SET state = 'running', since = now(), changed_by = 'engine',
-       reason = 'a probe succeeded', probe_at = NULL, version = version + 1
-WHERE consumer_group = $1 AND message_type = $2 AND state = 'breaker'";
 
 impl Pauses {
     /// The pauses of `group`'s `handlers`, on `store`'s database; links their circuit breakers.
-    pub(crate) fn new(store: &PgStore, group: &str, handlers: &HandlerRegistry) -> std::sync::Arc<Self> {
+    pub(crate) fn new<S: PipelineStore>(store: &S, group: &str, handlers: &HandlerRegistry) -> std::sync::Arc<Self> {
         let kinds = handlers.iter().map(|(t, h)| (t.to_owned(), kind(handlers, t, h))).collect();
         let hold = handlers.breakers().map(|(t, b)| (t.to_owned(), b.settings().probe_interval)).collect();
         let pauses = std::sync::Arc::new(Self {
-            pool: store.pool().clone(),
+            book: store.pause_book(),
             group: group.to_owned(),
             handlers: kinds,
             hold,
             reading: Mutex::default(),
             reader: tokio::sync::Mutex::new(()),
-            sql: Statements {
-                register: store.render(REGISTER_SQL),
-                read: store.render(READ_SQL),
-                probe: store.render(PROBE_SQL),
-                #[cfg(feature = "http")]
-                pause: store.render(PAUSE_SQL),
-                #[cfg(feature = "http")]
-                resume: store.render(RESUME_SQL),
-            },
         });
         for (message_type, breaker) in handlers.breakers() {
             breaker.link(&pauses, message_type);
@@ -209,15 +143,12 @@ impl Pauses {
             return;
         }
         if !self.reading().registered {
-            let (types, kinds): (Vec<&str>, Vec<&str>) = self.handlers.iter().map(|(t, k)| (t.as_str(), *k)).unzip();
-            match sqlx::query(&self.sql.register).bind(&self.group).bind(types).bind(kinds).execute(&self.pool).await {
+            match self.book.register(&self.group, &self.handlers).await {
                 Ok(_) => self.reading().registered = true,
                 Err(e) => tracing::warn!(error = %e, group = %self.group, "registering the handlers' pause rows failed"),
             }
         }
-        // (message type, state, probe_at)
-        type Row = (String, String, Option<DateTime<Utc>>);
-        let rows: Result<Vec<Row>, _> = sqlx::query_as(&self.sql.read).bind(&self.group).fetch_all(&self.pool).await;
+        let rows = self.book.paused(&self.group).await;
         let mut reading = self.reading();
         reading.at = Some(Instant::now());
         match rows {
@@ -253,15 +184,17 @@ impl Pauses {
         probe_interval: Duration,
     ) -> Result<(), sqlx::Error> {
         let reason: String = failure.text.lines().next().unwrap_or_default().chars().take(500).collect();
-        let row: Option<(String, Option<DateTime<Utc>>)> = sqlx::query_as(&self.sql.pause)
-            .bind(&self.group)
-            .bind(message_type)
-            .bind(state.as_str())
-            .bind(crate::db::storable::text(&reason))
-            .bind(crate::db::storable::text(failure.class))
-            .bind(failure.status.and_then(|s| i16::try_from(s).ok()))
-            .bind(millis(probe_interval))
-            .fetch_optional(&self.pool)
+        let row = self
+            .book
+            .pause(&crate::store::roles::EnginePause {
+                group: &self.group,
+                message_type,
+                state: state.as_str(),
+                reason: &reason,
+                error_class: failure.class,
+                http_status: failure.status.and_then(|s| i16::try_from(s).ok()),
+                probe_interval_ms: millis(probe_interval),
+            })
             .await?;
         if let Some((stored, probe_at)) = row.and_then(|(s, p)| Some((PauseState::parse(&s)?, p))) {
             tracing::warn!(group = %self.group, message_type, state = stored.as_str(), class = failure.class,
@@ -276,9 +209,7 @@ impl Pauses {
     #[cfg(feature = "http")]
     /// A call of a breaker-paused `message_type` succeeded: resumes it.
     pub(crate) async fn resume_after_probe(&self, message_type: &str) -> Result<(), sqlx::Error> {
-        let done =
-            sqlx::query(&self.sql.resume).bind(&self.group).bind(message_type).execute(&self.pool).await?.rows_affected();
-        if done == 1 {
+        if self.book.resume_after_probe(&self.group, message_type).await? {
             tracing::info!(group = %self.group, message_type, "probe succeeded; handler resumed");
             self.reading().paused.remove(message_type);
         }
@@ -340,12 +271,7 @@ impl Gate<'_> {
         let due = paused.probe_at.is_none_or(|at| at <= Utc::now());
         if paused.state == PauseState::Breaker && due && self.probed.insert(message_type.to_owned()) {
             let interval = self.pauses.hold_for(message_type);
-            let won: Result<Option<DateTime<Utc>>, _> = sqlx::query_scalar(&self.pauses.sql.probe)
-                .bind(&self.pauses.group)
-                .bind(message_type)
-                .bind(millis(interval))
-                .fetch_optional(&self.pauses.pool)
-                .await;
+            let won = self.pauses.book.take_probe(&self.pauses.group, message_type, millis(interval)).await;
             match won {
                 Ok(Some(next)) => {
                     if let Some(p) = self.pauses.reading().paused.get_mut(message_type) {

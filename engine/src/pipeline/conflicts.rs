@@ -3,11 +3,12 @@
 //! or dead-lettered because its message type differs (a reused id), keeps its copy for an
 //! operator.
 
+use crate::store::PipelineStore;
 use super::{AckReason, Disposition, Outcome, Pipeline, Routed};
-use crate::store::{DedupStore, ExistingRecord};
+use crate::store::ExistingRecord;
 use crate::store::postgres::{ConflictCopy, ConflictKind};
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// The copy to keep of `item`, judged `disposition` against `existing`: none for a
     /// duplicate with the record's payload, nor for one sent back to be judged again later.
     pub(super) fn conflict_copy<'a>(
@@ -35,7 +36,7 @@ impl Pipeline {
     }
 }
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// Keeps the copies of a leased batch's conflicting deliveries (index, copy) on a connection
     /// of their own; when that fails, their deliveries in `outcomes` go back to the broker
     /// instead of being acknowledged without a copy.

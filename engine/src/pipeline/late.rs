@@ -6,6 +6,7 @@
 //! it created are noted once it is done; under `hold` each match becomes a parked record
 //! instead of a handler call.
 
+use crate::store::PipelineStore;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -21,7 +22,7 @@ pub(super) type FingerprintMatch = (String, DateTime<Utc>);
 /// What the lookup found: `None` when no fingerprint is kept (nothing was asked).
 pub(super) type Lookup = Option<Result<Vec<FingerprintMatch>, crate::store::StoreError>>;
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// Looks the deliveries `(message id, message type)` up in the kept fingerprints (none:
     /// nothing asked, as while no fingerprint is kept). It runs beside the Redis lookup (its round trip hidden behind that one), on
     /// every delivery; [`Pipeline::check_fingerprints`] applies it to those Redis left.

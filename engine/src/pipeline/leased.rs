@@ -27,6 +27,7 @@
 
 mod settle;
 
+use crate::store::PipelineStore;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,13 +37,14 @@ use futures::FutureExt;
 use tracing::Instrument;
 
 use super::starts::Starts;
+use super::transactional::DEADLOCK_RERUNS;
 use super::tally::Tally;
 use super::{Disposition, Outcome, Pipeline, Routed};
 use crate::handler::{EffectAnswer, Handler, HandlerError, HandlerInput, LeaseGuard};
 use crate::record::HandlerMode;
 use crate::stats::Event;
 use crate::store::{
-    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, Lease, LeaseStore,
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, Lease,
     StoreError,
 };
 
@@ -76,7 +78,7 @@ struct Finished<'r, 'a> {
     answer: Option<EffectAnswer>,
 }
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// Claims `items` in one statement, runs the claimed ones' handlers concurrently under one
     /// heartbeat, and completes or fails them as they finish. One outcome per item.
     pub(super) async fn run_leased(&self, worker: &str, items: Vec<Routed<'_>>) -> Vec<Outcome> {
@@ -88,7 +90,20 @@ impl Pipeline {
         // The database starts the leases after this instant: counting from here errs on the safe side.
         let asked_at = Instant::now();
         let at_once = Self::starts_at_once(&items);
-        let claims = match self.claim_leased(&lease, &items, &at_once).await {
+        let mut claimed = self.claim_leased(&lease, &items, &at_once).await;
+        // MySQL's claim (its own transaction) may be a deadlock victim of another worker's
+        // overlapping batch, and nothing of it stays: claim again. PostgreSQL's claim statement
+        // locks in message-id order and is not run again (as before).
+        let mut reruns = 0;
+        while S::DEADLOCK_LOSES_TRANSACTION
+            && reruns < DEADLOCK_RERUNS
+            && matches!(&claimed, Err(e) if e.is_deadlock())
+        {
+            reruns += 1;
+            self.count_deadlock();
+            claimed = self.claim_leased(&lease, &items, &at_once).await;
+        }
+        let claims = match claimed {
             Ok(claims) => claims,
             Err(e) => {
                 tracing::warn!(error = %e, count = items.len(), "leased claims failed; redelivering");

@@ -33,6 +33,7 @@ use crate::record::{ConsumerGroup, LateDuplicatePolicy, RecordStatus};
 use crate::retry::Backoff;
 use crate::stats::{Event, Stats};
 use crate::store::{ClaimItem, ExistingRecord};
+use crate::store::PipelineStore;
 use crate::store::postgres::PgStore;
 use spans::Outcomes;
 use tally::Tally;
@@ -107,15 +108,31 @@ pub struct PipelineSettings {
 }
 
 /// Everything a pipeline needs. Cheap to clone; shared by a consumer's workers.
-#[derive(Clone)]
-pub struct Pipeline {
-    store: PgStore,
+///
+/// `S`: the store its records live in ([`PgStore`] by default; `MySqlStore` with the feature
+/// `mysql`). Static: the hot path calls the store's methods directly, as before.
+pub struct Pipeline<S = PgStore> {
+    store: S,
     fast_path: Arc<FastPath>,
     stats: Arc<Stats>,
     handlers: Arc<HandlerRegistry>,
     settings: Arc<PipelineSettings>,
     retention: Arc<RetentionWatch>,
     pauses: Arc<Pauses>,
+}
+
+impl<S: Clone> Clone for Pipeline<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            fast_path: self.fast_path.clone(),
+            stats: self.stats.clone(),
+            handlers: self.handlers.clone(),
+            settings: self.settings.clone(),
+            retention: self.retention.clone(),
+            pauses: self.pauses.clone(),
+        }
+    }
 }
 
 /// A delivery with its id found and its handler chosen.
@@ -152,10 +169,10 @@ type DueMarker = (String, Marker);
 /// A delivery's index in its batch, its disposition, and the marker due if it succeeded.
 type Outcome = (usize, Disposition, Option<DueMarker>);
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// A pipeline over a store, a fast path, shared stats and a group's handlers.
     pub fn new(
-        store: PgStore,
+        store: S,
         fast_path: Arc<FastPath>,
         stats: Arc<Stats>,
         handlers: HandlerRegistry,

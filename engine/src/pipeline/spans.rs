@@ -11,6 +11,7 @@
 //! subscriber and no propagator; the host's subscriber decides (see the README's OpenTelemetry
 //! example).
 
+use crate::store::PipelineStore;
 use std::time::Instant;
 
 use tracing::field::Empty;
@@ -20,7 +21,7 @@ use super::{AckReason, Disposition, Pipeline, Routed};
 use crate::handler::HandlerError;
 use crate::record::HandlerMode;
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// The span of one batch: `group`, `worker` (the lease owner) and `size` (deliveries), then,
     /// when the pipeline has judged it, what became of the deliveries (see [`Outcomes`]). The
     /// consumer settles the batch inside it too.

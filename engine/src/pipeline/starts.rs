@@ -27,13 +27,13 @@ use tokio::sync::Notify;
 
 use crate::handler::{EffectStart, HandlerError};
 use crate::pause::Pauses;
-use crate::store::postgres::PgStore;
-use crate::store::{ClaimedRecord, DedupStore, LeaseStore, StoreError};
+use crate::store::PipelineStore;
+use crate::store::{ClaimedRecord, StoreError};
 
 /// The claims of one batch whose handlers limit their runs, in groups: the first marked by the
 /// claim statement, then waves, marked one statement each.
-pub(super) struct Starts {
-    store: PgStore,
+pub(super) struct Starts<S> {
+    store: S,
     pauses: Arc<Pauses>,
     /// The claims in claim order: `groups[0]` the ones the claim statement marked, then the
     /// waves.
@@ -65,12 +65,12 @@ struct Moved {
     records: HashSet<i64>,
 }
 
-impl Starts {
+impl<S: PipelineStore> Starts<S> {
     /// The batch's claims whose handler limits its runs: `first`, marked by the claim
     /// statement, and `waiting` (in claim order, each with its handler's concurrency: the size
     /// of its wave), to be marked on `store`, paused by `pauses`.
     pub(super) fn new(
-        store: PgStore,
+        store: S,
         pauses: Arc<Pauses>,
         first: Vec<ClaimedRecord>,
         waiting: Vec<(ClaimedRecord, usize)>,
@@ -166,15 +166,15 @@ impl Starts {
 }
 
 /// One claim's [`EffectStart`].
-struct Start {
-    starts: Arc<Starts>,
+struct Start<S> {
+    starts: Arc<Starts<S>>,
     record: i64,
     message_type: String,
     probe: bool,
 }
 
 #[async_trait]
-impl EffectStart for Start {
+impl<S: PipelineStore> EffectStart for Start<S> {
     async fn due(&self) -> Result<(), HandlerError> {
         self.starts.mark_in_turn(self.record).await
     }

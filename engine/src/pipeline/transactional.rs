@@ -16,7 +16,10 @@
 
 mod round;
 
-use sqlx::{Acquire, PgConnection};
+use crate::store::PipelineStore;
+use sqlx::Connection;
+
+use crate::store::roles::Conn;
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -26,7 +29,7 @@ use crate::handler::Handler;
 use crate::message::{InboundMessage, Poison};
 use crate::stats::Event;
 use crate::store::postgres::{ConflictCopy, ConflictKind};
-use crate::store::{DedupStore, PoisonRecord};
+use crate::store::PoisonRecord;
 
 /// Most messages in one transaction with savepoints. Every handler runs in a savepoint, and a
 /// savepoint that writes takes a subtransaction id; past 64 of them in one transaction
@@ -34,6 +37,11 @@ use crate::store::{DedupStore, PoisonRecord};
 /// to consult `pg_subtrans`, which slows the whole server. A failed optimistic attempt is run
 /// again with savepoints in transactions of at most this size.
 pub const MAX_PER_TRANSACTION: usize = 50;
+
+/// Most times a transaction with savepoints runs again after a deadlock rolled it back as a
+/// whole (MySQL), and a leased claim after a deadlock; after that the deliveries are
+/// redelivered.
+pub(super) const DEADLOCK_RERUNS: u32 = 5;
 
 /// Most messages in one optimistic transaction (it takes no subtransactions). One commit, and
 /// its WAL flush, for a whole batch; a larger batch is split into transactions of this size.
@@ -64,6 +72,8 @@ struct Abort;
 struct Attempt {
     isolation: Isolation,
     tally: Tally,
+    /// A statement or handler of it was chosen as a deadlock victim.
+    deadlocked: bool,
 }
 
 /// How one attempt at a transaction ended.
@@ -75,6 +85,9 @@ enum AttemptEnd {
     /// The transaction is lost (no connection, failed commit or rollback, or it failed with
     /// savepoints): every delivery is redelivered.
     Lost,
+    /// A deadlock rolled the whole transaction back (a store whose deadlock loses it, MySQL):
+    /// run it again from its start, at most [`DEADLOCK_RERUNS`] times.
+    Deadlocked,
 }
 
 impl AttemptEnd {
@@ -84,6 +97,7 @@ impl AttemptEnd {
             AttemptEnd::Committed(_) => "committed",
             AttemptEnd::RolledBack => "rolled_back",
             AttemptEnd::Lost => "lost",
+            AttemptEnd::Deadlocked => "deadlocked",
         }
     }
 }
@@ -110,7 +124,7 @@ impl Isolation {
     }
 }
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// Runs a batch's transactional messages and poison messages: sorted into one lock order,
     /// split into transactions of at most [`MAX_PER_OPTIMISTIC_TRANSACTION`] messages (the
     /// poison ones go with the first); one outcome per delivery.
@@ -160,6 +174,7 @@ impl Pipeline {
             AttemptEnd::Committed(outcomes) => return outcomes,
             AttemptEnd::Lost => return Self::redeliver(items, poison),
             AttemptEnd::RolledBack => {}
+            AttemptEnd::Deadlocked => self.count_deadlock(),
         }
         let mut poison = Some(poison);
         let mut outcomes = Vec::with_capacity(items.len() + poison.map_or(0, <[_]>::len));
@@ -167,12 +182,34 @@ impl Pipeline {
             if items.is_empty() { vec![items] } else { items.chunks(MAX_PER_TRANSACTION).collect() };
         for chunk in chunks {
             let poison = poison.take().unwrap_or_default();
-            match self.attempt(Isolation::Savepoints, worker, &Self::rounds(chunk), poison).await {
-                AttemptEnd::Committed(done) => outcomes.extend(done),
-                AttemptEnd::RolledBack | AttemptEnd::Lost => outcomes.extend(Self::redeliver(chunk, poison)),
+            let mut reruns = 0;
+            loop {
+                match self.attempt(Isolation::Savepoints, worker, &Self::rounds(chunk), poison).await {
+                    AttemptEnd::Committed(done) => outcomes.extend(done),
+                    AttemptEnd::Deadlocked if reruns < DEADLOCK_RERUNS => {
+                        reruns += 1;
+                        self.count_deadlock();
+                        continue;
+                    }
+                    AttemptEnd::Deadlocked => {
+                        self.count_deadlock();
+                        tracing::warn!(reruns, "the transaction deadlocked at each run; redelivering the batch");
+                        outcomes.extend(Self::redeliver(chunk, poison));
+                    }
+                    AttemptEnd::RolledBack | AttemptEnd::Lost => outcomes.extend(Self::redeliver(chunk, poison)),
+                }
+                break;
             }
         }
         outcomes
+    }
+
+    /// Counts a transaction (or leased claim) a deadlock rolled back as a whole, run again:
+    /// `dedup_store_retries_total{group, reason="deadlock"}`.
+    pub(super) fn count_deadlock(&self) {
+        metrics::counter!("dedup_store_retries_total", "group" => self.settings.group.as_str().to_owned(),
+            "reason" => "deadlock")
+        .increment(1);
     }
 
     /// `items` in rounds of distinct message ids: a message id twice in one transaction is
@@ -236,7 +273,7 @@ impl Pipeline {
                 return AttemptEnd::Lost;
             }
         };
-        let mut attempt = Attempt { isolation, tally: Tally::default() };
+        let mut attempt = Attempt { isolation, tally: Tally::default(), deadlocked: false };
         match (self.run_attempt(&mut tx, &mut attempt, worker, rounds, poison).await, isolation) {
             (Ok(outcomes), _) => match tx.commit().await {
                 Ok(()) => {
@@ -248,6 +285,11 @@ impl Pipeline {
                     AttemptEnd::Lost
                 }
             },
+            // The deadlock rolled it all back already; the ROLLBACK only ends it on our side.
+            (Err(Abort), _) if attempt.deadlocked && S::DEADLOCK_LOSES_TRANSACTION => {
+                let _ = tx.rollback().await;
+                AttemptEnd::Deadlocked
+            }
             // A lost connection fails the rollback too: redelivered, as with savepoints.
             (Err(Abort), Isolation::Optimistic) => match tx.rollback().await {
                 Ok(()) => AttemptEnd::RolledBack,
@@ -263,7 +305,7 @@ impl Pipeline {
     /// The statements of one attempt: the poison records, then the rounds.
     async fn run_attempt(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut Conn<S>,
         attempt: &mut Attempt,
         worker: &str,
         rounds: &[Vec<&Routed<'_>>],
@@ -283,7 +325,7 @@ impl Pipeline {
     /// savepoints a failure here redelivers only this message.
     async fn store_poison(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut Conn<S>,
         attempt: &mut Attempt,
         message: &InboundMessage,
         p: &Poison,
@@ -346,7 +388,7 @@ impl Pipeline {
     /// transaction (a failure aborts the batch, which is redelivered) and it is dead-lettered.
     async fn reused_without_handler(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut Conn<S>,
         attempt: &mut Attempt,
         message: &InboundMessage,
         p: &Poison,

@@ -13,8 +13,10 @@ mod errors;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod postgres;
+pub(crate) mod roles;
 
 pub use errors::DbErrorKind;
+pub use roles::PipelineStore;
 
 use std::time::Duration;
 
@@ -45,6 +47,13 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Database(e) => DbErrorKind::of(e).is_transient(),
+        }
+    }
+
+    /// Whether the database chose the transaction as a deadlock victim ([`DbErrorKind::Deadlock`]).
+    pub fn is_deadlock(&self) -> bool {
+        match self {
+            StoreError::Database(e) => DbErrorKind::of(e) == DbErrorKind::Deadlock,
         }
     }
 }

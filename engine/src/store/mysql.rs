@@ -34,6 +34,7 @@ mod books;
 mod claims;
 pub(super) mod errors;
 mod leases;
+mod roles;
 mod settle;
 mod sql;
 

@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{Executor, PgConnection, PgPool, Postgres, Row};
 use tracing::field::Empty;
 
 #[cfg(feature = "testing")]
@@ -41,6 +41,7 @@ mod conflicts;
 pub(super) mod errors;
 mod late;
 mod leases;
+mod pauses;
 pub(crate) use conflicts::{ConflictCopy, ConflictKind};
 pub(crate) use late::HeldDelivery;
 use sql::Statements;
@@ -68,6 +69,22 @@ impl PgStore {
     /// on any connection of the pool, whatever its `search_path`.
     pub(crate) fn render(&self, template: &str) -> String {
         template.replace("{s}", &self.schema.quoted())
+    }
+}
+
+#[async_trait]
+impl super::roles::HandlerSavepoints for PgStore {
+    const DEADLOCK_LOSES_TRANSACTION: bool = false;
+
+    /// One simple query either way: `RELEASE SAVEPOINT handler; SAVEPOINT handler` saves a round
+    /// trip per message.
+    async fn open_savepoint(&self, conn: &mut PgConnection, reopen: bool) -> Result<(), sqlx::Error> {
+        let open = if reopen { "RELEASE SAVEPOINT handler; SAVEPOINT handler" } else { "SAVEPOINT handler" };
+        conn.execute(open).await.map(drop)
+    }
+
+    async fn rollback_to_savepoint(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        conn.execute("ROLLBACK TO SAVEPOINT handler").await.map(drop)
     }
 }
 

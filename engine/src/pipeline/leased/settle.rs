@@ -2,6 +2,8 @@
 //! they started given back, failures recorded one by one, all fenced by the lease token; late
 //! effects noted on their attempts (the module above has the rules).
 
+use crate::store::PipelineStore;
+use crate::store::roles::Conn;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -10,9 +12,9 @@ use crate::handler::HandlerError;
 use crate::pipeline::{AckReason, Disposition, Outcome, Pipeline};
 use crate::record::HandlerMode;
 use crate::stats::Event;
-use crate::store::{ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease, LeaseStore};
+use crate::store::{ClaimedRecord, FailureOutcome, FailureReport, Lease};
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// Records what became of `finished` calls: the successes completed in one statement, the
     /// calls held before they started given back in one statement per type, the failures each
     /// recorded (fenced by the lease token); a connection and the completions are asked for
@@ -83,7 +85,7 @@ impl Pipeline {
 
     /// A connection of the pool, asked for again (a database that restarts refuses them for a
     /// moment) until `deadline`.
-    async fn connection_until(&self, deadline: tokio::time::Instant) -> Option<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+    async fn connection_until(&self, deadline: tokio::time::Instant) -> Option<sqlx::pool::PoolConnection<S::Db>> {
         let mut pause = Duration::from_millis(100);
         loop {
             match tokio::time::timeout_at(deadline, self.store.pool().acquire()).await {
@@ -110,7 +112,7 @@ impl Pipeline {
 
     /// Gives back the claims of `held` calls, which never started because their handler was
     /// paused meanwhile: not counted, their deliveries held like those the routing step holds.
-    async fn release_held(&self, conn: &mut sqlx::PgConnection, held: &[Finished<'_, '_>]) -> Vec<Outcome> {
+    async fn release_held(&self, conn: &mut Conn<S>, held: &[Finished<'_, '_>]) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(held.len());
         let types: HashSet<&str> = held.iter().map(|f| f.item.identified.message_type.as_str()).collect();
         for message_type in types {
@@ -145,7 +147,7 @@ impl Pipeline {
 
     /// The effect ran, but the record is someone else's now (taken over, or released by an
     /// operator): it may run again there. Says so on its attempt, with the late answer.
-    async fn note_late_effect(&self, conn: &mut sqlx::PgConnection, f: &Finished<'_, '_>) {
+    async fn note_late_effect(&self, conn: &mut Conn<S>, f: &Finished<'_, '_>) {
         let group = self.settings.group.as_str();
         metrics::counter!("dedup_late_effects_total", "group" => group.to_owned()).increment(1);
         tracing::warn!(message_id = %f.item.identified.id, attempt = f.claim.attempt,
@@ -160,7 +162,7 @@ impl Pipeline {
     /// for the probe interval), else failed (retry) or dead; fenced by the lease token.
     async fn record_leased_failure(
         &self,
-        conn: &mut sqlx::PgConnection,
+        conn: &mut Conn<S>,
         lease: &Lease,
         f: &Finished<'_, '_>,
     ) -> Disposition {

@@ -5,10 +5,13 @@
 //! failure, so it claims its records straight into `succeeded` ([`ClaimAs::Succeeded`]) and
 //! needs no completion statement.
 
+use crate::store::PipelineStore;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sqlx::{Acquire, Executor, PgConnection};
+use sqlx::Connection;
+
+use crate::store::roles::Conn;
 
 use super::{Abort, Attempt, Isolation};
 use crate::pipeline::Outcome;
@@ -17,7 +20,7 @@ use crate::pipeline::{AckReason, Disposition, Pipeline, Routed};
 use crate::record::HandlerMode;
 use crate::stats::Event;
 use crate::store::{
-    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease,
+    ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, FailureOutcome, FailureReport, Lease,
 };
 
 /// How often a handler (or a batch's claim) is retried inside the transaction after a deadlock
@@ -25,12 +28,12 @@ use crate::store::{
 /// savepoints; an optimistic attempt falls back to savepoints at the first failure instead).
 const TRANSIENT_RETRIES: usize = 3;
 
-impl Pipeline {
+impl<S: PipelineStore> Pipeline<S> {
     /// Claims `items` (distinct ids) in one statement, runs each claimed message's handler,
     /// completes the successes in one statement.
     pub(super) async fn round(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut Conn<S>,
         attempt: &mut Attempt,
         worker: &str,
         items: &[&Routed<'_>],
@@ -46,7 +49,7 @@ impl Pipeline {
             },
             items: items.iter().map(|r| r.claim_item(true)).collect(),
         };
-        let claims = self.claim_batch(tx, attempt.isolation, &batch).await?;
+        let claims = self.claim_batch(tx, attempt, &batch).await?;
         let mut savepoint_open = false;
         let mut outcomes = Vec::with_capacity(items.len());
         let mut succeeded: Vec<(&Routed<'_>, ClaimedRecord)> = Vec::new();
@@ -102,7 +105,10 @@ impl Pipeline {
                 let claims: Vec<&ClaimedRecord> = succeeded.iter().map(|(_, c)| c).collect();
                 match self.store.complete_many(tx, &claims, &lease).await {
                     Ok(ids) => ids.into_iter().collect(),
-                    Err(e) => return Err(attempt.isolation.abort("completing the batch failed", &e)),
+                    Err(e) => {
+                        attempt.deadlocked |= e.is_deadlock();
+                        return Err(attempt.isolation.abort("completing the batch failed", &e));
+                    }
                 }
             }
         };
@@ -121,15 +127,21 @@ impl Pipeline {
     /// The batch's claims. With savepoints, in a savepoint, retried after a deadlock or
     /// serialization failure. Optimistic, without one: a failed claim aborts the attempt, which
     /// is rolled back as a whole anyway, so the savepoint's two round trips would buy nothing.
+    /// On a store whose deadlock loses the whole transaction (MySQL), a deadlock is not retried
+    /// in the savepoint: the attempt is marked `deadlocked` and run again from its start.
     async fn claim_batch(
         &self,
-        tx: &mut PgConnection,
-        isolation: Isolation,
+        tx: &mut Conn<S>,
+        attempt: &mut Attempt,
         batch: &ClaimBatch<'_>,
     ) -> Result<Vec<ClaimOutcome>, Abort> {
+        let isolation = attempt.isolation;
         const FAILED: &str = "claiming the batch failed";
         if isolation == Isolation::Optimistic {
-            return self.store.claim_many(tx, batch).await.map_err(|e| isolation.abort(FAILED, &e));
+            return self.store.claim_many(tx, batch).await.map_err(|e| {
+                attempt.deadlocked |= e.is_deadlock();
+                isolation.abort(FAILED, &e)
+            });
         }
         for try_no in 1..=TRANSIENT_RETRIES {
             let mut savepoint = tx.begin().await.map_err(|e| isolation.abort(FAILED, &e))?;
@@ -139,6 +151,10 @@ impl Pipeline {
                     return Ok(claims);
                 }
                 Err(e) => {
+                    if S::DEADLOCK_LOSES_TRANSACTION && e.is_deadlock() {
+                        attempt.deadlocked = true;
+                        return Err(Abort);
+                    }
                     let _ = savepoint.rollback().await;
                     if !(e.is_transient() && try_no < TRANSIENT_RETRIES) {
                         return Err(isolation.abort(FAILED, &e));
@@ -153,7 +169,7 @@ impl Pipeline {
     /// attempt ([`crate::handler::TransactionalHandler::handle_batch`]). An error aborts the
     /// attempt, as a handler's does: the savepoint attempt that follows runs each message's
     /// `handle` alone and records the failure on its own message.
-    async fn run_batch_handler(&self, tx: &mut PgConnection, run: &[(&Routed<'_>, ClaimedRecord)]) -> Result<(), Abort> {
+    async fn run_batch_handler(&self, tx: &mut Conn<S>, run: &[(&Routed<'_>, ClaimedRecord)]) -> Result<(), Abort> {
         let Handler::Transactional(handler) = &run[0].0.handler else { unreachable!("partitioned by mode") };
         let inputs: Vec<HandlerInput<'_>> = run.iter().map(|(item, claim)| self.input(item, claim.attempt)).collect();
         let items: Vec<&Routed<'_>> = run.iter().map(|(item, _)| *item).collect();
@@ -175,7 +191,7 @@ impl Pipeline {
     /// last.
     async fn run_handler(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut Conn<S>,
         attempt: &mut Attempt,
         savepoint_open: &mut bool,
         item: &Routed<'_>,
@@ -186,20 +202,23 @@ impl Pipeline {
         let isolation = attempt.isolation;
         for try_no in 1..=TRANSIENT_RETRIES {
             if isolation == Isolation::Savepoints {
-                let open =
-                    if *savepoint_open { "RELEASE SAVEPOINT handler; SAVEPOINT handler" } else { "SAVEPOINT handler" };
-                tx.execute(open).await.map_err(|e| isolation.abort("opening a savepoint failed", &e))?;
+                self.store
+                    .open_savepoint(tx, *savepoint_open)
+                    .await
+                    .map_err(|e| isolation.abort("opening a savepoint failed", &e))?;
                 *savepoint_open = true;
             }
             let input = self.input(item, claim.attempt);
             let call = handler.handle_any(&input, &mut *tx);
             let result = Self::call_handler(item, claim.attempt, HandlerMode::Transactional, call).await;
             let Err(error) = result else { return Ok(None) };
-            if isolation == Isolation::Optimistic {
+            attempt.deadlocked |= error.is_deadlock();
+            if isolation == Isolation::Optimistic || (S::DEADLOCK_LOSES_TRANSACTION && error.is_deadlock()) {
                 tracing::debug!(message_id = %item.identified.id, error = %error, "handler failed; running the batch again with savepoints");
                 return Err(Abort);
             }
-            tx.execute("ROLLBACK TO SAVEPOINT handler")
+            self.store
+                .rollback_to_savepoint(tx)
                 .await
                 .map_err(|e| isolation.abort("rolling back to a savepoint failed", &e))?;
             if error.is_transient() && try_no < TRANSIENT_RETRIES {

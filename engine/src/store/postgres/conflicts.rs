@@ -3,6 +3,7 @@
 //! whole message in `record_conflicts`, one row per record and distinct payload, in the
 //! transaction that judges it (transactional) or before it is acknowledged (leased).
 
+use async_trait::async_trait;
 use sqlx::PgConnection;
 use sqlx::types::Json;
 
@@ -11,6 +12,7 @@ use crate::db::storable::Storable;
 use crate::message::InboundMessage;
 use crate::record::ConsumerGroup;
 use crate::store::StoreError;
+use crate::store::roles::ConflictCopies;
 
 /// `$1` group, `$2`.. the copies' columns; a copy kept already (and open) counts one more. A
 /// record keeps at most [`MAX_OPEN_PAYLOAD_COPIES`] open payload conflicts; copies past that
@@ -69,12 +71,9 @@ pub(crate) struct ConflictCopy<'a> {
     pub message: &'a InboundMessage,
 }
 
-impl PgStore {
-    /// Keeps `copies` of `group`'s deliveries (two of one record and payload count as one row
-    /// with two copies).
-    ///
-    /// Errors: the database's.
-    pub(crate) async fn keep_conflicts(
+#[async_trait]
+impl ConflictCopies for PgStore {
+    async fn keep_conflicts(
         &self,
         conn: &mut PgConnection,
         group: &ConsumerGroup,

@@ -3,6 +3,7 @@
 //! fingerprint matches — a note on the record it created, or, under the group's `hold` policy,
 //! a record parked for an operator instead of a handler call.
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::Row;
@@ -13,6 +14,7 @@ use crate::db::storable::{self, Storable};
 use crate::message::{IdSourceKind, InboundMessage};
 use crate::record::{ConsumerGroup, HandlerMode, MessageId};
 use crate::store::StoreError;
+use crate::store::roles::LateFingerprints;
 
 /// The error class of a held late duplicate.
 pub const LATE_DUPLICATE_CLASS: &str = "LATE_DUPLICATE";
@@ -83,12 +85,13 @@ pub(crate) struct HeldDelivery<'a> {
     pub first_seen_at: DateTime<Utc>,
 }
 
-impl PgStore {
+#[async_trait]
+impl LateFingerprints for PgStore {
     /// The message ids of `ids` (with their `types`) whose fingerprint cleanup keeps for
     /// `group`, with when their deleted record was first seen.
     ///
     /// Errors: the database's.
-    pub(crate) async fn fingerprint_matches(
+    async fn fingerprint_matches(
         &self,
         group: &ConsumerGroup,
         ids: &[&str],
@@ -107,7 +110,7 @@ impl PgStore {
     /// batch created; returns their delays in ms. On the pool: after the batch committed.
     ///
     /// Errors: the database's.
-    pub(crate) async fn note_late_duplicates(
+    async fn note_late_duplicates(
         &self,
         group: &ConsumerGroup,
         matches: &[(String, DateTime<Utc>)],
@@ -126,7 +129,7 @@ impl PgStore {
     /// or `None` when its record exists.
     ///
     /// Errors: the database's.
-    pub(crate) async fn hold_late_duplicate(&self, d: &HeldDelivery<'_>) -> Result<Option<(i64, i64)>, StoreError> {
+    async fn hold_late_duplicate(&self, d: &HeldDelivery<'_>) -> Result<Option<(i64, i64)>, StoreError> {
     let m = Storable::of(d.message);
     let reason = format!(
         "late duplicate: a copy of a message first seen at {}, whose record cleanup deleted; held for an operator \

@@ -91,14 +91,11 @@ impl<S: PipelineStore> Pipeline<S> {
         let asked_at = Instant::now();
         let at_once = Self::starts_at_once(&items);
         let mut claimed = self.claim_leased(&lease, &items, &at_once).await;
-        // MySQL's claim (its own transaction) may be a deadlock victim of another worker's
-        // overlapping batch, and nothing of it stays: claim again. PostgreSQL's claim statement
-        // locks in message-id order and is not run again (as before).
+        // The claim (one transaction) may be a deadlock victim of another worker's overlapping
+        // batch (MySQL's next-key locks) or completions (locked in the order their calls
+        // finished), and nothing of it stays: claim again.
         let mut reruns = 0;
-        while S::DEADLOCK_LOSES_TRANSACTION
-            && reruns < DEADLOCK_RERUNS
-            && matches!(&claimed, Err(e) if e.is_deadlock())
-        {
+        while reruns < DEADLOCK_RERUNS && matches!(&claimed, Err(e) if e.is_deadlock()) {
             reruns += 1;
             self.count_deadlock();
             claimed = self.claim_leased(&lease, &items, &at_once).await;

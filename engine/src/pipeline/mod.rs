@@ -111,6 +111,7 @@ pub struct PipelineSettings {
 ///
 /// `S`: the store its records live in ([`PgStore`] by default; `MySqlStore` with the feature
 /// `mysql`). Static: the hot path calls the store's methods directly, as before.
+#[derive(Clone)]
 pub struct Pipeline<S = PgStore> {
     store: S,
     fast_path: Arc<FastPath>,
@@ -119,20 +120,6 @@ pub struct Pipeline<S = PgStore> {
     settings: Arc<PipelineSettings>,
     retention: Arc<RetentionWatch>,
     pauses: Arc<Pauses>,
-}
-
-impl<S: Clone> Clone for Pipeline<S> {
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            fast_path: self.fast_path.clone(),
-            stats: self.stats.clone(),
-            handlers: self.handlers.clone(),
-            settings: self.settings.clone(),
-            retention: self.retention.clone(),
-            pauses: self.pauses.clone(),
-        }
-    }
 }
 
 /// A delivery with its id found and its handler chosen.

@@ -192,7 +192,6 @@ impl<S: PipelineStore> Pipeline<S> {
                         continue;
                     }
                     AttemptEnd::Deadlocked => {
-                        self.count_deadlock();
                         tracing::warn!(reruns, "the transaction deadlocked at each run; redelivering the batch");
                         outcomes.extend(Self::redeliver(chunk, poison));
                     }

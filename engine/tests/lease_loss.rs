@@ -385,3 +385,49 @@ async fn a_leased_claim_that_fails_in_its_duplicate_check_claims_nothing() {
     assert_eq!(handler.runs(), 2);
     assert!(statuses(&h).await.values().all(|s| s == "succeeded"));
 }
+
+/// A leased handler whose service answers 503 (retryable) every time.
+struct Unavailable;
+
+#[async_trait]
+impl LeasedHandler for Unavailable {
+    async fn handle(&self, _: &HandlerInput<'_>, _: &LeaseGuard) -> Result<(), HandlerError> {
+        Err(HandlerError::retryable("DOWNSTREAM_DOWN", "503 (test)"))
+    }
+}
+
+#[tokio::test]
+async fn a_failure_the_database_refuses_once_is_recorded_on_the_next_try() {
+    let h = Harness::new().await;
+    let mut handlers = HandlerRegistry::new();
+    handlers.register(
+        "ORDER.NOTIFY",
+        Handler::Leased { handler: Arc::new(Unavailable), on_lease_expiry: LeaseExpiryPolicy::Hold },
+    );
+    let pipeline = h.pipeline(handlers, 5);
+    // PostgreSQL refuses the first statement that records a failure, as a database that
+    // restarts would.
+    sqlx::raw_sql(
+        "CREATE SEQUENCE refused_failures;
+         CREATE FUNCTION refuse_first_failure() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF nextval('refused_failures') = 1 THEN RAISE EXCEPTION 'failure refused (test)'; END IF;
+         RETURN NEW; END $$;
+         CREATE TRIGGER refuse_first_failure BEFORE UPDATE OF status ON dedup_records
+         FOR EACH ROW WHEN (NEW.status = 'failed') EXECUTE FUNCTION refuse_first_failure();",
+    )
+    .execute(h.pool())
+    .await
+    .unwrap();
+    let id = "ORDER.NOTIFY.REFUSED:1";
+    let dispositions = pipeline.process("host-a:1:0", &notify_batch(&[id])).await;
+    assert_eq!(dispositions, vec![Disposition::Retry { delay: Duration::from_secs(1) }], "retried by the backoff");
+    let refused: i64 = sqlx::query_scalar("SELECT last_value FROM refused_failures").fetch_one(h.pool()).await.unwrap();
+    assert_eq!(refused, 2, "refused once, recorded on the second try");
+    let state: (String, Option<bool>) =
+        sqlx::query_as("SELECT status, effect_started FROM dedup_records WHERE message_id = $1")
+            .bind(id)
+            .fetch_one(h.pool())
+            .await
+            .unwrap();
+    assert_eq!(state.0, "failed", "not left processing, to be parked at its redelivery though the call failed");
+}

@@ -4,6 +4,7 @@
 
 use crate::store::PipelineStore;
 use crate::store::roles::Conn;
+use sqlx::pool::PoolConnection;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -12,13 +13,13 @@ use crate::handler::HandlerError;
 use crate::pipeline::{AckReason, Disposition, Outcome, Pipeline};
 use crate::record::HandlerMode;
 use crate::stats::Event;
-use crate::store::{ClaimedRecord, FailureOutcome, FailureReport, Lease};
+use crate::store::{ClaimedRecord, FailureOutcome, FailureReport, Lease, StoreError};
 
 impl<S: PipelineStore> Pipeline<S> {
     /// Records what became of `finished` calls: the successes completed in one statement, the
     /// calls held before they started given back in one statement per type, the failures each
-    /// recorded (fenced by the lease token); a connection and the completions are asked for
-    /// again while half the lease lasts. Calls whose outcome is unknown record nothing when
+    /// recorded (fenced by the lease token); a connection and each of these statements are
+    /// asked for again while half the lease lasts ([`Tries`]). Calls whose outcome is unknown record nothing when
     /// their handler is under `hold`; under `reclaim`, which allows running the effect again,
     /// they are failures like any other (counted, so they end in a dead letter).
     pub(super) async fn settle_leased(&self, lease: &Lease, finished: Vec<Finished<'_, '_>>) -> Vec<Outcome> {
@@ -27,9 +28,7 @@ impl<S: PipelineStore> Pipeline<S> {
         });
         let mut outcomes = Vec::with_capacity(unknown.len() + finished.len());
         outcomes.extend(unknown.iter().map(|f| self.outcome_unknown(lease, f)));
-        // The effects are done: recording them is worth waiting for a database that restarts,
-        // while half the lease lasts (completions are fenced, so a retry cannot complete what
-        // another worker took over).
+        // The calls ran: recording them is worth waiting for a database that restarts.
         let deadline = tokio::time::Instant::now() + lease.duration / 2;
         let Some(mut conn) = self.connection_until(deadline).await else {
             // The effects may have happened; the records stay processing and, once their
@@ -40,23 +39,16 @@ impl<S: PipelineStore> Pipeline<S> {
         let (succeeded, failed): (Vec<_>, Vec<_>) = finished.into_iter().partition(|f| f.result.is_ok());
         let (held, failed): (Vec<_>, Vec<_>) =
             failed.into_iter().partition(|f| f.result.as_ref().is_err_and(HandlerError::is_held));
-        outcomes.extend(self.release_held(&mut conn, &held).await);
+        outcomes.extend(self.release_held(&mut conn, deadline, &held).await);
         if !succeeded.is_empty() {
             let done: Vec<_> = succeeded.iter().map(|f| (&f.claim, f.answer.as_ref())).collect();
-            let mut completed = self.store.complete_many_leased(&mut conn, &done).await;
-            let mut pause = Duration::from_millis(100);
-            while let Err(e) = &completed
-                && tokio::time::Instant::now() + pause < deadline
-            {
-                tracing::warn!(error = %e, count = done.len(), "completions failed; retrying while the leases last");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-                match self.connection_until(deadline).await {
-                    Some(fresh) => conn = fresh,
-                    None => break,
+            let mut tries = Tries::until(deadline);
+            let completed = loop {
+                match self.store.complete_many_leased(&mut conn, &done).await {
+                    Err(e) if self.try_again(&mut tries, &mut conn, &e).await => {}
+                    completed => break completed,
                 }
-                completed = self.store.complete_many_leased(&mut conn, &done).await;
-            }
+            };
             match completed {
                 Ok(completed) => {
                     let completed: HashSet<i64> = completed.into_iter().collect();
@@ -78,7 +70,7 @@ impl<S: PipelineStore> Pipeline<S> {
             }
         }
         for f in &failed {
-            outcomes.push((f.item.index, self.record_leased_failure(&mut conn, lease, f).await, None));
+            outcomes.push((f.item.index, self.record_leased_failure(&mut conn, lease, deadline, f).await, None));
         }
         outcomes
     }
@@ -99,6 +91,21 @@ impl<S: PipelineStore> Pipeline<S> {
         }
     }
 
+    /// Whether to try a statement that failed with `error` again: after a pause, on a fresh
+    /// connection (put in `conn`), while `tries` allow.
+    async fn try_again(&self, tries: &mut Tries, conn: &mut PoolConnection<S::Db>, error: &StoreError) -> bool {
+        if tokio::time::Instant::now() + tries.pause >= tries.deadline {
+            return false;
+        }
+        tracing::warn!(error = %error, "recording what became of leased calls failed; trying again while the leases last");
+        tokio::time::sleep(tries.pause).await;
+        tries.pause = (tries.pause * 2).min(Duration::from_secs(1));
+        let Some(fresh) = self.connection_until(tries.deadline).await else { return false };
+        *conn = fresh;
+        tries.again = true;
+        true
+    }
+
     /// A call whose effect may have happened ([`HandlerError::outcome_unknown`]) of a handler
     /// under `hold`: its record keeps the claim, and a copy comes back once the lease has
     /// expired, to be parked for an operator.
@@ -112,7 +119,12 @@ impl<S: PipelineStore> Pipeline<S> {
 
     /// Gives back the claims of `held` calls, which never started because their handler was
     /// paused meanwhile: not counted, their deliveries held like those the routing step holds.
-    async fn release_held(&self, conn: &mut Conn<S>, held: &[Finished<'_, '_>]) -> Vec<Outcome> {
+    async fn release_held(
+        &self,
+        conn: &mut PoolConnection<S::Db>,
+        deadline: tokio::time::Instant,
+        held: &[Finished<'_, '_>],
+    ) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(held.len());
         let types: HashSet<&str> = held.iter().map(|f| f.item.identified.message_type.as_str()).collect();
         for message_type in types {
@@ -121,7 +133,14 @@ impl<S: PipelineStore> Pipeline<S> {
             let delay = self.pauses.hold_for(message_type);
             let claims: Vec<&ClaimedRecord> = of_type.iter().map(|f| &f.claim).collect();
             let millis = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
-            match self.store.release_unstarted(conn, &claims, millis).await {
+            let mut tries = Tries::until(deadline);
+            let released = loop {
+                match self.store.release_unstarted(conn, &claims, millis).await {
+                    Err(e) if self.try_again(&mut tries, conn, &e).await => {}
+                    released => break released,
+                }
+            };
+            match released {
                 Ok(released) => {
                     let released: HashSet<i64> = released.into_iter().collect();
                     self.pauses.count_held(message_type, released.len() as u64);
@@ -159,11 +178,14 @@ impl<S: PipelineStore> Pipeline<S> {
 
     /// Records a failed call: deferred without counting the attempt while the far side is
     /// still working on it, or when it was a paused handler's probe (a retryable failure; held
-    /// for the probe interval), else failed (retry) or dead; fenced by the lease token.
+    /// for the probe interval), else failed (retry) or dead; fenced by the lease token. Each
+    /// statement is tried again while `deadline` allows (the record would otherwise stay
+    /// claimed, marked started, and be parked at its redelivery though the call failed).
     async fn record_leased_failure(
         &self,
-        conn: &mut Conn<S>,
+        conn: &mut PoolConnection<S::Db>,
         lease: &Lease,
+        deadline: tokio::time::Instant,
         f: &Finished<'_, '_>,
     ) -> Disposition {
         let Err(error) = &f.result else { unreachable!("partitioned by result") };
@@ -184,8 +206,15 @@ impl<S: PipelineStore> Pipeline<S> {
         };
         // A probe: `Some(None)`, uncounted in any case; a 409 or 410: uncounted within its limit.
         let uncounted = if f.item.probe { Some(None) } else { error.uncounted_within.map(Some) };
+        let mut tries = Tries::until(deadline);
         if let Some(within) = uncounted.filter(|_| !error.is_permanent()) {
-            match self.store.defer_claimed(conn, &failure, within).await {
+            let deferred = loop {
+                match self.store.defer_claimed(conn, &failure, within).await {
+                    Err(e) if self.try_again(&mut tries, conn, &e).await => {}
+                    deferred => break deferred,
+                }
+            };
+            match deferred {
                 Ok(true) if f.item.probe => {
                     tracing::info!(message_id = %message_id, attempt = claim.attempt, error = %text,
                         "the circuit breaker's probe failed; held without counting the attempt");
@@ -198,8 +227,9 @@ impl<S: PipelineStore> Pipeline<S> {
                     self.stats.count(group, Event::Retry, 1);
                     return Disposition::Retry { delay };
                 }
-                // The lease was lost (the failure below finds it superseded) or the run of such
-                // answers is older than `within`: the attempt counts.
+                // The lease was lost (the failure below finds it superseded), the run of such
+                // answers is older than `within`, or a deferral whose answer was lost did commit
+                // (the failure below finds the claim gone and redelivers): the attempt counts.
                 Ok(false) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "recording a deferral failed; redelivering");
@@ -208,7 +238,13 @@ impl<S: PipelineStore> Pipeline<S> {
             }
         }
         tracing::info!(message_id = %message_id, attempt = claim.attempt, error = %text, "handler failed");
-        match self.store.fail_claimed(conn, &failure).await {
+        let failed = loop {
+            match self.store.fail_claimed(conn, &failure).await {
+                Err(e) if self.try_again(&mut tries, conn, &e).await => {}
+                failed => break failed,
+            }
+        };
+        match failed {
             Ok(FailureOutcome::Failed) => {
                 self.stats.count(group, Event::Failed, 1);
                 self.stats.count(group, Event::Retry, 1);
@@ -220,11 +256,33 @@ impl<S: PipelineStore> Pipeline<S> {
                 Disposition::DeadLetter { reason: text }
             }
             // No record failed: the record is its new holder's, whose claim counted the takeover.
+            // But after a statement was tried again, an earlier try may have recorded the failure
+            // (or the deferral) before its answer was lost: the redelivery is judged by the
+            // record, which says which.
+            Ok(FailureOutcome::Superseded) if tries.again => Disposition::Redeliver,
             Ok(FailureOutcome::Superseded) => Disposition::Ack(AckReason::LeaseLost),
             Err(e) => {
                 tracing::warn!(error = %e, "recording a failure failed; redelivering");
                 Disposition::Redeliver
             }
         }
+    }
+}
+
+/// The tries of the statements that record what became of a batch's leased calls: the calls
+/// ran, so a statement that fails is tried again, after a pause (100 ms, doubling to 1 s), until
+/// `deadline` (half the lease), to wait out a database that restarts; completions and failures
+/// are fenced by the lease token, so a later try cannot settle what another worker took over.
+struct Tries {
+    deadline: tokio::time::Instant,
+    pause: Duration,
+    /// Whether a statement was tried again: an earlier try may have committed before its
+    /// answer was lost.
+    again: bool,
+}
+
+impl Tries {
+    fn until(deadline: tokio::time::Instant) -> Self {
+        Tries { deadline, pause: Duration::from_millis(100), again: false }
     }
 }

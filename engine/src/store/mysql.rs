@@ -32,9 +32,11 @@
 
 mod books;
 mod claims;
+mod conflicts;
 pub(super) mod errors;
+mod late;
 mod leases;
-mod roles;
+mod pauses;
 mod settle;
 mod sql;
 
@@ -236,5 +238,23 @@ impl DedupStore for MySqlStore {
         entries: &[(String, String, i32, DateTime<Utc>)],
     ) -> Result<(), StoreError> {
         self.fast_path_duplicates(entries).await
+    }
+}
+
+#[async_trait]
+impl super::roles::HandlerSavepoints for MySqlStore {
+    const DEADLOCK_LOSES_TRANSACTION: bool = true;
+
+    /// Two statements when reopening (InnoDB's `SAVEPOINT` of an existing name moves it, but
+    /// releasing first keeps the same shape as PostgreSQL's).
+    async fn open_savepoint(&self, conn: &mut MySqlConnection, reopen: bool) -> Result<(), sqlx::Error> {
+        if reopen {
+            conn.execute("RELEASE SAVEPOINT handler").await?;
+        }
+        conn.execute("SAVEPOINT handler").await.map(drop)
+    }
+
+    async fn rollback_to_savepoint(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+        conn.execute("ROLLBACK TO SAVEPOINT handler").await.map(drop)
     }
 }

@@ -42,8 +42,8 @@ pub(super) mod errors;
 mod late;
 mod leases;
 mod pauses;
-pub(crate) use conflicts::{ConflictCopy, ConflictKind};
-pub(crate) use late::HeldDelivery;
+pub(crate) use conflicts::{ConflictCopy, ConflictKind, MAX_OPEN_PAYLOAD_COPIES};
+pub(crate) use late::{HeldDelivery, LATE_DUPLICATE_CLASS};
 use sql::Statements;
 
 /// The PostgreSQL implementation of [`DedupStore`]. Cheap to clone.

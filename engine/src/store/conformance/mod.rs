@@ -216,6 +216,7 @@ macro_rules! conformance_tests {
             eight_concurrent_leased_claims_of_one_id_make_one_claim,
             a_batch_of_500,
             conflicting_copies_are_kept_one_open_row_per_record_and_payload,
+            eight_copies_kept_at_once_make_one_row_counting_them_all,
             a_fingerprint_matches_its_group_type_and_id_and_its_late_duplicate_is_noted_once,
             a_late_duplicate_held_is_a_parked_record_with_its_message_and_its_note,
             handlers_register_running_and_the_paused_are_read_and_probed_once,

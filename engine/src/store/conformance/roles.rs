@@ -126,6 +126,29 @@ pub async fn conflicting_copies_are_kept_one_open_row_per_record_and_payload<H: 
     assert_counts(&h, "keeping copies").await;
 }
 
+/// Eight copies of one record and payload kept at once, each on a connection of its own (as
+/// leased batches keep theirs) and two of them in pairs, make one open row counting every copy,
+/// with no error (no deadlock between the inserts of one new key).
+pub async fn eight_copies_kept_at_once_make_one_row_counting_them_all<H: Harness>() {
+    let h = H::fresh().await;
+    let lease = lease("w");
+    let m = msg("ORDER.PAY.1:1", "ORDER.PAY", r#"{"n":1}"#);
+    let c = claimed(claim_one(&h, &m, &lease).await);
+    let other = msg("ORDER.PAY.1:1", "ORDER.PAY", r#"{"n":2}"#);
+    let group = group();
+    let one = |n: usize| {
+        let (h, other, group) = (&h, &other, &group);
+        async move {
+            let copies = vec![copy(c.id, other, ConflictKind::Payload); n];
+            let mut conn = h.store().pool().acquire().await?;
+            h.store().keep_conflicts(&mut *conn, group, &copies).await
+        }
+    };
+    let kept_at_once = futures::future::join_all((0..8).map(|i| one(if i < 2 { 2 } else { 1 }))).await;
+    assert!(kept_at_once.iter().all(Result::is_ok), "{kept_at_once:?}");
+    assert_eq!(kept(&h, c.id).await, [row("payload", r#"{"n":2}"#, 10, true)]);
+}
+
 /// A fingerprint matches the deliveries of its group, message type and id only (the same
 /// fingerprint as PostgreSQL's); a record created since its sighting is noted as a late
 /// duplicate once, with its delay; a record first seen before the sighting is none.

@@ -37,13 +37,13 @@ use crate::record::{HandlerMode, RecordStatus};
 
 #[macro_use]
 mod sql;
-mod conflicts;
+pub(crate) mod conflicts;
 pub(super) mod errors;
-mod late;
+pub(crate) mod late;
 mod leases;
 mod pauses;
-pub(crate) use conflicts::{ConflictCopy, ConflictKind, MAX_OPEN_PAYLOAD_COPIES};
-pub(crate) use late::{HeldDelivery, LATE_DUPLICATE_CLASS};
+pub(crate) use conflicts::{ConflictCopy, ConflictKind};
+pub(crate) use late::HeldDelivery;
 use sql::Statements;
 
 /// The PostgreSQL implementation of [`DedupStore`]. Cheap to clone.

@@ -11,7 +11,8 @@ use super::{MySqlStore, sql};
 use crate::db::storable::Storable;
 use crate::record::ConsumerGroup;
 use crate::store::StoreError;
-use crate::store::postgres::{ConflictCopy, MAX_OPEN_PAYLOAD_COPIES};
+use crate::store::postgres::ConflictCopy;
+use crate::store::postgres::conflicts::MAX_OPEN_PAYLOAD_COPIES;
 use crate::store::roles::ConflictCopies;
 
 #[async_trait]

@@ -16,7 +16,8 @@ use super::{MySqlStore, sql, text};
 use crate::db::storable::{self, Storable};
 use crate::record::ConsumerGroup;
 use crate::store::StoreError;
-use crate::store::postgres::{HeldDelivery, LATE_DUPLICATE_CLASS};
+use crate::store::postgres::HeldDelivery;
+use crate::store::postgres::late::LATE_DUPLICATE_CLASS;
 use crate::store::roles::LateFingerprints;
 
 #[async_trait]

@@ -2,13 +2,17 @@
 //! MySQL handlers (writing a business row in the claim's transaction) and leased handlers runs
 //! on `MySqlStore` as on PostgreSQL; simultaneous deliveries of one message, and overlapping
 //! batches of several workers, make each effect once, a deadlock (InnoDB 1213, which loses the
-//! whole transaction) being run again and counted in `dedup_store_retries_total`.
+//! whole transaction) being run again and counted in `dedup_store_retries_total`. The roles
+//! beyond the claims work as on PostgreSQL: a copy with another payload is kept and
+//! acknowledged, a late duplicate (a fingerprint inserted here: nothing writes them on MySQL
+//! yet) is held or noted, an operator's pause holds its handler's deliveries.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use dedup_engine::actions::cleanup::late::RetentionWatch;
 use dedup_engine::fastpath::FastPath;
 use dedup_engine::handler::{
     Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
@@ -22,7 +26,7 @@ use dedup_engine::store::conformance::delivery;
 use dedup_engine::store::mysql::MySqlStore;
 use dedup_engine::testing::mysql::TestMySqlDatabase;
 use dedup_engine::testing::redis_url;
-use dedup_engine::{FastPathSettings, LeaseExpiryPolicy, Schema, async_trait};
+use dedup_engine::{FastPathSettings, LateDuplicatePolicy, LeaseExpiryPolicy, Schema, async_trait};
 use sqlx::{MySql, MySqlConnection, MySqlPool};
 
 /// `dedup_store_retries_total{reason="deadlock"}`, summed over the binary's tests.
@@ -124,6 +128,11 @@ impl Harness {
 
     /// A pipeline of its own (a worker of another process), on the shared database and Redis.
     fn pipeline(&self) -> Pipeline<MySqlStore> {
+        self.pipeline_with(LateDuplicatePolicy::Process)
+    }
+
+    /// [`Harness::pipeline`] whose group treats late duplicates as `late` says.
+    fn pipeline_with(&self, late: LateDuplicatePolicy) -> Pipeline<MySqlStore> {
         let mut handlers = HandlerRegistry::new();
         handlers.register("ORDER.PAY", Handler::transactional_on::<MySql, _>(Pay));
         handlers.register(
@@ -138,7 +147,7 @@ impl Harness {
             id_policy: IdPolicy::default(),
             type_policy: TypePolicy::default(),
             keep_poison_payload_bytes: 1024,
-            late_duplicates: dedup_engine::LateDuplicatePolicy::Process,
+            late_duplicates: late,
         };
         Pipeline::new(self.store.clone(), self.fast_path.clone(), Arc::new(Stats::default()), handlers, settings)
     }
@@ -283,4 +292,138 @@ async fn overlapping_batches_of_four_workers_make_every_effect_once() {
         .await
         .unwrap();
     assert_eq!(succeeded, 160);
+}
+
+/// Text columns of the engine's tables (bytes, `_bin`) read as text, rows sorted.
+async fn texts(pool: &MySqlPool, sql: &str) -> Vec<Vec<String>> {
+    let rows: Vec<sqlx::mysql::MySqlRow> = sqlx::query(sql).fetch_all(pool).await.unwrap();
+    let mut rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            use sqlx::Row;
+            (0..row.len())
+                .map(|i| match row.try_get::<Option<Vec<u8>>, _>(i) {
+                    Ok(bytes) => bytes.map(|b| String::from_utf8(b).unwrap()).unwrap_or_default(),
+                    Err(_) => row.get::<i64, _>(i).to_string(),
+                })
+                .collect()
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_with_another_payload_is_acknowledged_with_its_copy_kept() {
+    let h = Harness::new().await;
+    let pipeline = h.pipeline();
+    assert_eq!(pipeline.process("a", &[pay(1), notify(1)]).await, vec![Disposition::Ack(AckReason::Processed); 2]);
+    // The same ids with another payload (a producer reusing them): duplicates of their records
+    // by the database's judgement (Redis's marker holds the first payload's hash), each copy
+    // kept — the transactional one in the batch's transaction, the leased one on the pool.
+    let other = [
+        delivery("ORDER.PAY.1:1", r#"{"orderNo":"1","amount":2}"#),
+        delivery("ORDER.NOTIFY.1:1", r#"{"orderNo":"1","sms":"again"}"#),
+    ];
+    assert_eq!(pipeline.process("b", &other).await, vec![Disposition::Ack(AckReason::DuplicateDatabase); 2]);
+    let kept = texts(
+        h.pool(),
+        "SELECT message_id, kind, message_type, payload, CAST(copies AS SIGNED) FROM record_conflicts WHERE settled_at IS NULL",
+    )
+    .await;
+    assert_eq!(
+        kept,
+        [
+            ["ORDER.NOTIFY.1:1", "payload", "ORDER.NOTIFY", r#"{"orderNo":"1","sms":"again"}"#, "1"],
+            ["ORDER.PAY.1:1", "payload", "ORDER.PAY", r#"{"orderNo":"1","amount":2}"#, "1"],
+        ]
+    );
+    assert_eq!(h.payments().await, HashMap::from([("ORDER.PAY.1:1".into(), 1)]), "no second payment");
+    assert_eq!(h.notify.counts().values().sum::<u32>(), 1, "no second notification");
+}
+
+/// Keeps the fingerprints of `ids` (message type, message id) of the group `orders`, first seen
+/// 40 days ago, as cleanup does when it deletes their records (which it does not on MySQL yet).
+async fn keep_fingerprints(pool: &MySqlPool, ids: &[(&str, &str)]) {
+    for (message_type, message_id) in ids {
+        sqlx::query(
+            "INSERT INTO dedup_fingerprints (fingerprint, first_seen_at, forget_at)
+             VALUES (UNHEX(LEFT(MD5(CONCAT('orders', CHAR(10), ?, CHAR(10), ?)), 16)),
+                     TIMESTAMPADD(DAY, -40, UTC_TIMESTAMP(6)), TIMESTAMPADD(YEAR, 1, UTC_TIMESTAMP(6)))",
+        )
+        .bind(message_type)
+        .bind(message_id)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_duplicate_is_held_for_an_operator_under_hold_and_noted_under_process() {
+    let h = Harness::new().await;
+    keep_fingerprints(h.pool(), &[("ORDER.PAY", "ORDER.PAY.1:1"), ("ORDER.NOTIFY", "ORDER.NOTIFY.1:1")]).await;
+    keep_fingerprints(h.pool(), &[("ORDER.PAY", "ORDER.PAY.2:1")]).await;
+    let watch = Arc::new(RetentionWatch::keeping_fingerprints());
+
+    let hold = h.pipeline_with(LateDuplicatePolicy::Hold).with_retention(watch.clone());
+    assert_eq!(hold.process("a", &[pay(1), notify(1)]).await, vec![Disposition::Ack(AckReason::Parked); 2]);
+    let held = texts(
+        h.pool(),
+        "SELECT r.message_id, r.status, r.error_class, CAST(r.parked_at IS NOT NULL AS SIGNED), CAST(l.held AS SIGNED),
+                CAST(l.delay_ms DIV 86400000 AS SIGNED)
+         FROM dedup_records r JOIN late_duplicates l ON l.record_id = r.id",
+    )
+    .await;
+    assert_eq!(
+        held,
+        [
+            ["ORDER.NOTIFY.1:1", "processing", "LATE_DUPLICATE", "1", "1", "40"],
+            ["ORDER.PAY.1:1", "processing", "LATE_DUPLICATE", "1", "1", "40"],
+        ]
+    );
+    assert_eq!(h.payments().await, HashMap::new(), "no handler ran");
+    assert_eq!(h.notify.counts(), HashMap::new(), "no handler ran");
+
+    // Under `process` the handler runs, and the copy is noted once its batch committed; a
+    // message without a fingerprint is no late duplicate.
+    let process = h.pipeline().with_retention(watch);
+    assert_eq!(process.process("b", &[pay(2), pay(3)]).await, vec![Disposition::Ack(AckReason::Processed); 2]);
+    let noted = texts(
+        h.pool(),
+        "SELECT message_id, CAST(held AS SIGNED) FROM late_duplicates WHERE message_id LIKE 'ORDER.PAY.%'",
+    )
+    .await;
+    assert_eq!(noted, [["ORDER.PAY.1:1", "1"], ["ORDER.PAY.2:1", "0"]]);
+    assert_eq!(h.payments().await, HashMap::from([("ORDER.PAY.2:1".into(), 1), ("ORDER.PAY.3:1".into(), 1)]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operators_pause_holds_its_handlers_deliveries_while_the_others_run() {
+    let h = Harness::new().await;
+    assert_eq!(h.pipeline().process("a", &[pay(1), notify(1)]).await, vec![Disposition::Ack(AckReason::Processed); 2]);
+    let registered = "SELECT message_type, state, kind FROM handler_pauses";
+    assert_eq!(
+        texts(h.pool(), registered).await,
+        [["ORDER.NOTIFY", "running", "leased"], ["ORDER.PAY", "running", "transactional"]]
+    );
+    // What the Handlers page's pause writes (the operator actions run on PostgreSQL only yet).
+    sqlx::query(
+        "UPDATE handler_pauses SET state = 'operator', changed_by = 'user:ann', reason = 'maintenance',
+                since = UTC_TIMESTAMP(6), version = version + 1
+         WHERE message_type = 'ORDER.PAY'",
+    )
+    .execute(h.pool())
+    .await
+    .unwrap();
+    // Another process (its first reading is now).
+    let dispositions = h.pipeline().process("b", &[pay(2), notify(2)]).await;
+    assert!(matches!(dispositions[0], Disposition::Held { .. }), "{dispositions:?}");
+    assert_eq!(dispositions[1], Disposition::Ack(AckReason::Processed));
+    assert_eq!(h.payments().await, HashMap::from([("ORDER.PAY.1:1".into(), 1)]));
+    let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dedup_records WHERE message_id = 'ORDER.PAY.2:1'")
+        .fetch_one(h.pool())
+        .await
+        .unwrap();
+    assert_eq!(records, 0, "nothing written for a held delivery");
 }

@@ -1,9 +1,13 @@
 //! The MySQL 8 / MariaDB 10.11 dedup store (issue 25): [`MySqlStore`] makes every statement of
 //! [`DedupStore`] and [`crate::store::LeaseStore`] (the hot path: claims of every kind,
 //! completions, failures, poison records, the fast path's duplicate counts, leases, heartbeats,
-//! deferrals, releases, late effects), and passes the conformance suite (`store/conformance/`).
-//! No host can run the engine on MySQL yet: the pipeline, runtime and console still hold
-//! PostgreSQL (docs/research/store-seam.md, "Order of work").
+//! deferrals, releases, late effects) and every role the pipeline asks of a store
+//! (`store/roles.rs`: conflicting copies in `record_conflicts`, `conflicts.rs`; fingerprints and
+//! late duplicates, `late.rs`; handler pauses in `handler_pauses`, `pauses.rs`; the handler
+//! savepoint), and passes the conformance suite (`store/conformance/`). `Pipeline<MySqlStore>`
+//! runs on it; no host can yet: the runtime and console still hold PostgreSQL, and nothing
+//! writes fingerprints on MySQL, since cleanup runs on PostgreSQL only (docs/research/
+//! store-seam.md, "Order of work").
 //!
 //! The schema is the lean one of the PostgreSQL store (docs/DESIGN.md, "The lean write path"),
 //! in MySQL's terms: keys and compared text are `VARBINARY` or `_bin` (byte comparison: no
@@ -24,6 +28,13 @@
 //! (`mysql/books.rs`). A batch is several statements, so callers run it in a transaction (a
 //! transactional claim's caller does; leased statements and the testing-only single claim and
 //! completion open their own, a savepoint inside the caller's if it has one).
+//!
+//! The roles' tables follow the same rules: `record_conflicts` keeps one open row per record and
+//! payload by a unique key over a stored generated column that is NULL once the row is settled
+//! (PostgreSQL's partial unique index); a fingerprint is PostgreSQL's 64 bits as `BINARY(8)`,
+//! computed in the statements (no stored function: creating one needs `SUPER` where binary
+//! logging is on); what PostgreSQL's statements return is read back — by a nonce (late
+//! duplicates noted, a held record) or by the primary key in the write's transaction (pauses).
 
 #![cfg_attr(
     not(feature = "testing"),
@@ -32,9 +43,11 @@
 
 mod books;
 mod claims;
+mod conflicts;
 pub(super) mod errors;
+mod late;
 mod leases;
-mod roles;
+mod pauses;
 mod settle;
 mod sql;
 
@@ -236,5 +249,23 @@ impl DedupStore for MySqlStore {
         entries: &[(String, String, i32, DateTime<Utc>)],
     ) -> Result<(), StoreError> {
         self.fast_path_duplicates(entries).await
+    }
+}
+
+#[async_trait]
+impl super::roles::HandlerSavepoints for MySqlStore {
+    const DEADLOCK_LOSES_TRANSACTION: bool = true;
+
+    /// Two statements when reopening (InnoDB's `SAVEPOINT` of an existing name moves it, but
+    /// releasing first keeps the same shape as PostgreSQL's).
+    async fn open_savepoint(&self, conn: &mut MySqlConnection, reopen: bool) -> Result<(), sqlx::Error> {
+        if reopen {
+            conn.execute("RELEASE SAVEPOINT handler").await?;
+        }
+        conn.execute("SAVEPOINT handler").await.map(drop)
+    }
+
+    async fn rollback_to_savepoint(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+        conn.execute("ROLLBACK TO SAVEPOINT handler").await.map(drop)
     }
 }

@@ -37,9 +37,9 @@ use crate::record::{HandlerMode, RecordStatus};
 
 #[macro_use]
 mod sql;
-mod conflicts;
+pub(crate) mod conflicts;
 pub(super) mod errors;
-mod late;
+pub(crate) mod late;
 mod leases;
 mod pauses;
 pub(crate) use conflicts::{ConflictCopy, ConflictKind};

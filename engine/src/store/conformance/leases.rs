@@ -15,7 +15,7 @@ use crate::store::{
 };
 
 /// A leased claim of `m` (at most 3 attempts), alone (autocommit).
-async fn claim<H: Harness>(h: &H, m: &Msg, lease: &Lease, reclaim: bool) -> ClaimOutcome {
+pub(super) async fn claim_leased<H: Harness>(h: &H, m: &Msg, lease: &Lease, reclaim: bool) -> ClaimOutcome {
     let group = ConsumerGroup::parse(GROUP).unwrap();
     let request = ClaimRequest {
         group: &group,
@@ -83,7 +83,7 @@ pub async fn a_lease_of_zero_or_less_is_raised_to_the_minimum<H: Harness>() {
     let m = msg("ORDER.NOTIFY.1:3", "ORDER.NOTIFY", "{}");
     let zero = Lease::new("w", Duration::ZERO);
     assert_eq!(zero.millis(), 1000);
-    let c = claimed(claim(&h, &m, &zero, false).await);
+    let c = claimed(claim_leased(&h, &m, &zero, false).await);
     let remaining = h.lease_remaining_ms(c.id).await;
     assert!(remaining > 900.0 && remaining <= 1000.0, "{remaining}");
 }
@@ -92,8 +92,8 @@ pub async fn a_lease_of_zero_or_less_is_raised_to_the_minimum<H: Harness>() {
 pub async fn a_live_lease_is_never_taken_even_with_reclaim_allowed<H: Harness>() {
     let h = H::fresh().await;
     let m = msg("ORDER.NOTIFY.2:3", "ORDER.NOTIFY", "{}");
-    claimed(claim(&h, &m, &lease("a"), true).await);
-    let e = existing(claim(&h, &m, &lease("b"), true).await);
+    claimed(claim_leased(&h, &m, &lease("a"), true).await);
+    let e = existing(claim_leased(&h, &m, &lease("b"), true).await);
     assert!(!e.lease_expired && !e.parked, "{e:?}");
     assert_counts(&h, "a live lease").await;
 }
@@ -104,13 +104,13 @@ pub async fn an_expired_lease_is_reclaimed_only_when_allowed_and_the_old_holder_
     let h = H::fresh().await;
     let m = msg("ORDER.NOTIFY.3:3", "ORDER.NOTIFY", "{}");
     let first = lease("a");
-    let a = claimed(claim(&h, &m, &first, true).await);
+    let a = claimed(claim_leased(&h, &m, &first, true).await);
     assert_eq!((a.calls, a.previous_status), (1, None));
     h.expire_lease(a.id).await;
-    let held = existing(claim(&h, &m, &lease("b"), false).await);
+    let held = existing(claim_leased(&h, &m, &lease("b"), false).await);
     assert!(held.lease_expired && held.parked, "{held:?}");
     let second = lease("c");
-    let c = claimed(claim(&h, &m, &second, true).await);
+    let c = claimed(claim_leased(&h, &m, &second, true).await);
     assert!(c.took_over && !c.created);
     assert_eq!((c.attempt, c.calls), (2, 2));
     assert_eq!(record(&h, &m).await.reentries, 1);
@@ -133,7 +133,7 @@ pub async fn extending_a_lease_needs_its_token<H: Harness>() {
     let h = H::fresh().await;
     let m = msg("ORDER.NOTIFY.4:3", "ORDER.NOTIFY", "{}");
     let l = Lease::new("a", Duration::from_secs(2));
-    let c = claimed(claim(&h, &m, &l, false).await);
+    let c = claimed(claim_leased(&h, &m, &l, false).await);
     let mut conn = h.store().pool().acquire().await.unwrap();
     assert_eq!(h.store().extend_leases(&mut *conn, &[&c], &lease("a")).await.unwrap(), vec![c.id]);
     assert!(h.lease_remaining_ms(c.id).await > 20_000.0);
@@ -149,7 +149,7 @@ pub async fn a_failed_leased_record_is_claimable_until_its_attempts_run_out<H: H
     let answer = EffectAnswer { status: Some(503), latency: Duration::from_millis(12), summary: "busy".into() };
     for attempt in 1..=3 {
         let l = lease("w");
-        let c = claimed(claim(&h, &m, &l, false).await);
+        let c = claimed(claim_leased(&h, &m, &l, false).await);
         assert_eq!((c.attempt, c.calls), (attempt, attempt));
         assert_eq!(c.previous_status, (attempt > 1).then_some(503));
         let mut conn = h.store().pool().acquire().await.unwrap();
@@ -159,7 +159,7 @@ pub async fn a_failed_leased_record_is_claimable_until_its_attempts_run_out<H: H
         assert_eq!((r.leased, r.has_payload, r.attempts), (false, true, attempt));
         assert_counts(&h, &format!("leased failure {attempt}")).await;
     }
-    assert!(matches!(claim(&h, &m, &lease("w"), true).await, ClaimOutcome::Existing(_)));
+    assert!(matches!(claim_leased(&h, &m, &lease("w"), true).await, ClaimOutcome::Existing(_)));
     let id = record(&h, &m).await.id;
     let rows: Vec<(i32, Option<String>)> =
         [(1, "failed"), (2, "failed"), (3, "dead")].into_iter().map(|(a, o)| (a, Some(o.to_owned()))).collect();

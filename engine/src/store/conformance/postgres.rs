@@ -4,7 +4,9 @@
 use async_trait::async_trait;
 use sqlx::Row;
 
-use super::{Fixtures, Harness, RecordRow, sorted};
+use chrono::{DateTime, Utc};
+
+use super::{ConflictRow, Fixtures, Harness, PauseRowRead, RecordRow, sorted};
 use crate::store::postgres::PgStore;
 use crate::testing::TestDatabase;
 
@@ -126,5 +128,93 @@ impl Fixtures for PgHarness {
         .fetch_one(&self.db.pool)
         .await
         .unwrap()
+    }
+
+    async fn conflicts(&self, record_id: i64) -> Vec<ConflictRow> {
+        let rows = sqlx::query(
+            "SELECT kind, message_type, id_source, payload, headers::text AS headers, source_broker, copies,
+                    settled_at IS NULL AS open
+             FROM record_conflicts WHERE record_id = $1",
+        )
+        .bind(record_id)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap();
+        sorted(
+            rows.iter()
+                .map(|row| ConflictRow {
+                    kind: row.get("kind"),
+                    message_type: row.get("message_type"),
+                    id_source: row.get("id_source"),
+                    payload: row.get("payload"),
+                    headers: row.get("headers"),
+                    source_broker: row.get("source_broker"),
+                    copies: row.get("copies"),
+                    open: row.get("open"),
+                })
+                .collect(),
+        )
+    }
+
+    async fn settle_conflicts(&self, record_id: i64) {
+        sqlx::query(
+            "UPDATE record_conflicts SET settled_at = now(), settled_by = 'user:conformance'
+             WHERE record_id = $1 AND settled_at IS NULL",
+        )
+        .bind(record_id)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn keep_fingerprint(&self, fingerprint: i64, first_seen_at: DateTime<Utc>) {
+        sqlx::query(
+            "INSERT INTO dedup_fingerprints (fingerprint, first_seen_at, forget_at) VALUES ($1, $2, now() + interval '1 year')",
+        )
+        .bind(fingerprint)
+        .bind(first_seen_at)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn late_duplicates(&self) -> Vec<(i64, i64, bool)> {
+        sqlx::query_as("SELECT record_id, delay_ms, held FROM late_duplicates ORDER BY record_id")
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn set_pause_state(&self, group: &str, message_type: &str, state: &str) {
+        sqlx::query(
+            "UPDATE handler_pauses SET state = $3, since = now(), changed_by = 'user:conformance', version = version + 1
+             WHERE consumer_group = $1 AND message_type = $2",
+        )
+        .bind(group)
+        .bind(message_type)
+        .bind(state)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn pause_row(&self, group: &str, message_type: &str) -> Option<PauseRowRead> {
+        let row = sqlx::query(
+            "SELECT state, kind, version, changed_by, error_class, http_status FROM handler_pauses
+             WHERE consumer_group = $1 AND message_type = $2",
+        )
+        .bind(group)
+        .bind(message_type)
+        .fetch_optional(&self.db.pool)
+        .await
+        .unwrap()?;
+        Some(PauseRowRead {
+            state: row.get("state"),
+            kind: row.get("kind"),
+            version: row.get("version"),
+            changed_by: row.get("changed_by"),
+            error_class: row.get("error_class"),
+            http_status: row.get("http_status"),
+        })
     }
 }

@@ -33,7 +33,7 @@ pub(super) struct Claim<'a> {
 }
 
 /// `CHAR(1)` of an id source ([`IdSourceKind::code`]).
-fn id_source_code(kind: Option<IdSourceKind>) -> Option<String> {
+pub(super) fn id_source_code(kind: Option<IdSourceKind>) -> Option<String> {
     kind.map(|k| char::from(u8::try_from(k.code()).unwrap_or(b'?')).to_string())
 }
 

@@ -7,8 +7,14 @@
 //! depends on its number of rows: the functions below build it. Times are `UTC_TIMESTAMP(6)`, the
 //! statement's start (PostgreSQL's `now()` is the transaction's).
 
+mod conflicts;
+mod late;
 mod leases;
+mod pauses;
+pub(super) use conflicts::*;
+pub(super) use late::*;
 pub(super) use leases::*;
+pub(super) use pauses::*;
 
 use crate::store::ClaimAs;
 

@@ -36,7 +36,7 @@ DO UPDATE SET copies = c.copies + EXCLUDED.copies, last_seen_at = now()";
 
 /// Open payload conflicts a record keeps at most: a producer that puts a send time in its
 /// payload makes every retry one.
-const MAX_OPEN_PAYLOAD_COPIES: i64 = 5;
+pub(crate) const MAX_OPEN_PAYLOAD_COPIES: i64 = 5;
 
 /// What a conflicting delivery conflicts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub(crate) enum ConflictKind {
 }
 
 impl ConflictKind {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ConflictKind::Type => "type",
             ConflictKind::Payload => "payload",
@@ -71,6 +71,21 @@ pub(crate) struct ConflictCopy<'a> {
     pub message: &'a InboundMessage,
 }
 
+impl<'a> ConflictCopy<'a> {
+    /// `copies` one per record and payload, with how many came (two of one record and payload
+    /// are one row with two copies), in the order they first came.
+    pub(crate) fn per_payload<'c>(copies: &'c [ConflictCopy<'a>]) -> Vec<(&'c ConflictCopy<'a>, i32)> {
+        let mut rows: Vec<(&ConflictCopy<'_>, i32)> = Vec::with_capacity(copies.len());
+        for copy in copies {
+            match rows.iter_mut().find(|(c, _)| c.record_id == copy.record_id && c.payload_hash == copy.payload_hash) {
+                Some((_, n)) => *n += 1,
+                None => rows.push((copy, 1)),
+            }
+        }
+        rows
+    }
+}
+
 #[async_trait]
 impl ConflictCopies for PgStore {
     async fn keep_conflicts(
@@ -79,13 +94,7 @@ impl ConflictCopies for PgStore {
         group: &ConsumerGroup,
         copies: &[ConflictCopy<'_>],
     ) -> Result<(), StoreError> {
-        let mut rows: Vec<(&ConflictCopy<'_>, i32)> = Vec::with_capacity(copies.len());
-        for copy in copies {
-            match rows.iter_mut().find(|(c, _)| c.record_id == copy.record_id && c.payload_hash == copy.payload_hash) {
-                Some((_, n)) => *n += 1,
-                None => rows.push((copy, 1)),
-            }
-        }
+        let rows = ConflictCopy::per_payload(copies);
         let stored: Vec<Storable<'_>> = rows.iter().map(|(c, _)| Storable::of(c.message)).collect();
         sqlx::query(&self.render(KEEP_SQL))
             .bind(group.as_str())

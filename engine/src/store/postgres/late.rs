@@ -85,6 +85,17 @@ pub(crate) struct HeldDelivery<'a> {
     pub first_seen_at: DateTime<Utc>,
 }
 
+impl HeldDelivery<'_> {
+    /// The held record's `last_error`: what it is, and what an operator does with it.
+    pub(crate) fn reason(&self) -> String {
+        format!(
+            "late duplicate: a copy of a message first seen at {}, whose record cleanup deleted; held for an operator \
+             (late_duplicates = \"hold\"): release it to run it again, or mark it succeeded",
+            self.first_seen_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )
+    }
+}
+
 #[async_trait]
 impl LateFingerprints for PgStore {
     /// The message ids of `ids` (with their `types`) whose fingerprint cleanup keeps for
@@ -131,11 +142,7 @@ impl LateFingerprints for PgStore {
     /// Errors: the database's.
     async fn hold_late_duplicate(&self, d: &HeldDelivery<'_>) -> Result<Option<(i64, i64)>, StoreError> {
     let m = Storable::of(d.message);
-    let reason = format!(
-        "late duplicate: a copy of a message first seen at {}, whose record cleanup deleted; held for an operator \
-         (late_duplicates = \"hold\"): release it to run it again, or mark it succeeded",
-        d.first_seen_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-    );
+    let reason = d.reason();
     let row = sqlx::query(&self.render(HOLD_SQL))
         .bind(d.group.as_str())
         .bind(d.message_id.as_str())

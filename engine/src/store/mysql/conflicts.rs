@@ -1,0 +1,54 @@
+//! The copies of conflicting deliveries on MySQL (DESIGN.md, "Reused ids and payload
+//! conflicts"; `postgres/conflicts.rs`): one row per record and distinct payload in
+//! `record_conflicts`, written on the caller's connection — in the transaction that judges the
+//! deliveries (transactional) or before they are acknowledged (leased).
+
+use async_trait::async_trait;
+use sqlx::MySqlConnection;
+use sqlx::types::Json;
+
+use super::{MySqlStore, sql};
+use crate::db::storable::Storable;
+use crate::record::ConsumerGroup;
+use crate::store::StoreError;
+use crate::store::postgres::ConflictCopy;
+use crate::store::postgres::conflicts::MAX_OPEN_PAYLOAD_COPIES;
+use crate::store::roles::ConflictCopies;
+
+#[async_trait]
+impl ConflictCopies for MySqlStore {
+    async fn keep_conflicts(
+        &self,
+        conn: &mut MySqlConnection,
+        group: &ConsumerGroup,
+        copies: &[ConflictCopy<'_>],
+    ) -> Result<(), StoreError> {
+        let rows = ConflictCopy::per_payload(copies);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let stored: Vec<Storable<'_>> = rows.iter().map(|(c, _)| Storable::of(c.message)).collect();
+        let sql = self.render(&sql::keep_conflicts(rows.len()));
+        let mut query = sqlx::query(&sql).bind(group.as_str());
+        for ((c, n), m) in rows.iter().zip(&stored) {
+            query = query
+                .bind(c.record_id)
+                .bind(c.message_id)
+                .bind(c.kind.as_str())
+                .bind(c.message_type)
+                .bind(c.id_source.as_str())
+                .bind(c.payload_hash)
+                .bind(&c.message.payload[..])
+                .bind(Json(&m.headers))
+                .bind(m.content_type.as_deref())
+                .bind(m.type_property.as_deref())
+                .bind(c.message.broker.as_str())
+                .bind(m.exchange.as_deref())
+                .bind(m.routing_key.as_deref())
+                .bind(m.queue.as_deref())
+                .bind(*n);
+        }
+        query.bind(MAX_OPEN_PAYLOAD_COPIES).execute(&mut *conn).await?;
+        Ok(())
+    }
+}

@@ -7,34 +7,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
-use dedup_engine::message::{Broker, IdPolicy, InboundMessage, SourceRef, TypePolicy};
+use dedup_engine::message::{IdPolicy, InboundMessage, TypePolicy};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline, PipelineSettings};
 use dedup_engine::record::ConsumerGroup;
 use dedup_engine::retry::Backoff;
 use dedup_engine::stats::Stats;
 use dedup_engine::store::postgres::PgStore;
-use dedup_engine::testing::{TestDatabase, redis_url};
+use dedup_engine::testing::{TestDatabase, rabbitmq_delivery, redis_url};
 use dedup_example_orders::{OrderSettings, handlers, stock_inventory};
 use serde_json::json;
 
 fn create(message_id: &str, sku: &str, quantity: i64) -> InboundMessage {
     let body = json!({"orderNo": "R-1", "sku": sku, "quantity": quantity, "amountCents": 1200, "phone": "+4915100000"});
-    InboundMessage {
-        payload: serde_json::to_vec(&body).unwrap(),
-        headers: serde_json::Map::new(),
-        property_message_id: Some(message_id.to_owned()),
-        type_property: None,
-        published_at: None,
-        content_type: Some("application/json".to_owned()),
-        broker: Broker::RabbitMq,
-        source: SourceRef {
-            exchange: Some("orders".to_owned()),
-            routing_key: Some("order.create".to_owned()),
-            ..SourceRef::default()
-        },
-        redelivered: false,
-        headers_too_deep: false,
-    }
+    let mut delivery = rabbitmq_delivery(Some(message_id), serde_json::to_vec(&body).unwrap());
+    delivery.source.exchange = Some("orders".to_owned());
+    delivery.source.routing_key = Some("order.create".to_owned());
+    delivery
 }
 
 #[tokio::test]

@@ -3,6 +3,8 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use crate::store::DbErrorKind;
+
 /// A handler failure: its **class**, the dead-letter grouping key, and its **detail**, the
 /// free text of this one failure (DESIGN.md, "Retries and dead letters").
 ///
@@ -25,7 +27,6 @@ pub struct HandlerError {
     class: Cow<'static, str>,
     detail: String,
     permanent: bool,
-    transient: bool,
     /// Retry after this delay instead of the group's back-off (a service's `Retry-After`, already
     /// clamped by the handler). Leased handlers only; ignored for permanent errors.
     pub retry_after: Option<Duration>,
@@ -35,9 +36,8 @@ pub struct HandlerError {
     /// failure. See [`HandlerError::in_progress`].
     pub uncounted_within: Option<Duration>,
     outcome_unknown: bool,
-    /// The database chose the handler's transaction as a deadlock victim (PostgreSQL 40P01,
-    /// MySQL 1213): on MySQL the whole transaction is gone, not only the statement.
-    deadlock: bool,
+    /// What kind of database error it was, when it came from the database (`From<sqlx::Error>`).
+    database: Option<DbErrorKind>,
 }
 
 /// Longest error class kept, in characters; a longer one is cut.
@@ -61,11 +61,10 @@ impl HandlerError {
             class: cut_class(class.into()),
             detail: detail.into(),
             permanent,
-            transient: false,
             retry_after: None,
             uncounted_within: None,
             outcome_unknown: false,
-            deadlock: false,
+            database: None,
         }
     }
 
@@ -111,7 +110,7 @@ impl HandlerError {
 
     /// Whether the database chose its transaction as a deadlock victim (from a `sqlx::Error`).
     pub(crate) fn is_deadlock(&self) -> bool {
-        self.deadlock
+        self.database == Some(DbErrorKind::Deadlock)
     }
 
     /// True for [`HandlerError::outcome_unknown`].
@@ -159,7 +158,7 @@ impl HandlerError {
     /// counts as a retryable failure. Deadlocks between concurrent batches are avoided, not
     /// retried away, with [`TransactionalHandler::lock_key`](super::TransactionalHandler::lock_key).
     pub fn is_transient(&self) -> bool {
-        self.transient
+        self.database.is_some_and(DbErrorKind::is_transient)
     }
 
     /// True for [`HandlerError::lease_lost`].
@@ -225,12 +224,7 @@ impl From<sqlx::Error> for HandlerError {
     /// A retryable [`HandlerError::unclassified`] failure of kind `DATABASE`; transient for a
     /// deadlock, a serialization failure or a lost connection.
     fn from(e: sqlx::Error) -> Self {
-        let kind = crate::store::DbErrorKind::of(&e);
-        Self {
-            transient: kind.is_transient(),
-            deadlock: kind == crate::store::DbErrorKind::Deadlock,
-            ..Self::unclassified("DATABASE", e.to_string())
-        }
+        Self { database: Some(DbErrorKind::of(&e)), ..Self::unclassified("DATABASE", e.to_string()) }
     }
 }
 

@@ -8,6 +8,7 @@
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;
+mod counters;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 #[cfg(feature = "mysql")]
@@ -16,6 +17,7 @@ pub mod mysql;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
+pub use self::counters::deadlock_reruns;
 use crate::db::Schema;
 use crate::message::{Broker, InboundMessage, SourceRef};
 

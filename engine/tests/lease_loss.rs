@@ -431,3 +431,38 @@ async fn a_failure_the_database_refuses_once_is_recorded_on_the_next_try() {
             .unwrap();
     assert_eq!(state.0, "failed", "not left processing, to be parked at its redelivery though the call failed");
 }
+
+#[tokio::test]
+async fn a_leased_claim_that_loses_a_deadlock_is_claimed_again() {
+    let before = dedup_engine::testing::deadlock_reruns();
+    // Redis down: the database judges the duplicates (a marker would skip them before the claim).
+    let h = Harness::with_redis("redis://127.0.0.1:1").await;
+    let mut handlers = HandlerRegistry::new();
+    handlers.register(
+        "ORDER.NOTIFY",
+        Handler::Leased { handler: CountingEffect::new(Duration::ZERO), on_lease_expiry: LeaseExpiryPolicy::Hold },
+    );
+    let pipeline = h.pipeline(handlers, 5);
+    let batch = notify_batch(&["ORDER.NOTIFY.DEADLOCK:1", "ORDER.NOTIFY.DEADLOCK:2"]);
+    assert_eq!(pipeline.process("host-a:1:0", &batch).await, vec![Disposition::Ack(AckReason::Processed); 2]);
+
+    // Another transaction holds the second record; the claim takes the first (it locks in
+    // message-id order) and waits for the second; the other one then asks for the first. The
+    // claim, waiting longer, is the deadlock's victim (its check runs after 1 s, the other's
+    // after 10 s).
+    let mut other = h.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL deadlock_timeout = '10s'").execute(&mut *other).await.unwrap();
+    let lock = "SELECT id FROM dedup_records WHERE message_id = $1 FOR UPDATE";
+    sqlx::query(lock).bind("ORDER.NOTIFY.DEADLOCK:2").execute(&mut *other).await.unwrap();
+    let redelivery = tokio::spawn({
+        let (pipeline, batch) = (pipeline.clone(), batch.clone());
+        async move { pipeline.process("host-b:1:0", &batch).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sqlx::query(lock).bind("ORDER.NOTIFY.DEADLOCK:1").execute(&mut *other).await.unwrap();
+    other.commit().await.unwrap();
+
+    let dispositions = redelivery.await.unwrap();
+    assert_eq!(dispositions, vec![Disposition::Ack(AckReason::DuplicateDatabase); 2], "judged, not redelivered");
+    assert_eq!(dedup_engine::testing::deadlock_reruns() - before, 1, "one rerun, counted");
+}

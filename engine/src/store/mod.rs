@@ -485,7 +485,9 @@ pub trait LeaseStore: DedupStore {
 
     /// Flags the attempt of `claim` as a late effect: its effect ran, but the completion was
     /// refused (the lease was taken over or released meanwhile), so the effect may have run
-    /// twice. The effect's late `answer` is kept on the attempt.
+    /// twice. The effect's late `answer` is kept on the attempt. An attempt that did succeed is
+    /// left as it is: a completion whose answer was lost committed, and its retry completed
+    /// nothing.
     async fn note_late_effect(
         &self,
         conn: &mut <Self::Db as sqlx::Database>::Connection,

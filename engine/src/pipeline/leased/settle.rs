@@ -19,8 +19,8 @@ impl<S: PipelineStore> Pipeline<S> {
     /// Records what became of `finished` calls: the successes completed in one statement, the
     /// calls held before they started given back in one statement per type, the failures each
     /// recorded (fenced by the lease token); a connection and each of these statements are
-    /// asked for again while half the lease lasts ([`Tries`]). Calls whose outcome is unknown record nothing when
-    /// their handler is under `hold`; under `reclaim`, which allows running the effect again,
+    /// asked for again for half a lease from now ([`Tries`]). Calls whose outcome is unknown
+    /// record nothing when their handler is under `hold`; under `reclaim`, which allows running the effect again,
     /// they are failures like any other (counted, so they end in a dead letter).
     pub(super) async fn settle_leased(&self, lease: &Lease, finished: Vec<Finished<'_, '_>>) -> Vec<Outcome> {
         let (unknown, finished): (Vec<_>, Vec<_>) = finished.into_iter().partition(|f| {
@@ -149,6 +149,10 @@ impl<S: PipelineStore> Pipeline<S> {
                     outcomes.extend(of_type.iter().map(|f| {
                         let disposition = if released.contains(&f.claim.id) {
                             Disposition::Held { delay }
+                        } else if tries.again {
+                            // An earlier try may have released it before its answer was lost:
+                            // the record then waits as `failed` for this very delivery.
+                            Disposition::Redeliver
                         } else {
                             Disposition::Ack(AckReason::LeaseLost)
                         };
@@ -271,7 +275,7 @@ impl<S: PipelineStore> Pipeline<S> {
 
 /// The tries of the statements that record what became of a batch's leased calls: the calls
 /// ran, so a statement that fails is tried again, after a pause (100 ms, doubling to 1 s), until
-/// `deadline` (half the lease), to wait out a database that restarts; completions and failures
+/// `deadline` (half a lease from the settlement's start), to wait out a database that restarts; completions and failures
 /// are fenced by the lease token, so a later try cannot settle what another worker took over.
 struct Tries {
     deadline: tokio::time::Instant,

@@ -117,4 +117,4 @@ pub(in crate::store::mysql) fn unopen(n: usize) -> String {
 pub(in crate::store::mysql) const LATE_EFFECT: &str = "UPDATE {s}.record_attempts SET
     late_effect = TRUE, outcome = COALESCE(outcome, 'lease_lost'), ended_at = COALESCE(ended_at, UTC_TIMESTAMP(6)),
     answer_status = COALESCE(?, answer_status), latency_ms = COALESCE(?, latency_ms), answer = COALESCE(?, answer)
- WHERE record_id = ? AND attempt = ? AND NOT (outcome <=> 'deferred')";
+ WHERE record_id = ? AND attempt = ? AND NOT (outcome <=> 'deferred') AND NOT (outcome <=> 'succeeded')";

@@ -265,7 +265,7 @@ UPDATE {s}.record_attempts SET late_effect = true, outcome = COALESCE(outcome, '
        ended_at = COALESCE(ended_at, now()),
        answer_status = COALESCE($3, answer_status), latency_ms = COALESCE($4, latency_ms),
        answer = COALESCE($5, answer)
-WHERE record_id = $1 AND attempt = $2 AND outcome IS DISTINCT FROM 'deferred'";
+WHERE record_id = $1 AND attempt = $2 AND outcome IS DISTINCT FROM 'deferred' AND outcome IS DISTINCT FROM 'succeeded'";
 
 /// Heartbeat of a worker: the leases of all its in-flight records (`$1` ids, `$2` their lease
 /// tokens) extended by `$3` ms from now, each fenced by its token. Returns the ids still held.

@@ -4,7 +4,7 @@
 //! deliveries (transactional) or before they are acknowledged (leased).
 
 use async_trait::async_trait;
-use sqlx::MySqlConnection;
+use sqlx::{Connection, MySqlConnection};
 use sqlx::types::Json;
 
 use super::{MySqlStore, sql};
@@ -27,6 +27,21 @@ impl ConflictCopies for MySqlStore {
         if rows.is_empty() {
             return Ok(());
         }
+        // The records first, locked in id order (the leased path runs this alone, a transaction
+        // of its own; the transactional one in the claim's, which holds them already): the
+        // statement counts a record's open payload conflicts, and without the lock concurrent
+        // workers all count the same few and pass the limit (a review saw 7-8 open rows of 5
+        // under eight leased workers; PostgreSQL's statement held it).
+        let mut records: Vec<i64> = rows.iter().map(|(c, _)| c.record_id).collect();
+        records.sort_unstable();
+        records.dedup();
+        let mut tx = conn.begin().await?;
+        let lock = self.render(&sql::lock_records(records.len()));
+        let mut query = sqlx::query(&lock);
+        for id in &records {
+            query = query.bind(id);
+        }
+        query.execute(&mut *tx).await?;
         let stored: Vec<Storable<'_>> = rows.iter().map(|(c, _)| Storable::of(c.message)).collect();
         let sql = self.render(&sql::keep_conflicts(rows.len()));
         let mut query = sqlx::query(&sql).bind(group.as_str());
@@ -48,7 +63,8 @@ impl ConflictCopies for MySqlStore {
                 .bind(m.queue.as_deref())
                 .bind(*n);
         }
-        query.bind(MAX_OPEN_PAYLOAD_COPIES).execute(&mut *conn).await?;
+        query.bind(MAX_OPEN_PAYLOAD_COPIES).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(())
     }
 }

@@ -1,6 +1,6 @@
 //! The statement keeping conflicting copies on MySQL (the rules are `postgres/conflicts.rs`'s).
 
-use super::derived;
+use super::{derived, repeat};
 
 /// Keeps `n` copies, one per record and payload (binds: the group, then per copy its record id,
 /// message id, kind, message type, id source, payload hash, payload, headers, content type, AMQP
@@ -47,4 +47,11 @@ ORDER BY i.record_id, i.payload_hash
 ON DUPLICATE KEY UPDATE
  copies = {{s}}.record_conflicts.copies + VALUES(copies), last_seen_at = UTC_TIMESTAMP(6)"
     )
+}
+
+/// Locks `n` records (binds: their ids, ascending) before their copies are kept: the keeping
+/// statement counts each record's open payload conflicts, and the lock makes that count the
+/// record's own until commit.
+pub(in crate::store::mysql) fn lock_records(n: usize) -> String {
+    format!("SELECT id FROM {{s}}.dedup_records WHERE id IN ({}) ORDER BY id FOR UPDATE", repeat("?", n))
 }

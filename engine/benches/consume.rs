@@ -32,7 +32,14 @@
 //!    `BENCH_HTTP_CONCURRENCY` sets that concurrency (default the handler's, 16);
 //! 9. RabbitMQ: raw again; the faster raw phase is the reference (100 %).
 //!
-//! Run: `cargo bench -p dedup-engine [--features http] --bench consume [-- [kafka] [MESSAGES [WORKERS [BATCH]]]]`
+//! With `--features mysql` (issue 25), MariaDB's side by side: the idempotent phases without
+//! effect and with a business row, and the pipeline alone, each again on `MySqlStore` right
+//! after PostgreSQL's, with the same message ids, workers and batch (a MariaDB database and a
+//! Redis prefix of their own; the handlers write the same row in MariaDB's transaction). The
+//! report prints their records/s beside PostgreSQL's and MariaDB ÷ PostgreSQL. Needs the local
+//! MariaDB (`DEDUP_TEST_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`).
+//!
+//! Run: `cargo bench -p dedup-engine [--features http,mysql] --bench consume [-- [kafka] [MESSAGES [WORKERS [BATCH]]]]`
 //! (defaults RabbitMQ, 100000, 4, 100: a raw phase of 20 000 messages lasts only 0.3–0.4 s, too
 //! short to measure; Kafka topics have 4 partitions, `max_in_flight` is the default 1000 unless
 //! `KAFKA_MAX_IN_FLIGHT` says otherwise). Needs the local
@@ -61,6 +68,9 @@ mod handlers;
 #[cfg(feature = "http")]
 #[path = "consume/http.rs"]
 mod http;
+#[cfg(feature = "mysql")]
+#[path = "consume/mariadb.rs"]
+mod mariadb;
 #[path = "consume/phases.rs"]
 mod phases;
 #[path = "consume/report.rs"]
@@ -106,6 +116,20 @@ async fn keep_fingerprints(db: &TestDatabase) -> (Arc<RetentionWatch>, f64, f64)
 /// The body of every bench message (published or in memory).
 const BODY: &[u8] = br#"{"orderNo":"1","amountCents":100}"#;
 
+/// The pipeline's settings, on either database.
+fn settings() -> PipelineSettings {
+    PipelineSettings {
+        group: ConsumerGroup::parse("bench").unwrap(),
+        max_attempts: 5,
+        lease: Duration::from_secs(30),
+        backoff: Backoff::default(),
+        id_policy: IdPolicy::default(),
+        type_policy: TypePolicy::default(),
+        keep_poison_payload_bytes: 1024,
+        late_duplicates: dedup_engine::LateDuplicatePolicy::Process,
+    }
+}
+
 /// The bench's pipeline; `http`: the URL of the HTTP phase's endpoint (`BENCH.HTTP`).
 fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>, http: Option<&str>) -> Pipeline {
     let mut handlers = HandlerRegistry::new();
@@ -129,16 +153,7 @@ fn pipeline(db: &TestDatabase, fast_path: Arc<FastPath>, http: Option<&str>) -> 
         fast_path,
         Arc::new(Stats::default()),
         handlers,
-        PipelineSettings {
-            group: ConsumerGroup::parse("bench").unwrap(),
-            max_attempts: 5,
-            lease: Duration::from_secs(30),
-            backoff: Backoff::default(),
-            id_policy: IdPolicy::default(),
-            type_policy: TypePolicy::default(),
-            keep_poison_payload_bytes: 1024,
-            late_duplicates: dedup_engine::LateDuplicatePolicy::Process,
-        },
+        settings(),
     )
 }
 
@@ -182,6 +197,8 @@ fn main() {
         let prefix = format!("bench-{}", uuid::Uuid::new_v4().simple());
         let redis =
             Arc::new(FastPath::new(&redis_url(), FastPathSettings { prefix: prefix.clone(), ..Default::default() }));
+        #[cfg(feature = "mysql")]
+        let mariadb = mariadb::MariaDb::create(&prefix).await;
         let no_redis =
             Arc::new(FastPath::new("redis://127.0.0.1:1", FastPathSettings { prefix, ..Default::default() }));
 
@@ -207,24 +224,41 @@ fn main() {
         }
         bench.publish(&raw_ids).await;
         let raw_name = if kafka { "engine source, ack only" } else { "raw consume + ack" };
-        phases.push(consume(raw_name, bench.factory(), Work::Ack, total, workers, batch).await);
-        let pipelined = [
-            ("idempotent, handler without effect", &no_effect_ids, &redis, AckReason::Processed),
-            ("idempotent, batch handler inserts rows", &rows_ids, &redis, AckReason::Processed),
-            ("idempotent, handler inserts a row", &ids, &redis, AckReason::Processed),
-            ("duplicates, Redis hit", &ids, &redis, AckReason::DuplicateRedis),
-            ("duplicates, database (Redis down)", &ids, &no_redis, AckReason::DuplicateDatabase),
+        phases.push(consume(raw_name, bench.factory(), Work::<PgStore>::Ack, total, workers, batch).await);
+        let new_messages = [
+            ("idempotent, handler without effect", &no_effect_ids),
+            ("idempotent, batch handler inserts rows", &rows_ids),
+            ("idempotent, handler inserts a row", &ids),
         ];
-        for (name, ids, fast_path, expect) in pipelined {
+        for (name, ids) in new_messages {
             bench.publish(ids).await;
+            let work = Work::Pipeline(pipeline(&db, redis.clone(), None), AckReason::Processed);
+            phases.push(consume(name, bench.factory(), work, total, workers, batch).await);
+            // The same messages on MariaDB right after, so that the machine's noise hits both.
+            #[cfg(feature = "mysql")]
+            if let Some(name) = mariadb::phase_name(name) {
+                bench.publish(ids).await;
+                let work = Work::Pipeline(mariadb.pipeline(), AckReason::Processed);
+                phases.push(consume(name, bench.factory(), work, total, workers, batch).await);
+            }
+        }
+        let duplicates = [
+            ("duplicates, Redis hit", &redis, AckReason::DuplicateRedis),
+            ("duplicates, database (Redis down)", &no_redis, AckReason::DuplicateDatabase),
+        ];
+        for (name, fast_path, expect) in duplicates {
+            bench.publish(&ids).await;
             let work = Work::Pipeline(pipeline(&db, fast_path.clone(), None), expect);
             phases.push(consume(name, bench.factory(), work, total, workers, batch).await);
         }
-        let idempotent = phases.len() - 3;
         // What PostgreSQL and Redis allow on this machine with no broker at all: the ceiling of
         // any broker's idempotent phase here.
         let name = "pipeline alone, no broker, without effect";
         phases.push(without_broker(name, pipeline(&db, redis.clone(), None), &in_memory_ids, workers, batch).await);
+        #[cfg(feature = "mysql")]
+        if let Some(name) = mariadb::phase_name(name) {
+            phases.push(without_broker(name, mariadb.pipeline(), &in_memory_ids, workers, batch).await);
+        }
         // The same, and the business-row phase, with fingerprints kept: each batch looks its ids up.
         let (watch, fingerprint_bytes, record_bytes) = keep_fingerprints(&db).await;
         let with_lookups = || pipeline(&db, redis.clone(), None).with_retention(watch.clone());
@@ -235,8 +269,7 @@ fn main() {
         phases
             .push(consume("inserts a row, 1 M fingerprints kept", bench.factory(), work, total, workers, batch).await);
         bench.publish(&naive_ids).await;
-        let naive = phases.len();
-        let work = Work::Naive(db.pool.clone());
+        let work = Work::<PgStore>::Naive(db.pool.clone());
         phases.push(consume("naive: a transaction per message", bench.factory(), work, total, workers, batch).await);
         // Leased, then HTTP side by side: the gateway's cost over a leased handler.
         let leased = ("leased, handler without effect", &leased_ids);
@@ -259,13 +292,17 @@ fn main() {
         // and its rate varies most. The faster of the two is the reference (100 %).
         if !kafka {
             bench.publish(&raw_ids).await;
-            phases.push(consume("raw consume + ack, again", bench.factory(), Work::Ack, total, workers, batch).await);
+            phases.push(
+                consume("raw consume + ack, again", bench.factory(), Work::<PgStore>::Ack, total, workers, batch).await,
+            );
         }
 
         let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_effects").fetch_one(&db.pool).await.unwrap();
         assert_eq!(effects, 4 * i64::try_from(total).unwrap(), "every message applied exactly once");
         let late: i64 = sqlx::query_scalar("SELECT count(*) FROM late_duplicates").fetch_one(&db.pool).await.unwrap();
         assert_eq!(late, 0, "no bench message matches a kept fingerprint");
+        #[cfg(feature = "mysql")]
+        assert_eq!(mariadb.effects().await, i64::try_from(total).unwrap(), "every message applied once on MariaDB");
 
         let setup = match &bench {
             Bench::Kafka(kafka) => format!("max_in_flight {}", kafka.settings.max_in_flight),
@@ -276,6 +313,6 @@ fn main() {
             bench.name()
         );
         let raw = if kafka { phases[0].rate() } else { phases[0].rate().max(phases[phases.len() - 1].rate()) };
-        report::print(&heading, &phases, raw, idempotent, naive, fingerprint_bytes, record_bytes);
+        report::print(&heading, &phases, raw, fingerprint_bytes, record_bytes);
     });
 }

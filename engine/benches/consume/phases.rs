@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use dedup_engine::message::InboundMessage;
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline};
 use dedup_engine::source::SourceFactory;
+use dedup_engine::store::PipelineStore;
+use dedup_engine::store::postgres::PgStore;
 
 use crate::BODY;
 
@@ -29,13 +31,13 @@ impl Phase {
     }
 }
 
-/// What a phase does with each batch of deliveries.
+/// What a phase does with each batch of deliveries; `S`: the pipeline's store.
 #[derive(Clone)]
-pub enum Work {
+pub enum Work<S = PgStore> {
     /// Acknowledge them as they are (raw).
     Ack,
     /// The engine's pipeline; every message must end as the given reason.
-    Pipeline(Pipeline, AckReason),
+    Pipeline(Pipeline<S>, AckReason),
     /// The hand-written scheme (phase 6), on its own tables `naive_dedup` and `bench_effects`.
     Naive(sqlx::PgPool),
 }
@@ -62,10 +64,10 @@ async fn naive_one(pool: &sqlx::PgPool, message: &InboundMessage) -> Result<(), 
 }
 
 /// Consumes `total` deliveries with `workers` sources; each batch goes through `work`.
-pub async fn consume(
+pub async fn consume<S: PipelineStore>(
     name: &'static str,
     factory: Arc<dyn SourceFactory>,
-    work: Work,
+    work: Work<S>,
     total: usize,
     workers: usize,
     batch: usize,
@@ -147,9 +149,9 @@ pub async fn consume(
 
 /// The pipeline without a broker: `workers` tasks put in-memory deliveries of `ids` through
 /// it, `batch` at a time; its ceiling on this machine for the same database and Redis.
-pub async fn without_broker(
+pub async fn without_broker<S: PipelineStore>(
     name: &'static str,
-    pipeline: Pipeline,
+    pipeline: Pipeline<S>,
     ids: &[String],
     workers: usize,
     batch: usize,

@@ -239,7 +239,7 @@ fn main() {
             if let Some(name) = mariadb::phase_name(name) {
                 bench.publish(ids).await;
                 let work = Work::Pipeline(mariadb.pipeline(), AckReason::Processed);
-                phases.push(consume(name, bench.factory(), work, total, workers, batch).await);
+                phases.push(mariadb.counted(consume(name, bench.factory(), work, total, workers, batch)).await);
             }
         }
         let duplicates = [
@@ -257,7 +257,8 @@ fn main() {
         phases.push(without_broker(name, pipeline(&db, redis.clone(), None), &in_memory_ids, workers, batch).await);
         #[cfg(feature = "mysql")]
         if let Some(name) = mariadb::phase_name(name) {
-            phases.push(without_broker(name, mariadb.pipeline(), &in_memory_ids, workers, batch).await);
+            phases
+                .push(mariadb.counted(without_broker(name, mariadb.pipeline(), &in_memory_ids, workers, batch)).await);
         }
         // The same, and the business-row phase, with fingerprints kept: each batch looks its ids up.
         let (watch, fingerprint_bytes, record_bytes) = keep_fingerprints(&db).await;
@@ -314,5 +315,7 @@ fn main() {
         );
         let raw = if kafka { phases[0].rate() } else { phases[0].rate().max(phases[phases.len() - 1].rate()) };
         report::print(&heading, &phases, raw, fingerprint_bytes, record_bytes);
+        #[cfg(feature = "mysql")]
+        mariadb.print_counters(total);
     });
 }

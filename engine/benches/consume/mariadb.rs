@@ -2,7 +2,7 @@
 //! `MySqlStore`, each right after PostgreSQL's with the same message ids, workers and batch, in
 //! a MariaDB database of its own whose `bench_effects` the same handlers write.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dedup_engine::Schema;
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
@@ -15,13 +15,19 @@ use dedup_engine::testing::redis_url;
 use sqlx::MySql;
 
 use crate::handlers::{InsertRow, NoEffect};
+use crate::phases::Phase;
 use crate::report::ON_MARIADB;
+
+/// The server's statement counters (`SHOW GLOBAL STATUS`, server-wide), in this order.
+const COUNTERS: [&str; 4] = ["Com_commit", "Com_stmt_prepare", "Com_stmt_execute", "Questions"];
 
 /// The MariaDB side: its database, store and fast path.
 pub struct MariaDb {
     db: TestMySqlDatabase,
     store: MySqlStore,
     fast_path: Arc<FastPath>,
+    /// What each phase moved [`COUNTERS`] by.
+    counted: Mutex<Vec<(&'static str, [u64; 4])>>,
 }
 
 impl MariaDb {
@@ -38,7 +44,7 @@ impl MariaDb {
         let store = MySqlStore::new(db.pool.clone(), &Schema::parse(db.name.clone()).unwrap());
         let settings = FastPathSettings { prefix: format!("{prefix}-mariadb"), ..Default::default() };
         let fast_path = Arc::new(FastPath::new(&redis_url(), settings));
-        Self { db, store, fast_path }
+        Self { db, store, fast_path, counted: Mutex::default() }
     }
 
     /// The bench's pipeline on MariaDB: `BENCH.EVENT` and `BENCH.NOEFFECT` as on PostgreSQL
@@ -49,6 +55,44 @@ impl MariaDb {
         handlers.register("BENCH.NOEFFECT", Handler::transactional_on::<MySql, _>(NoEffect));
         let stats = Arc::new(Stats::default());
         Pipeline::new(self.store.clone(), self.fast_path.clone(), stats, handlers, crate::settings())
+    }
+
+    /// Runs a phase and keeps what it moved the server's [`COUNTERS`] by.
+    pub async fn counted(&self, phase: impl Future<Output = Phase>) -> Phase {
+        let before = self.counters().await;
+        let phase = phase.await;
+        let after = self.counters().await;
+        self.counted.lock().unwrap().push((phase.name, std::array::from_fn(|i| after[i] - before[i])));
+        phase
+    }
+
+    async fn counters(&self) -> [u64; 4] {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as(&format!("SHOW GLOBAL STATUS WHERE Variable_name IN ('{}')", COUNTERS.join("', '")))
+                .fetch_all(&self.db.pool)
+                .await
+                .unwrap();
+        COUNTERS.map(|name| rows.iter().find(|(n, _)| n == name).unwrap().1.parse().unwrap())
+    }
+
+    /// Prints, per MariaDB phase of `messages`, its transactions (a batch each, and the
+    /// deadlocked ones run again) and the statements per transaction.
+    pub fn print_counters(&self, messages: usize) {
+        println!("MariaDB's server counters per phase (server-wide: other clients' statements count too)");
+        println!(
+            "{:<42} {:>8} {:>10} {:>12} {:>12} {:>12}",
+            "phase", "commits", "msg/commit", "prepares/c", "executes/c", "questions/c"
+        );
+        for (name, [commits, prepares, executes, questions]) in self.counted.lock().unwrap().iter() {
+            let per = |n: &u64| *n as f64 / (*commits).max(1) as f64;
+            println!(
+                "{name:<42} {commits:>8} {:>10.1} {:>12.2} {:>12.2} {:>12.2}",
+                messages as f64 / (*commits).max(1) as f64,
+                per(prepares),
+                per(executes),
+                per(questions)
+            );
+        }
     }
 
     /// The business rows written.

@@ -1,5 +1,7 @@
 //! The consume bench's handlers: without effect, one business row per message, one statement
-//! for a run of messages (a batch handler), and a leased one without effect.
+//! for a run of messages (a batch handler), and a leased one without effect. With the feature
+//! `mysql`, the first two also write in MariaDB's transaction (the same row in its own
+//! `bench_effects`).
 
 use async_trait::async_trait;
 use dedup_engine::handler::{HandlerError, HandlerInput, LeaseGuard, LeasedHandler, TransactionalHandler};
@@ -19,12 +21,32 @@ impl TransactionalHandler for InsertRow {
     }
 }
 
+#[cfg(feature = "mysql")]
+#[async_trait]
+impl TransactionalHandler<sqlx::MySql> for InsertRow {
+    async fn handle(&self, input: &HandlerInput<'_>, tx: &mut sqlx::MySqlConnection) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO bench_effects (message_id) VALUES (?)")
+            .bind(input.message_id.as_str())
+            .execute(tx)
+            .await?;
+        Ok(())
+    }
+}
+
 /// The pipeline alone: a transactional handler with no business change of its own.
 pub struct NoEffect;
 
 #[async_trait]
 impl TransactionalHandler for NoEffect {
     async fn handle(&self, _: &HandlerInput<'_>, _: &mut PgConnection) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[async_trait]
+impl TransactionalHandler<sqlx::MySql> for NoEffect {
+    async fn handle(&self, _: &HandlerInput<'_>, _: &mut sqlx::MySqlConnection) -> Result<(), HandlerError> {
         Ok(())
     }
 }
@@ -46,7 +68,7 @@ pub struct InsertRows;
 #[async_trait]
 impl TransactionalHandler for InsertRows {
     async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
-        InsertRow.handle(input, tx).await
+        TransactionalHandler::<sqlx::Postgres>::handle(&InsertRow, input, tx).await
     }
 
     fn max_batch(&self) -> usize {

@@ -20,8 +20,9 @@ impl<S: PipelineStore> Pipeline<S> {
     /// calls held before they started given back in one statement per type, the failures each
     /// recorded (fenced by the lease token); a connection and each of these statements are
     /// asked for again for half a lease from now ([`Tries`]). Calls whose outcome is unknown
-    /// record nothing when their handler is under `hold`; under `reclaim`, which allows running the effect again,
-    /// they are failures like any other (counted, so they end in a dead letter).
+    /// record nothing when their handler is under `hold`; under `reclaim`, which allows running
+    /// the effect again, they are failures like any other (counted, so they end in a dead
+    /// letter).
     pub(super) async fn settle_leased(&self, lease: &Lease, finished: Vec<Finished<'_, '_>>) -> Vec<Outcome> {
         let (unknown, finished): (Vec<_>, Vec<_>) = finished.into_iter().partition(|f| {
             !f.item.handler.reclaims_expired() && f.result.as_ref().is_err_and(HandlerError::is_outcome_unknown)

@@ -111,6 +111,16 @@ async fn pipeline_losing(
 /// An effect that succeeds.
 struct Effect;
 
+/// A service that answers 503 (retryable) every time.
+struct Unavailable;
+
+#[async_trait]
+impl LeasedHandler for Unavailable {
+    async fn handle(&self, _: &HandlerInput<'_>, _: &LeaseGuard) -> Result<(), HandlerError> {
+        Err(HandlerError::retryable("DOWNSTREAM_DOWN", "503 (test)"))
+    }
+}
+
 #[async_trait]
 impl LeasedHandler for Effect {
     async fn handle(&self, _: &HandlerInput<'_>, _: &LeaseGuard) -> Result<(), HandlerError> {
@@ -159,4 +169,32 @@ async fn held_calls_whose_release_answer_is_lost_are_redelivered_not_acknowledge
     let acked: Vec<&Disposition> = dispositions.iter().filter(|d| matches!(d, Disposition::Ack(_))).collect();
     assert_eq!(acked, Vec::<&Disposition>::new(), "a released record waits for its delivery: none acknowledged");
     assert!(dispositions.contains(&Disposition::Redeliver), "those the lost release gave back are redelivered");
+}
+
+#[tokio::test]
+async fn failures_whose_answer_is_lost_are_retried_or_dead_lettered_as_recorded() {
+    for (max_attempts, expected, status) in [
+        (2, Disposition::Retry { delay: Duration::from_secs(1) }, "failed"),
+        (1, Disposition::DeadLetter { reason: "DOWNSTREAM_DOWN: 503 (test)".to_owned() }, "dead"),
+    ] {
+        let h = Harness::new().await;
+        let mut handlers = HandlerRegistry::new();
+        let handler = Handler::Leased { handler: Arc::new(Unavailable), on_lease_expiry: LeaseExpiryPolicy::Hold };
+        handlers.register("ORDER.NOTIFY", handler);
+        let marker = b"FROM failed WHERE a.record_id";
+        let (pipeline, lost) =
+            pipeline_losing(&h, marker, handlers, settings(max_attempts, Duration::from_secs(30))).await;
+        let id = "ORDER.NOTIFY.FAILED:1";
+        let dispositions = pipeline.process("host-a:1:0", &[message(id, json!({"orderNo": 1}))]).await;
+        assert!(lost.load(Ordering::SeqCst), "the failure's answer was lost");
+        // Not redelivered: a dead record's redelivery is acknowledged as a duplicate, and its
+        // message would reach no dead-letter queue.
+        assert_eq!(dispositions, vec![expected], "as the lost try recorded it ({status})");
+        let recorded: String = sqlx::query_scalar("SELECT status FROM dedup_records WHERE message_id = $1")
+            .bind(id)
+            .fetch_one(h.pool())
+            .await
+            .unwrap();
+        assert_eq!(recorded, status);
+    }
 }

@@ -483,6 +483,17 @@ pub trait LeaseStore: DedupStore {
         retry_delay_ms: i64,
     ) -> Result<Vec<i64>, StoreError>;
 
+    /// How attempt `attempt` of record `id` ended: its `outcome` (`failed`, `dead`, `deferred`,
+    /// `lease_lost`, …), `None` while it is open or when there is none. Read after a failure was
+    /// recorded only on a later try, which found the lease token gone: the attempt row says
+    /// whether an earlier try, whose answer was lost, recorded it.
+    async fn attempt_outcome(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        id: i64,
+        attempt: i32,
+    ) -> Result<Option<String>, StoreError>;
+
     /// Flags the attempt of `claim` as a late effect: its effect ran, but the completion was
     /// refused (the lease was taken over or released meanwhile), so the effect may have run
     /// twice. The effect's late `answer` is kept on the attempt. An attempt that did succeed is

@@ -233,8 +233,9 @@ impl<S: PipelineStore> Pipeline<S> {
                     return Disposition::Retry { delay };
                 }
                 // The lease was lost (the failure below finds it superseded), the run of such
-                // answers is older than `within`, or a deferral whose answer was lost did commit
-                // (the failure below finds the claim gone and redelivers): the attempt counts.
+                // answers is older than `within` (the attempt counts), or a deferral whose answer
+                // was lost did commit (the failure below finds the claim gone, the attempt
+                // deferred).
                 Ok(false) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "recording a deferral failed; redelivering");
@@ -249,6 +250,24 @@ impl<S: PipelineStore> Pipeline<S> {
                 failed => break failed,
             }
         };
+        // Tried again and found the lease token gone: an earlier try may have recorded the
+        // failure (or the deferral) before its answer was lost; the attempt row says.
+        let failed = match failed {
+            Ok(FailureOutcome::Superseded) if tries.again => {
+                match self.store.attempt_outcome(conn, claim.id, claim.attempt).await.ok().flatten().as_deref() {
+                    Some("dead") => Ok(FailureOutcome::Dead),
+                    Some("failed") => Ok(FailureOutcome::Failed),
+                    Some("deferred") => {
+                        self.stats.count(group, Event::Retry, 1);
+                        return Disposition::Retry { delay };
+                    }
+                    // Taken over, released by an operator, or unread: the redelivery is judged
+                    // by the record.
+                    _ => return Disposition::Redeliver,
+                }
+            }
+            failed => failed,
+        };
         match failed {
             Ok(FailureOutcome::Failed) => {
                 self.stats.count(group, Event::Failed, 1);
@@ -261,10 +280,6 @@ impl<S: PipelineStore> Pipeline<S> {
                 Disposition::DeadLetter { reason: text }
             }
             // No record failed: the record is its new holder's, whose claim counted the takeover.
-            // But after a statement was tried again, an earlier try may have recorded the failure
-            // (or the deferral) before its answer was lost: the redelivery is judged by the
-            // record, which says which.
-            Ok(FailureOutcome::Superseded) if tries.again => Disposition::Redeliver,
             Ok(FailureOutcome::Superseded) => Disposition::Ack(AckReason::LeaseLost),
             Err(e) => {
                 tracing::warn!(error = %e, "recording a failure failed; redelivering");

@@ -142,7 +142,8 @@ pub async fn extending_a_lease_needs_its_token<H: Harness>() {
 }
 
 /// A leased record that failed is claimed again until its attempts run out; each failure closes
-/// its attempt with the effect's answer, and the record keeps the delivery the claim stored.
+/// its attempt with the effect's answer (read back by `attempt_outcome`), and the record keeps
+/// the delivery the claim stored.
 pub async fn a_failed_leased_record_is_claimable_until_its_attempts_run_out<H: Harness>() {
     let h = H::fresh().await;
     let m = msg("ORDER.NOTIFY.5:3", "ORDER.NOTIFY", r#"{"n":5}"#);
@@ -164,6 +165,12 @@ pub async fn a_failed_leased_record_is_claimable_until_its_attempts_run_out<H: H
     let rows: Vec<(i32, Option<String>)> =
         [(1, "failed"), (2, "failed"), (3, "dead")].into_iter().map(|(a, o)| (a, Some(o.to_owned()))).collect();
     assert_eq!(h.attempt_rows(id).await, rows);
+    // The store reads each attempt's outcome back (a failure whose answer was lost).
+    let mut conn = h.store().pool().acquire().await.unwrap();
+    for (attempt, outcome) in [(1, Some("failed")), (3, Some("dead")), (4, None)] {
+        let read = h.store().attempt_outcome(&mut *conn, id, attempt).await.unwrap();
+        assert_eq!(read.as_deref(), outcome, "attempt {attempt}");
+    }
 }
 
 /// A leased batch creates records with their delivery and attempt rows; a record whose lease

@@ -270,6 +270,19 @@ impl LeaseStore for MySqlStore {
         Ok(ids)
     }
 
+    async fn attempt_outcome(
+        &self,
+        conn: &mut MySqlConnection,
+        id: i64,
+        attempt: i32,
+    ) -> Result<Option<String>, StoreError> {
+        let sql = self.render(
+            "SELECT outcome FROM {s}.record_attempts WHERE record_id = ? AND attempt = ? AND outcome IS NOT NULL",
+        );
+        let row = sqlx::query(&sql).bind(id).bind(attempt).fetch_optional(&mut *conn).await?;
+        Ok(row.map(|row| text(&row, "outcome")).transpose()?)
+    }
+
     async fn note_late_effect(
         &self,
         conn: &mut MySqlConnection,

@@ -116,6 +116,12 @@ impl LeaseStore for PgStore {
         self.fenced_many(conn, &self.sql.release_unstarted, claims, Some(retry_delay_ms)).await
     }
 
+    async fn attempt_outcome(&self, conn: &mut PgConnection, id: i64, attempt: i32) -> Result<Option<String>, StoreError> {
+        let sql = self.render("SELECT outcome FROM {s}.record_attempts WHERE record_id = $1 AND attempt = $2");
+        let outcome = sqlx::query_scalar(&sql).bind(id).bind(attempt).fetch_optional(&mut *conn).await?;
+        Ok(outcome.flatten())
+    }
+
     #[tracing::instrument(level = "debug", name = "note_late_effect", skip_all, fields(record = claim.id))]
     async fn note_late_effect(
         &self,

@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::pipeline::{AckReason, Disposition, Pipeline};
+use crate::store::PipelineStore;
+use crate::store::postgres::PgStore;
 use crate::source::{SourceError, SourceFactory};
 use crate::worker::worker_name;
 
@@ -171,16 +173,16 @@ impl ConsumerStatus {
 }
 
 /// A consumer: a pipeline fed by sources from a factory.
-pub struct Consumer {
-    pipeline: Pipeline,
+pub struct Consumer<S = PgStore> {
+    pipeline: Pipeline<S>,
     factory: Arc<dyn SourceFactory>,
     settings: ConsumerSettings,
     status: Arc<ConsumerStatus>,
 }
 
-impl Consumer {
+impl<S: PipelineStore> Consumer<S> {
     /// A consumer; call [`Consumer::run`] to start it.
-    pub fn new(pipeline: Pipeline, factory: Arc<dyn SourceFactory>, settings: ConsumerSettings) -> Self {
+    pub fn new(pipeline: Pipeline<S>, factory: Arc<dyn SourceFactory>, settings: ConsumerSettings) -> Self {
         let status = ConsumerStatus {
             quiet_after: Duration::from_millis(settings.backoff_max_ms.max(settings.backoff_initial_ms)) * 2,
             ..ConsumerStatus::default()
@@ -246,9 +248,9 @@ impl Pause {
     }
 }
 
-async fn run_worker(
+async fn run_worker<S: PipelineStore>(
     n: usize,
-    pipeline: Pipeline,
+    pipeline: Pipeline<S>,
     factory: Arc<dyn SourceFactory>,
     settings: ConsumerSettings,
     status: Arc<ConsumerStatus>,

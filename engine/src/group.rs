@@ -238,7 +238,7 @@ impl Group {
     /// [`Group::transactional`] does a PostgreSQL one: `group.transactional_on::<sqlx::MySql,
     /// _>("ORDER.PAY", PayOrder)` for `impl TransactionalHandler<sqlx::MySql> for PayOrder`. The
     /// engine refuses to start when `DB` is not the database it runs on
-    /// ([`crate::EngineError::HandlerDatabase`]); so far that is PostgreSQL only (issue 25).
+    /// ([`crate::EngineError::HandlerDatabase`]): the pool given to [`crate::Engine::builder`].
     pub fn transactional_on<DB: sqlx::Database, H: TransactionalHandler<DB>>(
         self,
         message_type: impl Into<String>,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 
 use crate::consumer::FailedBatches;
+use crate::runtime::EnginePool;
 use crate::service::{Service, redact_url};
 #[cfg(feature = "kafka")]
 use crate::source::kafka::KafkaProbe;
@@ -82,7 +82,7 @@ pub struct GroupHealth {
 
 /// Probes the dependencies. Cheap to clone.
 ///
-/// Each probe is a real round trip: `SELECT 1` on a pooled PostgreSQL connection, `PING` on a
+/// Each probe is a real round trip: `SELECT 1` on a pooled database connection, `PING` on a
 /// new Redis connection, and for the broker ([`HealthProbes::with_rabbitmq`][with-rabbitmq] or
 /// [`HealthProbes::with_kafka`][with-kafka]) an AMQP handshake with RabbitMQ (closed right after) or a
 /// metadata request to Kafka. Each is bounded by `timeout`.
@@ -93,7 +93,7 @@ pub struct GroupHealth {
 #[cfg_attr(not(feature = "rabbitmq"), doc = "[with-rabbitmq]: crate#features")]
 #[derive(Clone)]
 pub struct HealthProbes {
-    pool: PgPool,
+    pool: EnginePool,
     database_url: String,
     redis_url: String,
     broker: BrokerProbe,
@@ -134,9 +134,9 @@ impl HealthProbes {
     #[cfg_attr(not(feature = "kafka"), doc = "[with-kafka]: crate#features")]
     #[cfg_attr(feature = "rabbitmq", doc = "[with-rabbitmq]: HealthProbes::with_rabbitmq")]
     #[cfg_attr(not(feature = "rabbitmq"), doc = "[with-rabbitmq]: crate#features")]
-    pub fn new(pool: PgPool, database_url: &str, redis_url: &str, timeout: Duration) -> Self {
+    pub fn new(pool: impl Into<EnginePool>, database_url: &str, redis_url: &str, timeout: Duration) -> Self {
         Self {
-            pool,
+            pool: pool.into(),
             database_url: database_url.to_owned(),
             redis_url: redis_url.to_owned(),
             broker: BrokerProbe::None,
@@ -221,11 +221,23 @@ impl HealthProbes {
 
     /// `SELECT 1` on a pooled connection.
     pub(crate) async fn check_database(&self) -> DependencyHealth {
-        self.timed(Service::PostgreSql, &self.database_url, async {
-            sqlx::query("SELECT 1").execute(&self.pool).await?;
-            Ok(())
-        })
-        .await
+        match &self.pool {
+            EnginePool::Postgres(pool) => {
+                self.timed(Service::PostgreSql, &self.database_url, async {
+                    sqlx::query("SELECT 1").execute(pool).await?;
+                    Ok(())
+                })
+                .await
+            }
+            #[cfg(feature = "mysql")]
+            EnginePool::MySql(pool) => {
+                self.timed(Service::MySql, &self.database_url, async {
+                    sqlx::query("SELECT 1").execute(pool).await?;
+                    Ok(())
+                })
+                .await
+            }
+        }
     }
 
     /// `PING` on a fresh connection.
@@ -314,7 +326,7 @@ mod tests {
     #[tokio::test]
     async fn a_readiness_check_never_waits_for_a_page_probe_and_a_page_reuses_the_newest_report() {
         let (_broker, amqp_url) = silent_broker().await;
-        let pool = PgPool::connect_lazy(&crate::testing::admin_url()).unwrap();
+        let pool = sqlx::PgPool::connect_lazy(&crate::testing::admin_url()).unwrap();
         let probes = HealthProbes::new(pool, &crate::testing::admin_url(), &crate::testing::redis_url(), Duration::from_millis(800))
             .with_rabbitmq(&amqp_url);
 
@@ -345,7 +357,7 @@ mod tests {
     #[tokio::test]
     async fn pages_that_wait_for_a_probe_take_its_report_even_when_it_took_longer_than_max_age() {
         let (_broker, amqp_url) = silent_broker().await;
-        let pool = PgPool::connect_lazy(&crate::testing::admin_url()).unwrap();
+        let pool = sqlx::PgPool::connect_lazy(&crate::testing::admin_url()).unwrap();
         let probes = HealthProbes::new(pool, &crate::testing::admin_url(), &crate::testing::redis_url(), Duration::from_millis(800))
             .with_rabbitmq(&amqp_url);
         // Each probe takes 800 ms (the silent broker), longer than the 300 ms a page accepts.

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::RunningGroup;
+use crate::runtime::books::{HeartbeatRow, RuntimeBooks};
 
 /// How often an instance writes its row.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -87,15 +87,11 @@ pub struct Instance {
 /// groups, has its row's consumers read now.
 ///
 /// Errors: database errors.
-pub(crate) async fn instances(pool: &PgPool, own: Option<(&Beat, &[RunningGroup])>) -> Result<Vec<Instance>, sqlx::Error> {
-    let read = sqlx::query_as::<_, Instance>(
-        "SELECT instance_id, host, pid, started_at, last_seen_at,
-                last_seen_at < now() - $1 * interval '1 millisecond' AS gone, consumers
-         FROM consumer_instances ORDER BY gone, started_at DESC, instance_id LIMIT $2",
-    )
-    .bind(millis(GONE_AFTER))
-    .bind(MAX_LISTED)
-    .fetch_all(pool);
+pub(crate) async fn instances(
+    books: &dyn RuntimeBooks,
+    own: Option<(&Beat, &[RunningGroup])>,
+) -> Result<Vec<Instance>, sqlx::Error> {
+    let read = books.instances(millis(GONE_AFTER), MAX_LISTED);
     let now = async {
         match own {
             Some((_, groups)) => Some(Beat::consumers(groups).await),
@@ -152,25 +148,18 @@ impl Beat {
         futures::future::join_all(each).await
     }
 
-    async fn write(&self, pool: &PgPool, groups: &[RunningGroup]) -> Result<(), sqlx::Error> {
-        let consumers = sqlx::types::Json(Self::consumers(groups).await);
-        sqlx::query(
-            "WITH forgotten AS (
-                 DELETE FROM consumer_instances WHERE last_seen_at < now() - $6 * interval '1 millisecond'
-             )
-             INSERT INTO consumer_instances (instance_id, host, pid, started_at, consumers)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (instance_id) DO UPDATE SET last_seen_at = now(), consumers = EXCLUDED.consumers",
-        )
-        .bind(&self.instance_id)
-        .bind(&self.host)
-        .bind(self.pid)
-        .bind(self.started_at)
-        .bind(consumers)
-        .bind(millis(FORGET_AFTER))
-        .execute(pool)
-        .await?;
-        Ok(())
+    async fn write(&self, books: &dyn RuntimeBooks, groups: &[RunningGroup]) -> Result<(), sqlx::Error> {
+        let consumers = Self::consumers(groups).await;
+        books
+            .write_heartbeat(&HeartbeatRow {
+                instance_id: &self.instance_id,
+                host: &self.host,
+                pid: self.pid,
+                started_at: self.started_at,
+                consumers: &consumers,
+                forget_after_ms: millis(FORGET_AFTER),
+            })
+            .await
     }
 }
 
@@ -181,7 +170,7 @@ const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Writes `beat`'s row every [`HEARTBEAT`] until `shutdown` (a write in progress is abandoned
 /// then), then deletes it. A failed write is logged and tried at the next beat.
 pub(crate) async fn run_heartbeat(
-    pool: PgPool,
+    books: Arc<dyn RuntimeBooks>,
     beat: Arc<Beat>,
     groups: Arc<Vec<RunningGroup>>,
     shutdown: CancellationToken,
@@ -192,16 +181,15 @@ pub(crate) async fn run_heartbeat(
             () = shutdown.cancelled() => break,
             _ = ticker.tick() => tokio::select! {
                 () = shutdown.cancelled() => break,
-                written = beat.write(&pool, &groups) => written,
+                written = beat.write(books.as_ref(), &groups) => written,
             },
         };
         if let Err(e) = written {
             tracing::warn!(error = %e, "writing this instance's heartbeat failed; will retry");
         }
     }
-    let gone = sqlx::query("DELETE FROM consumer_instances WHERE instance_id = $1").bind(&beat.instance_id);
-    match tokio::time::timeout(DELETE_TIMEOUT, gone.execute(&pool)).await {
-        Ok(Ok(_)) => {}
+    match tokio::time::timeout(DELETE_TIMEOUT, books.delete_heartbeat(&beat.instance_id)).await {
+        Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "deleting this instance's heartbeat row failed; it shows as gone"),
         Err(_) => tracing::warn!("deleting this instance's heartbeat row timed out; it shows as gone"),
     }

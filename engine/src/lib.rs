@@ -210,7 +210,7 @@ pub use message::{
 };
 pub use record::{ConsumerGroup, IdError, LateDuplicatePolicy, LeaseExpiryPolicy, MAX_MESSAGE_ID_BYTES, MessageId};
 pub use retry::Backoff;
-pub use runtime::{Engine, EngineBuilder, EngineError, EngineHandle};
+pub use runtime::{Engine, EngineBuilder, EngineError, EngineHandle, EnginePool};
 pub use service::{Service, Unreachable};
 pub use source::{DEAD_LETTER_REASON_HEADER, Outbound, Publish, PublishFailed, SourceError, SourceFactory};
 
@@ -221,6 +221,13 @@ pub mod rabbitmq {
     pub use crate::source::rabbitmq::{
         ExchangeType, PublishError, Publisher, RabbitConnector, RabbitSettings, Topology, properties_for,
     };
+}
+
+/// MySQL 8 / MariaDB 10.11 (feature `mysql`): the pool an engine runs on
+/// (`Engine::builder(mysql_pool)`; docs/DESIGN.md, "An engine on MySQL").
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    pub use crate::store::mysql::{connect_url as connect, migrate};
 }
 
 /// Kafka (feature `kafka`): a group's topics and consumer group, and the connector.

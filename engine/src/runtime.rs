@@ -5,7 +5,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -21,17 +20,24 @@ use crate::message::Broker;
 use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::record::ConsumerGroup;
 use crate::source::SourceFactory;
-use crate::stats::{self, Stats};
-use crate::store::DedupStore;
+use crate::stats::Stats;
 use crate::store::postgres::PgStore;
+use crate::store::postgres::runtime::PgRuntimeBooks;
+use crate::store::{DedupStore, PipelineStore};
+#[cfg(feature = "mysql")]
+use crate::store::mysql::runtime::MySqlRuntimeBooks;
+use books::RuntimeBooks;
 
+pub(crate) mod books;
 mod errors;
+mod pool;
 pub use errors::EngineError;
+pub use pool::EnginePool;
 
 /// Builds an [`Engine`]: see [`Engine::builder`].
 #[must_use = "an engine builder does nothing until `start` is called"]
 pub struct EngineBuilder {
-    pool: PgPool,
+    pool: EnginePool,
     schema: Schema,
     redis_url: String,
     fast_path: FastPathSettings,
@@ -95,12 +101,12 @@ impl EngineBuilder {
     /// Errors: [`EngineError`]: an invalid or repeated group name, two groups reading one queue,
     /// a message type with two handlers, a lease shorter than a handler's longest run, a
     /// transactional handler of another database than the engine's, a failed migration.
-    pub async fn start(self) -> Result<Engine, EngineError> {
-        let engine_database = <<PgStore as DedupStore>::Db as sqlx::Database>::NAME;
+    pub async fn start(mut self) -> Result<Engine, EngineError> {
+        let engine_database = self.pool.database();
         let mut names = HashSet::new();
         let mut sources = HashMap::new();
         let mut groups = Vec::with_capacity(self.groups.len());
-        for group in self.groups {
+        for group in std::mem::take(&mut self.groups) {
             let name = ConsumerGroup::parse(group.name.clone())
                 .map_err(|error| EngineError::GroupName { name: group.name.clone(), error })?;
             if !names.insert(name.clone()) {
@@ -138,25 +144,78 @@ impl EngineBuilder {
             }
             groups.push((name, group));
         }
-        db::migrate(&self.pool, &self.schema).await?;
-        let engine_pool = db::engine_pool(&self.pool, &self.schema, self.pool_size);
-        let source_key = db::engine_key(&engine_pool, "source-headers").await.map_err(SchemaError::Query)?;
-        let store = PgStore::new(self.pool.clone(), &self.schema);
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let retention = Arc::new(RetentionWatch::default());
+        let (engine_pool, books, started) = match &self.pool {
+            EnginePool::Postgres(pool) => {
+                db::migrate(pool, &self.schema).await?;
+                let engine_pool = db::engine_pool(pool, &self.schema, self.pool_size);
+                let books: Arc<dyn RuntimeBooks> = Arc::new(PgRuntimeBooks::new(engine_pool.clone()));
+                if let Err(e) = retention.refresh(&engine_pool).await {
+                    tracing::warn!(error = %e, "reading the cleanup schedules' retention failed; the scheduler tries again");
+                }
+                let store = PgStore::new(pool.clone(), &self.schema);
+                let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
+                tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
+                    engine_pool.clone(),
+                    started.publishers.clone(),
+                    shutdown.clone(),
+                )));
+                tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(
+                    engine_pool.clone(),
+                    retention,
+                    shutdown.clone(),
+                )));
+                (EnginePool::Postgres(engine_pool), books, started)
+            }
+            #[cfg(feature = "mysql")]
+            EnginePool::MySql(pool) => {
+                let engine_pool = pool::ready_mysql(pool, &self.schema, self.pool_size).await?;
+                let books: Arc<dyn RuntimeBooks> = Arc::new(MySqlRuntimeBooks::new(engine_pool.clone()));
+                tracing::warn!(
+                    "this engine runs on MySQL: bulk requeue and cleanup schedules run on PostgreSQL only so far, so \
+                     neither runs here, and no record is deleted (docs/DESIGN.md, \"The store seam\")"
+                );
+                let store = crate::store::mysql::MySqlStore::new(pool.clone(), &self.schema);
+                let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
+                (EnginePool::MySql(engine_pool), books, started)
+            }
+        };
+        let handle = EngineHandle {
+            pool: engine_pool,
+            books,
+            schema: self.schema,
+            fast_path: started.fast_path,
+            publishers: started.publishers,
+            groups: started.groups,
+            beat: started.beat,
+        };
+        Ok(Engine { handle, shutdown, tasks })
+    }
+
+    /// Starts what every database runs the same way: the engine keys' reads, the fast path,
+    /// each group's consumer over `store` (when the engine consumes), the heartbeat and the
+    /// aggregate flusher, their tasks pushed onto `tasks`.
+    async fn start_groups<S: PipelineStore>(
+        &self,
+        store: S,
+        books: &Arc<dyn RuntimeBooks>,
+        retention: &Arc<RetentionWatch>,
+        groups: Vec<(ConsumerGroup, Group)>,
+        shutdown: &CancellationToken,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) -> Result<StartedGroups, EngineError> {
+        let source_key = books.engine_key("source-headers").await.map_err(SchemaError::Query)?;
         // Markers are this database's (DESIGN.md, "Redis fast path"): another database on the same
         // Redis and prefix — one recreated, test and staging side by side — has other records, and
         // must not take this one's markers for duplicates and skip its messages.
-        let database = db::engine_key(&engine_pool, "fast-path-namespace").await.map_err(SchemaError::Query)?;
-        let mut fast_path = self.fast_path;
+        let database = books.engine_key("fast-path-namespace").await.map_err(SchemaError::Query)?;
+        let mut fast_path = self.fast_path.clone();
         let namespace: String = database[..6].iter().map(|b| format!("{b:02x}")).collect();
         fast_path.prefix = format!("{}:{namespace}", fast_path.prefix);
         let fast_path = Arc::new(FastPath::new(&self.redis_url, fast_path));
         let stats = Arc::new(Stats::default());
-        let retention = Arc::new(RetentionWatch::default());
-        if let Err(e) = retention.refresh(&engine_pool).await {
-            tracing::warn!(error = %e, "reading the cleanup schedules' retention failed; the scheduler tries again");
-        }
-        let shutdown = CancellationToken::new();
-        let mut tasks = Vec::new();
         let mut publishers = Publishers::default();
         let mut running = Vec::with_capacity(groups.len());
         for (name, group) in groups {
@@ -165,7 +224,7 @@ impl EngineBuilder {
             let types = group.handlers.types().into_iter().map(str::to_owned).collect();
             let http = group.handlers.http_endpoints();
             let status = if self.consume {
-                warn_of_conflicts(&engine_pool, &name).await;
+                warn_of_conflicts(books.as_ref(), &name).await;
                 let s = &group.settings;
                 let pipeline = Pipeline::new(
                     store.clone(),
@@ -197,39 +256,29 @@ impl EngineBuilder {
         let beat = self.consume.then(|| Arc::new(Beat::new()));
         if let Some(beat) = &beat {
             tasks.push(tokio::spawn(crate::instances::run_heartbeat(
-                engine_pool.clone(),
+                books.clone(),
                 beat.clone(),
                 running.clone(),
                 shutdown.clone(),
             )));
         }
         tasks.push(tokio::spawn(run_stats_flusher(
-            engine_pool.clone(),
-            store.clone(),
-            stats.clone(),
+            books.clone(),
+            store,
+            stats,
             self.stats_flush,
             shutdown.clone(),
         )));
-        tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
-            engine_pool.clone(),
-            publishers.clone(),
-            shutdown.clone(),
-        )));
-        tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(
-            engine_pool.clone(),
-            retention,
-            shutdown.clone(),
-        )));
-        let handle = EngineHandle {
-            pool: engine_pool,
-            schema: self.schema,
-            fast_path,
-            publishers,
-            groups: running,
-            beat,
-        };
-        Ok(Engine { handle, shutdown, tasks })
+        Ok(StartedGroups { fast_path, publishers, groups: running, beat })
     }
+}
+
+/// What [`EngineBuilder::start_groups`] started, for the engine's handle.
+struct StartedGroups {
+    fast_path: Arc<FastPath>,
+    publishers: Publishers,
+    groups: Arc<Vec<RunningGroup>>,
+    beat: Option<Arc<Beat>>,
 }
 
 /// One consumer group of a running engine, as the console shows it.
@@ -256,7 +305,8 @@ impl RunningGroup {
 /// What the console, the API and a host need of a running engine; cheap to clone.
 #[derive(Clone)]
 pub struct EngineHandle {
-    pool: PgPool,
+    pool: EnginePool,
+    books: Arc<dyn RuntimeBooks>,
     schema: Schema,
     fast_path: Arc<FastPath>,
     publishers: Publishers,
@@ -266,9 +316,10 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// The engine's pool: `search_path` is the engine's schema (see [`Schema`]). The
-    /// console's queries and the operator actions take it.
-    pub fn pool(&self) -> &PgPool {
+    /// The engine's pool: on PostgreSQL `search_path` is the engine's schema (see [`Schema`]);
+    /// on MySQL its connections use the engine's database. The console's queries and the
+    /// operator actions take it (on PostgreSQL only so far: [`EnginePool::postgres`]).
+    pub fn pool(&self) -> &EnginePool {
         &self.pool
     }
 
@@ -304,7 +355,7 @@ impl EngineHandle {
     #[doc(hidden)]
     pub async fn instances(&self) -> Result<Vec<Instance>, sqlx::Error> {
         let own = self.beat.as_deref().map(|beat| (beat, &self.groups[..]));
-        crate::instances::instances(&self.pool, own).await
+        crate::instances::instances(self.books.as_ref(), own).await
     }
 
     /// Each group's health: not ready while its broker refuses its topology (see
@@ -371,12 +422,13 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// A builder on `pool`, the team's own pool on the database that holds (or will hold) the
-    /// engine's schema next to the team's tables; transactional handlers run on its
-    /// connections. See [`Engine`].
-    pub fn builder(pool: PgPool) -> EngineBuilder {
+    /// A builder on `pool`, the team's own pool (a `PgPool`, or with the feature `mysql` a
+    /// `MySqlPool`: [`EnginePool`]) on the database that holds (or will hold) the engine's
+    /// schema next to the team's tables; transactional handlers run on its connections. See
+    /// [`Engine`].
+    pub fn builder(pool: impl Into<EnginePool>) -> EngineBuilder {
         EngineBuilder {
-            pool,
+            pool: pool.into(),
             schema: Schema::default(),
             redis_url: "redis://127.0.0.1:6379".to_owned(),
             fast_path: FastPathSettings::default(),
@@ -407,9 +459,9 @@ impl Engine {
 
 /// Flushes the in-memory aggregates and folds the record counts' delta rows every `period`,
 /// samples the table size every minute, until shutdown (then flushes once more).
-async fn run_stats_flusher(
-    pool: PgPool,
-    store: PgStore,
+async fn run_stats_flusher<S: DedupStore>(
+    books: Arc<dyn RuntimeBooks>,
+    store: S,
     stats: Arc<Stats>,
     period: Duration,
     shutdown: CancellationToken,
@@ -421,14 +473,14 @@ async fn run_stats_flusher(
             () = shutdown.cancelled() => true,
             _ = ticker.tick() => false,
         };
-        if let Err(e) = stats.flush(&pool, &store).await {
+        if let Err(e) = stats.flush_to(books.as_ref(), &store).await {
             tracing::warn!(error = %e, "flushing aggregates failed; will retry");
         }
-        if let Err(e) = stats::fold_record_counts(&pool).await {
+        if let Err(e) = books.fold_record_counts().await {
             tracing::warn!(error = %e, "folding the record counts failed; will retry");
         }
         if last_sample.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
-            if let Err(e) = stats::sample_table(&pool).await {
+            if let Err(e) = books.sample_table().await {
                 tracing::warn!(error = %e, "sampling the table size failed");
             }
             last_sample = Some(tokio::time::Instant::now());
@@ -441,12 +493,12 @@ async fn run_stats_flusher(
 
 /// Says at a group's start when conflicting copies of its deliveries wait for an operator
 /// (DESIGN.md, "Reused ids and payload conflicts"): many of them mean its id source is wrong.
-async fn warn_of_conflicts(pool: &sqlx::PgPool, group: &ConsumerGroup) {
-    match crate::actions::conflicts::open_conflicts(pool, Some(group.as_str())).await {
-        Ok(open) if open.is_empty() => {}
+async fn warn_of_conflicts(books: &dyn RuntimeBooks, group: &ConsumerGroup) {
+    match books.open_conflicts(group.as_str()).await {
+        Ok(0) => {}
         Ok(open) => tracing::warn!(
             group = group.as_str(),
-            open = open.len(),
+            open,
             "deliveries that reused an existing record's message id (another type or payload) wait for an operator: \
              is the group's ids.from right? The overview's \"id conflicts\" lists them; requeue them once it is"
         ),

@@ -9,6 +9,9 @@ use std::fmt;
 pub enum Service {
     /// The dedup store and the business tables. Required: the server refuses to start without it.
     PostgreSql,
+    /// The dedup store and the business tables on MySQL 8 or MariaDB (the engine's feature
+    /// `mysql`). Required, as PostgreSQL.
+    MySql,
     /// The fast-path duplicate markers. Optional at run time: a Redis outage makes every lookup
     /// fall through to the database.
     Redis,
@@ -22,7 +25,7 @@ impl Service {
     /// Stable lowercase key, used in JSON (`/readyz`) and metric labels.
     pub(crate) fn key(self) -> &'static str {
         match self {
-            Service::PostgreSql => "database",
+            Service::PostgreSql | Service::MySql => "database",
             Service::Redis => "redis",
             Service::RabbitMq | Service::Kafka => "broker",
         }
@@ -33,6 +36,7 @@ impl fmt::Display for Service {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Service::PostgreSql => "PostgreSQL",
+            Service::MySql => "MySQL",
             Service::Redis => "Redis",
             Service::RabbitMq => "RabbitMQ",
             Service::Kafka => "Kafka",

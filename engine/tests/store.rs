@@ -79,7 +79,7 @@ async fn counting_never_makes_concurrent_transactions_wait() {
     let counts = "SELECT status, sum(n)::bigint FROM record_counts WHERE consumer_group = 'g' GROUP BY 1 ORDER BY 1";
     let before: Vec<(String, i64)> = sqlx::query_as(counts).fetch_all(h.pool()).await.unwrap();
     assert_eq!(before, [("failed".into(), 2), ("processing".into(), 2)]);
-    let folded = dedup_engine::stats::fold_record_counts(h.pool()).await.unwrap();
+    let folded: i64 = sqlx::query_scalar("SELECT record_counts_fold()").fetch_one(h.pool()).await.unwrap();
     assert_eq!(folded, 4, "four delta rows folded");
     let after: Vec<(String, i64)> = sqlx::query_as(counts).fetch_all(h.pool()).await.unwrap();
     assert_eq!(after, before, "a fold keeps the sums");
@@ -88,6 +88,6 @@ async fn counting_never_makes_concurrent_transactions_wait() {
         .await
         .unwrap();
     assert_eq!(rows, 2, "one row per (group, status) after the fold");
-    let again = dedup_engine::stats::fold_record_counts(h.pool()).await.unwrap();
+    let again: i64 = sqlx::query_scalar("SELECT record_counts_fold()").fetch_one(h.pool()).await.unwrap();
     assert_eq!(again, 0, "a folded table is not rewritten");
 }

@@ -11,6 +11,9 @@ pub fn start_hint(service: Service) -> Option<&'static str> {
             "check with `pg_isready -h 127.0.0.1`; start with \
              `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`"
         }
+        Service::MySql => {
+            "check with `mariadb-admin -h 127.0.0.1 -u root ping`; start with `scripts/services` (MariaDB)"
+        }
         Service::Redis => {
             "check with `redis-cli -h 127.0.0.1 ping`; start with \
              `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save \"\" --appendonly no`"

@@ -155,7 +155,7 @@ impl Application {
         let local_addr = listener.local_addr()?;
         let engine = builder.start().await?;
         let handle = engine.handle().clone();
-        let probes = probes(&settings, handle.pool().clone(), &groups)?;
+        let probes = probes(&settings, pool.clone(), &groups)?;
         // In the background: the server serves at once, and `/readyz` probes on its own.
         tokio::spawn({
             let probes = probes.clone();
@@ -187,8 +187,10 @@ impl Application {
         let console = console_router(handle, probes, config).await?;
         let router = mount(Router::new(), base.as_str(), console);
         tracing::info!("console listening on http://{local_addr}{}/", base.as_str());
-        if settings.auth.mode == AuthMode::Accounts {
-            warn_without_accounts(engine.handle().pool()).await;
+        if settings.auth.mode == AuthMode::Accounts
+            && let Some(engine_pool) = engine.handle().pool().postgres()
+        {
+            warn_without_accounts(engine_pool).await;
         }
         let shutdown_timeout = Duration::from_millis(settings.shutdown_timeout_ms);
         Ok(Self { listener, router, pool, engine, demo, console_shutdown, shutdown_timeout })

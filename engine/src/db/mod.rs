@@ -111,19 +111,3 @@ pub fn engine_pool(host: &PgPool, schema: &Schema, max_connections: u32) -> PgPo
     let options = host.connect_options().as_ref().clone().options([("search_path", schema.as_str())]);
     host.options().clone().max_connections(max_connections.max(1)).min_connections(0).connect_lazy_with(options)
 }
-
-/// The engine's shared secret `name` (32 bytes), created at random on first use; every process
-/// of the engine reads the same one. `pool` is the engine's pool.
-///
-/// Errors: the database's.
-pub async fn engine_key(pool: &PgPool, name: &str) -> Result<[u8; 32], sqlx::Error> {
-    let fresh: [u8; 32] = rand::random();
-    sqlx::query("INSERT INTO engine_keys (name, key) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
-        .bind(name)
-        .bind(fresh.as_slice())
-        .execute(pool)
-        .await?;
-    let key: Vec<u8> =
-        sqlx::query_scalar("SELECT key FROM engine_keys WHERE name = $1").bind(name).fetch_one(pool).await?;
-    key.try_into().map_err(|_| sqlx::Error::Protocol(format!("engine key {name:?} is not 32 bytes")))
-}

@@ -76,6 +76,20 @@ pub enum EngineError {
         /// The engine's database.
         engine_database: &'static str,
     },
+    /// The MySQL pool's connections do not run `READ COMMITTED` in UTC, which the MySQL store's
+    /// statements rely on (claims read rows as committed, without gap locks; lease times are
+    /// UTC). Open the pool with [`crate::mysql::connect`], or set both on connect.
+    #[cfg(feature = "mysql")]
+    #[error(
+        "the MySQL pool's connections run {isolation} with the clock {utc_offset_seconds} s from UTC; the engine \
+         needs READ-COMMITTED in UTC (open the pool with dedup_engine::mysql::connect)"
+    )]
+    MySqlSession {
+        /// The connections' isolation level, as MySQL names it (`REPEATABLE-READ`, …).
+        isolation: String,
+        /// Their session time zone's offset from UTC, in seconds.
+        utc_offset_seconds: i64,
+    },
     /// Migrating or verifying the engine's schema failed.
     #[error(transparent)]
     Schema(#[from] SchemaError),

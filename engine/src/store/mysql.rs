@@ -5,9 +5,9 @@
 //! (`store/roles.rs`: conflicting copies in `record_conflicts`, `conflicts.rs`; fingerprints and
 //! late duplicates, `late.rs`; handler pauses in `handler_pauses`, `pauses.rs`; the handler
 //! savepoint), and passes the conformance suite (`store/conformance/`). `Pipeline<MySqlStore>`
-//! runs on it; no host can yet: the runtime and console still hold PostgreSQL, and nothing
-//! writes fingerprints on MySQL, since cleanup runs on PostgreSQL only (docs/research/
-//! store-seam.md, "Order of work").
+//! runs on it, and an engine built on a `MySqlPool` starts it (with the runtime's tables,
+//! `runtime.rs`); the console, bulk requeue and cleanup still hold PostgreSQL, so nothing writes
+//! fingerprints on MySQL yet (docs/research/store-seam.md, "Order of work").
 //!
 //! The schema is the lean one of the PostgreSQL store (docs/DESIGN.md, "The lean write path"),
 //! in MySQL's terms: keys and compared text are `VARBINARY` or `_bin` (byte comparison: no
@@ -36,11 +36,6 @@
 //! logging is on); what PostgreSQL's statements return is read back — by a nonce (late
 //! duplicates noted, a held record) or by the primary key in the write's transaction (pauses).
 
-#![cfg_attr(
-    not(feature = "testing"),
-    expect(dead_code, reason = "no host runs the MySQL store yet: only its tests (feature `testing`) use it")
-)]
-
 mod books;
 mod claims;
 mod conflicts;
@@ -48,6 +43,7 @@ pub(super) mod errors;
 mod late;
 mod leases;
 mod pauses;
+pub(crate) mod runtime;
 mod settle;
 mod sql;
 
@@ -55,7 +51,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
-use sqlx::{Executor, MySql, MySqlConnection, Row};
+use sqlx::{Connection, Executor, MySql, MySqlConnection, Row};
 
 #[cfg(feature = "testing")]
 use super::ClaimRequest;
@@ -63,7 +59,8 @@ use super::{
     ClaimAs, ClaimBatch, ClaimOutcome, ClaimedRecord, DedupStore, FailureOutcome, FailureReport, Lease, PoisonRecord,
     PoisonStored, StoreError,
 };
-use crate::db::Schema;
+use crate::db::{PoolSettings, Schema};
+use crate::service::{Service, Unreachable};
 #[cfg(feature = "testing")]
 use crate::handler::EffectAnswer;
 #[cfg(feature = "testing")]
@@ -79,17 +76,76 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("src/store/mysql/migrations");
 /// that `DATETIME` values are UTC whatever the server's zone.
 ///
 /// Errors: the first connection's (unreachable server, refused login, unknown database).
+#[cfg(feature = "testing")]
 pub async fn connect(options: MySqlConnectOptions, max_connections: u32) -> Result<MySqlPool, sqlx::Error> {
-    MySqlPoolOptions::new()
-        .max_connections(max_connections)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
-                Ok(())
-            })
+    pool_options(max_connections).connect_with(options).await
+}
+
+fn pool_options(max_connections: u32) -> MySqlPoolOptions {
+    MySqlPoolOptions::new().max_connections(max_connections).after_connect(|conn, _| {
+        Box::pin(async move {
+            conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
+            Ok(())
         })
-        .connect_with(options)
-        .await
+    })
+}
+
+/// Opens the pool an engine runs on from `url` (`mysql://user:password@host:3306/database`):
+/// connections `READ COMMITTED` in UTC (claims read rows as committed, without gap locks; lease
+/// times are UTC), at most `settings.max_connections`, a wait for one
+/// bounded by `settings.acquire_timeout`; the database is created when it does not exist yet.
+/// `settings.statement_timeout` is not applied: MariaDB (`max_statement_time`) and MySQL 8
+/// (`max_execution_time`, reads only) bound statements differently.
+///
+/// Errors: [`Unreachable`] naming MySQL and the redacted URL, when the URL does not parse or no
+/// connection can be made.
+pub async fn connect_url(url: &str, settings: &PoolSettings) -> Result<MySqlPool, Unreachable> {
+    let unreachable = |e: sqlx::Error| Unreachable::new(Service::MySql, url, e);
+    let options: MySqlConnectOptions = url.parse().map_err(unreachable)?;
+    let open = || pool_options(settings.max_connections).acquire_timeout(settings.acquire_timeout);
+    match open().connect_with(options.clone()).await {
+        Err(e) if super::DbErrorKind::of(&e) == super::DbErrorKind::UnknownDatabase => {
+            let database = options.get_database().unwrap_or_default().replace('`', "``");
+            let mut server = sqlx::MySqlConnection::connect_with(&options.clone().database("")).await.map_err(unreachable)?;
+            sqlx::query(&format!("CREATE DATABASE IF NOT EXISTS `{database}`"))
+                .execute(&mut server)
+                .await
+                .map_err(unreachable)?;
+            open().connect_with(options).await.map_err(unreachable)
+        }
+        other => other.map_err(unreachable),
+    }
+}
+
+/// Longest wait for another process's migrations ([`migrate`]).
+const MIGRATION_WAIT_SECONDS: i64 = 300;
+
+/// Applies `migrator` to the database `pool` connects to, one process at a time: the whole run
+/// holds `GET_LOCK('<database>.migrations', …)` on a connection of its own, waiting at most
+/// 300 s for another process's run. sqlx's own migration lock asks `GET_LOCK(…, -1)`, which
+/// MySQL 8 takes as "wait forever" but MariaDB 10.11 answers at once with NULL (measured): two
+/// processes starting together on MariaDB would both apply the first migration, and one fails
+/// on a "dirty" history.
+///
+/// Errors: the lock not taken within the wait ([`sqlx::migrate::MigrateError::Execute`] with a
+/// protocol error naming it), the database's, or a migration's.
+pub async fn migrate(pool: &MySqlPool, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
+    let mut holder = pool.acquire().await?;
+    let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(DATABASE(), '.migrations'), ?)")
+        .bind(MIGRATION_WAIT_SECONDS)
+        .fetch_one(&mut *holder)
+        .await?;
+    if taken != Some(1) {
+        return Err(sqlx::Error::Protocol(format!(
+            "another process held the migration lock for {MIGRATION_WAIT_SECONDS} s; not migrating"
+        ))
+        .into());
+    }
+    let applied = migrator.run(pool).await;
+    let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.migrations'))").execute(&mut *holder).await;
+    applied?;
+    released?;
+    Ok(())
 }
 
 /// The MySQL/MariaDB implementation of [`DedupStore`] and [`crate::store::LeaseStore`]. Cheap to

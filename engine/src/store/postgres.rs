@@ -42,6 +42,7 @@ pub(super) mod errors;
 pub(crate) mod late;
 mod leases;
 mod pauses;
+pub(crate) mod runtime;
 pub(crate) use conflicts::{ConflictCopy, ConflictKind};
 pub(crate) use late::HeldDelivery;
 use sql::Statements;

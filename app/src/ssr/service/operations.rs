@@ -233,7 +233,7 @@ pub async fn schedule_dry_run(state: &ConsoleState, id: i64) -> Result<i64, Cons
 /// request and its batches may take longer than the console's statement timeout: it runs on the
 /// engine's pool, as scheduled runs do.
 pub async fn schedule_run_now(state: &ConsoleState, actor: &str, id: i64) -> Result<i64, ConsoleError> {
-    Ok(scheduler::cleanup_run_now(state.engine.pool(), actor, id).await?)
+    Ok(scheduler::cleanup_run_now(&state.engine_pool, actor, id).await?)
 }
 
 /// Publishes a drill copy as `actor`.

@@ -22,6 +22,9 @@ pub struct ConsoleState {
     /// The console's own pool (statements bounded by [`ConsoleConfig::statement_timeout`](crate::ssr::mount::ConsoleConfig::statement_timeout)):
     /// every query and action of a request.
     pub pool: PgPool,
+    /// The engine's pool (no statement timeout): what outlasts a request, such as a cleanup run
+    /// started from the console.
+    pub engine_pool: PgPool,
     /// Every change is refused (the server's layer answers 403) and no action is shown.
     pub read_only: bool,
     /// The host's sign-out page, when the host signs users in (delegated auth).

@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use dedup_engine::HealthReport;
+use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
 
 use super::state::AppState;
 
@@ -24,8 +24,13 @@ pub async fn healthz() -> &'static str {
 /// dependency down, a group whose exchange or queue the broker refuses, or a group whose
 /// batches are all given back to the broker unjudged).
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_json::Value>) {
-    let report: HealthReport = state.console.probes.check().await;
-    let groups = state.console.engine.groups_health();
+    readiness(&state.console.probes, &state.console.engine).await
+}
+
+/// `/readyz`'s answer for `engine` with `probes` (see [`readyz`]).
+pub(crate) async fn readiness(probes: &HealthProbes, engine: &EngineHandle) -> (StatusCode, Json<serde_json::Value>) {
+    let report: HealthReport = probes.check().await;
+    let groups = engine.groups_health();
     let ready = report.all_up() && groups.iter().all(|g| g.ready);
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let mut body = serde_json::to_value(&report).unwrap_or_default();
@@ -38,6 +43,13 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_js
 /// (deliveries, claims, duplicates by layer, handler latency histogram, retries, dead letters,
 /// Redis fallbacks, lease takeovers, ...).
 pub async fn metrics(State(state): State<AppState>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    let text = state.config.metrics.as_ref().map(|handle| handle.render()).unwrap_or_default();
+    prometheus_text(state.config.metrics.as_ref())
+}
+
+/// `/metrics`' answer: `handle`'s text (empty without one), as Prometheus' text format.
+pub(crate) fn prometheus_text(
+    handle: Option<&metrics_exporter_prometheus::PrometheusHandle>,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let text = handle.map(|handle| handle.render()).unwrap_or_default();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgConnection;
 
-use crate::stats::{ALL_EVENTS, Counters, Event, delay_bucket, write_delays, write_minutes};
+use crate::stats::{ALL_EVENTS, Counters, Event, delay_bucket};
+use crate::store::postgres::runtime::{write_delays, write_minutes};
 
 const ROLLUP_OFF_SQL: &str = "ALTER TABLE stats_minute DISABLE TRIGGER stats_minute_rollup_insert, \
     DISABLE TRIGGER stats_minute_rollup_update";

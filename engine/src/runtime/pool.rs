@@ -1,0 +1,101 @@
+//! [`EnginePool`]: the database an engine runs on, and what each needs before its engine starts.
+
+use sqlx::PgPool;
+#[cfg(feature = "mysql")]
+use sqlx::mysql::MySqlPool;
+
+#[cfg(feature = "mysql")]
+use super::EngineError;
+#[cfg(feature = "mysql")]
+use crate::db::{Schema, SchemaError};
+
+/// The team's pool an engine is built on ([`crate::Engine::builder`]): the database that holds
+/// the team's tables and, in a schema (PostgreSQL) or database (MySQL) of their own, the
+/// engine's. `Engine::builder(pool)` takes either pool as it is (`From`).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum EnginePool {
+    /// PostgreSQL.
+    Postgres(PgPool),
+    /// MySQL 8 or MariaDB 10.11 (feature `mysql`). Its connections must run `READ COMMITTED` in
+    /// UTC, as [`crate::mysql::connect`] opens them; the engine refuses to start on
+    /// others ([`EngineError::MySqlSession`]).
+    #[cfg(feature = "mysql")]
+    MySql(MySqlPool),
+}
+
+impl EnginePool {
+    /// The PostgreSQL pool, when the engine runs on PostgreSQL (the console's reads and
+    /// operator actions need it: they run on PostgreSQL only so far).
+    pub fn postgres(&self) -> Option<&PgPool> {
+        match self {
+            Self::Postgres(pool) => Some(pool),
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => None,
+        }
+    }
+
+    /// The database's name as sqlx gives it (`Database::NAME`: `"PostgreSQL"`, `"MySQL"`).
+    pub fn database(&self) -> &'static str {
+        match self {
+            Self::Postgres(_) => <sqlx::Postgres as sqlx::Database>::NAME,
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => <sqlx::MySql as sqlx::Database>::NAME,
+        }
+    }
+}
+
+impl From<PgPool> for EnginePool {
+    fn from(pool: PgPool) -> Self {
+        Self::Postgres(pool)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<MySqlPool> for EnginePool {
+    fn from(pool: MySqlPool) -> Self {
+        Self::MySql(pool)
+    }
+}
+
+/// Readies MySQL for an engine on the team's pool `host`: checks that its connections run
+/// `READ COMMITTED` in UTC (the store's statements rely on both), creates the engine's database
+/// `schema` when missing, migrates it ([`crate::mysql::migrate`]: engines starting together take
+/// turns), and returns the engine's pool:
+/// `host`'s options on that database, at most `max_connections`, opened lazily.
+///
+/// Errors: [`EngineError::MySqlSession`], or the database's (unreachable, no right to create
+/// the database, a failed migration).
+#[cfg(feature = "mysql")]
+pub(super) async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32) -> Result<MySqlPool, EngineError> {
+    let (isolation, utc_offset_seconds) = mysql_session(host).await.map_err(SchemaError::Query)?;
+    if isolation != "READ-COMMITTED" || utc_offset_seconds != 0 {
+        return Err(EngineError::MySqlSession { isolation, utc_offset_seconds });
+    }
+    sqlx::query(&format!("CREATE DATABASE IF NOT EXISTS `{}`", schema.as_str()))
+        .execute(host)
+        .await
+        .map_err(SchemaError::Query)?;
+    let options = host.connect_options().as_ref().clone().database(schema.as_str());
+    let engine = host.options().clone().max_connections(max_connections.max(1)).min_connections(0).connect_lazy_with(options);
+    crate::store::mysql::migrate(&engine, &crate::store::mysql::MIGRATOR).await.map_err(SchemaError::Migrate)?;
+    Ok(engine)
+}
+
+/// A connection's isolation level (`READ-COMMITTED`, …) and its session time zone's offset from
+/// UTC, in seconds. MySQL 8 names the level `transaction_isolation`; MariaDB 10.11 only
+/// `tx_isolation`.
+#[cfg(feature = "mysql")]
+async fn mysql_session(pool: &MySqlPool) -> Result<(String, i64), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let isolation: Vec<u8> = match sqlx::query_scalar("SELECT CAST(@@session.transaction_isolation AS BINARY)")
+        .fetch_one(&mut *conn)
+        .await
+    {
+        Ok(level) => level,
+        Err(_) => sqlx::query_scalar("SELECT CAST(@@session.tx_isolation AS BINARY)").fetch_one(&mut *conn).await?,
+    };
+    let offset: i64 =
+        sqlx::query_scalar("SELECT TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW())").fetch_one(&mut *conn).await?;
+    Ok((String::from_utf8_lossy(&isolation).into_owned(), offset))
+}

@@ -1,11 +1,14 @@
 //! `dedup-console simulate`: publishes an order event stream the way real producers do — with
 //! retries that resend the same message id seconds later, reordering, and poison messages — and
-//! records what it sent (`simulation_runs`, `simulation_messages`) for the verifier.
+//! records what it sent (`simulation_runs`, `simulation_messages`) for the verifier. The few
+//! statements that record a run are a [`RunBook`] (PostgreSQL's here, MySQL's in
+//! [`crate::mysql`]); planning, publishing and counting are shared.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rand::rngs::StdRng;
@@ -211,6 +214,80 @@ fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy, broker: Broker) -
     Outgoing { message_id, record_id, routing_key, key: order_no.to_owned(), payload, poison: true }
 }
 
+/// The statements that record a run, on one database.
+#[async_trait]
+pub(crate) trait RunBook: Sync {
+    /// Records a new run with `params` (its `parameters`); its id.
+    async fn start(&self, params: &SimulateParams) -> Result<i64, sqlx::Error>;
+    /// Adds `order_prefix` to the run's `parameters`.
+    async fn name_orders(&self, run_id: i64, order_prefix: &str) -> Result<(), sqlx::Error>;
+    /// Records (adds to the copies of) up to 5 000 published messages.
+    async fn record_messages(&self, run_id: i64, messages: &[RecordedMessage<'_>]) -> Result<(), sqlx::Error>;
+    /// Marks the run finished, with its totals.
+    async fn finish(&self, run_id: i64, published: i64, duplicates: i64, poison: i64) -> Result<(), sqlx::Error>;
+}
+
+/// A row of `simulation_messages`: a message as one consumer group receives it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordedMessage<'a> {
+    pub(crate) group: &'a str,
+    pub(crate) message_id: &'a str,
+    pub(crate) poison: bool,
+    pub(crate) copies: i32,
+}
+
+/// The run book on PostgreSQL.
+struct PgRunBook<'a>(&'a PgPool);
+
+#[async_trait]
+impl RunBook for PgRunBook<'_> {
+    async fn start(&self, params: &SimulateParams) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("INSERT INTO shop.simulation_runs (parameters) VALUES ($1) RETURNING id")
+            .bind(sqlx::types::Json(params))
+            .fetch_one(self.0)
+            .await
+    }
+
+    async fn name_orders(&self, run_id: i64, order_prefix: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE shop.simulation_runs SET parameters = parameters || jsonb_build_object('order_prefix', $2::text) WHERE id = $1")
+            .bind(run_id)
+            .bind(order_prefix)
+            .execute(self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn record_messages(&self, run_id: i64, messages: &[RecordedMessage<'_>]) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO shop.simulation_messages (run_id, consumer_group, message_id, poison, copies)
+             SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bool[], $5::int[])
+             ON CONFLICT (run_id, consumer_group, message_id) DO UPDATE
+                 SET copies = simulation_messages.copies + EXCLUDED.copies",
+        )
+        .bind(run_id)
+        .bind(messages.iter().map(|m| m.group).collect::<Vec<_>>())
+        .bind(messages.iter().map(|m| m.message_id).collect::<Vec<_>>())
+        .bind(messages.iter().map(|m| m.poison).collect::<Vec<_>>())
+        .bind(messages.iter().map(|m| m.copies).collect::<Vec<_>>())
+        .execute(self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn finish(&self, run_id: i64, published: i64, duplicates: i64, poison: i64) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE shop.simulation_runs SET finished_at = now(), published = $2, duplicates = $3, poison = $4 WHERE id = $1",
+        )
+        .bind(run_id)
+        .bind(published)
+        .bind(duplicates)
+        .bind(poison)
+        .execute(self.0)
+        .await?;
+        Ok(())
+    }
+}
+
 /// Publishes a run and records it. `progress` is called with (copies published, copies planned).
 ///
 /// Errors: database (recording the run) or broker (a publish not confirmed) errors, as text.
@@ -222,18 +299,23 @@ pub async fn simulate(
     policy: &IdPolicy,
     progress: impl Fn(u64, u64),
 ) -> anyhow::Result<SimulationReport> {
+    simulate_on(&PgRunBook(pool), publisher, params, orders, policy, progress).await
+}
+
+/// [`simulate`], recording the run in `book`.
+pub(crate) async fn simulate_on(
+    book: &dyn RunBook,
+    publisher: &dyn Publish,
+    params: &SimulateParams,
+    orders: &OrderSettings,
+    policy: &IdPolicy,
+    progress: impl Fn(u64, u64),
+) -> anyhow::Result<SimulationReport> {
     let started = Instant::now();
-    let run_id: i64 = sqlx::query_scalar("INSERT INTO shop.simulation_runs (parameters) VALUES ($1) RETURNING id")
-        .bind(sqlx::types::Json(params))
-        .fetch_one(pool)
-        .await?;
+    let run_id = book.start(params).await?;
     // Time and run id: unique even across databases (a fresh database restarts run ids).
     let order_prefix = format!("{}{run_id:04}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
-    sqlx::query("UPDATE shop.simulation_runs SET parameters = parameters || jsonb_build_object('order_prefix', $2::text) WHERE id = $1")
-        .bind(run_id)
-        .bind(&order_prefix)
-        .execute(pool)
-        .await?;
+    book.name_orders(run_id, &order_prefix).await?;
 
     let mut rng = StdRng::seed_from_u64(params.seed);
     let mut plan: Vec<Outgoing> = Vec::with_capacity(usize::try_from(params.orders * 3).unwrap_or(0));
@@ -310,45 +392,23 @@ pub async fn simulate(
     }
     progress(published, published);
 
-    let mut groups = Vec::new();
-    let mut ids = Vec::new();
-    let mut poison_flags = Vec::new();
-    let mut counts = Vec::new();
+    let mut recorded = Vec::new();
     for (index, n) in &copies {
         let out = &plan[*index];
         for group in params.groups.iter().filter(|g| g.receives(out.routing_key)) {
-            groups.push(group.name.as_str());
-            ids.push(out.record_id.as_str());
-            poison_flags.push(out.poison);
-            counts.push(*n);
+            recorded.push(RecordedMessage {
+                group: group.name.as_str(),
+                message_id: out.record_id.as_str(),
+                poison: out.poison,
+                copies: *n,
+            });
         }
     }
-    for chunk in (0..ids.len()).collect::<Vec<_>>().chunks(5000) {
-        let (a, b) = (chunk[0], chunk[chunk.len() - 1] + 1);
-        sqlx::query(
-            "INSERT INTO shop.simulation_messages (run_id, consumer_group, message_id, poison, copies)
-             SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bool[], $5::int[])
-             ON CONFLICT (run_id, consumer_group, message_id) DO UPDATE
-                 SET copies = simulation_messages.copies + EXCLUDED.copies",
-        )
-        .bind(run_id)
-        .bind(&groups[a..b])
-        .bind(&ids[a..b])
-        .bind(&poison_flags[a..b])
-        .bind(&counts[a..b])
-        .execute(pool)
-        .await?;
+    for chunk in recorded.chunks(5000) {
+        book.record_messages(run_id, chunk).await?;
     }
     let poison_count = plan.iter().filter(|o| o.poison).count() as u64;
-    sqlx::query(
-        "UPDATE shop.simulation_runs SET finished_at = now(), published = $2, duplicates = $3, poison = $4 WHERE id = $1",
-    )
-    .bind(run_id)
-    .bind(published as i64)
-    .bind(duplicates as i64)
-    .bind(poison_count as i64)
-    .execute(pool)
-    .await?;
+    book.finish(run_id, published as i64, duplicates as i64, poison_count as i64).await?;
     let seconds = started.elapsed().as_secs_f64();
     Ok(SimulationReport {
         run_id,

@@ -1,9 +1,12 @@
 //! The SMS gateway stand-in: accepts a send after a configurable latency, rejects a configurable
 //! share of sends, and records every accepted send in `notifications` — outside the consumer's
-//! transaction, like a real gateway — so double sends are countable.
+//! transaction, like a real gateway — so double sends are countable. Where the log lives is its
+//! [`SendLog`] (PostgreSQL's here, MySQL's in [`crate::mysql`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use dedup_engine::LeaseGuard;
 use rand::Rng;
 use sqlx::PgPool;
@@ -40,29 +43,23 @@ pub enum SmsError {
     LeaseLost,
 }
 
-/// The stand-in gateway.
-#[derive(Debug, Clone)]
-pub struct SmsGateway {
-    pool: PgPool,
-    latency: Duration,
-    failure_rate: f64,
+/// Where the gateway records the sends it accepted (`shop.notifications`), one database's
+/// statement.
+#[async_trait]
+pub(crate) trait SendLog: std::fmt::Debug + Send + Sync + 'static {
+    /// Records `sms` (autocommit). Errors: [`SmsError::Unreachable`] when no connection was
+    /// had (nothing sent), [`SmsError::Log`] when the statement failed.
+    async fn record(&self, sms: Sms<'_>) -> Result<(), SmsError>;
 }
 
-impl SmsGateway {
-    /// A gateway logging to `pool`'s `notifications`.
-    pub fn new(pool: PgPool, latency_ms: u64, failure_rate: f64) -> Self {
-        Self { pool, latency: Duration::from_millis(latency_ms), failure_rate: failure_rate.clamp(0.0, 1.0) }
-    }
+/// The send log on PostgreSQL.
+#[derive(Debug)]
+struct PgSendLog(PgPool);
 
-    /// Sends: waits the latency, maybe rejects, else — the lease still held, checked last —
-    /// records the send (autocommit).
-    pub async fn send(&self, sms: Sms<'_>, lease: &LeaseGuard) -> Result<(), SmsError> {
-        tokio::time::sleep(self.latency).await;
-        if self.failure_rate > 0.0 && rand::rng().random_bool(self.failure_rate) {
-            return Err(SmsError::Rejected);
-        }
-        lease.check().map_err(|_| SmsError::LeaseLost)?;
-        let mut conn = self.pool.acquire().await.map_err(SmsError::Unreachable)?;
+#[async_trait]
+impl SendLog for PgSendLog {
+    async fn record(&self, sms: Sms<'_>) -> Result<(), SmsError> {
+        let mut conn = self.0.acquire().await.map_err(SmsError::Unreachable)?;
         sqlx::query(
             "INSERT INTO shop.notifications (order_no, kind, phone, body, message_id) VALUES ($1, $2, $3, $4, $5)",
         )
@@ -74,5 +71,36 @@ impl SmsGateway {
         .execute(&mut *conn)
         .await?;
         Ok(())
+    }
+}
+
+/// The stand-in gateway.
+#[derive(Debug, Clone)]
+pub struct SmsGateway {
+    log: Arc<dyn SendLog>,
+    latency: Duration,
+    failure_rate: f64,
+}
+
+impl SmsGateway {
+    /// A gateway logging to `pool`'s `notifications`.
+    pub fn new(pool: PgPool, latency_ms: u64, failure_rate: f64) -> Self {
+        Self::with_log(Arc::new(PgSendLog(pool)), latency_ms, failure_rate)
+    }
+
+    /// A gateway logging to `log`.
+    pub(crate) fn with_log(log: Arc<dyn SendLog>, latency_ms: u64, failure_rate: f64) -> Self {
+        Self { log, latency: Duration::from_millis(latency_ms), failure_rate: failure_rate.clamp(0.0, 1.0) }
+    }
+
+    /// Sends: waits the latency, maybe rejects, else — the lease still held, checked last —
+    /// records the send (autocommit).
+    pub async fn send(&self, sms: Sms<'_>, lease: &LeaseGuard) -> Result<(), SmsError> {
+        tokio::time::sleep(self.latency).await;
+        if self.failure_rate > 0.0 && rand::rng().random_bool(self.failure_rate) {
+            return Err(SmsError::Rejected);
+        }
+        lease.check().map_err(|_| SmsError::LeaseLost)?;
+        self.log.record(sms).await
     }
 }

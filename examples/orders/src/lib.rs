@@ -11,6 +11,8 @@
 pub mod crashing_worker;
 pub mod demo;
 mod handlers;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod seed;
 pub mod simulate;
 mod sms;

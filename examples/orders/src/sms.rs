@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_engine::LeaseGuard;
 use rand::Rng;
-use sqlx::PgPool;
+use sqlx::{Database, Encode, Executor, IntoArguments, PgPool, Pool, Type};
 
 /// One SMS.
 #[derive(Debug, Clone, Copy)]
@@ -43,8 +43,7 @@ pub enum SmsError {
     LeaseLost,
 }
 
-/// Where the gateway records the sends it accepted (`shop.notifications`), one database's
-/// statement.
+/// Where the gateway records the sends it accepted (`notifications`), on one database.
 #[async_trait]
 pub(crate) trait SendLog: std::fmt::Debug + Send + Sync + 'static {
     /// Records `sms` (autocommit). Errors: [`SmsError::Unreachable`] when no connection was
@@ -52,24 +51,31 @@ pub(crate) trait SendLog: std::fmt::Debug + Send + Sync + 'static {
     async fn record(&self, sms: Sms<'_>) -> Result<(), SmsError>;
 }
 
-/// The send log on PostgreSQL.
+/// The send log on a pool of database `DB`: `insert` takes the order, kind, phone, body and
+/// message id, in that order (`$1`… on PostgreSQL, `?` on MySQL).
 #[derive(Debug)]
-struct PgSendLog(PgPool);
+pub(crate) struct SqlSendLog<DB: Database> {
+    pub(crate) pool: Pool<DB>,
+    pub(crate) insert: String,
+}
 
 #[async_trait]
-impl SendLog for PgSendLog {
+impl<DB: Database> SendLog for SqlSendLog<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
     async fn record(&self, sms: Sms<'_>) -> Result<(), SmsError> {
-        let mut conn = self.0.acquire().await.map_err(SmsError::Unreachable)?;
-        sqlx::query(
-            "INSERT INTO shop.notifications (order_no, kind, phone, body, message_id) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(sms.order_no)
-        .bind(sms.kind)
-        .bind(sms.phone)
-        .bind(sms.body)
-        .bind(sms.message_id)
-        .execute(&mut *conn)
-        .await?;
+        let mut conn = self.pool.acquire().await.map_err(SmsError::Unreachable)?;
+        sqlx::query::<DB>(&self.insert)
+            .bind(sms.order_no)
+            .bind(sms.kind)
+            .bind(sms.phone)
+            .bind(sms.body)
+            .bind(sms.message_id)
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 }
@@ -85,7 +91,9 @@ pub struct SmsGateway {
 impl SmsGateway {
     /// A gateway logging to `pool`'s `notifications`.
     pub fn new(pool: PgPool, latency_ms: u64, failure_rate: f64) -> Self {
-        Self::with_log(Arc::new(PgSendLog(pool)), latency_ms, failure_rate)
+        let insert =
+            "INSERT INTO shop.notifications (order_no, kind, phone, body, message_id) VALUES ($1, $2, $3, $4, $5)";
+        Self::with_log(Arc::new(SqlSendLog { pool, insert: insert.to_owned() }), latency_ms, failure_rate)
     }
 
     /// A gateway logging to `log`.

@@ -2,7 +2,7 @@
 //! handlers, simulator and verifier as on PostgreSQL, with only their statements written again.
 //! What is not SQL — the payloads' parsing and the handlers' judgements, the SMS stand-in, the
 //! simulator's planning and publishing, the verifier's waiting and judging — is the PostgreSQL
-//! example's own, reached through small seams (`SendLog`, `RunBook`, `RunLedger`).
+//! example's own, reached through small seams (the SMS log, `RunBook`, `RunLedger`).
 //!
 //! MySQL's schema is a database: the example's tables live in the database `shop` ([`Shop`]),
 //! on the server the pool connects to, with a migration history of their own
@@ -11,8 +11,8 @@
 //! engine's database above all. Pools must be as the engine's MySQL store makes them
 //! (`dedup_engine::store::mysql::connect`: `READ COMMITTED`, UTC).
 //!
-//! The free functions work on the database `shop`; [`Shop`] does the same on a database of
-//! another name (tests make one per test).
+//! The free functions work on the database `shop`; [`Shop`] migrates, stocks, makes the
+//! handlers and verifies on a database of another name as well (tests make one per test).
 
 mod handlers;
 mod simulate;
@@ -21,7 +21,6 @@ mod verify;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use dedup_engine::{Handler, HandlerRegistry, IdPolicy, Publish, Schema};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
@@ -29,7 +28,7 @@ use sqlx::{MySql, QueryBuilder};
 
 pub use handlers::{CreateOrder, PayOrder};
 
-use super::sms::{SendLog, Sms, SmsError};
+use super::sms::SqlSendLog;
 use super::{NotifyOrder, OrderSettings, SmsGateway, sku};
 use crate::simulate::{SimulateParams, SimulationReport};
 use crate::verify::VerifyReport;
@@ -102,7 +101,9 @@ impl Shop {
     /// (`Handler::transactional_on::<MySql, _>`), NOTIFY leased through the SMS stand-in, which
     /// logs sends on `pool`.
     pub fn handlers(&self, pool: MySqlPool, settings: &OrderSettings) -> HandlerRegistry {
-        let log = MySqlSendLog { pool, shop: self.clone() };
+        let insert = self
+            .sql("INSERT INTO {shop}.notifications (order_no, kind, phone, body, message_id) VALUES (?, ?, ?, ?, ?)");
+        let log = SqlSendLog { pool, insert };
         let gateway = SmsGateway::with_log(Arc::new(log), settings.sms_latency_ms, settings.sms_failure_rate);
         let mut registry = HandlerRegistry::new();
         registry
@@ -116,22 +117,6 @@ impl Shop {
                 },
             );
         registry
-    }
-
-    /// [`crate::simulate::simulate`] recording the run in this shop.
-    ///
-    /// Errors: database (recording the run) or broker (a publish not confirmed) errors, as text.
-    pub async fn simulate(
-        &self,
-        pool: &MySqlPool,
-        publisher: &dyn Publish,
-        params: &SimulateParams,
-        orders: &OrderSettings,
-        policy: &IdPolicy,
-        progress: impl Fn(u64, u64),
-    ) -> anyhow::Result<SimulationReport> {
-        let book = simulate::MySqlRunBook { pool, shop: self };
-        crate::simulate::simulate_on(&book, publisher, params, orders, policy, progress).await
     }
 
     /// [`crate::verify::verify`] on this shop, the dedup records read from the database
@@ -169,8 +154,8 @@ pub fn handlers(pool: MySqlPool, settings: &OrderSettings) -> HandlerRegistry {
     Shop::default().handlers(pool, settings)
 }
 
-/// Publishes a run and records it in `shop` ([`Shop::simulate`]; the parameters and report of
-/// [`crate::simulate::simulate`]).
+/// Publishes a run and records it in `shop`: [`crate::simulate::simulate`] (its parameters
+/// and report), the run recorded on MySQL.
 ///
 /// Errors: database or broker errors, as text.
 pub async fn simulate(
@@ -181,7 +166,9 @@ pub async fn simulate(
     policy: &IdPolicy,
     progress: impl Fn(u64, u64),
 ) -> anyhow::Result<SimulationReport> {
-    Shop::default().simulate(pool, publisher, params, orders, policy, progress).await
+    let shop = Shop::default();
+    let book = simulate::MySqlRunBook { pool, shop: &shop };
+    crate::simulate::simulate_on(&book, publisher, params, orders, policy, progress).await
 }
 
 /// Checks a run recorded in `shop` ([`Shop::verify`]; the checks and report of
@@ -195,30 +182,4 @@ pub async fn verify(
     wait: Duration,
 ) -> anyhow::Result<VerifyReport> {
     Shop::default().verify(pool, engine_schema, run, wait).await
-}
-
-/// The SMS stand-in's send log on MySQL.
-#[derive(Debug)]
-struct MySqlSendLog {
-    pool: MySqlPool,
-    shop: Shop,
-}
-
-#[async_trait]
-impl SendLog for MySqlSendLog {
-    async fn record(&self, sms: Sms<'_>) -> Result<(), SmsError> {
-        let mut conn = self.pool.acquire().await.map_err(SmsError::Unreachable)?;
-        let insert = self
-            .shop
-            .sql("INSERT INTO {shop}.notifications (order_no, kind, phone, body, message_id) VALUES (?, ?, ?, ?, ?)");
-        sqlx::query(&insert)
-            .bind(sms.order_no)
-            .bind(sms.kind)
-            .bind(sms.phone)
-            .bind(sms.body)
-            .bind(sms.message_id)
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
-    }
 }

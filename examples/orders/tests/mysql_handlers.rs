@@ -52,7 +52,7 @@ async fn state(h: &ShopDatabase, order: &str) -> ((Vec<u8>, i32), (i32, i32)) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn create_pay_notify_with_duplicates_make_each_effect_once() {
-    let h = ShopDatabase::create().await;
+    let h = ShopDatabase::create(10).await;
     let first = h.pipeline();
     assert_eq!(first.process("w1", &[create("A-1", "1")]).await, vec![Disposition::Ack(AckReason::Processed)]);
     assert_eq!(
@@ -75,7 +75,7 @@ async fn create_pay_notify_with_duplicates_make_each_effect_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pay_before_its_create_is_retried_then_pays_once() {
-    let h = ShopDatabase::create().await;
+    let h = ShopDatabase::create(10).await;
     let pipeline = h.pipeline();
     let early = pipeline.process("w1", &[pay("B-1")]).await;
     assert!(matches!(early[..], [Disposition::Retry { .. }]), "ORDER_NOT_FOUND is retryable: {early:?}");

@@ -82,7 +82,7 @@ async fn add_message(h: &ShopDatabase, run: u64, id: &str, poison: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_clean_run_has_every_message_accounted_for_and_no_double_effect() {
-    let h = ShopDatabase::create().await;
+    let h = ShopDatabase::create(10).await;
     let run = clean_run(&h).await;
     let report = h.shop.verify(h.pool(), &h.engine_schema(), None, Duration::from_secs(5)).await.unwrap();
     assert!(report.ok, "{report:?}");
@@ -98,7 +98,7 @@ async fn a_clean_run_has_every_message_accounted_for_and_no_double_effect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_payment_is_a_double_effect_and_an_id_without_record_is_lost() {
-    let h = ShopDatabase::create().await;
+    let h = ShopDatabase::create(10).await;
     let run = clean_run(&h).await;
     let shop = h.shop.database();
     sqlx::query(&format!(

@@ -11,8 +11,8 @@
 //! engine's database above all. Pools must be as the engine's MySQL store makes them
 //! (`dedup_engine::store::mysql::connect`: `READ COMMITTED`, UTC).
 //!
-//! The free functions work on the database `shop`; [`Shop`] migrates, stocks, makes the
-//! handlers and verifies on a database of another name as well (tests make one per test).
+//! The free functions work on the database `shop`; [`Shop`] does the same on a database of
+//! another name (tests make one per test).
 
 mod handlers;
 mod simulate;
@@ -119,6 +119,23 @@ impl Shop {
         registry
     }
 
+    /// [`crate::simulate::simulate`] (its parameters and report), recording the run in this
+    /// shop.
+    ///
+    /// Errors: database (recording the run) or broker (a publish not confirmed) errors, as text.
+    pub async fn simulate(
+        &self,
+        pool: &MySqlPool,
+        publisher: &dyn Publish,
+        params: &SimulateParams,
+        orders: &OrderSettings,
+        policy: &IdPolicy,
+        progress: impl Fn(u64, u64),
+    ) -> anyhow::Result<SimulationReport> {
+        let book = simulate::MySqlRunBook { pool, shop: self };
+        crate::simulate::simulate_on(&book, publisher, params, orders, policy, progress).await
+    }
+
     /// [`crate::verify::verify`] on this shop, the dedup records read from the database
     /// `engine_schema` (e.g. `dedup`).
     ///
@@ -154,8 +171,7 @@ pub fn handlers(pool: MySqlPool, settings: &OrderSettings) -> HandlerRegistry {
     Shop::default().handlers(pool, settings)
 }
 
-/// Publishes a run and records it in `shop`: [`crate::simulate::simulate`] (its parameters
-/// and report), the run recorded on MySQL.
+/// Publishes a run and records it in `shop` ([`Shop::simulate`]).
 ///
 /// Errors: database or broker errors, as text.
 pub async fn simulate(
@@ -166,9 +182,7 @@ pub async fn simulate(
     policy: &IdPolicy,
     progress: impl Fn(u64, u64),
 ) -> anyhow::Result<SimulationReport> {
-    let shop = Shop::default();
-    let book = simulate::MySqlRunBook { pool, shop: &shop };
-    crate::simulate::simulate_on(&book, publisher, params, orders, policy, progress).await
+    Shop::default().simulate(pool, publisher, params, orders, policy, progress).await
 }
 
 /// Checks a run recorded in `shop` ([`Shop::verify`]; the checks and report of

@@ -28,12 +28,12 @@ pub struct ShopDatabase {
 }
 
 impl ShopDatabase {
-    /// Creates both, migrates the shop and stocks 3 SKUs of 10 units.
-    pub async fn create() -> Self {
+    /// Creates both, migrates the shop and stocks 3 SKUs of `stock` units.
+    pub async fn create(stock: i32) -> Self {
         let db = TestMySqlDatabase::create().await;
         let shop = Shop::new(Schema::parse(format!("{}_shop", db.name)).unwrap());
         shop.migrate(&db.pool).await.expect("migrate the shop");
-        let settings = OrderSettings { skus: 3, initial_stock: 10, sms_latency_ms: 0, ..OrderSettings::default() };
+        let settings = OrderSettings { skus: 3, initial_stock: stock, sms_latency_ms: 0, ..OrderSettings::default() };
         shop.stock_inventory(&db.pool, &settings).await.unwrap();
         Self { db, shop, settings }
     }

@@ -8,7 +8,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rand::rngs::StdRng;
@@ -17,6 +16,11 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgPool;
+
+mod run_book;
+
+use run_book::PgRunBook;
+pub(crate) use run_book::{RecordedMessage, RunBook};
 
 use super::{OrderSettings, sku};
 use dedup_engine::{Broker, IdPolicy, InboundMessage, Outbound, POISON_TYPE, Publish, SourceRef, TypePolicy};
@@ -212,80 +216,6 @@ fn poison(order_no: &str, rng: &mut StdRng, policy: &IdPolicy, broker: Broker) -
         Ok(found) => found.id.to_string(),
     };
     Outgoing { message_id, record_id, routing_key, key: order_no.to_owned(), payload, poison: true }
-}
-
-/// The statements that record a run, on one database.
-#[async_trait]
-pub(crate) trait RunBook: Sync {
-    /// Records a new run with `params` (its `parameters`); its id.
-    async fn start(&self, params: &SimulateParams) -> Result<i64, sqlx::Error>;
-    /// Adds `order_prefix` to the run's `parameters`.
-    async fn name_orders(&self, run_id: i64, order_prefix: &str) -> Result<(), sqlx::Error>;
-    /// Records (adds to the copies of) up to 5 000 published messages.
-    async fn record_messages(&self, run_id: i64, messages: &[RecordedMessage<'_>]) -> Result<(), sqlx::Error>;
-    /// Marks the run finished, with its totals.
-    async fn finish(&self, run_id: i64, published: i64, duplicates: i64, poison: i64) -> Result<(), sqlx::Error>;
-}
-
-/// A row of `simulation_messages`: a message as one consumer group receives it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RecordedMessage<'a> {
-    pub(crate) group: &'a str,
-    pub(crate) message_id: &'a str,
-    pub(crate) poison: bool,
-    pub(crate) copies: i32,
-}
-
-/// The run book on PostgreSQL.
-struct PgRunBook<'a>(&'a PgPool);
-
-#[async_trait]
-impl RunBook for PgRunBook<'_> {
-    async fn start(&self, params: &SimulateParams) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("INSERT INTO shop.simulation_runs (parameters) VALUES ($1) RETURNING id")
-            .bind(sqlx::types::Json(params))
-            .fetch_one(self.0)
-            .await
-    }
-
-    async fn name_orders(&self, run_id: i64, order_prefix: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE shop.simulation_runs SET parameters = parameters || jsonb_build_object('order_prefix', $2::text) WHERE id = $1")
-            .bind(run_id)
-            .bind(order_prefix)
-            .execute(self.0)
-            .await?;
-        Ok(())
-    }
-
-    async fn record_messages(&self, run_id: i64, messages: &[RecordedMessage<'_>]) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO shop.simulation_messages (run_id, consumer_group, message_id, poison, copies)
-             SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bool[], $5::int[])
-             ON CONFLICT (run_id, consumer_group, message_id) DO UPDATE
-                 SET copies = simulation_messages.copies + EXCLUDED.copies",
-        )
-        .bind(run_id)
-        .bind(messages.iter().map(|m| m.group).collect::<Vec<_>>())
-        .bind(messages.iter().map(|m| m.message_id).collect::<Vec<_>>())
-        .bind(messages.iter().map(|m| m.poison).collect::<Vec<_>>())
-        .bind(messages.iter().map(|m| m.copies).collect::<Vec<_>>())
-        .execute(self.0)
-        .await?;
-        Ok(())
-    }
-
-    async fn finish(&self, run_id: i64, published: i64, duplicates: i64, poison: i64) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "UPDATE shop.simulation_runs SET finished_at = now(), published = $2, duplicates = $3, poison = $4 WHERE id = $1",
-        )
-        .bind(run_id)
-        .bind(published)
-        .bind(duplicates)
-        .bind(poison)
-        .execute(self.0)
-        .await?;
-        Ok(())
-    }
 }
 
 /// Publishes a run and records it. `progress` is called with (copies published, copies planned).

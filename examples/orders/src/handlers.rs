@@ -115,7 +115,7 @@ impl TransactionalHandler for PayOrder {
 }
 
 /// The lines of an `ORDER.CREATE`, and what its handlers (PostgreSQL's here, MySQL's in
-/// [`crate::mysql`]) make of what they find.
+/// `crate::mysql`) make of what they find.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NewOrder<'a> {
     pub(crate) order_no: &'a str,

@@ -1,8 +1,8 @@
 //! `dedup-console simulate`: publishes an order event stream the way real producers do — with
 //! retries that resend the same message id seconds later, reordering, and poison messages — and
 //! records what it sent (`simulation_runs`, `simulation_messages`) for the verifier. The few
-//! statements that record a run are a [`RunBook`] (PostgreSQL's here, MySQL's in
-//! [`crate::mysql`]); planning, publishing and counting are shared.
+//! statements that record a run are a `RunBook` (PostgreSQL's here, MySQL's in
+//! `crate::mysql`); planning, publishing and counting are shared.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};

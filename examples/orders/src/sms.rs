@@ -1,7 +1,7 @@
 //! The SMS gateway stand-in: accepts a send after a configurable latency, rejects a configurable
 //! share of sends, and records every accepted send in `notifications` — outside the consumer's
 //! transaction, like a real gateway — so double sends are countable. Where the log lives is its
-//! [`SendLog`] (PostgreSQL's here, MySQL's in [`crate::mysql`]).
+//! [`SendLog`] (PostgreSQL's here, MySQL's in `crate::mysql`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,8 +8,8 @@
 //! when the wait ran out); with Kafka ([`check_kafka_lag`]), records the consumer group has not
 //! consumed and committed.
 //!
-//! The statements that read a run and count are a [`RunLedger`] (PostgreSQL's here, MySQL's in
-//! [`crate::mysql`]); the waiting and the judging are shared.
+//! The statements that read a run and count are a `RunLedger` (PostgreSQL's here, MySQL's in
+//! `crate::mysql`); the waiting and the judging are shared.
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! The verifier's ledger on MySQL: the statements that read a run and count its effects and
 //! records; waiting and judging are `crate::verify`'s. Where PostgreSQL joins `LATERAL` (which
-//! MariaDB lacks), a correlated subquery finds a poison message's record by payload; `FILTER`
+//! MariaDB lacks), a join to the poison records grouped by payload finds a poison message's; `FILTER`
 //! is a `SUM` of the condition; JSON is read with `JSON_EXTRACT`, which both servers accept.
 
 use async_trait::async_trait;
@@ -52,7 +52,10 @@ impl RunLedger for MySqlLedger<'_> {
 
     async fn counts(&self, run_id: i64, prefix: &str) -> Result<VerifyReport, sqlx::Error> {
         // A published message's record: by message id, or — a poison message without a usable
-        // id, one dead record per delivery — by payload (the first found, as PostgreSQL's LIMIT 1).
+        // id, one dead record per delivery — by payload: a status of its poison records (they
+        // are all dead; PostgreSQL takes the first found). Joined to the poison records grouped
+        // once, not found by a dependent subquery: MariaDB ran that again for each use of
+        // `status` (9 s on 30 000 records, against 0.2 s).
         let records = sqlx::query(&self.sql(&format!(
             "SELECT CAST(count(*) AS SIGNED) AS messages,
                     CAST(COALESCE(sum(copies), 0) AS SIGNED) AS copies,
@@ -65,14 +68,16 @@ impl RunLedger for MySqlLedger<'_> {
                     CAST(COALESCE(sum(status = 'processing' AND parked), 0) AS SIGNED) AS parked
              FROM (
                  SELECT m.copies, m.poison, r.parked_at IS NOT NULL AS parked,
-                        COALESCE(r.status, (
-                            SELECT p.status FROM {{engine}}.dedup_records p
-                            WHERE m.message_id LIKE '{POISON_BY_PAYLOAD}%' AND p.consumer_group = m.consumer_group
-                              AND p.message_type = 'POISON' AND p.payload_hash = UNHEX(SUBSTRING(m.message_id, {skip}))
-                            LIMIT 1)) AS status
+                        COALESCE(r.status, poisoned.status) AS status
                  FROM {{shop}}.simulation_messages m
                  LEFT JOIN {{engine}}.dedup_records r
                         ON r.consumer_group = m.consumer_group AND r.message_id = m.message_id
+                 LEFT JOIN (
+                     SELECT consumer_group, payload_hash, MIN(status) AS status FROM {{engine}}.dedup_records
+                     WHERE message_type = 'POISON' GROUP BY consumer_group, payload_hash
+                 ) poisoned
+                        ON m.message_id LIKE '{POISON_BY_PAYLOAD}%' AND poisoned.consumer_group = m.consumer_group
+                       AND poisoned.payload_hash = UNHEX(SUBSTRING(m.message_id, {skip}))
                  WHERE m.run_id = ?
              ) published",
             skip = POISON_BY_PAYLOAD.len() + 1,

@@ -17,28 +17,15 @@ pub struct CreateOrder;
 #[async_trait]
 impl TransactionalHandler for CreateOrder {
     async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
-        let order_no = input.str_field("orderNo")?;
-        let sku = input.str_field("sku")?;
-        let quantity = i32::try_from(input.i64_field("quantity")?)
-            .ok()
-            .filter(|q| *q > 0)
-            .ok_or_else(|| HandlerError::permanent("INVALID_PAYLOAD", "quantity must be a positive integer"))?;
-        let amount = input.i64_field("amountCents")?;
-        let phone = input.str_field("phone")?;
+        let order = NewOrder::parse(input)?;
+        let NewOrder { order_no, sku, quantity, amount, phone } = order;
         let existing: Option<(String, i32, i64, String)> =
             sqlx::query_as("SELECT sku, quantity, amount_cents, phone FROM shop.orders WHERE order_no = $1")
                 .bind(order_no)
                 .fetch_optional(&mut *tx)
                 .await?;
         if let Some((e_sku, e_quantity, e_amount, e_phone)) = existing {
-            return if (e_sku.as_str(), e_quantity, e_amount, e_phone.as_str()) == (sku, quantity, amount, phone) {
-                Ok(()) // this order, created before: nothing is reserved twice
-            } else {
-                Err(HandlerError::permanent(
-                    "ORDER_EXISTS",
-                    format!("order {order_no} exists already, with other lines"),
-                ))
-            };
+            return order.created_before(&e_sku, e_quantity, e_amount, &e_phone);
         }
         let reserved = sqlx::query(
             "UPDATE shop.inventory SET available = available - $2, reserved = reserved + $2
@@ -49,7 +36,7 @@ impl TransactionalHandler for CreateOrder {
         .execute(&mut *tx)
         .await?;
         if reserved.rows_affected() == 0 {
-            return Err(HandlerError::permanent("OUT_OF_STOCK", format!("no {quantity} units of {sku} available")));
+            return Err(order.out_of_stock());
         }
         let inserted = sqlx::query(
             "INSERT INTO shop.orders (order_no, status, sku, quantity, amount_cents, phone, version)
@@ -66,7 +53,7 @@ impl TransactionalHandler for CreateOrder {
             // A unique violation aborts the batch's transaction; it runs again with a savepoint
             // per message, where it aborts only this message's changes.
             if e.as_database_error().is_some_and(|d| d.constraint() == Some("orders_pkey")) {
-                return Err(HandlerError::permanent("ORDER_EXISTS", format!("order {order_no} exists already")));
+                return Err(order.exists());
             }
             return Err(e.into());
         }
@@ -84,7 +71,7 @@ impl TransactionalHandler for CreateOrder {
 
     /// The SKU's inventory row is the hot row all CREATEs of that SKU lock.
     fn lock_key(&self, input: &HandlerInput<'_>) -> Option<String> {
-        input.str_field("sku").ok().map(str::to_owned)
+        NewOrder::lock_key(input)
     }
 }
 
@@ -99,10 +86,8 @@ pub struct PayOrder;
 #[async_trait]
 impl TransactionalHandler for PayOrder {
     async fn handle(&self, input: &HandlerInput<'_>, tx: &mut PgConnection) -> Result<(), HandlerError> {
-        let order_no = input.str_field("orderNo")?;
-        let amount = input.i64_field("amountCents")?;
-        let expected = i32::try_from(input.i64_field("expectedVersion")?)
-            .map_err(|_| HandlerError::permanent("INVALID_PAYLOAD", "expectedVersion out of range"))?;
+        let payment = Payment::parse(input)?;
+        let Payment { order_no, amount, expected } = payment;
         let paid = sqlx::query(
             "UPDATE shop.orders SET status = 'PAID', version = version + 1, paid_at = now()
              WHERE order_no = $1 AND status = 'PENDING' AND version = $2",
@@ -125,11 +110,100 @@ impl TransactionalHandler for PayOrder {
                 .bind(order_no)
                 .fetch_optional(&mut *tx)
                 .await?;
+        payment.not_paid_now(current.as_ref().map(|(status, version)| (status.as_str(), *version)))
+    }
+}
+
+/// The lines of an `ORDER.CREATE`, and what its handlers (PostgreSQL's here, MySQL's in
+/// `crate::mysql`) make of what they find.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewOrder<'a> {
+    pub(crate) order_no: &'a str,
+    pub(crate) sku: &'a str,
+    pub(crate) quantity: i32,
+    pub(crate) amount: i64,
+    pub(crate) phone: &'a str,
+}
+
+impl<'a> NewOrder<'a> {
+    /// The payload's lines. Errors: `INVALID_PAYLOAD` (a field missing, a quantity not positive).
+    pub(crate) fn parse(input: &'a HandlerInput<'_>) -> Result<Self, HandlerError> {
+        Ok(Self {
+            order_no: input.str_field("orderNo")?,
+            sku: input.str_field("sku")?,
+            quantity: i32::try_from(input.i64_field("quantity")?)
+                .ok()
+                .filter(|q| *q > 0)
+                .ok_or_else(|| HandlerError::permanent("INVALID_PAYLOAD", "quantity must be a positive integer"))?,
+            amount: input.i64_field("amountCents")?,
+            phone: input.str_field("phone")?,
+        })
+    }
+
+    /// The SKU: its inventory row is the hot row all CREATEs of that SKU lock.
+    pub(crate) fn lock_key(input: &HandlerInput<'_>) -> Option<String> {
+        input.str_field("sku").ok().map(str::to_owned)
+    }
+
+    /// An order under this number exists with these lines: this order, created before (a
+    /// no-op: nothing is reserved twice), or `ORDER_EXISTS` (another order).
+    pub(crate) fn created_before(
+        &self,
+        sku: &str,
+        quantity: i32,
+        amount: i64,
+        phone: &str,
+    ) -> Result<(), HandlerError> {
+        if (sku, quantity, amount, phone) == (self.sku, self.quantity, self.amount, self.phone) {
+            Ok(())
+        } else {
+            Err(HandlerError::permanent(
+                "ORDER_EXISTS",
+                format!("order {} exists already, with other lines", self.order_no),
+            ))
+        }
+    }
+
+    /// `OUT_OF_STOCK`: the reservation found too few units.
+    pub(crate) fn out_of_stock(&self) -> HandlerError {
+        HandlerError::permanent("OUT_OF_STOCK", format!("no {} units of {} available", self.quantity, self.sku))
+    }
+
+    /// `ORDER_EXISTS`: the order's insert met another transaction's order under this number.
+    pub(crate) fn exists(&self) -> HandlerError {
+        HandlerError::permanent("ORDER_EXISTS", format!("order {} exists already", self.order_no))
+    }
+}
+
+/// The lines of an `ORDER.PAY`, and what its handlers make of an order the conditional update
+/// did not take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Payment<'a> {
+    pub(crate) order_no: &'a str,
+    pub(crate) amount: i64,
+    pub(crate) expected: i32,
+}
+
+impl<'a> Payment<'a> {
+    /// The payload's lines. Errors: `INVALID_PAYLOAD`.
+    pub(crate) fn parse(input: &'a HandlerInput<'_>) -> Result<Self, HandlerError> {
+        Ok(Self {
+            order_no: input.str_field("orderNo")?,
+            amount: input.i64_field("amountCents")?,
+            expected: i32::try_from(input.i64_field("expectedVersion")?)
+                .map_err(|_| HandlerError::permanent("INVALID_PAYLOAD", "expectedVersion out of range"))?,
+        })
+    }
+
+    /// The update `PENDING → PAID` did not take; `current` is the order's `(status, version)`
+    /// read after it (`None`: no such order).
+    pub(crate) fn not_paid_now(&self, current: Option<(&str, i32)>) -> Result<(), HandlerError> {
+        let (order_no, expected) = (self.order_no, self.expected);
         match current {
             None => Err(HandlerError::retryable("ORDER_NOT_FOUND", format!("order {order_no} not found (yet)"))),
-            Some((status, _)) if status == "PAID" => Ok(()),
+            Some(("PAID", _)) => Ok(()),
             // Created by a transaction that committed between our update and this read.
-            Some((status, version)) if status == "PENDING" && version == expected => Err(HandlerError::retryable(
+            Some(("PENDING", version)) if version == expected => Err(HandlerError::retryable(
                 "ORDER_NOT_FOUND",
                 format!("order {order_no} appeared concurrently; retrying"),
             )),

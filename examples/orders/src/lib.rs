@@ -7,10 +7,14 @@
 //! Message ids: `ORDER.<EVENT>.<order no>:<version>`; CREATE is version 1, PAY 2, NOTIFY 3.
 //! Its tables live in the schema `shop` ([`SCHEMA`]), with a migration history of their own
 //! ([`migrate`]); its SQL names them with that schema, so it runs under any `search_path`.
+//! With the feature `mysql`, `mysql` holds the same on MySQL 8 / MariaDB 10.11 (the database
+//! `shop`), sharing all but the statements.
 
 pub mod crashing_worker;
 pub mod demo;
 mod handlers;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod seed;
 pub mod simulate;
 mod sms;

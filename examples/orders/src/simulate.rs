@@ -1,6 +1,8 @@
 //! `dedup-console simulate`: publishes an order event stream the way real producers do — with
 //! retries that resend the same message id seconds later, reordering, and poison messages — and
-//! records what it sent (`simulation_runs`, `simulation_messages`) for the verifier.
+//! records what it sent (`simulation_runs`, `simulation_messages`) for the verifier. The few
+//! statements that record a run are a `RunBook` (PostgreSQL's here, MySQL's in
+//! `crate::mysql`); planning, publishing and counting are shared.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -14,6 +16,11 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgPool;
+
+mod run_book;
+
+use run_book::PgRunBook;
+pub(crate) use run_book::{RecordedMessage, RunBook};
 
 use super::{OrderSettings, sku};
 use dedup_engine::{Broker, IdPolicy, InboundMessage, Outbound, POISON_TYPE, Publish, SourceRef, TypePolicy};
@@ -222,18 +229,23 @@ pub async fn simulate(
     policy: &IdPolicy,
     progress: impl Fn(u64, u64),
 ) -> anyhow::Result<SimulationReport> {
+    simulate_on(&PgRunBook(pool), publisher, params, orders, policy, progress).await
+}
+
+/// [`simulate`], recording the run in `book`.
+pub(crate) async fn simulate_on(
+    book: &dyn RunBook,
+    publisher: &dyn Publish,
+    params: &SimulateParams,
+    orders: &OrderSettings,
+    policy: &IdPolicy,
+    progress: impl Fn(u64, u64),
+) -> anyhow::Result<SimulationReport> {
     let started = Instant::now();
-    let run_id: i64 = sqlx::query_scalar("INSERT INTO shop.simulation_runs (parameters) VALUES ($1) RETURNING id")
-        .bind(sqlx::types::Json(params))
-        .fetch_one(pool)
-        .await?;
+    let run_id = book.start(params).await?;
     // Time and run id: unique even across databases (a fresh database restarts run ids).
     let order_prefix = format!("{}{run_id:04}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
-    sqlx::query("UPDATE shop.simulation_runs SET parameters = parameters || jsonb_build_object('order_prefix', $2::text) WHERE id = $1")
-        .bind(run_id)
-        .bind(&order_prefix)
-        .execute(pool)
-        .await?;
+    book.name_orders(run_id, &order_prefix).await?;
 
     let mut rng = StdRng::seed_from_u64(params.seed);
     let mut plan: Vec<Outgoing> = Vec::with_capacity(usize::try_from(params.orders * 3).unwrap_or(0));
@@ -310,45 +322,23 @@ pub async fn simulate(
     }
     progress(published, published);
 
-    let mut groups = Vec::new();
-    let mut ids = Vec::new();
-    let mut poison_flags = Vec::new();
-    let mut counts = Vec::new();
+    let mut recorded = Vec::new();
     for (index, n) in &copies {
         let out = &plan[*index];
         for group in params.groups.iter().filter(|g| g.receives(out.routing_key)) {
-            groups.push(group.name.as_str());
-            ids.push(out.record_id.as_str());
-            poison_flags.push(out.poison);
-            counts.push(*n);
+            recorded.push(RecordedMessage {
+                group: group.name.as_str(),
+                message_id: out.record_id.as_str(),
+                poison: out.poison,
+                copies: *n,
+            });
         }
     }
-    for chunk in (0..ids.len()).collect::<Vec<_>>().chunks(5000) {
-        let (a, b) = (chunk[0], chunk[chunk.len() - 1] + 1);
-        sqlx::query(
-            "INSERT INTO shop.simulation_messages (run_id, consumer_group, message_id, poison, copies)
-             SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bool[], $5::int[])
-             ON CONFLICT (run_id, consumer_group, message_id) DO UPDATE
-                 SET copies = simulation_messages.copies + EXCLUDED.copies",
-        )
-        .bind(run_id)
-        .bind(&groups[a..b])
-        .bind(&ids[a..b])
-        .bind(&poison_flags[a..b])
-        .bind(&counts[a..b])
-        .execute(pool)
-        .await?;
+    for chunk in recorded.chunks(5000) {
+        book.record_messages(run_id, chunk).await?;
     }
     let poison_count = plan.iter().filter(|o| o.poison).count() as u64;
-    sqlx::query(
-        "UPDATE shop.simulation_runs SET finished_at = now(), published = $2, duplicates = $3, poison = $4 WHERE id = $1",
-    )
-    .bind(run_id)
-    .bind(published as i64)
-    .bind(duplicates as i64)
-    .bind(poison_count as i64)
-    .execute(pool)
-    .await?;
+    book.finish(run_id, published as i64, duplicates as i64, poison_count as i64).await?;
     let seconds = started.elapsed().as_secs_f64();
     Ok(SimulationReport {
         run_id,

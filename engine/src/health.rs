@@ -18,7 +18,7 @@ use crate::source::kafka::KafkaProbe;
 pub struct DependencyHealth {
     /// `"database"`, `"redis"` or `"broker"`.
     pub service: &'static str,
-    /// Human name: `PostgreSQL`, `Redis`, `RabbitMQ` or `Kafka`.
+    /// Human name: `PostgreSQL`, `MySQL`, `Redis`, `RabbitMQ` or `Kafka`.
     pub name: String,
     /// The URL probed, password redacted.
     pub url: String,
@@ -36,7 +36,7 @@ pub struct DependencyHealth {
 pub struct HealthReport {
     /// When the probes started.
     pub checked_at: DateTime<Utc>,
-    /// PostgreSQL.
+    /// The database (PostgreSQL or MySQL).
     pub database: DependencyHealth,
     /// Redis.
     pub redis: DependencyHealth,

@@ -227,6 +227,7 @@ pub mod rabbitmq {
 /// (`Engine::builder(mysql_pool)`; docs/DESIGN.md, "An engine on MySQL").
 #[cfg(feature = "mysql")]
 pub mod mysql {
+    pub use crate::runtime::migrate_engine;
     pub use crate::store::mysql::{connect_url as connect, migrate};
 }
 

@@ -33,6 +33,8 @@ mod errors;
 mod pool;
 pub use errors::EngineError;
 pub use pool::EnginePool;
+#[cfg(feature = "mysql")]
+pub use pool::migrate_engine;
 
 /// Builds an [`Engine`]: see [`Engine::builder`].
 #[must_use = "an engine builder does nothing until `start` is called"]

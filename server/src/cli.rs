@@ -9,15 +9,16 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dedup_engine::Broker;
 use dedup_engine::console::seed::{SeedParams, seed_records};
-use dedup_example_orders::simulate::{SimulateParams, simulate};
-use dedup_example_orders::verify::{VerifyReport, check_kafka_lag, verify};
+use dedup_example_orders::simulate::SimulateParams;
+use dedup_example_orders::verify::{VerifyReport, check_kafka_lag};
 
 use crate::cli_cleanup::{CleanupArgs, run_cleanup};
 use crate::cli_users::UserCommand;
 use crate::config::{GroupConfig, Settings};
+use crate::example_database::ExampleDatabase;
 use crate::operator::{BulkArgs, ConflictArgs, RecordArgs, run_bulk, run_conflicts, run_record};
 use crate::publish::{PublishArgs, run_publish};
-use crate::startup::{Application, open_database, open_database_with_example};
+use crate::startup::{Application, open_database};
 use crate::telemetry;
 use dedup_engine::console::actions::RecordActionKind;
 
@@ -76,6 +77,33 @@ pub enum Command {
     /// Cleanup schedules: list, create, edit, or run one now (cleanup run ID [--dry-run], or
     /// cleanup ID [--dry-run]).
     Cleanup(CleanupArgs),
+}
+
+impl Command {
+    /// Whether it runs on MySQL or MariaDB: `serve` (the engine; the console runs on PostgreSQL
+    /// only so far), `migrate`, `simulate`, `publish` and `verify`.
+    ///
+    /// Errors: a command that does not yet, saying so.
+    fn check_runs_on_mysql(&self) -> anyhow::Result<()> {
+        let name = match self {
+            Command::Serve(_) | Command::Migrate | Command::Simulate(_) | Command::Publish(_) | Command::Verify(_) => {
+                return Ok(());
+            }
+            Command::Seed(_) => "seed",
+            Command::User(_) => "user",
+            Command::Release(_) => "release",
+            Command::MarkSucceeded(_) => "mark-succeeded",
+            Command::DeadLetter(_) => "dead-letter",
+            Command::Requeue(_) => "requeue",
+            Command::RequeueBulk(_) => "requeue-bulk",
+            Command::RequeueConflicts(_) => "requeue-conflicts",
+            Command::Cleanup(_) => "cleanup",
+        };
+        anyhow::bail!(
+            "`{name}` runs on PostgreSQL only so far, and DATABASE_URL names MySQL; on MySQL: serve (the consumer, \
+             without the console), migrate, simulate, publish, verify"
+        )
+    }
 }
 
 /// `seed` options.
@@ -202,14 +230,18 @@ fn validate_share(name: &str, value: f64) -> anyhow::Result<()> {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     telemetry::init(settings.log_format);
-    match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
+    let command = cli.command.unwrap_or(Command::Serve(ServeArgs::default()));
+    if settings.on_mysql() {
+        command.check_runs_on_mysql()?;
+    }
+    match command {
         Command::Serve(args) => {
             tracing::info!(settings = %settings.redacted_json(), demo = args.demo, "starting dedup-console");
             let app = Application::build(settings, args.demo).await?;
             app.run_until_stopped(shutdown_signal()).await
         }
         Command::Migrate => {
-            let db = open_database_with_example(&settings).await?;
+            let db = ExampleDatabase::open(&settings).await?;
             println!("migrations applied; schema {} verified ({})", settings.schema, settings.database_url.redacted());
             db.close().await;
             Ok(())
@@ -264,7 +296,7 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
     validate_share("poison-rate", args.poison_rate)?;
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 or more");
     let groups = groups_on(settings, args.source)?;
-    let db = open_database_with_example(settings).await?;
+    let db = ExampleDatabase::open(settings).await?;
     let first = &groups[0];
     let destination = first.destination();
     let source = first.source_factory(settings.amqp_url.expose());
@@ -287,8 +319,8 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let report =
-        simulate(&db.host, publisher.as_ref(), &params, &settings.orders, &first.settings.ids, |done, total| {
+    let report = db
+        .simulate(publisher.as_ref(), &params, &settings.orders, &first.settings.ids, |done, total| {
             bar.set_length(total);
             bar.set_position(done);
         })
@@ -328,8 +360,8 @@ async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()>
     if args.lag_only {
         return run_lag_check(&groups, args.group.as_deref(), wait).await;
     }
-    let db = open_database_with_example(settings).await?;
-    let mut report = verify(&db.host, &settings.schema, args.run, wait).await?;
+    let db = ExampleDatabase::open(settings).await?;
+    let mut report = db.verify(&settings.schema, args.run, wait).await?;
     db.close().await;
     for group in groups.iter().filter(|g| g.source == Broker::Kafka) {
         check_kafka_lag(&mut report, &kafka_connector(group), wait).await?;

@@ -13,13 +13,15 @@ use anyhow::Context;
 use axum::Router;
 use axum::serve::ListenerExt;
 use dedup_engine::console::engine_pool;
-use dedup_engine::{Broker, Engine, HealthProbes, PoolSettings};
+use dedup_engine::{Broker, Engine, EngineBuilder, EnginePool, HandlerRegistry, HealthProbes, PoolSettings};
 use dedup_example_orders as orders;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{GroupConfig, Settings};
+
+pub(crate) mod mysql;
 use dedup_app::ssr::mount::AuthMode;
 use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, console_router, mount};
 
@@ -27,7 +29,8 @@ use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, console_router, mount};
 pub struct Application {
     listener: TcpListener,
     router: Router,
-    pool: PgPool,
+    /// The host pool (PostgreSQL or MySQL).
+    pool: EnginePool,
     engine: Engine,
     demo: Option<Demo>,
     /// The console's shutdown token: cancelled when the shutdown signal comes.
@@ -86,10 +89,56 @@ pub async fn open_database_with_example(settings: &Settings) -> anyhow::Result<D
     Ok(databases)
 }
 
+/// The engine of `settings` on the host pool `pool`, with `groups` bound to `example`'s handlers
+/// (or their HTTP handlers).
+///
+/// Errors: a group whose handlers are not in `example`.
+fn engine_builder(
+    settings: &Settings,
+    pool: impl Into<EnginePool>,
+    groups: &[GroupConfig],
+    example: &HandlerRegistry,
+) -> anyhow::Result<EngineBuilder> {
+    let mut builder = Engine::builder(pool)
+        .schema(settings.schema.clone())
+        .redis(settings.redis_url.expose())
+        .fast_path(settings.fast_path.clone())
+        .stats_flush(Duration::from_millis(settings.stats_flush_ms))
+        .pool_size(settings.engine_pool_size())
+        .consume(settings.consumer.enabled);
+    for group in groups {
+        builder = builder.group(group.engine_group(settings.amqp_url.expose(), example)?);
+    }
+    Ok(builder)
+}
+
+/// The listener on `settings.listen`.
+///
+/// Errors: the address is taken or not ours.
+async fn bind(settings: &Settings) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(settings.listen).await.with_context(|| format!("cannot listen on {}", settings.listen))
+}
+
+/// Probes Redis and the broker in the background and warns of those down: the server serves at
+/// once, and `/readyz` probes on its own.
+fn warn_of_dependencies(probes: &HealthProbes) {
+    tokio::spawn({
+        let probes = probes.clone();
+        async move {
+            let (redis, broker) = tokio::join!(probes.check_redis(), probes.check_broker());
+            for dependency in [redis, broker] {
+                if let Some(error) = dependency.error {
+                    tracing::warn!(service = dependency.service, "{error}");
+                }
+            }
+        }
+    });
+}
+
 /// The health probes: the database on `pool`, Redis, and the broker of the first group.
 ///
 /// Errors: an invalid Kafka client configuration.
-fn probes(settings: &Settings, pool: PgPool, groups: &[GroupConfig]) -> anyhow::Result<HealthProbes> {
+fn probes(settings: &Settings, pool: impl Into<EnginePool>, groups: &[GroupConfig]) -> anyhow::Result<HealthProbes> {
     let probes = HealthProbes::new(
         pool,
         settings.database_url.expose(),
@@ -115,6 +164,9 @@ impl Application {
     pub async fn build(settings: Settings, demo: bool) -> anyhow::Result<Self> {
         let metrics = crate::telemetry::metrics_handle().clone();
         let groups = settings.consumer_groups().context("invalid consumer groups")?;
+        if settings.on_mysql() {
+            return Self::build_on_mysql(settings, groups, demo, metrics).await;
+        }
         let auth = match settings.auth.mode {
             AuthMode::Accounts => ConsoleAuth::Accounts(settings.auth.clone()),
             AuthMode::Off if settings.listen.ip().is_loopback() => ConsoleAuth::Off,
@@ -138,36 +190,14 @@ impl Application {
             orders::stock_inventory(&pool, &order_settings).await?;
         }
         let example = orders::handlers(pool.clone(), &order_settings);
-        let mut builder = Engine::builder(pool.clone())
-            .schema(settings.schema.clone())
-            .redis(settings.redis_url.expose())
-            .fast_path(settings.fast_path.clone())
-            .stats_flush(Duration::from_millis(settings.stats_flush_ms))
-            .pool_size(settings.engine_pool_size())
-            .consume(consume);
-        for group in &groups {
-            builder = builder.group(group.engine_group(settings.amqp_url.expose(), &example)?);
-        }
+        let builder = engine_builder(&settings, pool.clone(), &groups, &example)?;
 
-        let listener = TcpListener::bind(settings.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", settings.listen))?;
+        let listener = bind(&settings).await?;
         let local_addr = listener.local_addr()?;
         let engine = builder.start().await?;
         let handle = engine.handle().clone();
         let probes = probes(&settings, pool.clone(), &groups)?;
-        // In the background: the server serves at once, and `/readyz` probes on its own.
-        tokio::spawn({
-            let probes = probes.clone();
-            async move {
-                let (redis, broker) = tokio::join!(probes.check_redis(), probes.check_broker());
-                for dependency in [redis, broker] {
-                    if let Some(error) = dependency.error {
-                        tracing::warn!(service = dependency.service, "{error}");
-                    }
-                }
-            }
-        });
+        warn_of_dependencies(&probes);
         let demo = demo.then(|| start_demo(&settings, &pool, &engine, &groups, order_settings));
         let config = ConsoleConfig {
             site_root: settings.site_root.clone(),
@@ -193,7 +223,7 @@ impl Application {
             warn_without_accounts(engine_pool).await;
         }
         let shutdown_timeout = Duration::from_millis(settings.shutdown_timeout_ms);
-        Ok(Self { listener, router, pool, engine, demo, console_shutdown, shutdown_timeout })
+        Ok(Self { listener, router, pool: pool.into(), engine, demo, console_shutdown, shutdown_timeout })
     }
 
     /// The port the listener is bound to (useful with port 0).

@@ -35,6 +35,15 @@ impl EnginePool {
         }
     }
 
+    /// Closes the pool: waits for every connection checked out to come back, then closes them.
+    pub async fn close(&self) {
+        match self {
+            Self::Postgres(pool) => pool.close().await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => pool.close().await,
+        }
+    }
+
     /// The database's name as sqlx gives it (`Database::NAME`: `"PostgreSQL"`, `"MySQL"`).
     pub fn database(&self) -> &'static str {
         match self {
@@ -80,6 +89,18 @@ pub(super) async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connectio
     let engine = host.options().clone().max_connections(max_connections.max(1)).min_connections(0).connect_lazy_with(options);
     crate::store::mysql::migrate(&engine, &crate::store::mysql::MIGRATOR).await.map_err(SchemaError::Migrate)?;
     Ok(engine)
+}
+
+/// Applies the engine's migrations on MySQL without starting an engine (a deploy step; what
+/// `Engine::start` does first): checks `host`'s session, creates the engine's database `schema`
+/// when missing and migrates it, one process at a time.
+///
+/// Errors: as [`crate::EngineBuilder::start`]'s: [`EngineError::MySqlSession`], the database's, a
+/// migration's.
+#[cfg(feature = "mysql")]
+pub async fn migrate_engine(host: &MySqlPool, schema: &Schema) -> Result<(), EngineError> {
+    ready_mysql(host, schema, 1).await?.close().await;
+    Ok(())
 }
 
 /// A connection's isolation level (`READ-COMMITTED`, …) and its session time zone's offset from

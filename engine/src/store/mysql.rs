@@ -121,7 +121,8 @@ pub async fn connect_url(url: &str, settings: &PoolSettings) -> Result<MySqlPool
 const MIGRATION_WAIT_SECONDS: i64 = 300;
 
 /// Applies `migrator` to the database `pool` connects to, one process at a time: the whole run
-/// holds `GET_LOCK('<database>.migrations', …)` on a connection of its own, waiting at most
+/// holds `GET_LOCK('<database>.migrations', …)` on a connection of its own (opened with the
+/// pool's options, beside the pool), waiting at most
 /// 300 s for another process's run. sqlx's own migration lock asks `GET_LOCK(…, -1)`, which
 /// MySQL 8 takes as "wait forever" but MariaDB 10.11 answers at once with NULL (measured): two
 /// processes starting together on MariaDB would both apply the first migration, and one fails
@@ -130,10 +131,11 @@ const MIGRATION_WAIT_SECONDS: i64 = 300;
 /// Errors: the lock not taken within the wait ([`sqlx::migrate::MigrateError::Execute`] with a
 /// protocol error naming it), the database's, or a migration's.
 pub async fn migrate(pool: &MySqlPool, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
-    let mut holder = pool.acquire().await?;
+    // A connection of its own, beside the pool's: a pool of one connection must still migrate.
+    let mut holder = sqlx::MySqlConnection::connect_with(&pool.connect_options()).await?;
     let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(DATABASE(), '.migrations'), ?)")
         .bind(MIGRATION_WAIT_SECONDS)
-        .fetch_one(&mut *holder)
+        .fetch_one(&mut holder)
         .await?;
     if taken != Some(1) {
         return Err(sqlx::Error::Protocol(format!(
@@ -142,7 +144,10 @@ pub async fn migrate(pool: &MySqlPool, migrator: &Migrator) -> Result<(), sqlx::
         .into());
     }
     let applied = migrator.run(pool).await;
-    let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.migrations'))").execute(&mut *holder).await;
+    // Closing the connection releases the lock as well; released first, so that a close that
+    // fails leaves no one waiting.
+    let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.migrations'))").execute(&mut holder).await;
+    holder.close().await.ok();
     applied?;
     released?;
     Ok(())

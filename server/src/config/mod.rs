@@ -67,7 +67,8 @@ impl Serialize for SecretUrl {
 pub struct Settings {
     /// Address the console and API listen on. Default `127.0.0.1:3000`; port 0 picks a free port.
     pub listen: SocketAddr,
-    /// PostgreSQL URL (dedup store and business tables). Env: `DATABASE_URL`.
+    /// Database URL (dedup store and business tables): `postgres://…`, or `mysql://…` for MySQL 8
+    /// or MariaDB 10.11 (the console runs on PostgreSQL only so far). Env: `DATABASE_URL`.
     pub database_url: SecretUrl,
     /// Redis URL (fast-path markers). Env: `REDIS_URL`.
     pub redis_url: SecretUrl,
@@ -239,6 +240,12 @@ impl Settings {
     /// queue or Kafka group; the message names the entry and the key.
     pub fn consumer_groups(&self) -> anyhow::Result<Vec<GroupConfig>> {
         groups::resolve(&self.consumer, &self.groups.0)
+    }
+
+    /// Whether [`Settings::database_url`] names MySQL or MariaDB (`mysql://`, `mariadb://`).
+    pub fn on_mysql(&self) -> bool {
+        let url = self.database_url.expose();
+        url.starts_with("mysql:") || url.starts_with("mariadb:")
     }
 
     /// Connections of the engine's own pool: half of [`Settings::db_max_connections`], at

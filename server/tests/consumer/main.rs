@@ -18,6 +18,7 @@ mod http;
 mod http_drill;
 mod http_service;
 mod kafka;
+mod mysql;
 mod publish_cli;
 mod requeue;
 mod support;

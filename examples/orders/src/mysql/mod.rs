@@ -75,7 +75,7 @@ impl Shop {
             .await?;
         let options = pool.connect_options().as_ref().clone().database(self.database());
         let own = MySqlPoolOptions::new().max_connections(1).connect_with(options).await?;
-        let migrated = MIGRATOR.run(&own).await;
+        let migrated = dedup_engine::mysql::migrate(&own, &MIGRATOR).await;
         own.close().await;
         migrated
     }

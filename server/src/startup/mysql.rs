@@ -1,0 +1,85 @@
+//! `serve` on MySQL 8 or MariaDB 10.11 (`DATABASE_URL=mysql://…`): the engine consumes with the
+//! order example's MySQL handlers (and the groups' HTTP handlers); the console runs on
+//! PostgreSQL only so far, so the server answers `/healthz`, `/readyz` and `/metrics` and says so
+//! on every other path ([`health_router`]).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use dedup_app::ssr::mount::health_router;
+use dedup_engine::{EnginePool, PoolSettings, Schema};
+use dedup_example_orders as orders;
+use metrics_exporter_prometheus::PrometheusHandle;
+use sqlx::MySqlPool;
+use tokio_util::sync::CancellationToken;
+
+use super::{Application, bind, engine_builder, probes, warn_of_dependencies};
+use crate::config::{GroupConfig, Settings};
+
+/// The order example on MySQL: its tables in the database `DATABASE_URL` names (the team's own;
+/// the engine's go in the database named by `schema`).
+///
+/// Errors: a URL without a database, or one whose name is not a plain lowercase name.
+pub(crate) fn shop(settings: &Settings) -> anyhow::Result<orders::mysql::Shop> {
+    let options: sqlx::mysql::MySqlConnectOptions =
+        settings.database_url.expose().parse().context("DATABASE_URL is not a MySQL URL")?;
+    let database = options.get_database().context("DATABASE_URL names no database (mysql://…/<database>)")?;
+    anyhow::ensure!(
+        database != settings.schema.as_str(),
+        "DATABASE_URL's database {database:?} is the engine's (schema): on MySQL the engine's tables need a database \
+         of their own (each database keeps one migration history)"
+    );
+    Ok(orders::mysql::Shop::new(Schema::parse(database)?))
+}
+
+/// Connects to MySQL or MariaDB with the server's pool (creating the database if needed).
+///
+/// Errors: the server unreachable (names it, the redacted URL and how to start it).
+pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<MySqlPool> {
+    let pool = PoolSettings { max_connections: settings.db_max_connections, ..PoolSettings::default() };
+    dedup_engine::mysql::connect(settings.database_url.expose(), &pool).await.map_err(crate::hints::with_hint)
+}
+
+impl Application {
+    /// [`Application::build`] on MySQL: the order example's MySQL tables (when a group uses its
+    /// handlers), the engine, and the health endpoints as the router.
+    ///
+    /// Errors: `serve --demo` (PostgreSQL only so far), the database, the listener.
+    pub(super) async fn build_on_mysql(
+        settings: Settings,
+        groups: Vec<GroupConfig>,
+        demo: bool,
+        metrics: PrometheusHandle,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(!demo, "serve --demo runs on PostgreSQL only so far; DATABASE_URL names MySQL");
+        let shop = shop(&settings)?;
+        let pool = connect(&settings).await?;
+        if groups.iter().any(GroupConfig::uses_example) {
+            shop.migrate(&pool).await?;
+            if settings.consumer.enabled {
+                shop.stock_inventory(&pool, &settings.orders).await?;
+            }
+        }
+        let example = shop.handlers(pool.clone(), &settings.orders);
+        let builder = engine_builder(&settings, pool.clone(), &groups, &example)?;
+        let listener = bind(&settings).await?;
+        let local_addr = listener.local_addr()?;
+        let engine = builder.start().await?;
+        let probes = probes(&settings, pool.clone(), &groups)?;
+        warn_of_dependencies(&probes);
+        let router = health_router(engine.handle().clone(), probes, Some(metrics));
+        tracing::warn!(
+            "the console runs on PostgreSQL only so far: on MySQL this server consumes and answers /healthz, /readyz \
+             and /metrics on http://{local_addr}"
+        );
+        Ok(Self {
+            listener,
+            router,
+            pool: EnginePool::MySql(pool),
+            engine,
+            demo: None,
+            console_shutdown: CancellationToken::new(),
+            shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),
+        })
+    }
+}

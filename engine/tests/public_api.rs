@@ -23,8 +23,11 @@ use syn::{Attribute, Fields, ImplItem, Item, Meta, TraitItem, UseTree, Visibilit
 const CRATE: &str = "dedup_engine";
 const DEFAULT_FEATURES: &[&str] = &["rabbitmq", "kafka"];
 /// The optional features that add to the API, and what for.
-const OPTIONAL_FEATURES: &[(&str, &str)] =
-    &[("http", "HTTP handlers"), ("testing", "test support for this crate's and its hosts' tests")];
+const OPTIONAL_FEATURES: &[(&str, &str)] = &[
+    ("http", "HTTP handlers"),
+    ("mysql", "MySQL 8 / MariaDB"),
+    ("testing", "test support for this crate's and its hosts' tests"),
+];
 
 #[test]
 fn the_public_api_is_the_listed_one() {

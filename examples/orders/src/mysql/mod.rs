@@ -9,7 +9,7 @@
 //! (`examples/orders/migrations-mysql`, [`MIGRATOR`]); its statements name them `shop.<table>`,
 //! so they run on a connection to any database of that server — the claim's transaction on the
 //! engine's database above all. Pools must be as the engine's MySQL store makes them
-//! (`dedup_engine::store::mysql::connect`: `READ COMMITTED`, UTC).
+//! (`dedup_engine::mysql::connect`: `READ COMMITTED`, UTC).
 //!
 //! The free functions work on the database `shop`; [`Shop`] does the same on a database of
 //! another name (tests make one per test).

@@ -4,15 +4,13 @@
 //! simulator's planning and publishing, the verifier's waiting and judging — is the PostgreSQL
 //! example's own, reached through small seams (the SMS log, `RunBook`, `RunLedger`).
 //!
-//! MySQL's schema is a database: the example's tables live in the database `shop` ([`Shop`]),
+//! MySQL's schema is a database: the example's tables live in a database of their own ([`Shop`]:
+//! `shop` by default; the `dedup-console` binary uses its URL's database, tests one per test),
 //! on the server the pool connects to, with a migration history of their own
-//! (`examples/orders/migrations-mysql`, [`MIGRATOR`]); its statements name them `shop.<table>`,
-//! so they run on a connection to any database of that server — the claim's transaction on the
-//! engine's database above all. Pools must be as the engine's MySQL store makes them
-//! (`dedup_engine::mysql::connect`: `READ COMMITTED`, UTC).
-//!
-//! The free functions work on the database `shop`; [`Shop`] does the same on a database of
-//! another name (tests make one per test).
+//! (`examples/orders/migrations-mysql`, [`MIGRATOR`]); its statements name them
+//! `<database>.<table>`, so they run on a connection to any database of that server — the
+//! claim's transaction on the engine's database above all. Pools must be as the engine's MySQL
+//! store makes them (`dedup_engine::mysql::connect`: `READ COMMITTED`, UTC).
 
 mod handlers;
 mod simulate;
@@ -34,7 +32,7 @@ use crate::simulate::{SimulateParams, SimulationReport};
 use crate::verify::VerifyReport;
 
 /// The example's MySQL migrations (`examples/orders/migrations-mysql`), applied in the shop's
-/// database by [`migrate`] / [`Shop::migrate`].
+/// database by [`Shop::migrate`].
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations-mysql");
 
 /// The database that holds the example's tables: `shop` unless named otherwise. Cheap to clone.
@@ -66,7 +64,8 @@ impl Shop {
     }
 
     /// Creates the database if missing (`utf8mb4_bin`) and applies [`MIGRATOR`] there, through
-    /// a connection of its own to it (`pool`'s options with that database).
+    /// a pool of its own on it (`pool`'s options with that database), one process at a time
+    /// (`dedup_engine::mysql::migrate`).
     ///
     /// Errors: the server's (creating the database, connecting), or a migration's.
     pub async fn migrate(&self, pool: &MySqlPool) -> Result<(), MigrateError> {
@@ -150,50 +149,4 @@ impl Shop {
         let ledger = verify::MySqlLedger { pool, shop: self, engine: engine_schema };
         crate::verify::verify_on(&ledger, run, wait).await
     }
-}
-
-/// Creates the database `shop` if missing and applies [`MIGRATOR`] there ([`Shop::migrate`]).
-///
-/// Errors: the server's, or a migration's.
-pub async fn migrate(pool: &MySqlPool) -> Result<(), MigrateError> {
-    Shop::default().migrate(pool).await
-}
-
-/// Stocks the SKUs that do not exist yet, in `shop` ([`Shop::stock_inventory`]).
-///
-/// Errors: the database's.
-pub async fn stock_inventory(pool: &MySqlPool, settings: &OrderSettings) -> Result<(), sqlx::Error> {
-    Shop::default().stock_inventory(pool, settings).await
-}
-
-/// The order handlers on `shop` ([`Shop::handlers`]).
-pub fn handlers(pool: MySqlPool, settings: &OrderSettings) -> HandlerRegistry {
-    Shop::default().handlers(pool, settings)
-}
-
-/// Publishes a run and records it in `shop` ([`Shop::simulate`]).
-///
-/// Errors: database or broker errors, as text.
-pub async fn simulate(
-    pool: &MySqlPool,
-    publisher: &dyn Publish,
-    params: &SimulateParams,
-    orders: &OrderSettings,
-    policy: &IdPolicy,
-    progress: impl Fn(u64, u64),
-) -> anyhow::Result<SimulationReport> {
-    Shop::default().simulate(pool, publisher, params, orders, policy, progress).await
-}
-
-/// Checks a run recorded in `shop` ([`Shop::verify`]; the checks and report of
-/// [`crate::verify::verify`]), the dedup records read from the database `engine_schema`.
-///
-/// Errors: no such run, or a database error.
-pub async fn verify(
-    pool: &MySqlPool,
-    engine_schema: &Schema,
-    run: Option<i64>,
-    wait: Duration,
-) -> anyhow::Result<VerifyReport> {
-    Shop::default().verify(pool, engine_schema, run, wait).await
 }

@@ -10,20 +10,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actions::cleanup::late::RetentionWatch;
 use crate::actions::republish::Publishers;
-use crate::consumer::{Consumer, ConsumerStatus};
-use crate::db::{self, Schema, SchemaError};
+use crate::consumer::ConsumerStatus;
+use crate::db::{self, Schema};
 use crate::fastpath::{FastPath, FastPathSettings};
 use crate::group::{Group, HttpEndpoint};
 use crate::health::GroupHealth;
 use crate::instances::{Beat, Instance};
 use crate::message::Broker;
-use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::record::ConsumerGroup;
 use crate::source::SourceFactory;
-use crate::stats::Stats;
 use crate::store::postgres::PgStore;
 use crate::store::postgres::runtime::PgRuntimeBooks;
-use crate::store::{DedupStore, PipelineStore};
 #[cfg(feature = "mysql")]
 use crate::store::mysql::runtime::MySqlRuntimeBooks;
 use books::RuntimeBooks;
@@ -31,6 +28,7 @@ use books::RuntimeBooks;
 pub(crate) mod books;
 mod errors;
 mod pool;
+mod start;
 pub use errors::EngineError;
 pub use pool::EnginePool;
 #[cfg(feature = "mysql")]
@@ -96,13 +94,16 @@ impl EngineBuilder {
         self
     }
 
-    /// Migrates the engine's schema ([`db::migrate`]), then starts every group's workers and
-    /// the background tasks (aggregate flusher, bulk-requeue runners, cleanup scheduler). Does
-    /// not wait for the brokers or Redis: workers connect and reconnect in the background.
+    /// Migrates the engine's schema ([`db::migrate`]; on MySQL its database), then starts every
+    /// group's workers and the background tasks (aggregate flusher, heartbeat; on PostgreSQL
+    /// also the bulk-requeue runners and the cleanup scheduler, which MySQL does not run yet: a
+    /// warning says so). Does not wait for the brokers or Redis: workers connect and reconnect
+    /// in the background.
     ///
     /// Errors: [`EngineError`]: an invalid or repeated group name, two groups reading one queue,
     /// a message type with two handlers, a lease shorter than a handler's longest run, a
-    /// transactional handler of another database than the engine's, a failed migration.
+    /// transactional handler of another database than the engine's, a MySQL pool whose
+    /// connections are not `READ COMMITTED` in UTC, a failed migration.
     pub async fn start(mut self) -> Result<Engine, EngineError> {
         let engine_database = self.pool.database();
         let mut names = HashSet::new();
@@ -177,7 +178,7 @@ impl EngineBuilder {
                 let books: Arc<dyn RuntimeBooks> = Arc::new(MySqlRuntimeBooks::new(engine_pool.clone()));
                 tracing::warn!(
                     "this engine runs on MySQL: bulk requeue and cleanup schedules run on PostgreSQL only so far, so \
-                     neither runs here, and no record is deleted (docs/DESIGN.md, \"The store seam\")"
+                     neither runs here, and no record is deleted (docs/DESIGN.md, \"An engine on MySQL\")"
                 );
                 let store = crate::store::mysql::MySqlStore::new(pool.clone(), &self.schema);
                 let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
@@ -195,92 +196,6 @@ impl EngineBuilder {
         };
         Ok(Engine { handle, shutdown, tasks })
     }
-
-    /// Starts what every database runs the same way: the engine keys' reads, the fast path,
-    /// each group's consumer over `store` (when the engine consumes), the heartbeat and the
-    /// aggregate flusher, their tasks pushed onto `tasks`.
-    async fn start_groups<S: PipelineStore>(
-        &self,
-        store: S,
-        books: &Arc<dyn RuntimeBooks>,
-        retention: &Arc<RetentionWatch>,
-        groups: Vec<(ConsumerGroup, Group)>,
-        shutdown: &CancellationToken,
-        tasks: &mut Vec<JoinHandle<()>>,
-    ) -> Result<StartedGroups, EngineError> {
-        let source_key = books.engine_key("source-headers").await.map_err(SchemaError::Query)?;
-        // Markers are this database's (DESIGN.md, "Redis fast path"): another database on the same
-        // Redis and prefix — one recreated, test and staging side by side — has other records, and
-        // must not take this one's markers for duplicates and skip its messages.
-        let database = books.engine_key("fast-path-namespace").await.map_err(SchemaError::Query)?;
-        let mut fast_path = self.fast_path.clone();
-        let namespace: String = database[..6].iter().map(|b| format!("{b:02x}")).collect();
-        fast_path.prefix = format!("{}:{namespace}", fast_path.prefix);
-        let fast_path = Arc::new(FastPath::new(&self.redis_url, fast_path));
-        let stats = Arc::new(Stats::default());
-        let mut publishers = Publishers::default();
-        let mut running = Vec::with_capacity(groups.len());
-        for (name, group) in groups {
-            let factory = group.source_factory_keyed(Some(&source_key));
-            publishers.add(name.as_str(), factory.clone());
-            let types = group.handlers.types().into_iter().map(str::to_owned).collect();
-            let http = group.handlers.http_endpoints();
-            let status = if self.consume {
-                warn_of_conflicts(books.as_ref(), &name).await;
-                let s = &group.settings;
-                let pipeline = Pipeline::new(
-                    store.clone(),
-                    fast_path.clone(),
-                    stats.clone(),
-                    group.handlers,
-                    PipelineSettings {
-                        group: name.clone(),
-                        max_attempts: s.max_attempts.max(1),
-                        lease: Duration::from_millis(s.lease_ms),
-                        backoff: s.backoff.clone(),
-                        id_policy: s.ids.clone(),
-                        type_policy: s.types.clone(),
-                        keep_poison_payload_bytes: s.keep_poison_payload_bytes,
-                        late_duplicates: s.late_duplicates,
-                    },
-                )
-                .with_retention(retention.clone());
-                let consumer = Consumer::new(pipeline, factory.clone(), s.workers.clone());
-                let status = consumer.status();
-                tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
-                Some(status)
-            } else {
-                None
-            };
-            running.push(RunningGroup { name, source: factory, status, types, http });
-        }
-        let running = Arc::new(running);
-        let beat = self.consume.then(|| Arc::new(Beat::new()));
-        if let Some(beat) = &beat {
-            tasks.push(tokio::spawn(crate::instances::run_heartbeat(
-                books.clone(),
-                beat.clone(),
-                running.clone(),
-                shutdown.clone(),
-            )));
-        }
-        tasks.push(tokio::spawn(run_stats_flusher(
-            books.clone(),
-            store,
-            stats,
-            self.stats_flush,
-            shutdown.clone(),
-        )));
-        Ok(StartedGroups { fast_path, publishers, groups: running, beat })
-    }
-}
-
-/// What [`EngineBuilder::start_groups`] started, for the engine's handle.
-struct StartedGroups {
-    fast_path: Arc<FastPath>,
-    publishers: Publishers,
-    groups: Arc<Vec<RunningGroup>>,
-    beat: Option<Arc<Beat>>,
 }
 
 /// One consumer group of a running engine, as the console shows it.
@@ -456,54 +371,5 @@ impl Engine {
         for group in self.handle.groups.iter() {
             group.source.close().await;
         }
-    }
-}
-
-/// Flushes the in-memory aggregates and folds the record counts' delta rows every `period`,
-/// samples the table size every minute, until shutdown (then flushes once more).
-async fn run_stats_flusher<S: DedupStore>(
-    books: Arc<dyn RuntimeBooks>,
-    store: S,
-    stats: Arc<Stats>,
-    period: Duration,
-    shutdown: CancellationToken,
-) {
-    let mut ticker = tokio::time::interval(period.max(Duration::from_millis(10)));
-    let mut last_sample: Option<tokio::time::Instant> = None;
-    loop {
-        let stopping = tokio::select! {
-            () = shutdown.cancelled() => true,
-            _ = ticker.tick() => false,
-        };
-        if let Err(e) = stats.flush_to(books.as_ref(), &store).await {
-            tracing::warn!(error = %e, "flushing aggregates failed; will retry");
-        }
-        if let Err(e) = books.fold_record_counts().await {
-            tracing::warn!(error = %e, "folding the record counts failed; will retry");
-        }
-        if last_sample.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
-            if let Err(e) = books.sample_table().await {
-                tracing::warn!(error = %e, "sampling the table size failed");
-            }
-            last_sample = Some(tokio::time::Instant::now());
-        }
-        if stopping {
-            return;
-        }
-    }
-}
-
-/// Says at a group's start when conflicting copies of its deliveries wait for an operator
-/// (DESIGN.md, "Reused ids and payload conflicts"): many of them mean its id source is wrong.
-async fn warn_of_conflicts(books: &dyn RuntimeBooks, group: &ConsumerGroup) {
-    match books.open_conflicts(group.as_str()).await {
-        Ok(0) => {}
-        Ok(open) => tracing::warn!(
-            group = group.as_str(),
-            open,
-            "deliveries that reused an existing record's message id (another type or payload) wait for an operator: \
-             is the group's ids.from right? The overview's \"id conflicts\" lists them; requeue them once it is"
-        ),
-        Err(e) => tracing::warn!(group = group.as_str(), error = %e, "counting conflicting copies failed"),
     }
 }

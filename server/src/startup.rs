@@ -196,7 +196,7 @@ impl Application {
         let local_addr = listener.local_addr()?;
         let engine = builder.start().await?;
         let handle = engine.handle().clone();
-        let probes = probes(&settings, pool.clone(), &groups)?;
+        let probes = probes(&settings, handle.pool().clone(), &groups)?;
         warn_of_dependencies(&probes);
         let demo = demo.then(|| start_demo(&settings, &pool, &engine, &groups, order_settings));
         let config = ConsoleConfig {

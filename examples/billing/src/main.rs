@@ -184,8 +184,13 @@ async fn serve(pool: sqlx::PgPool, common: &Common, args: ServeArgs) -> anyhow::
     let staff = StaffAuth::from_spec(args.staff.as_deref())?;
     let resolver = staff.clone();
     let auth = DelegatedAuth::new(move |parts: &Parts| Ok(resolver.resolve(parts)), "/signin").sign_out_url("/signout");
-    let probes = HealthProbes::new(pool.clone(), &common.database_url, &args.redis_url, Duration::from_secs(2))
-        .with_rabbitmq(&common.amqp_url);
+    let probes = HealthProbes::new(
+        engine.handle().pool().clone(),
+        &common.database_url,
+        &args.redis_url,
+        Duration::from_secs(2),
+    )
+    .with_rabbitmq(&common.amqp_url);
     let config = ConsoleConfig::new(&args.site_root, CONSOLE_PATH, ConsoleAuth::Delegated(auth));
     let console_shutdown = config.shutdown.clone();
     let console = console_router(engine.handle().clone(), probes, config).await?;

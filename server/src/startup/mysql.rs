@@ -65,7 +65,7 @@ impl Application {
         let listener = bind(&settings).await?;
         let local_addr = listener.local_addr()?;
         let engine = builder.start().await?;
-        let probes = probes(&settings, pool.clone(), &groups)?;
+        let probes = probes(&settings, engine.handle().pool().clone(), &groups)?;
         warn_of_dependencies(&probes);
         let router = health_router(engine.handle().clone(), probes, Some(metrics));
         tracing::warn!(

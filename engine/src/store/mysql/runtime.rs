@@ -104,7 +104,8 @@ impl RuntimeBooks for MySqlRuntimeBooks {
             *sums.entry(key).or_default() += row.try_get::<i64, _>("n")?;
         }
         if ids.len() <= sums.len() {
-            // One row per (group, status) already: nothing to fold.
+            // One row per (group, status) already: nothing to fold; the rows' locks go at once.
+            tx.rollback().await?;
             return Ok(0);
         }
         for chunk in ids.chunks(ROWS_PER_STATEMENT) {
@@ -281,3 +282,75 @@ async fn write_late(conn: &mut MySqlConnection, late: &LateCounts) -> Result<(),
     Ok(())
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::mysql::TestMySqlDatabase;
+
+    /// `record_counts` per (group, status): rows and sum.
+    async fn counts(pool: &MySqlPool) -> Vec<(String, i64, i64)> {
+        let rows: Vec<(Vec<u8>, i64, i64)> = sqlx::query_as(
+            "SELECT CAST(status AS BINARY), CAST(COUNT(*) AS SIGNED), CAST(SUM(n) AS SIGNED) FROM record_counts
+             GROUP BY status ORDER BY status",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        rows.into_iter().map(|(status, rows, sum)| (String::from_utf8(status).unwrap(), rows, sum)).collect()
+    }
+
+    #[tokio::test]
+    async fn a_fold_keeps_the_sums_and_leaves_a_folded_table_alone() {
+        let db = TestMySqlDatabase::create().await;
+        let books = MySqlRuntimeBooks::new(db.pool.clone());
+        for (status, n) in [("processing", 1), ("processing", 1), ("processing", 1), ("processing", -1), ("succeeded", 1)]
+        {
+            sqlx::query("INSERT INTO record_counts (consumer_group, status, n) VALUES ('g', ?, ?)")
+                .bind(status)
+                .bind(n)
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+        assert_eq!(books.fold_record_counts().await.unwrap(), 5, "five delta rows folded");
+        assert_eq!(counts(&db.pool).await, [("processing".into(), 1, 2), ("succeeded".into(), 1, 1)]);
+        assert_eq!(books.fold_record_counts().await.unwrap(), 0, "a folded table is not rewritten");
+        assert_eq!(counts(&db.pool).await, [("processing".into(), 1, 2), ("succeeded".into(), 1, 1)]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn folds_of_several_engines_at_once_while_deltas_arrive_keep_every_count() {
+        let db = TestMySqlDatabase::create().await;
+        // `rounds` statements of 500 delta rows of +1 each.
+        let insert = |pool: MySqlPool, rounds: usize| async move {
+            for _ in 0..rounds {
+                let mut insert = QueryBuilder::<MySql>::new("INSERT INTO record_counts (consumer_group, status, n) ");
+                insert.push_values(0..500, |mut row, _| {
+                    row.push_bind("g").push_bind("succeeded").push_bind(1_i64);
+                });
+                insert.build().execute(&pool).await.unwrap();
+            }
+        };
+        insert(db.pool.clone(), 8).await;
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(5));
+        let folds: Vec<_> = (0..4)
+            .map(|_| {
+                let (books, start) = (MySqlRuntimeBooks::new(db.pool.clone()), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    for _ in 0..3 {
+                        books.fold_record_counts().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        start.wait().await;
+        insert(db.pool.clone(), 4).await;
+        for fold in folds {
+            fold.await.unwrap();
+        }
+        MySqlRuntimeBooks::new(db.pool.clone()).fold_record_counts().await.unwrap();
+        assert_eq!(counts(&db.pool).await, [("succeeded".into(), 1, 6_000)], "no delta lost or counted twice");
+    }
+}

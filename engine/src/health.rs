@@ -221,23 +221,7 @@ impl HealthProbes {
 
     /// `SELECT 1` on a pooled connection.
     pub(crate) async fn check_database(&self) -> DependencyHealth {
-        match &self.pool {
-            EnginePool::Postgres(pool) => {
-                self.timed(Service::PostgreSql, &self.database_url, async {
-                    sqlx::query("SELECT 1").execute(pool).await?;
-                    Ok(())
-                })
-                .await
-            }
-            #[cfg(feature = "mysql")]
-            EnginePool::MySql(pool) => {
-                self.timed(Service::MySql, &self.database_url, async {
-                    sqlx::query("SELECT 1").execute(pool).await?;
-                    Ok(())
-                })
-                .await
-            }
-        }
+        self.timed(self.pool.service(), &self.database_url, async { Ok(self.pool.ping().await?) }).await
     }
 
     /// `PING` on a fresh connection.

@@ -44,6 +44,24 @@ impl EnginePool {
         }
     }
 
+    /// The service it is, for probes and errors.
+    pub(crate) fn service(&self) -> crate::Service {
+        match self {
+            Self::Postgres(_) => crate::Service::PostgreSql,
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => crate::Service::MySql,
+        }
+    }
+
+    /// `SELECT 1` on a pooled connection.
+    pub(crate) async fn ping(&self) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+        }
+    }
+
     /// The database's name as sqlx gives it (`Database::NAME`: `"PostgreSQL"`, `"MySQL"`).
     pub fn database(&self) -> &'static str {
         match self {
@@ -81,8 +99,7 @@ pub(super) async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connectio
     if isolation != "READ-COMMITTED" || utc_offset_seconds != 0 {
         return Err(EngineError::MySqlSession { isolation, utc_offset_seconds });
     }
-    sqlx::query(&format!("CREATE DATABASE IF NOT EXISTS `{}`", schema.as_str()))
-        .execute(host)
+    crate::store::mysql::create_database(&mut *host.acquire().await.map_err(SchemaError::Query)?, schema.as_str())
         .await
         .map_err(SchemaError::Query)?;
     let options = host.connect_options().as_ref().clone().database(schema.as_str());

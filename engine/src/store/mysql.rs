@@ -105,16 +105,19 @@ pub async fn connect_url(url: &str, settings: &PoolSettings) -> Result<MySqlPool
     let open = || pool_options(settings.max_connections).acquire_timeout(settings.acquire_timeout);
     match open().connect_with(options.clone()).await {
         Err(e) if super::DbErrorKind::of(&e) == super::DbErrorKind::UnknownDatabase => {
-            let database = options.get_database().unwrap_or_default().replace('`', "``");
             let mut server = sqlx::MySqlConnection::connect_with(&options.clone().database("")).await.map_err(unreachable)?;
-            sqlx::query(&format!("CREATE DATABASE IF NOT EXISTS `{database}`"))
-                .execute(&mut server)
-                .await
-                .map_err(unreachable)?;
+            create_database(&mut server, options.get_database().unwrap_or_default()).await.map_err(unreachable)?;
             open().connect_with(options).await.map_err(unreachable)
         }
         other => other.map_err(unreachable),
     }
+}
+
+/// Creates the database `name` on `conn`'s server unless it exists (another process creating it
+/// at the same time is no error).
+pub(crate) async fn create_database(conn: &mut MySqlConnection, name: &str) -> Result<(), sqlx::Error> {
+    let quoted = name.replace('`', "``");
+    sqlx::query(&format!("CREATE DATABASE IF NOT EXISTS `{quoted}`")).execute(conn).await.map(drop)
 }
 
 /// Longest wait for another process's migrations ([`migrate`]).
@@ -139,7 +142,8 @@ pub async fn migrate(pool: &MySqlPool, migrator: &Migrator) -> Result<(), sqlx::
         .await?;
     if taken != Some(1) {
         return Err(sqlx::Error::Protocol(format!(
-            "another process held the migration lock for {MIGRATION_WAIT_SECONDS} s; not migrating"
+            "the migration lock was not taken within {MIGRATION_WAIT_SECONDS} s (GET_LOCK answered {taken:?}): \
+             another process is migrating; not migrating"
         ))
         .into());
     }

@@ -5,18 +5,23 @@
 
 use std::time::{Duration, Instant};
 
+use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, console_router};
 use dedup_engine::testing::mysql::TestMySqlDatabase;
 use sqlx::MySqlPool;
 
 use crate::support::World;
 
+/// `mysql://…/<database>` on the test server.
+fn url_of(database: &str) -> String {
+    let server = dedup_engine::testing::mysql::admin_url();
+    format!("{}/{database}", server.rsplit_once('/').unwrap().0)
+}
+
 /// A world whose servers run on MariaDB: the engine's tables in `engine_db` (a fresh database),
 /// the order example's in `shop`, a database the servers create.
 async fn mysql_world(engine_db: &TestMySqlDatabase, shop: &str) -> World {
     let mut world = World::new().await;
-    let server = dedup_engine::testing::mysql::admin_url();
-    let url = format!("{}/{shop}", server.rsplit_once('/').unwrap().0);
-    world.env.insert("DATABASE_URL".to_owned(), url);
+    world.env.insert("DATABASE_URL".to_owned(), url_of(shop));
     world.env.insert("DEDUP_SCHEMA".to_owned(), engine_db.name.clone());
     world
 }
@@ -104,5 +109,48 @@ async fn ten_thousand_orders_on_mariadb_through_two_processes_one_killed_happen_
 
     a2.stop().await;
     b.stop().await;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {shop}")).execute(&db.pool).await.unwrap();
+}
+
+#[tokio::test]
+async fn on_mysql_what_runs_on_postgresql_only_says_so_and_stops() {
+    let db = TestMySqlDatabase::create().await;
+    let shop = format!("{}_shop", db.name);
+    let world = mysql_world(&db, &shop).await;
+    let refused = [
+        (vec!["user", "list"], "`user` runs on PostgreSQL only so far"),
+        (vec!["seed", "--records", "10"], "`seed` runs on PostgreSQL only so far"),
+        (vec!["cleanup", "list"], "`cleanup` runs on PostgreSQL only so far"),
+        (vec!["serve", "--demo"], "serve --demo runs on PostgreSQL only so far"),
+    ];
+    for (args, expected) in refused {
+        let out = world.command(&args).env("DEDUP_LISTEN", "127.0.0.1:0").output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    // The engine's database as the team's: the two migration histories would collide.
+    let out = world.command(&["migrate"]).env("DATABASE_URL", url_of(&db.name)).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("need a database of their own"), "{stderr}");
+
+    // A host mounting the console on an engine on MySQL is told why not.
+    let pool = dedup_engine::mysql::connect(&url_of(&shop), &Default::default()).await.unwrap();
+    let engine = dedup_engine::Engine::builder(pool.clone())
+        .schema(dedup_engine::Schema::parse(db.name.clone()).unwrap())
+        .consume(false)
+        .start()
+        .await
+        .unwrap();
+    let probes = dedup_engine::HealthProbes::new(
+        engine.handle().pool().clone(),
+        &url_of(&shop),
+        &dedup_engine::testing::redis_url(),
+        Duration::from_secs(2),
+    );
+    let config = ConsoleConfig::new("target/site", "/ops/dedup", ConsoleAuth::Off);
+    let mounted = console_router(engine.handle().clone(), probes, config).await;
+    let error = mounted.expect_err("the console does not mount on MySQL").to_string();
+    assert!(error.contains("the console runs on PostgreSQL only so far; this engine runs on MySQL"), "{error}");
+    engine.stop().await;
     sqlx::query(&format!("DROP DATABASE IF EXISTS {shop}")).execute(&db.pool).await.unwrap();
 }

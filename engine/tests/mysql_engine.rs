@@ -202,3 +202,30 @@ async fn an_engine_refuses_a_mysql_pool_that_is_not_read_committed() {
         other => panic!("expected MySqlSession, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn an_engine_whose_database_holds_the_teams_migrations_says_so() {
+    let db = database().await;
+    let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 500, max_ms: 500 });
+    // The team migrates its own tables in the same database: its history has a version the
+    // engine does not know.
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (1, 'payments', TRUE, x'00', 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let refused = Engine::builder(db.pool.clone())
+        .schema(Schema::parse(db.name.clone()).unwrap())
+        .group(
+            Group::rabbitmq(GROUP, amqp_url(), broker.settings.clone()).transactional_on::<MySql, _>("ORDER.PAY", Pay),
+        )
+        .start()
+        .await
+        .err();
+    match refused {
+        Some(EngineError::SharedMigrationHistory { database, .. }) => assert_eq!(database, db.name),
+        other => panic!("expected SharedMigrationHistory, got {other:?}"),
+    }
+}

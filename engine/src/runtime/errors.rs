@@ -90,6 +90,21 @@ pub enum EngineError {
         /// Their session time zone's offset from UTC, in seconds.
         utc_offset_seconds: i64,
     },
+    /// On MySQL the engine's migrations found other migrations in the history of their database
+    /// (each MySQL database keeps one `_sqlx_migrations`): the engine's database is also the
+    /// team's, which migrates its own tables there. Give the engine a database of its own
+    /// ([`crate::EngineBuilder::schema`]).
+    #[cfg(feature = "mysql")]
+    #[error(
+        "the engine's migrations share the history of database {database:?} with others ({error}); on MySQL give \
+         the engine a database of its own (schema)"
+    )]
+    SharedMigrationHistory {
+        /// The database.
+        database: String,
+        /// What sqlx's migrator said.
+        error: sqlx::migrate::MigrateError,
+    },
     /// Migrating or verifying the engine's schema failed.
     #[error(transparent)]
     Schema(#[from] SchemaError),

@@ -7,6 +7,9 @@ use sqlx::mysql::MySqlPool;
 #[cfg(feature = "mysql")]
 use super::EngineError;
 #[cfg(feature = "mysql")]
+use sqlx::migrate::MigrateError;
+
+#[cfg(feature = "mysql")]
 use crate::db::{Schema, SchemaError};
 
 /// The team's pool an engine is built on ([`crate::Engine::builder`]): the database that holds
@@ -91,8 +94,8 @@ impl From<MySqlPool> for EnginePool {
 /// turns), and returns the engine's pool:
 /// `host`'s options on that database, at most `max_connections`, opened lazily.
 ///
-/// Errors: [`EngineError::MySqlSession`], or the database's (unreachable, no right to create
-/// the database, a failed migration).
+/// Errors: [`EngineError::MySqlSession`], [`EngineError::SharedMigrationHistory`], or the
+/// database's (unreachable, no right to create the database, a failed migration).
 #[cfg(feature = "mysql")]
 pub(super) async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32) -> Result<MySqlPool, EngineError> {
     let (isolation, utc_offset_seconds) = mysql_session(host).await.map_err(SchemaError::Query)?;
@@ -104,7 +107,12 @@ pub(super) async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connectio
         .map_err(SchemaError::Query)?;
     let options = host.connect_options().as_ref().clone().database(schema.as_str());
     let engine = host.options().clone().max_connections(max_connections.max(1)).min_connections(0).connect_lazy_with(options);
-    crate::store::mysql::migrate(&engine, &crate::store::mysql::MIGRATOR).await.map_err(SchemaError::Migrate)?;
+    crate::store::mysql::migrate(&engine, &crate::store::mysql::MIGRATOR).await.map_err(|error| match error {
+        MigrateError::VersionMissing(_) | MigrateError::VersionMismatch(_) => {
+            EngineError::SharedMigrationHistory { database: schema.as_str().to_owned(), error }
+        }
+        other => SchemaError::Migrate(other).into(),
+    })?;
     Ok(engine)
 }
 

@@ -8,9 +8,8 @@ use std::io::BufRead;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use dedup_engine::console::accounts::passwords::{self, hash_password};
-use dedup_engine::console::accounts::tokens::{token_create, token_list, token_revoke};
-use dedup_engine::console::accounts::users::{user_add, user_list, user_set_password};
-use dedup_engine::console::accounts::{Role, User, UserName};
+use dedup_engine::console::accounts::tokens::token_create;
+use dedup_engine::console::accounts::{AccountBooks, Role, User, UserName};
 use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
 use serde_json::json;
 use sqlx::PgPool;
@@ -114,14 +113,14 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
             let role: Role = args.role.parse()?;
             let password = read_password()?;
             let hash = passwords::blocking(move || hash_password(&password)).await??;
-            let user = user_add(pool, &name, role, &hash).await?;
+            let user = pool.user_add(&name, role, &hash).await?;
             audit(pool, "user.add", json!({ "user": user.name, "role": role.as_str() })).await?;
             println!("added user {} ({})", user.name, user.role);
         }
         UserCommand::SetPassword(args) => {
             let password = read_password()?;
             let hash = passwords::blocking(move || hash_password(&password)).await??;
-            let user = user_set_password(pool, &args.name, &hash).await?;
+            let user = pool.user_set_password(&args.name, &hash).await?;
             audit(pool, "user.set_password", json!({ "user": user.name })).await?;
             println!("password of {} changed", user.name);
         }
@@ -141,7 +140,7 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
             let user = named_user(pool, &args.name).await?;
             let time = |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
             println!("{:<8} {:<24} {:<12} {:<26} {:<26} revoked", "id", "label", "starts", "created", "last used");
-            for t in token_list(pool, user.id).await? {
+            for t in pool.token_list(user.id).await? {
                 let created = t.created_at.to_rfc3339();
                 let (used, revoked) = (time(t.last_used_at), time(t.revoked_at));
                 println!("{:<8} {:<24} {:<12} {created:<26} {used:<26} {revoked}", t.id, t.name, t.prefix);
@@ -149,12 +148,12 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
         }
         UserCommand::RevokeToken(args) => {
             let user = named_user(pool, &args.name).await?;
-            let token = token_revoke(pool, user.id, args.id).await?;
+            let token = pool.token_revoke(user.id, args.id).await?;
             audit(pool, "token.revoke", json!({ "user": user.name, "token_id": token.id })).await?;
             println!("token {} ({}) of {} revoked", token.id, token.name, user.name);
         }
         UserCommand::List => {
-            for u in user_list(pool).await? {
+            for u in pool.user_list().await? {
                 let state = if u.disabled { "disabled" } else { "enabled" };
                 let last = u.last_login_at.map_or_else(|| "never".to_owned(), |t| t.to_rfc3339());
                 println!("{:<24} {:<9} {:<9} last sign-in {last}", u.name, u.role, state);
@@ -167,7 +166,7 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
 /// The user named `name`, matched as sign-in and `set-password` match names: trimmed, any case.
 async fn named_user(pool: &PgPool, name: &str) -> anyhow::Result<User> {
     let name = name.trim();
-    user_list(pool)
+    pool.user_list()
         .await?
         .into_iter()
         .find(|u| u.name.as_str().eq_ignore_ascii_case(name))

@@ -396,7 +396,7 @@ fn start_crashing_worker(
 /// Warns when the database has no console account yet: nobody can sign in until one is added
 /// from the command line (a team's own configuration starts on an empty database).
 async fn warn_without_accounts(pool: &sqlx::PgPool) {
-    match dedup_engine::console::accounts::users::user_list(pool).await {
+    match dedup_engine::console::accounts::AccountBooks::user_list(pool).await {
         Ok(users) if users.is_empty() => tracing::warn!(
             "no console account yet, so nobody can sign in: add the first with `dedup-console user add admin --role \
              admin` (password from DEDUP_USER_PASSWORD or stdin; the same --config or DEDUP_CONFIG as serve)"

@@ -6,11 +6,13 @@
 //! Roles (least to most): `viewer` reads everything; `operator` also acts on records (release,
 //! mark succeeded, requeue, drill); `admin` also manages cleanup schedules, users and settings.
 
+pub mod books;
 pub mod passwords;
 pub mod throttle;
 pub mod tokens;
 pub mod users;
 
+pub use books::{AccountBooks, account_books};
 pub use users::{Role, User, UserName};
 
 /// Why an account operation failed.

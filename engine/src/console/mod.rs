@@ -47,29 +47,27 @@ pub use crate::store::DbErrorKind;
 /// Roles (least to most): `viewer` reads everything; `operator` also acts on records (release,
 /// mark succeeded, requeue, drill); `admin` also manages cleanup schedules, users and settings.
 pub mod accounts {
-    pub use crate::accounts::{AccountError, Role, User, UserName};
+    pub use crate::accounts::{AccountBooks, AccountError, Role, User, UserName, account_books};
 
     /// Password policy, hashing and verification.
     pub mod passwords {
         pub use crate::accounts::passwords::{blocking, hash_password, verify_password};
     }
 
-    /// The login-failure throttle, per account and per client address.
+    /// The login-failure throttle's keys, per account and per client address (the counts are
+    /// kept by [`AccountBooks`]).
     pub mod throttle {
-        pub use crate::accounts::throttle::{account_key, address_key, throttle_check, throttle_clear, throttle_fail};
+        pub use crate::accounts::throttle::{account_key, address_key};
     }
 
     /// Per-user API tokens.
     pub mod tokens {
-        pub use crate::accounts::tokens::{ApiToken, token_authenticate, token_create, token_list, token_revoke};
+        pub use crate::accounts::tokens::{ApiToken, token_authenticate, token_create};
     }
 
     /// Users.
     pub mod users {
-        pub use crate::accounts::users::{
-            UserChange, user_add, user_by_id, user_credentials, user_list, user_set_password, user_touch_login,
-            user_update,
-        };
+        pub use crate::accounts::users::UserChange;
     }
 }
 

@@ -36,6 +36,7 @@
 //! logging is on); what PostgreSQL's statements return is read back — by a nonce (late
 //! duplicates noted, a held record) or by the primary key in the write's transaction (pauses).
 
+mod accounts;
 mod books;
 mod claims;
 mod conflicts;

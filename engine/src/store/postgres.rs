@@ -37,6 +37,7 @@ use crate::record::{HandlerMode, RecordStatus};
 
 #[macro_use]
 mod sql;
+mod accounts;
 pub(crate) mod conflicts;
 pub(super) mod errors;
 pub(crate) mod late;

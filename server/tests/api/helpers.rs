@@ -5,9 +5,9 @@ use std::sync::LazyLock;
 
 use dedup_console::config::Settings;
 use dedup_console::startup::Application;
+use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::accounts::passwords::hash_password;
 use dedup_engine::console::accounts::tokens::token_create;
-use dedup_engine::console::accounts::users::user_add;
 use dedup_engine::console::accounts::{Role, UserName};
 use dedup_engine::testing::TestDatabase;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
@@ -133,7 +133,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let mut users = Vec::new();
     for role in Role::ALL {
         let name = UserName::parse(role.as_str()).unwrap();
-        let user = user_add(&db.pool, &name, role, &PASSWORD_HASH).await.expect("test user");
+        let user = db.pool.user_add(&name, role, &PASSWORD_HASH).await.expect("test user");
         let (_, token) = token_create(&db.pool, user.id, "tests").await.expect("test token");
         users.push(TestUser { name: user.name, role, token });
     }

@@ -4,7 +4,7 @@
 
 use dedup_engine::console::accounts::passwords::{self, hash_password};
 use dedup_engine::console::accounts::tokens::{self, ApiToken};
-use dedup_engine::console::accounts::users::{self, UserChange};
+use dedup_engine::console::accounts::users::UserChange;
 use dedup_engine::console::accounts::{AccountError, Role, User, UserName};
 use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
 use serde_json::json;
@@ -101,7 +101,7 @@ async fn audit<T>(
 
 /// Every user, by name.
 pub async fn list_users(state: &ConsoleState) -> Result<Vec<UserView>, ConsoleError> {
-    Ok(users::user_list(state.pool()).await?.into_iter().map(user_view).collect())
+    Ok(state.accounts().user_list().await?.into_iter().map(user_view).collect())
 }
 
 /// Adds a user (`user.add`).
@@ -115,7 +115,7 @@ pub async fn add_user(
     let result = async {
         let name = UserName::parse(name)?;
         let hash = passwords::blocking(move || hash_password(&password)).await??;
-        users::user_add(state.pool(), &name, role(role_name), &hash).await
+        state.accounts().user_add(&name, role(role_name), &hash).await
     }
     .await;
     audit(state, auth, "user.add", json!({ "user": name, "role": role_name.as_str() }), &result).await;
@@ -131,7 +131,7 @@ pub async fn update_user(
     disabled: Option<bool>,
 ) -> Result<UserView, ConsoleError> {
     let change = UserChange { role: new_role.map(role), disabled };
-    let result = users::user_update(state.pool(), id, change).await;
+    let result = state.accounts().user_update(id, change).await;
     let detail = json!({
         "user_id": id,
         "user": result.as_ref().ok().map(|u| u.name.clone()),
@@ -151,7 +151,7 @@ pub async fn reset_password(
 ) -> Result<(), ConsoleError> {
     let result = async {
         let hash = passwords::blocking(move || hash_password(&password)).await??;
-        users::user_set_password(state.pool(), name, &hash).await
+        state.accounts().user_set_password(name, &hash).await
     }
     .await;
     audit(state, auth, "user.set_password", json!({ "user": name }), &result).await;
@@ -161,7 +161,7 @@ pub async fn reset_password(
 
 /// The signed-in user's API tokens.
 pub async fn list_tokens(state: &ConsoleState, user: &CurrentUser) -> Result<Vec<TokenView>, ConsoleError> {
-    Ok(tokens::token_list(state.pool(), user.id).await?.into_iter().map(token_view).collect())
+    Ok(state.accounts().token_list(user.id).await?.into_iter().map(token_view).collect())
 }
 
 /// Creates an API token for the signed-in user (`token.create`); its secret is returned once.
@@ -171,7 +171,7 @@ pub async fn create_token(
     user: &CurrentUser,
     name: &str,
 ) -> Result<NewTokenView, ConsoleError> {
-    let result = tokens::token_create(state.pool(), user.id, name).await;
+    let result = tokens::token_create(state.accounts(), user.id, name).await;
     let detail = json!({ "name": name, "token_id": result.as_ref().ok().map(|(t, _)| t.id) });
     audit(state, auth, "token.create", detail, &result).await;
     let (token, secret) = result?;
@@ -185,7 +185,7 @@ pub async fn revoke_token(
     user: &CurrentUser,
     id: i64,
 ) -> Result<TokenView, ConsoleError> {
-    let result = tokens::token_revoke(state.pool(), user.id, id).await;
+    let result = state.accounts().token_revoke(user.id, id).await;
     audit(state, auth, "token.revoke", json!({ "token_id": id }), &result).await;
     Ok(token_view(result?))
 }

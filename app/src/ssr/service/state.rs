@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use dedup_engine::console::FastPath;
+use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::actions::Publishers;
 use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
@@ -34,6 +35,11 @@ pub struct ConsoleState {
 impl ConsoleState {
     /// The console's pool (the console's queries and the operator actions run there).
     pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The accounts, on the console's pool.
+    pub fn accounts(&self) -> &dyn AccountBooks {
         &self.pool
     }
 

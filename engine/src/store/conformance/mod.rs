@@ -9,8 +9,10 @@
 //! are in `claims.rs` (claims, duplicates, reused ids, keys, concurrency), `settle.rs`
 //! (completions, failures, poison, fast-path duplicates), `leases.rs` (leased claims and
 //! [`crate::store::LeaseStore`]) and `roles.rs` (what the pipeline asks of a store beyond those: conflicting
-//! copies, fingerprints and late duplicates, handler pauses).
+//! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
+//! cases (users, tokens, the login throttle).
 
+mod accounts;
 mod claims;
 mod leases;
 #[cfg(feature = "mysql")]
@@ -22,6 +24,7 @@ mod settle;
 use async_trait::async_trait;
 use uuid::Uuid;
 
+pub use accounts::*;
 pub use claims::*;
 pub use leases::*;
 #[cfg(feature = "mysql")]
@@ -33,6 +36,7 @@ pub use settle::*;
 use chrono::{DateTime, Utc};
 
 use crate::message::InboundMessage;
+use crate::runtime::EnginePool;
 use crate::store::PipelineStore;
 
 /// A record's row as the cases read it, the same on every database.
@@ -149,6 +153,8 @@ pub trait Fixtures {
     async fn set_pause_state(&self, group: &str, message_type: &str, state: &str);
     /// The pause row of `group`'s handler of `message_type`.
     async fn pause_row(&self, group: &str, message_type: &str) -> Option<PauseRowRead>;
+    /// What `api_tokens` stores of each token, by id.
+    async fn token_digests(&self) -> Vec<Vec<u8>>;
 }
 
 /// A store under test: a fresh, migrated database of its own (dropped with the harness) and its
@@ -164,6 +170,8 @@ pub trait Harness: Fixtures + Sized + 'static {
     async fn fresh() -> Self;
     /// The store.
     fn store(&self) -> &Self::Store;
+    /// The store's pool, for the roles kept on it (accounts).
+    fn engine_pool(&self) -> EnginePool;
 }
 
 /// The consumer group of the cases.
@@ -222,6 +230,10 @@ macro_rules! conformance_tests {
             handlers_register_running_and_the_paused_are_read_and_probed_once,
             #[cfg(feature = "http")]
             an_engine_pause_is_stored_and_ended_by_a_probe_never_over_an_operators,
+            users_are_unique_ignoring_case_and_passwords_change,
+            the_last_enabled_admin_cannot_be_demoted_or_disabled_even_by_two_at_once,
+            tokens_authenticate_until_revoked_or_the_owner_is_disabled,
+            the_throttle_refuses_after_the_limit_until_cleared_or_the_window_ends,
         );
     };
     (@cases $harness:ty; $($(#[$attr:meta])* $case:ident),* $(,)?) => {

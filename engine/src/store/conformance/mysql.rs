@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 
 use super::{ConflictRow, Fixtures, Harness, PauseRowRead, RecordRow, sorted};
 use crate::db::Schema;
+use crate::runtime::EnginePool;
 use crate::store::mysql::MySqlStore;
 use crate::testing::mysql::TestMySqlDatabase;
 
@@ -34,6 +35,10 @@ impl Harness for MySqlHarness {
 
     fn store(&self) -> &MySqlStore {
         &self.store
+    }
+
+    fn engine_pool(&self) -> EnginePool {
+        self.db.pool.clone().into()
     }
 }
 
@@ -238,5 +243,9 @@ impl Fixtures for MySqlHarness {
             error_class: row.get("error_class"),
             http_status: row.get("http_status"),
         })
+    }
+
+    async fn token_digests(&self) -> Vec<Vec<u8>> {
+        sqlx::query_scalar("SELECT token_sha256 FROM api_tokens ORDER BY id").fetch_all(&self.db.pool).await.unwrap()
     }
 }

@@ -6,6 +6,7 @@ use sqlx::Row;
 
 use chrono::{DateTime, Utc};
 
+use crate::runtime::EnginePool;
 use super::{ConflictRow, Fixtures, Harness, PauseRowRead, RecordRow, sorted};
 use crate::store::postgres::PgStore;
 use crate::testing::TestDatabase;
@@ -29,6 +30,10 @@ impl Harness for PgHarness {
 
     fn store(&self) -> &PgStore {
         &self.store
+    }
+
+    fn engine_pool(&self) -> EnginePool {
+        self.db.pool.clone().into()
     }
 }
 
@@ -216,5 +221,9 @@ impl Fixtures for PgHarness {
             error_class: row.get("error_class"),
             http_status: row.get("http_status"),
         })
+    }
+
+    async fn token_digests(&self) -> Vec<Vec<u8>> {
+        sqlx::query_scalar("SELECT token_sha256 FROM api_tokens ORDER BY id").fetch_all(&self.db.pool).await.unwrap()
     }
 }

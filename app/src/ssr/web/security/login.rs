@@ -17,10 +17,7 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use dedup_engine::console::accounts::passwords::{self, verify_password};
-use dedup_engine::console::accounts::throttle::{
-    account_key, address_key, throttle_check, throttle_clear, throttle_fail,
-};
-use dedup_engine::console::accounts::users::{user_credentials, user_touch_login};
+use dedup_engine::console::accounts::throttle::{account_key, address_key};
 use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
 use serde::Deserialize;
 use serde_json::json;
@@ -98,6 +95,7 @@ async fn sign_in(
         anyhow::bail!("signing in with the console's accounts, but the console does not use them");
     };
     let pool = state.console.pool();
+    let accounts = state.console.accounts();
     // No account name holds a NUL, which PostgreSQL would refuse in the throttle and audit rows.
     let name = form.username.trim().replace('\0', "\u{FFFD}");
     let window = Duration::from_secs(settings.throttle_window_secs);
@@ -107,24 +105,24 @@ async fn sign_in(
     }
     let audit =
         |actor: String, action: &'static str, outcome| AuditLogin { actor, action, outcome, name: &name, source };
-    if let Some(wait) = throttle_check(pool, &limits, window).await? {
+    if let Some(wait) = accounts.throttle_check(&limits, window).await? {
         audit("anonymous".to_owned(), "auth.login_throttled", AuditOutcome::Refused).write(pool).await?;
         return Ok(Outcome::Throttled(wait));
     }
-    let credentials = user_credentials(pool, &name).await?;
+    let credentials = accounts.user_credentials(&name).await?;
     let password = form.password.clone();
     let hash = credentials.as_ref().map(|(_, h)| h.clone());
     let verified = passwords::blocking(move || verify_password(&password, hash.as_deref())).await?;
     let user = credentials.map(|(u, _)| u).filter(|u| verified && !u.disabled);
     let Some(user) = user else {
         let keys: Vec<String> = limits.into_iter().map(|(k, _)| k).collect();
-        throttle_fail(pool, &keys, window).await?;
+        accounts.throttle_fail(&keys, window).await?;
         audit("anonymous".to_owned(), "auth.login_failed", AuditOutcome::Refused).write(pool).await?;
         return Ok(Outcome::Invalid);
     };
     session::start(session, user.id).await?;
-    throttle_clear(pool, &account_key(&name)).await?;
-    user_touch_login(pool, user.id).await?;
+    accounts.throttle_clear(&account_key(&name)).await?;
+    accounts.user_touch_login(user.id).await?;
     audit(user.actor(), "auth.login", AuditOutcome::Ok).write(pool).await?;
     Ok(Outcome::SignedIn)
 }

@@ -37,9 +37,9 @@ use axum::extract::{MatchedPath, OriginalUri, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
+use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::accounts::Role;
 use dedup_engine::console::accounts::tokens::token_authenticate;
-use dedup_engine::console::accounts::users::user_by_id;
 use hmac::{Hmac, Mac};
 use sqlx::PgPool;
 use tower_sessions::Session;
@@ -322,7 +322,7 @@ async fn identify_account(
     let Some(state) = session::current(session, settings).await.map_err(|e| internal(&e))? else {
         return Ok(None);
     };
-    match user_by_id(&ctx.pool, state.user_id).await.map_err(|e| internal(&e))? {
+    match ctx.pool.user_by_id(state.user_id).await.map_err(|e| internal(&e))? {
         Some(user) if !user.disabled => Ok(Some(Identity {
             user: current_user(&user),
             sign_in: SignIn::Account,

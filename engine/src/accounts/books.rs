@@ -1,0 +1,95 @@
+//! Where accounts are kept (docs/research/store-seam.md 3.7 step 5, "accounts"): users, API
+//! tokens and the login throttle's counters, one implementation per database on its pool
+//! (`store/postgres/accounts.rs`, `store/mysql/accounts.rs`), reached through
+//! [`account_books`]. What does not depend on the database (name and role rules, token secrets,
+//! throttle keys) stays in the modules beside this one.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::AccountError;
+use super::tokens::ApiToken;
+use super::users::{Role, User, UserChange, UserName};
+use crate::runtime::EnginePool;
+
+/// The accounts' tables on one database. Every method is one statement or one transaction of
+/// its own; errors other than the ones named are [`AccountError::Unexpected`] (the database's).
+#[async_trait]
+pub trait AccountBooks: Send + Sync {
+    /// Adds a user with an already hashed password (see [`super::passwords::hash_password`]).
+    ///
+    /// # Errors
+    /// [`AccountError::NameTaken`] when the name (ignoring case) exists.
+    async fn user_add(&self, name: &UserName, role: Role, password_hash: &str) -> Result<User, AccountError>;
+
+    /// Every user, by name ignoring case.
+    async fn user_list(&self) -> Result<Vec<User>, AccountError>;
+
+    /// The user with this id, if any.
+    async fn user_by_id(&self, id: i64) -> Result<Option<User>, AccountError>;
+
+    /// The user with this name (ignoring case, not trimmed) and their password hash, for
+    /// signing in.
+    async fn user_credentials(&self, name: &str) -> Result<Option<(User, String)>, AccountError>;
+
+    /// Records a successful sign-in (`last_login_at`, the database's clock).
+    async fn user_touch_login(&self, id: i64) -> Result<(), AccountError>;
+
+    /// Replaces the password hash of the user named `name` (ignoring case); returns the user.
+    ///
+    /// # Errors
+    /// [`AccountError::NotFound`] when no user has the name.
+    async fn user_set_password(&self, name: &str, password_hash: &str) -> Result<User, AccountError>;
+
+    /// Changes a user's role or enabled state, in one transaction that refuses to leave no
+    /// enabled admin (the enabled admins are locked first, so two concurrent demotions cannot
+    /// both pass).
+    ///
+    /// # Errors
+    /// [`AccountError::NotFound`], [`AccountError::LastAdmin`] (nothing changed).
+    async fn user_update(&self, id: i64, change: UserChange) -> Result<User, AccountError>;
+
+    /// Stores a token of `user_id` by its SHA-256 (`sha256`, 32 bytes) with its `name` and
+    /// first characters (`prefix`); returns it as listed.
+    async fn token_insert(&self, user_id: i64, name: &str, prefix: &str, sha256: &[u8]) -> Result<ApiToken, AccountError>;
+
+    /// The tokens of `user_id`, newest first, revoked ones included.
+    async fn token_list(&self, user_id: i64) -> Result<Vec<ApiToken>, AccountError>;
+
+    /// Revokes token `id` of `user_id` (a no-op on an already revoked one); returns it.
+    ///
+    /// # Errors
+    /// [`AccountError::NotFound`] when `user_id` has no such token.
+    async fn token_revoke(&self, user_id: i64, id: i64) -> Result<ApiToken, AccountError>;
+
+    /// The owner's user id of the token not revoked whose SHA-256 is `sha256`, noting its use
+    /// (`last_used_at`, written at most once a minute).
+    async fn token_owner(&self, sha256: &[u8]) -> Result<Option<i64>, AccountError>;
+
+    /// Seconds until the first of the keys over its limit is let through again; `None` when
+    /// none is throttled. `limits` pairs each key with its limit; a key's window is `window`
+    /// from its first failure.
+    async fn throttle_check(&self, limits: &[(String, u32)], window: Duration) -> Result<Option<u64>, AccountError>;
+
+    /// Counts one failure for each key (a key whose window has ended starts a new one).
+    async fn throttle_fail(&self, keys: &[String], window: Duration) -> Result<(), AccountError>;
+
+    /// Forgets the failures of `key` (after a successful sign-in).
+    async fn throttle_clear(&self, key: &str) -> Result<(), AccountError>;
+}
+
+/// The accounts kept on `pool`'s database.
+pub fn account_books(pool: &EnginePool) -> &dyn AccountBooks {
+    match pool {
+        EnginePool::Postgres(pool) => pool,
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => pool,
+    }
+}
+
+/// Seconds to wait, from the largest number of seconds left in a window (`None`: no key is
+/// throttled): whole seconds, at least one.
+pub(crate) fn wait_secs(left: Option<f64>) -> Option<u64> {
+    left.map(|s| s.ceil().max(1.0) as u64)
+}

@@ -1,15 +1,18 @@
 //! The audit log (`audit_log` table): every operator action and account event, who did it, when,
 //! why, on which records, with what counts and outcome.
 //!
-//! Writers call [`record`] with an executor: inside the action's own transaction where there is
-//! one (so the entry commits or rolls back with the change), on the pool otherwise (refusals,
-//! failed logins). Readers use [`list`] (the Audit page, the REST API) and [`for_message`] (a
-//! record's detail page).
+//! Kept by one [`AuditLog`] per database on its pool (`store/postgres/audit.rs`,
+//! `store/mysql/audit.rs`), reached through [`audit_log`]: entries written on their own
+//! (refusals, failed logins, account changes) and the readers, [`AuditLog::list`] (the Audit
+//! page, the REST API) and [`AuditLog::for_message`] (a record's detail page). An operator
+//! action writes its entry inside its own transaction instead (so the entry commits or rolls
+//! back with the change), through its store.
 
-use crate::db::storable;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{FromRow, PgExecutor, PgPool, Postgres, QueryBuilder};
+use async_trait::async_trait;
+
+use crate::runtime::EnginePool;
 
 /// How an audited action ended. Stored as `ok`, `refused` (a guard or a permission said no;
 /// nothing changed) or `failed` (an error; nothing changed unless the detail says otherwise).
@@ -52,7 +55,7 @@ pub struct NewAuditEntry<'a> {
 }
 
 /// A stored entry, as the Audit page and `GET /api/v1/audit` show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct AuditEntry {
     pub id: i64,
     pub at: DateTime<Utc>,
@@ -67,27 +70,28 @@ pub struct AuditEntry {
     pub source: Option<String>,
 }
 
-/// Writes one entry and returns its id.
-///
-/// # Errors
-/// The database error, e.g. when the surrounding transaction is already aborted.
-pub async fn record<'e>(db: impl PgExecutor<'e>, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "INSERT INTO audit_log (actor, action, outcome, reason, consumer_group, message_ids, detail, source)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-    )
-    // What an operator typed or a request carried may hold a NUL, which PostgreSQL refuses: the
-    // entry is kept, with U+FFFD in its place (crate::db::storable).
-    .bind(storable::text(entry.actor))
-    .bind(entry.action)
-    .bind(entry.outcome.as_str())
-    .bind(storable::opt(entry.reason))
-    .bind(storable::opt(entry.consumer_group))
-    .bind(entry.message_ids.iter().map(|id| storable::text(id).into_owned()).collect::<Vec<_>>())
-    .bind(storable::json(&entry.detail).as_ref())
-    .bind(entry.source)
-    .fetch_one(db)
-    .await
+/// The audit log on one database. Errors are the database's.
+#[async_trait]
+pub trait AuditLog: Send + Sync {
+    /// Writes one entry on its own and returns its id. Texts holding a NUL are kept with
+    /// U+FFFD in its place (PostgreSQL refuses NUL; every store writes the same).
+    async fn record(&self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error>;
+
+    /// One page of entries matching `filter`, newest first.
+    async fn list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, sqlx::Error>;
+
+    /// The entries naming `message_id` of consumer group `group` (or of no group), newest
+    /// first (at most 100).
+    async fn for_message(&self, group: &str, message_id: &str) -> Result<Vec<AuditEntry>, sqlx::Error>;
+}
+
+/// The audit log kept on `pool`'s database.
+pub fn audit_log(pool: &EnginePool) -> &dyn AuditLog {
+    match pool {
+        EnginePool::Postgres(pool) => pool,
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => pool,
+    }
 }
 
 /// Filters of the Audit page; every field optional. Newest first, keyset-paged by `before_id`.
@@ -107,50 +111,9 @@ pub struct AuditFilter {
     pub limit: Option<i64>,
 }
 
-const SELECT: &str =
-    "SELECT id, at, actor, action, outcome, reason, consumer_group, message_ids, detail, source FROM audit_log";
-
-/// One page of entries matching `filter`, newest first.
-///
-/// # Errors
-/// The database error.
-pub async fn list(pool: &PgPool, filter: &AuditFilter) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new(SELECT);
-    q.push(" WHERE true");
-    if let Some(actor) = &filter.actor {
-        q.push(" AND actor = ").push_bind(actor.clone());
+impl AuditFilter {
+    /// Rows per page: [`Self::limit`] clamped to 1..=500, 50 when unset.
+    pub(crate) fn page_rows(&self) -> i64 {
+        self.limit.unwrap_or(50).clamp(1, 500)
     }
-    if let Some(prefix) = &filter.action_prefix {
-        // starts_with, not LIKE: a `%` or `_` in the input is matched literally.
-        q.push(" AND starts_with(action, ").push_bind(prefix.clone()).push(")");
-    }
-    if let Some(outcome) = filter.outcome {
-        q.push(" AND outcome = ").push_bind(outcome.as_str());
-    }
-    if let Some(since) = filter.since {
-        q.push(" AND at >= ").push_bind(since);
-    }
-    if let Some(until) = filter.until {
-        q.push(" AND at < ").push_bind(until);
-    }
-    if let Some(before) = filter.before_id {
-        q.push(" AND id < ").push_bind(before);
-    }
-    q.push(" ORDER BY id DESC LIMIT ").push_bind(filter.limit.unwrap_or(50).clamp(1, 500));
-    q.build_query_as().fetch_all(pool).await
-}
-
-/// The entries naming one record of a consumer group, newest first (at most 100).
-///
-/// # Errors
-/// The database error.
-pub async fn for_message(pool: &PgPool, group: &str, message_id: &str) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "{SELECT} WHERE message_ids @> ARRAY[$2]::text[] AND (consumer_group = $1 OR consumer_group IS NULL)
-         ORDER BY id DESC LIMIT 100"
-    ))
-    .bind(group)
-    .bind(message_id)
-    .fetch_all(pool)
-    .await
 }

@@ -32,7 +32,7 @@ mod start;
 pub use errors::EngineError;
 pub use pool::EnginePool;
 #[cfg(feature = "mysql")]
-pub use pool::migrate_engine;
+pub use pool::{migrate_engine, ready_mysql};
 
 /// Builds an [`Engine`]: see [`Engine::builder`].
 #[must_use = "an engine builder does nothing until `start` is called"]

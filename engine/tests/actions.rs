@@ -5,7 +5,7 @@
 
 use dedup_engine::actions::RecordActionKind::{DeadLetter, MarkSucceeded, Release, Requeue};
 use dedup_engine::actions::{self, ActionError, Publishers, RecordAction, record_action};
-use dedup_engine::audit::{self, AuditFilter};
+use dedup_engine::audit::{AuditFilter, AuditLog};
 use dedup_engine::record::RecordStatus;
 use dedup_engine::retry::Backoff;
 use dedup_engine::testing::{TestBroker, TestDatabase, amqp_url};
@@ -75,7 +75,7 @@ async fn status(pool: &PgPool, id: i64) -> String {
 
 /// (action, outcome) of every audit entry, oldest first.
 async fn audit_trail(pool: &PgPool) -> Vec<(String, String)> {
-    let mut entries = audit::list(pool, &AuditFilter::default()).await.unwrap();
+    let mut entries = pool.list(&AuditFilter::default()).await.unwrap();
     entries.reverse();
     entries.into_iter().map(|e| (e.action, e.outcome)).collect()
 }
@@ -148,7 +148,7 @@ async fn release_of_a_live_lease_needs_force_and_makes_the_record_claimable() {
     assert!(attempts < max, "claimable: attempts {attempts} < max {max} (one more attempt granted)");
     assert_eq!(outcome.as_deref(), Some("released"));
 
-    let entries = audit::for_message(pool, "g", "ORDER.PAY.1:1").await.unwrap();
+    let entries = pool.for_message("g", "ORDER.PAY.1:1").await.unwrap();
     assert_eq!(entries.len(), 2);
     assert_eq!((entries[0].outcome.as_str(), entries[0].actor.as_str()), ("ok", "user:ann"));
     assert_eq!(entries[0].reason.as_deref(), Some("worker host:1 is gone"));

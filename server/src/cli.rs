@@ -18,7 +18,7 @@ use crate::config::{GroupConfig, Settings};
 use crate::example_database::ExampleDatabase;
 use crate::operator::{BulkArgs, ConflictArgs, RecordArgs, run_bulk, run_conflicts, run_record};
 use crate::publish::{PublishArgs, run_publish};
-use crate::startup::{Application, open_database};
+use crate::startup::{Application, open_database, open_engine_database};
 use crate::telemetry;
 use dedup_engine::console::actions::RecordActionKind;
 
@@ -86,11 +86,15 @@ impl Command {
     /// Errors: a command that does not yet, saying so.
     fn check_runs_on_mysql(&self) -> anyhow::Result<()> {
         let name = match self {
-            Command::Serve(_) | Command::Migrate | Command::Simulate(_) | Command::Publish(_) | Command::Verify(_) => {
+            Command::Serve(_)
+            | Command::Migrate
+            | Command::Simulate(_)
+            | Command::Publish(_)
+            | Command::Verify(_)
+            | Command::User(_) => {
                 return Ok(());
             }
             Command::Seed(_) => "seed",
-            Command::User(_) => "user",
             Command::Release(_) => "release",
             Command::MarkSucceeded(_) => "mark-succeeded",
             Command::DeadLetter(_) => "dead-letter",
@@ -101,7 +105,7 @@ impl Command {
         };
         anyhow::bail!(
             "`{name}` runs on PostgreSQL only so far, and DATABASE_URL names MySQL; on MySQL: serve (the consumer, \
-             without the console), migrate, simulate, publish, verify"
+             without the console), migrate, simulate, publish, verify, user"
         )
     }
 }
@@ -251,8 +255,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Verify(args) => run_verify(&settings, args).await,
         Command::Seed(args) => run_seed(&settings, args).await,
         Command::User(command) => {
-            let db = open_database(&settings).await?;
-            let result = crate::cli_users::run(&db.engine, command).await;
+            let db = open_engine_database(&settings).await?;
+            let result = crate::cli_users::run(&db, command).await;
             db.close().await;
             result
         }

@@ -7,12 +7,12 @@ use std::io::BufRead;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use dedup_engine::EnginePool;
 use dedup_engine::console::accounts::passwords::{self, hash_password};
 use dedup_engine::console::accounts::tokens::token_create;
-use dedup_engine::console::accounts::{AccountBooks, Role, User, UserName};
-use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
+use dedup_engine::console::accounts::{AccountBooks, Role, User, UserName, account_books};
+use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry, audit_log};
 use serde_json::json;
-use sqlx::PgPool;
 
 /// The environment variable a password may come from.
 pub const PASSWORD_ENV: &str = "DEDUP_USER_PASSWORD";
@@ -87,7 +87,7 @@ fn read_password() -> anyhow::Result<String> {
     Ok(line.trim_end_matches(['\n', '\r']).to_owned())
 }
 
-async fn audit(pool: &PgPool, action: &str, detail: serde_json::Value) -> anyhow::Result<()> {
+async fn audit(db: &EnginePool, action: &str, detail: serde_json::Value) -> anyhow::Result<()> {
     let entry = NewAuditEntry {
         actor: &actor(),
         action,
@@ -98,62 +98,63 @@ async fn audit(pool: &PgPool, action: &str, detail: serde_json::Value) -> anyhow
         detail,
         source: Some("cli"),
     };
-    dedup_engine::console::audit::record(pool, &entry).await.context("writing the audit log")?;
+    audit_log(db).record(&entry).await.context("writing the audit log")?;
     Ok(())
 }
 
-/// Runs a `user` subcommand against `pool`.
+/// Runs a `user` subcommand against the engine's database `db`.
 ///
 /// # Errors
 /// Invalid name, role or password, a taken name, an unknown user, or a database error.
-pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
+pub async fn run(db: &EnginePool, command: UserCommand) -> anyhow::Result<()> {
+    let accounts = account_books(db);
     match command {
         UserCommand::Add(args) => {
             let name = UserName::parse(&args.name)?;
             let role: Role = args.role.parse()?;
             let password = read_password()?;
             let hash = passwords::blocking(move || hash_password(&password)).await??;
-            let user = pool.user_add(&name, role, &hash).await?;
-            audit(pool, "user.add", json!({ "user": user.name, "role": role.as_str() })).await?;
+            let user = accounts.user_add(&name, role, &hash).await?;
+            audit(db, "user.add", json!({ "user": user.name, "role": role.as_str() })).await?;
             println!("added user {} ({})", user.name, user.role);
         }
         UserCommand::SetPassword(args) => {
             let password = read_password()?;
             let hash = passwords::blocking(move || hash_password(&password)).await??;
-            let user = pool.user_set_password(&args.name, &hash).await?;
-            audit(pool, "user.set_password", json!({ "user": user.name })).await?;
+            let user = accounts.user_set_password(&args.name, &hash).await?;
+            audit(db, "user.set_password", json!({ "user": user.name })).await?;
             println!("password of {} changed", user.name);
         }
         UserCommand::Token(args) => {
-            let user = named_user(pool, &args.name).await?;
+            let user = named_user(accounts, &args.name).await?;
             if user.disabled {
                 // Its token would not authenticate, and would start to the day the user is
                 // enabled again, unnoticed.
                 anyhow::bail!("user {} is disabled: enable them before making them a token", user.name);
             }
-            let (token, secret) = token_create(pool, user.id, &args.label).await?;
+            let (token, secret) = token_create(accounts, user.id, &args.label).await?;
             let detail = json!({ "user": user.name, "name": token.name, "token_id": token.id });
-            audit(pool, "token.create", detail).await?;
+            audit(db, "token.create", detail).await?;
             println!("{secret}");
         }
         UserCommand::Tokens(args) => {
-            let user = named_user(pool, &args.name).await?;
+            let user = named_user(accounts, &args.name).await?;
             let time = |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
             println!("{:<8} {:<24} {:<12} {:<26} {:<26} revoked", "id", "label", "starts", "created", "last used");
-            for t in pool.token_list(user.id).await? {
+            for t in accounts.token_list(user.id).await? {
                 let created = t.created_at.to_rfc3339();
                 let (used, revoked) = (time(t.last_used_at), time(t.revoked_at));
                 println!("{:<8} {:<24} {:<12} {created:<26} {used:<26} {revoked}", t.id, t.name, t.prefix);
             }
         }
         UserCommand::RevokeToken(args) => {
-            let user = named_user(pool, &args.name).await?;
-            let token = pool.token_revoke(user.id, args.id).await?;
-            audit(pool, "token.revoke", json!({ "user": user.name, "token_id": token.id })).await?;
+            let user = named_user(accounts, &args.name).await?;
+            let token = accounts.token_revoke(user.id, args.id).await?;
+            audit(db, "token.revoke", json!({ "user": user.name, "token_id": token.id })).await?;
             println!("token {} ({}) of {} revoked", token.id, token.name, user.name);
         }
         UserCommand::List => {
-            for u in pool.user_list().await? {
+            for u in accounts.user_list().await? {
                 let state = if u.disabled { "disabled" } else { "enabled" };
                 let last = u.last_login_at.map_or_else(|| "never".to_owned(), |t| t.to_rfc3339());
                 println!("{:<24} {:<9} {:<9} last sign-in {last}", u.name, u.role, state);
@@ -164,9 +165,10 @@ pub async fn run(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
 }
 
 /// The user named `name`, matched as sign-in and `set-password` match names: trimmed, any case.
-async fn named_user(pool: &PgPool, name: &str) -> anyhow::Result<User> {
+async fn named_user(accounts: &dyn AccountBooks, name: &str) -> anyhow::Result<User> {
     let name = name.trim();
-    pool.user_list()
+    accounts
+        .user_list()
         .await?
         .into_iter()
         .find(|u| u.name.as_str().eq_ignore_ascii_case(name))

@@ -79,6 +79,24 @@ pub async fn open_database(settings: &Settings) -> anyhow::Result<Databases> {
     Ok(Databases { host, engine })
 }
 
+/// The engine's database alone, migrated, for the commands that touch only the engine's tables
+/// (`user`): on PostgreSQL the engine pool of [`open_database`]; on MySQL a pool on the database
+/// named by `schema` (created if missing).
+///
+/// Errors: the database unreachable, a MySQL session not `READ COMMITTED` in UTC, a failed
+/// migration.
+pub async fn open_engine_database(settings: &Settings) -> anyhow::Result<EnginePool> {
+    if settings.on_mysql() {
+        let host = mysql::connect(settings).await?;
+        let engine = dedup_engine::console::mysql_engine_pool(&host, &settings.schema, 2).await;
+        host.close().await;
+        return Ok(engine?.into());
+    }
+    let Databases { host, engine } = open_database(settings).await?;
+    host.close().await;
+    Ok(engine.into())
+}
+
 /// [`open_database`], plus the order example's migrations: what `migrate`, `simulate` and
 /// `verify` need.
 ///

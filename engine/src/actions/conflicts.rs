@@ -16,7 +16,8 @@ use sqlx::{FromRow, PgPool};
 use super::ActionError;
 use super::bulk::audit_on_pool;
 use super::republish::{Publishers, StoredMessage, publish_stored};
-use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::audit::{AuditOutcome, NewAuditEntry};
+use crate::store::postgres::audit;
 use crate::record::MAX_MESSAGE_ID_BYTES;
 
 /// One kept copy.
@@ -158,7 +159,7 @@ pub async fn requeue_conflict(
             detail: json!({ "conflict_id": id, "record_id": stored.id, "requeued_as": stored.message_id }),
             source: None,
         };
-        audit::record(&mut *tx, &entry).await?;
+        audit::insert(&mut *tx, &entry).await?;
         tx.commit().await?;
         Ok::<String, ActionError>(stored.message_id)
     }
@@ -213,7 +214,7 @@ pub async fn dismiss_conflict(pool: &PgPool, actor: &str, id: i64, reason: &str)
             detail: json!({ "conflict_id": id, "record_id": record_id }),
             source: None,
         };
-        audit::record(&mut *tx, &entry).await?;
+        audit::insert(&mut *tx, &entry).await?;
         tx.commit().await?;
         Ok(())
     }

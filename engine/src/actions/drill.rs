@@ -21,7 +21,8 @@ use sqlx::{FromRow, PgPool};
 
 use super::bulk::audit_on_pool;
 use super::{ActionError, Publishers};
-use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::audit::{AuditOutcome, NewAuditEntry};
+use crate::store::postgres::audit;
 use crate::fastpath::FastPath;
 use crate::source::Outbound;
 
@@ -186,7 +187,7 @@ pub async fn drill_start(
             }),
             source: None,
         };
-        audit::record(&mut *tx, &entry).await?;
+        audit::insert(&mut *tx, &entry).await?;
         tx.commit().await?;
         Ok(id)
     }

@@ -9,7 +9,8 @@ use sqlx::{FromRow, PgPool};
 
 use super::bulk::audit_on_pool;
 use super::{ActionError, required_reason};
-use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::audit::{AuditOutcome, NewAuditEntry};
+use crate::store::postgres::audit;
 use crate::pause::PauseState;
 
 /// Most handlers listed (one row per consumer group and message type: a handful in practice).
@@ -163,7 +164,7 @@ pub async fn handler_control(
                 detail,
                 source: None,
             };
-            audit::record(&mut *tx, &entry).await?;
+            audit::insert(&mut *tx, &entry).await?;
             tx.commit().await?;
             tracing::info!(actor, group, message_type, action = control.verb(), state = to.as_str(), "operator action on a handler");
             Ok(row)

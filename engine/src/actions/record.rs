@@ -9,7 +9,8 @@ use uuid::Uuid;
 
 use super::republish::{Publishers, StoredMessage, republish};
 use super::{ActionError, optional_reason, required_reason};
-use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::audit::{AuditOutcome, NewAuditEntry};
+use crate::store::postgres::audit;
 use crate::record::RecordStatus;
 
 /// What the operator was shown and asks for; the guards of every single-record action.
@@ -208,7 +209,7 @@ async fn conclude(
             detail["from"] = json!(done.from);
             detail["to"] = json!(done.to);
             detail["republished"] = json!(done.republished);
-            let audit_id = audit::record(&mut *tx, &entry(AuditOutcome::Ok, detail)).await?;
+            let audit_id = audit::insert(&mut *tx, &entry(AuditOutcome::Ok, detail)).await?;
             tx.commit().await?;
             tracing::info!(actor, action = verb, record_id = params.record_id, from = %done.from, to = %done.to,
                 republished = done.republished, "operator action");
@@ -226,7 +227,7 @@ async fn conclude(
             // Nothing the action did may commit; the entry goes in on its own.
             tx.rollback().await?;
             detail["error"] = json!(error.to_string());
-            if let Err(e) = audit::record(pool, &entry(error.audit_outcome(), detail)).await {
+            if let Err(e) = audit::insert(pool, &entry(error.audit_outcome(), detail)).await {
                 tracing::error!(error = %e, "could not write the audit entry of a refused or failed action");
             }
             Err(error)

@@ -38,6 +38,8 @@ pub use crate::group::HttpEndpoint;
 pub use crate::instances::{Instance, InstanceConsumer};
 pub use crate::record::{RecordStatus, UnknownStatus};
 pub use crate::runtime::RunningGroup;
+#[cfg(feature = "mysql")]
+pub use crate::runtime::ready_mysql as mysql_engine_pool;
 pub use crate::service::redact_url;
 pub use crate::store::DbErrorKind;
 
@@ -136,5 +138,5 @@ pub mod actions {
 
 /// The audit log: every action and sign-in.
 pub mod audit {
-    pub use crate::audit::{AuditEntry, AuditFilter, AuditOutcome, NewAuditEntry, for_message, list, record};
+    pub use crate::audit::{AuditEntry, AuditFilter, AuditLog, AuditOutcome, NewAuditEntry, audit_log};
 }

@@ -97,7 +97,7 @@ impl From<MySqlPool> for EnginePool {
 /// Errors: [`EngineError::MySqlSession`], [`EngineError::SharedMigrationHistory`], or the
 /// database's (unreachable, no right to create the database, a failed migration).
 #[cfg(feature = "mysql")]
-pub(super) async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32) -> Result<MySqlPool, EngineError> {
+pub async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32) -> Result<MySqlPool, EngineError> {
     let (isolation, utc_offset_seconds) = mysql_session(host).await.map_err(SchemaError::Query)?;
     if isolation != "READ-COMMITTED" || utc_offset_seconds != 0 {
         return Err(EngineError::MySqlSession { isolation, utc_offset_seconds });

@@ -37,6 +37,7 @@
 //! duplicates noted, a held record) or by the primary key in the write's transaction (pauses).
 
 mod accounts;
+mod audit;
 mod books;
 mod claims;
 mod conflicts;

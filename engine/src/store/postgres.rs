@@ -38,6 +38,7 @@ use crate::record::{HandlerMode, RecordStatus};
 #[macro_use]
 mod sql;
 mod accounts;
+pub(crate) mod audit;
 pub(crate) mod conflicts;
 pub(super) mod errors;
 pub(crate) mod late;

@@ -94,7 +94,7 @@ async fn audit<T>(
         detail,
         source: auth.source.as_deref(),
     };
-    if let Err(e) = dedup_engine::console::audit::record(state.pool(), &entry).await {
+    if let Err(e) = state.audit_log().record(&entry).await {
         tracing::error!(error = %e, action, "writing the audit log failed");
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use dedup_engine::console::FastPath;
 use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::actions::Publishers;
+use dedup_engine::console::audit::AuditLog;
 use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
 use sqlx::PgPool;
@@ -40,6 +41,11 @@ impl ConsoleState {
 
     /// The accounts, on the console's pool.
     pub fn accounts(&self) -> &dyn AccountBooks {
+        &self.pool
+    }
+
+    /// The audit log, on the console's pool.
+    pub fn audit_log(&self) -> &dyn AuditLog {
         &self.pool
     }
 

@@ -23,7 +23,8 @@ use serde_json::json;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
 use super::{ActionError, optional_reason};
-use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::audit::{AuditOutcome, NewAuditEntry};
+use crate::store::postgres::audit;
 use crate::console::filter::RecordFilter;
 use crate::console::records::push_filter;
 
@@ -298,7 +299,7 @@ pub async fn requeue_job_start(
                 detail,
                 source: None,
             };
-            audit::record(&mut *tx, &entry).await?;
+            audit::insert(&mut *tx, &entry).await?;
             tx.commit().await?;
             tracing::info!(actor, job_id = id, total, skipped, "bulk requeue started");
             requeue_job(pool, id).await
@@ -324,7 +325,7 @@ pub(crate) async fn audit_on_pool(
 ) {
     let entry =
         NewAuditEntry { actor, action, outcome, reason, consumer_group: None, message_ids: &[], detail, source: None };
-    if let Err(e) = audit::record(pool, &entry).await {
+    if let Err(e) = audit::insert(pool, &entry).await {
         tracing::error!(error = %e, action, "could not write an audit entry");
     }
 }
@@ -410,7 +411,7 @@ pub async fn requeue_job_control(
                 detail,
                 source: None,
             };
-            audit::record(&mut *tx, &entry).await?;
+            audit::insert(&mut *tx, &entry).await?;
             tx.commit().await?;
             requeue_job(pool, id).await
         }

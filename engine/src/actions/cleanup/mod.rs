@@ -28,7 +28,8 @@ use sqlx::{FromRow, PgConnection, PgPool};
 
 use super::ActionError;
 use super::bulk::audit_on_pool;
-use crate::audit::{self, AuditOutcome, NewAuditEntry};
+use crate::audit::{AuditOutcome, NewAuditEntry};
+use crate::store::postgres::audit;
 use crate::record::RecordStatus;
 
 /// Default retention, days.
@@ -469,7 +470,7 @@ pub(crate) async fn execute_run(
         .bind(&error)
         .execute(&mut *tx)
         .await?;
-        audit::record(&mut *tx, &entry).await?;
+        audit::insert(&mut *tx, &entry).await?;
         tx.commit().await
     }
     .await;

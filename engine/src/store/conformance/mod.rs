@@ -10,9 +10,10 @@
 //! (completions, failures, poison, fast-path duplicates), `leases.rs` (leased claims and
 //! [`crate::store::LeaseStore`]) and `roles.rs` (what the pipeline asks of a store beyond those: conflicting
 //! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
-//! cases (users, tokens, the login throttle).
+//! cases (users, tokens, the login throttle), `audit.rs` the audit log's.
 
 mod accounts;
+mod audit;
 mod claims;
 mod leases;
 #[cfg(feature = "mysql")]
@@ -25,6 +26,7 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use accounts::*;
+pub use audit::*;
 pub use claims::*;
 pub use leases::*;
 #[cfg(feature = "mysql")]
@@ -234,6 +236,7 @@ macro_rules! conformance_tests {
             the_last_enabled_admin_cannot_be_demoted_or_disabled_even_by_two_at_once,
             tokens_authenticate_until_revoked_or_the_owner_is_disabled,
             the_throttle_refuses_after_the_limit_until_cleared_or_the_window_ends,
+            audit_entries_are_kept_listed_by_filter_and_found_by_message_id,
         );
     };
     (@cases $harness:ty; $($(#[$attr:meta])* $case:ident),* $(,)?) => {

@@ -148,7 +148,7 @@ impl AuditLogin<'_> {
             detail: json!({ "user": self.name }),
             source: self.source,
         };
-        dedup_engine::console::audit::record(pool, &entry).await
+        dedup_engine::console::audit::AuditLog::record(pool, &entry).await
     }
 }
 
@@ -170,7 +170,7 @@ pub async fn logout(State(state): State<AppState>, session: Session, req: Reques
         detail: json!({}),
         source: auth.source.as_deref(),
     };
-    if let Err(e) = dedup_engine::console::audit::record(state.console.pool(), &entry).await {
+    if let Err(e) = state.console.audit_log().record(&entry).await {
         tracing::error!(error = %e, "writing the audit log failed");
     }
     if wants_html {

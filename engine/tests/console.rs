@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use dedup_engine::console::QueryError;
 use dedup_engine::console::failures::{dead_letter_groups, retries, stuck_records};
 use dedup_engine::console::filter::{FilterText, RecordListParams};
-use dedup_engine::console::overview::{
-    GrowthRange, consumer_groups, growth, live_snapshot, message_types, status_counts, stuck_count, traffic,
-};
+use dedup_engine::console::overview::{GrowthRange, OverviewReads, live_snapshot};
 use dedup_engine::console::records::{
     MarkerState, SCAN_WINDOW, UNRECORDED_WORKER, record_detail, record_marker, records_list,
 };
@@ -384,14 +382,15 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
     .into_iter()
     .map(|(g, s, n)| ((g, s), n))
     .collect();
-    let aggregated: BTreeMap<(String, String), i64> = status_counts(p)
+    let aggregated: BTreeMap<(String, String), i64> = p
+        .status_counts()
         .await
         .unwrap()
         .into_iter()
         .map(|c| ((c.consumer_group, c.status.to_string()), c.count))
         .collect();
     assert_eq!(aggregated, counted, "record_counts equal COUNT(*) by group and status");
-    assert_eq!(consumer_groups(p).await.unwrap(), ["alpha-service", "beta-service", "g1", "gamma-service"]);
+    assert_eq!(p.consumer_groups().await.unwrap(), ["alpha-service", "beta-service", "g1", "gamma-service"]);
 
     let brute_stuck: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM dedup_records WHERE status = 'processing' AND lease_expires_at < now()",
@@ -400,7 +399,7 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
     .await
     .unwrap();
     assert!(brute_stuck > 0, "the seed leaves stuck records");
-    assert_eq!(stuck_count(p).await.unwrap(), brute_stuck);
+    assert_eq!(p.stuck_count().await.unwrap(), brute_stuck);
 
     let created_in_stats: i64 =
         sqlx::query_scalar("SELECT sum(created)::bigint FROM stats_minute").fetch_one(p).await.unwrap();
@@ -428,11 +427,11 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
     .await
     .unwrap();
     assert_eq!(mismatched, 0, "every hour and group of stats_hour sums its minutes");
-    let week = traffic(p, 7 * 86_400).await.unwrap();
+    let week = p.traffic(7 * 86_400).await.unwrap();
     assert_eq!(week.created, 20_000);
     assert!(week.duplicate_rate() > 0.0 && week.duplicate_rate() < 1.0);
 
-    let points = growth(p, GrowthRange::Week).await.unwrap();
+    let points = p.growth(GrowthRange::Week).await.unwrap();
     assert!((84..=85).contains(&points.len()), "{} buckets of 2 h", points.len());
     assert_eq!(points.iter().map(|g| g.created).sum::<i64>(), 20_000);
     let last_total = points.iter().rev().find_map(|g| g.total_records).expect("table samples");
@@ -452,7 +451,7 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
         retries(p, 5).await.unwrap().distribution.into_iter().map(|b| (b.attempts, b.records)).collect();
     assert_eq!(dist, failed_brute);
 
-    let types = message_types(p).await.unwrap();
+    let types = p.message_types().await.unwrap();
     assert_eq!(types, ["ORDER.PAY", "POISON", "THING.MADE", "THING.SOLD"], "the domain's types, and poison");
     let live = live_snapshot(p).await.unwrap();
     assert_eq!(live.counts.iter().map(|c| c.count).sum::<i64>(), 20_001);

@@ -151,7 +151,7 @@ async fn a_worker_whose_effect_ran_before_it_saw_the_loss_flags_a_possible_doubl
     let first = &detail.attempt_history[0];
     assert_eq!((first.outcome.as_deref(), first.late_effect), (Some("lease_lost"), true));
     assert!(detail.possible_double_effect(), "the record says its effect may have run twice");
-    let counted = dedup_engine::console::overview::double_effect_count(h.pool()).await.unwrap();
+    let counted = dedup_engine::console::overview::OverviewReads::double_effect_count(h.pool()).await.unwrap();
     assert_eq!(counted, 1, "the overview counts it");
 }
 

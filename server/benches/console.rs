@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 use dedup_engine::console::engine_pool;
 use dedup_engine::console::failures::{dead_letter_groups, retries, stuck_records};
 use dedup_engine::console::filter::{FilterText, RecordListParams};
-use dedup_engine::console::overview::{
-    GrowthRange, consumer_groups, duplicate_delays, growth, live_snapshot, message_types, status_counts, traffic,
-};
+use dedup_engine::console::overview::{GrowthRange, OverviewReads, live_snapshot};
 use dedup_engine::console::records::{record_detail, records_list};
 use dedup_engine::console::seed::{SeedParams, seed_records};
 use dedup_engine::{PoolSettings, Schema, connect, migrate};
@@ -83,16 +81,16 @@ async fn seed_to(pool: &PgPool, records: u64) {
 async fn bench_queries(pool: &PgPool, n: usize) {
     println!("\nEngine queries (server-side data of each page)\n");
     println!("| query | p50 ms | p95 ms |\n|---|---:|---:|");
-    time("overview: counts by status (record_counts)", n, || status_counts(pool)).await;
+    time("overview: counts by status (record_counts)", n, || pool.status_counts()).await;
     time("overview: live snapshot", n, || live_snapshot(pool)).await;
-    time("overview: traffic last hour", n, || traffic(pool, 3600)).await;
-    time("overview: traffic last 24 h", n, || traffic(pool, 86_400)).await;
-    time("overview: duplicate delays 30 d", n, || duplicate_delays(pool, 30)).await;
+    time("overview: traffic last hour", n, || pool.traffic(3600)).await;
+    time("overview: traffic last 24 h", n, || pool.traffic(86_400)).await;
+    time("overview: duplicate delays 30 d", n, || pool.duplicate_delays(30)).await;
     for range in GrowthRange::ALL {
-        time(&format!("overview: growth {}", range.as_str()), n, || growth(pool, range)).await;
+        time(&format!("overview: growth {}", range.as_str()), n, || pool.growth(range)).await;
     }
-    time("filters: consumer groups", n, || consumer_groups(pool)).await;
-    time("filters: message types (loose index scan)", n, || message_types(pool)).await;
+    time("filters: consumer groups", n, || pool.consumer_groups()).await;
+    time("filters: message types (loose index scan)", n, || pool.message_types()).await;
 
     // A cursor half way down the table, for "any depth".
     let (mid_at, mid_id): (chrono::DateTime<chrono::Utc>, i64) = sqlx::query_as(

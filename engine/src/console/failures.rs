@@ -71,7 +71,7 @@ pub async fn stuck_records(pool: &sqlx::PgPool, limit: i64) -> Result<StuckList,
     .bind(limit)
     .bind(CRASH_LOOP_REENTRIES)
     .fetch_all(pool);
-    let (rows, total) = tokio::try_join!(map_db(rows), super::overview::stuck_count(pool))?;
+    let (rows, total) = tokio::try_join!(map_db(rows), super::overview::OverviewReads::stuck_count(pool))?;
     Ok(StuckList { total, rows })
 }
 

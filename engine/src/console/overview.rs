@@ -1,13 +1,16 @@
 //! The overview's aggregates: counts by status (`record_counts`), the stuck count,
 //! traffic and duplicate rates (`stats_minute`), dedup-table growth and size over time
 //! (`stats_minute`, `table_samples`), duplicate delays (`duplicate_delays`), and the lists of
-//! consumer groups and message types the filters offer.
+//! consumer groups and message types the filters offer. Read by one [`OverviewReads`] per
+//! database on its pool (`store/postgres/overview.rs`, `store/mysql/overview.rs`), reached
+//! through [`overview_reads`].
 
-use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::{PgExecutor, PgPool};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use super::QueryError;
 use crate::record::RecordStatus;
+use crate::runtime::EnginePool;
 
 /// Records of one status in one consumer group.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -19,59 +22,6 @@ pub struct StatusCount {
     pub status: RecordStatus,
     /// Exact count (sum of the counter's delta rows).
     pub count: i64,
-}
-
-/// Exact record counts by (group, status), from `record_counts`; groups and statuses with no
-/// records are left out.
-///
-/// Errors: [`QueryError::Database`].
-pub async fn status_counts<'e>(db: impl PgExecutor<'e>) -> Result<Vec<StatusCount>, QueryError> {
-    Ok(sqlx::query_as(
-        "SELECT consumer_group, status, sum(n)::bigint AS count FROM record_counts
-         GROUP BY consumer_group, status HAVING sum(n) <> 0 ORDER BY consumer_group, status",
-    )
-    .fetch_all(db)
-    .await?)
-}
-
-/// Records with an attempt whose effect ran after its lease was lost (partial index
-/// `record_attempts_late_effect_idx`).
-///
-/// Errors: [`QueryError::Database`].
-pub async fn double_effect_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, QueryError> {
-    Ok(sqlx::query_scalar("SELECT count(DISTINCT record_id) FROM record_attempts WHERE late_effect")
-        .fetch_one(db)
-        .await?)
-}
-
-/// Late duplicates of the last [`crate::actions::cleanup::late::WINDOW_DAYS`] days: records
-/// created by copies that came back after cleanup deleted their record.
-///
-/// Errors: [`QueryError::Database`].
-pub async fn late_duplicate_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, QueryError> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM late_duplicates WHERE seen_at > now() - make_interval(days => $1)")
-        .bind(crate::actions::cleanup::late::WINDOW_DAYS)
-        .fetch_one(db)
-        .await?)
-}
-
-/// Conflicting copies not requeued yet (the records filter `flag=conflict` lists their records;
-/// [`crate::console::actions::conflicts`]).
-///
-/// Errors: [`QueryError::Database`].
-pub async fn conflict_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, QueryError> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM record_conflicts WHERE settled_at IS NULL").fetch_one(db).await?)
-}
-
-/// Stuck records: `processing` with `lease_expires_at < now()` (database clock).
-///
-/// Errors: [`QueryError::Database`].
-pub async fn stuck_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, QueryError> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM dedup_records WHERE status = 'processing' AND lease_expires_at < now()",
-    )
-    .fetch_one(db)
-    .await?)
 }
 
 /// What the engine counted over a time window (all groups).
@@ -113,55 +63,6 @@ impl Traffic {
 
 fn ratio(part: i64, whole: i64) -> f64 {
     if whole <= 0 { 0.0 } else { part as f64 / whole as f64 }
-}
-
-/// Traffic over the last `seconds` (whole minutes of `stats_minute`, the current one included).
-///
-/// Errors: [`QueryError::Database`].
-pub async fn traffic<'e>(db: impl PgExecutor<'e>, seconds: i64) -> Result<Traffic, QueryError> {
-    Ok(sqlx::query_as(
-        "SELECT COALESCE(sum(deliveries), 0)::bigint AS deliveries, COALESCE(sum(created), 0)::bigint AS created,
-                COALESCE(sum(duplicates_redis), 0)::bigint AS duplicates_redis,
-                COALESCE(sum(duplicates_db), 0)::bigint AS duplicates_db,
-                COALESCE(sum(redis_hits), 0)::bigint AS redis_hits, COALESCE(sum(redis_misses), 0)::bigint AS redis_misses,
-                COALESCE(sum(redis_fallbacks), 0)::bigint AS redis_fallbacks,
-                COALESCE(sum(retries), 0)::bigint AS retries, COALESCE(sum(failed), 0)::bigint AS failed,
-                COALESCE(sum(dead), 0)::bigint AS dead
-         FROM stats_minute WHERE minute > now() - $1 * interval '1 second'",
-    )
-    .bind(seconds)
-    .fetch_one(db)
-    .await?)
-}
-
-/// The growth query over a per-interval stats table (`$1` range and `$2` bucket width, seconds).
-macro_rules! growth_sql {
-    ($table:literal, $column:literal) => {
-        concat!(
-            "WITH bounds AS (
-                 SELECT date_bin($2 * interval '1 second', now() - $1 * interval '1 second', 'epoch') AS start,
-                        $2 * interval '1 second' AS width
-             ), created AS (
-                 SELECT date_bin(b.width, s.",
-            $column,
-            ", 'epoch') AS at, sum(s.created)::bigint AS created
-                 FROM ",
-            $table,
-            " s, bounds b WHERE s.",
-            $column,
-            " >= b.start GROUP BY 1
-             )
-             SELECT g.at, COALESCE(c.created, 0)::bigint AS created, t.total_records, t.table_bytes, t.index_bytes
-             FROM bounds b
-             CROSS JOIN generate_series(b.start, now(), b.width) AS g(at)
-             LEFT JOIN created c ON c.at = g.at
-             LEFT JOIN LATERAL (
-                 SELECT total_records, table_bytes, index_bytes FROM table_samples
-                 WHERE sampled_at >= g.at AND sampled_at < g.at + b.width ORDER BY sampled_at DESC LIMIT 1
-             ) t ON true
-             ORDER BY g.at"
-        )
-    };
 }
 
 /// The ranges of the growth chart.
@@ -231,17 +132,6 @@ pub struct GrowthPoint {
     pub index_bytes: Option<i64>,
 }
 
-/// The growth chart: one point per bucket of `range` (every bucket present, oldest first).
-/// Records created come from `stats_hour` when the buckets are whole hours (7 d, 30 d), else from
-/// `stats_minute`; each bucket's size is its last `table_samples` row (one index probe each).
-///
-/// Errors: [`QueryError::Database`].
-pub async fn growth<'e>(db: impl PgExecutor<'e>, range: GrowthRange) -> Result<Vec<GrowthPoint>, QueryError> {
-    let (span, width) = range.seconds();
-    let sql = if width % 3600 == 0 { growth_sql!("stats_hour", "hour") } else { growth_sql!("stats_minute", "minute") };
-    Ok(sqlx::query_as(sql).bind(span).bind(width).fetch_all(db).await?)
-}
-
 /// One bucket of the duplicate-delay histogram, summed over groups and days.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct DelayBucket {
@@ -251,39 +141,6 @@ pub struct DelayBucket {
     pub count: i64,
     /// Largest delay seen in it, ms.
     pub max_delay_ms: i64,
-}
-
-/// Duplicate arrival delays (arrival minus first seen) over the last `days` days.
-///
-/// Errors: [`QueryError::Database`].
-pub async fn duplicate_delays<'e>(db: impl PgExecutor<'e>, days: i32) -> Result<Vec<DelayBucket>, QueryError> {
-    let since: NaiveDate = (Utc::now() - chrono::TimeDelta::days(i64::from(days))).date_naive();
-    Ok(sqlx::query_as(
-        "SELECT le_ms, sum(count)::bigint AS count, max(max_delay_ms) AS max_delay_ms
-         FROM duplicate_delays WHERE day >= $1 GROUP BY le_ms ORDER BY le_ms",
-    )
-    .bind(since)
-    .fetch_all(db)
-    .await?)
-}
-
-/// Consumer groups that have records (from `record_counts`), sorted.
-///
-/// Errors: [`QueryError::Database`].
-pub async fn consumer_groups<'e>(db: impl PgExecutor<'e>) -> Result<Vec<String>, QueryError> {
-    Ok(sqlx::query_scalar(
-        "SELECT consumer_group FROM record_counts GROUP BY consumer_group HAVING sum(n) > 0 ORDER BY 1",
-    )
-    .fetch_all(db)
-    .await?)
-}
-
-/// Message types ever stored, sorted: `message_types`, which the engine's insert statements
-/// keep (types whose records were all deleted stay).
-///
-/// Errors: [`QueryError::Database`].
-pub async fn message_types<'e>(db: impl PgExecutor<'e>) -> Result<Vec<String>, QueryError> {
-    Ok(sqlx::query_scalar("SELECT message_type FROM message_types ORDER BY 1").fetch_all(db).await?)
 }
 
 /// The numbers the live feed pushes: cheap enough to read every second.
@@ -298,26 +155,85 @@ pub struct LiveSnapshot {
     /// Records whose effect may have run twice (a leased attempt's effect ran after its lease
     /// was lost).
     pub double_effects: i64,
-    /// Late duplicates of the last 30 days ([`late_duplicate_count`]).
+    /// Late duplicates of the last 30 days ([`OverviewReads::late_duplicate_count`]).
     pub late_duplicates: i64,
-    /// Conflicting copies not requeued yet ([`conflict_count`]).
+    /// Conflicting copies not requeued yet ([`OverviewReads::conflict_count`]).
     pub conflicts: i64,
     /// Traffic of the last minute.
     pub last_minute: Traffic,
 }
 
+/// The overview's reads on one database. Errors: [`QueryError::Database`].
+#[async_trait]
+pub trait OverviewReads: Send + Sync {
+    /// The database's clock.
+    async fn now(&self) -> Result<DateTime<Utc>, QueryError>;
+
+    /// Exact record counts by (group, status), from `record_counts`, by group and status;
+    /// groups and statuses with no records are left out.
+    async fn status_counts(&self) -> Result<Vec<StatusCount>, QueryError>;
+
+    /// Records with an attempt whose effect ran after its lease was lost.
+    async fn double_effect_count(&self) -> Result<i64, QueryError>;
+
+    /// Late duplicates of the last [`crate::actions::cleanup::late::WINDOW_DAYS`] days: records
+    /// created by copies that came back after cleanup deleted their record.
+    async fn late_duplicate_count(&self) -> Result<i64, QueryError>;
+
+    /// Conflicting copies not requeued yet (the records filter `flag=conflict` lists their
+    /// records; [`crate::console::actions::conflicts`]).
+    async fn conflict_count(&self) -> Result<i64, QueryError>;
+
+    /// Stuck records: `processing` with its lease expired (database clock).
+    async fn stuck_count(&self) -> Result<i64, QueryError>;
+
+    /// Traffic over the last `seconds` (whole minutes of `stats_minute`, the current one
+    /// included).
+    async fn traffic(&self, seconds: i64) -> Result<Traffic, QueryError>;
+
+    /// The growth chart: one point per bucket of `range` (every bucket present, oldest first,
+    /// buckets aligned to the Unix epoch). Records created come from `stats_hour` when the
+    /// buckets are whole hours (7 d, 30 d), else from `stats_minute`; each bucket's size is its
+    /// last `table_samples` row (one index probe each).
+    async fn growth(&self, range: GrowthRange) -> Result<Vec<GrowthPoint>, QueryError>;
+
+    /// Duplicate arrival delays (arrival minus first seen) over the last `days` days, by bucket.
+    async fn duplicate_delays(&self, days: i32) -> Result<Vec<DelayBucket>, QueryError>;
+
+    /// Consumer groups that have records (from `record_counts`), sorted.
+    async fn consumer_groups(&self) -> Result<Vec<String>, QueryError>;
+
+    /// Message types ever stored, sorted: `message_types`, which the engine's insert
+    /// statements keep (types whose records were all deleted stay).
+    async fn message_types(&self) -> Result<Vec<String>, QueryError>;
+}
+
+/// The overview's reads on `pool`'s database.
+pub fn overview_reads(pool: &EnginePool) -> &dyn OverviewReads {
+    match pool {
+        EnginePool::Postgres(pool) => pool,
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => pool,
+    }
+}
+
+/// The first day of the last `days` days (UTC), as [`OverviewReads::duplicate_delays`] reads.
+pub(crate) fn delays_since(days: i32) -> chrono::NaiveDate {
+    (Utc::now() - chrono::TimeDelta::days(i64::from(days))).date_naive()
+}
+
 /// Reads a [`LiveSnapshot`].
 ///
 /// Errors: [`QueryError::Database`].
-pub async fn live_snapshot(pool: &PgPool) -> Result<LiveSnapshot, QueryError> {
+pub async fn live_snapshot(reads: &dyn OverviewReads) -> Result<LiveSnapshot, QueryError> {
     let (at, counts, stuck, double_effects, late_duplicates, conflicts, last_minute) = tokio::try_join!(
-        async { Ok::<DateTime<Utc>, QueryError>(sqlx::query_scalar("SELECT now()").fetch_one(pool).await?) },
-        status_counts(pool),
-        stuck_count(pool),
-        double_effect_count(pool),
-        late_duplicate_count(pool),
-        conflict_count(pool),
-        traffic(pool, 60),
+        reads.now(),
+        reads.status_counts(),
+        reads.stuck_count(),
+        reads.double_effect_count(),
+        reads.late_duplicate_count(),
+        reads.conflict_count(),
+        reads.traffic(60),
     )?;
     Ok(LiveSnapshot { at, counts, stuck, double_effects, late_duplicates, conflicts, last_minute })
 }

@@ -68,3 +68,17 @@ pub(crate) trait RuntimeBooks: Send + Sync {
     /// How many conflicting copies of `group`'s deliveries wait for an operator.
     async fn open_conflicts(&self, group: &str) -> Result<usize, sqlx::Error>;
 }
+
+/// The runtime's books on `pool`'s database (the conformance cases write aggregates through it).
+#[cfg(feature = "testing")]
+pub(crate) fn runtime_books(pool: &crate::runtime::EnginePool) -> std::sync::Arc<dyn RuntimeBooks> {
+    match pool {
+        crate::runtime::EnginePool::Postgres(pool) => {
+            std::sync::Arc::new(crate::store::postgres::runtime::PgRuntimeBooks::new(pool.clone()))
+        }
+        #[cfg(feature = "mysql")]
+        crate::runtime::EnginePool::MySql(pool) => {
+            std::sync::Arc::new(crate::store::mysql::runtime::MySqlRuntimeBooks::new(pool.clone()))
+        }
+    }
+}

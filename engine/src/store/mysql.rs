@@ -38,6 +38,7 @@
 
 mod accounts;
 mod audit;
+mod overview;
 mod books;
 mod claims;
 mod conflicts;

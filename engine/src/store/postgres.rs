@@ -39,6 +39,7 @@ use crate::record::{HandlerMode, RecordStatus};
 mod sql;
 mod accounts;
 pub(crate) mod audit;
+mod overview;
 pub(crate) mod conflicts;
 pub(super) mod errors;
 pub(crate) mod late;

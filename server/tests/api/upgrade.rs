@@ -4,7 +4,7 @@
 
 use dedup_console::config::Settings;
 use dedup_console::startup::open_database_with_example;
-use dedup_engine::console::overview::status_counts;
+use dedup_engine::console::overview::OverviewReads;
 use dedup_engine::testing::TestDatabase;
 use sqlx::{Connection, PgConnection, PgPool};
 
@@ -81,7 +81,7 @@ async fn a_database_from_before_schemas_upgrades_in_place_with_no_row_lost() {
     .expect("a record changes status from a plain connection");
     let engine = dedup_engine::console::engine_pool(&plain, &db.schema, 1);
     sqlx::query_scalar::<_, i64>("SELECT record_counts_fold()").fetch_one(&engine).await.unwrap();
-    let counts = status_counts(&engine).await.unwrap();
+    let counts = engine.status_counts().await.unwrap();
     let by_status = |s: &str| counts.iter().filter(|c| c.status.as_str() == s).map(|c| c.count).sum::<i64>();
     assert_eq!((by_status("succeeded"), by_status("failed"), by_status("dead")), (3, 0, 3), "{counts:?}");
     let shop_history: i64 = count(pool, "shop._sqlx_migrations").await;

@@ -29,7 +29,7 @@ const QUEUE_DEPTH_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The live numbers (also what `/api/v1/events` pushes).
 pub async fn live(state: &ConsoleState) -> Result<LiveView, ConsoleError> {
-    Ok(overview::live_snapshot(state.pool()).await?.into())
+    Ok(overview::live_snapshot(state.overview_reads()).await?.into())
 }
 
 /// The engine's consumer groups; each queue depth (or lag) asked of the broker with a short
@@ -89,12 +89,12 @@ pub async fn endpoints(state: &ConsoleState) -> Result<Vec<EndpointView>, Consol
 
 /// Everything on the overview but the chart and the dependency health.
 pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError> {
-    let pool = state.pool();
+    let reads = state.overview_reads();
     let (snapshot, last_hour, last_day, delays, consumers, endpoints, instances) = tokio::join!(
-        overview::live_snapshot(pool),
-        overview::traffic(pool, 3600),
-        overview::traffic(pool, 86_400),
-        overview::duplicate_delays(pool, 30),
+        overview::live_snapshot(reads),
+        reads.traffic(3600),
+        reads.traffic(86_400),
+        reads.duplicate_delays(30),
         consumers(state),
         endpoints(state),
         state.engine.instances(),
@@ -126,25 +126,25 @@ fn group_views(counts: &[overview::StatusCount]) -> Vec<GroupView> {
 
 /// Consumer groups with their records by status.
 pub async fn groups(state: &ConsoleState) -> Result<Vec<GroupView>, ConsoleError> {
-    Ok(group_views(&overview::status_counts(state.pool()).await?))
+    Ok(group_views(&state.overview_reads().status_counts().await?))
 }
 
 /// Known message types.
 pub async fn message_types(state: &ConsoleState) -> Result<Vec<String>, ConsoleError> {
-    Ok(overview::message_types(state.pool()).await?)
+    Ok(state.overview_reads().message_types().await?)
 }
 
 /// The records filter's choices: consumer groups and message types.
 pub async fn filter_options(state: &ConsoleState) -> Result<RecordFilterOptions, ConsoleError> {
     let (groups, message_types) =
-        tokio::try_join!(overview::consumer_groups(state.pool()), overview::message_types(state.pool()))?;
+        tokio::try_join!(state.overview_reads().consumer_groups(), state.overview_reads().message_types())?;
     Ok(RecordFilterOptions { groups, message_types })
 }
 
 /// The growth chart over `range` (`1h`, `24h` (default), `7d`, `30d`).
 pub async fn growth(state: &ConsoleState, range: Option<&str>) -> Result<GrowthView, ConsoleError> {
     let range = overview::GrowthRange::parse(range)?;
-    let points = overview::growth(state.pool(), range).await?;
+    let points = state.overview_reads().growth(range).await?;
     Ok(GrowthView {
         range: range.as_str().to_owned(),
         bucket_secs: range.seconds().1,

@@ -7,6 +7,7 @@ use dedup_engine::console::FastPath;
 use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::actions::Publishers;
 use dedup_engine::console::audit::AuditLog;
+use dedup_engine::console::overview::OverviewReads;
 use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
 use sqlx::PgPool;
@@ -46,6 +47,11 @@ impl ConsoleState {
 
     /// The audit log, on the console's pool.
     pub fn audit_log(&self) -> &dyn AuditLog {
+        &self.pool
+    }
+
+    /// The overview's reads, on the console's pool.
+    pub fn overview_reads(&self) -> &dyn OverviewReads {
         &self.pool
     }
 

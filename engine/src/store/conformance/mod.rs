@@ -10,12 +10,13 @@
 //! (completions, failures, poison, fast-path duplicates), `leases.rs` (leased claims and
 //! [`crate::store::LeaseStore`]) and `roles.rs` (what the pipeline asks of a store beyond those: conflicting
 //! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
-//! cases (users, tokens, the login throttle), `audit.rs` the audit log's.
+//! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs` the overview's reads.
 
 mod accounts;
 mod audit;
 mod claims;
 mod leases;
+mod overview;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod postgres;
@@ -29,6 +30,7 @@ pub use accounts::*;
 pub use audit::*;
 pub use claims::*;
 pub use leases::*;
+pub use overview::*;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlHarness;
 pub use postgres::PgHarness;
@@ -237,6 +239,7 @@ macro_rules! conformance_tests {
             tokens_authenticate_until_revoked_or_the_owner_is_disabled,
             the_throttle_refuses_after_the_limit_until_cleared_or_the_window_ends,
             audit_entries_are_kept_listed_by_filter_and_found_by_message_id,
+            the_overview_reads_what_the_store_and_the_runtime_wrote,
         );
     };
     (@cases $harness:ty; $($(#[$attr:meta])* $case:ident),* $(,)?) => {

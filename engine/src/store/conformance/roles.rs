@@ -33,7 +33,7 @@ fn about_forty_days(delay_ms: i64) -> bool {
 }
 
 /// A copy of `m` conflicting with record `record_id`, its id from the Kafka key.
-fn copy(record_id: i64, m: &Msg, kind: ConflictKind) -> ConflictCopy<'_> {
+pub(super) fn copy(record_id: i64, m: &Msg, kind: ConflictKind) -> ConflictCopy<'_> {
     ConflictCopy {
         record_id,
         message_id: m.id.as_str(),
@@ -46,7 +46,7 @@ fn copy(record_id: i64, m: &Msg, kind: ConflictKind) -> ConflictCopy<'_> {
 }
 
 /// Keeps `copies` in a transaction of the caller's, committed or rolled back.
-async fn keep<H: Harness>(h: &H, copies: &[ConflictCopy<'_>], commit: bool) {
+pub(super) async fn keep<H: Harness>(h: &H, copies: &[ConflictCopy<'_>], commit: bool) {
     let mut tx = h.store().pool().begin().await.unwrap();
     h.store().keep_conflicts(&mut *tx, &group(), copies).await.expect("the copies are kept");
     if commit { tx.commit().await.unwrap() } else { tx.rollback().await.unwrap() }

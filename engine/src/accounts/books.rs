@@ -7,6 +7,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::FromRow;
 
 use super::AccountError;
 use super::tokens::ApiToken;
@@ -92,4 +94,45 @@ pub fn account_books(pool: &EnginePool) -> &dyn AccountBooks {
 /// throttled): whole seconds, at least one.
 pub(crate) fn wait_secs(left: Option<f64>) -> Option<u64> {
     left.map(|s| s.ceil().max(1.0) as u64)
+}
+
+/// A `users` row as both stores read it (`id, name, role, disabled, created_at, last_login_at`).
+#[derive(FromRow)]
+pub(crate) struct UserRow {
+    pub(crate) id: i64,
+    pub(crate) name: String,
+    pub(crate) role: String,
+    pub(crate) disabled: bool,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) last_login_at: Option<DateTime<Utc>>,
+}
+
+impl TryFrom<UserRow> for User {
+    type Error = AccountError;
+
+    fn try_from(r: UserRow) -> Result<Self, AccountError> {
+        Ok(User {
+            id: r.id,
+            name: r.name,
+            role: r.role.parse()?,
+            disabled: r.disabled,
+            created_at: r.created_at,
+            last_login_at: r.last_login_at,
+        })
+    }
+}
+
+/// A `users` row with its password hash.
+#[derive(FromRow)]
+pub(crate) struct CredentialRow {
+    #[sqlx(flatten)]
+    pub(crate) user: UserRow,
+    pub(crate) password_hash: String,
+}
+
+impl CredentialRow {
+    /// The user and their password hash.
+    pub(crate) fn into_pair(self) -> Result<(User, String), AccountError> {
+        Ok((self.user.try_into()?, self.password_hash))
+    }
 }

@@ -6,46 +6,13 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlPool;
-use sqlx::{Executor, FromRow, MySql, QueryBuilder};
+use sqlx::{Executor, MySql, QueryBuilder};
 
 use crate::accounts::AccountError;
-use crate::accounts::books::{AccountBooks, wait_secs};
+use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, wait_secs};
 use crate::accounts::tokens::ApiToken;
 use crate::accounts::users::{Role, User, UserChange, UserName};
-
-#[derive(FromRow)]
-struct UserRow {
-    id: i64,
-    name: String,
-    role: String,
-    disabled: bool,
-    created_at: DateTime<Utc>,
-    last_login_at: Option<DateTime<Utc>>,
-}
-
-impl TryFrom<UserRow> for User {
-    type Error = AccountError;
-
-    fn try_from(r: UserRow) -> Result<Self, AccountError> {
-        Ok(User {
-            id: r.id,
-            name: r.name,
-            role: r.role.parse()?,
-            disabled: r.disabled,
-            created_at: r.created_at,
-            last_login_at: r.last_login_at,
-        })
-    }
-}
-
-#[derive(FromRow)]
-struct CredentialRow {
-    #[sqlx(flatten)]
-    user: UserRow,
-    password_hash: String,
-}
 
 const USER: &str = "id, name, role, disabled, created_at, last_login_at";
 const TOKEN: &str = "id, user_id, name, prefix, created_at, last_used_at, revoked_at";
@@ -108,7 +75,7 @@ impl AccountBooks for MySqlPool {
                 .bind(name)
                 .fetch_optional(self)
                 .await?;
-        row.map(|r| Ok((r.user.try_into()?, r.password_hash))).transpose()
+        row.map(CredentialRow::into_pair).transpose()
     }
 
     async fn user_touch_login(&self, id: i64) -> Result<(), AccountError> {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use dedup_engine::console::QueryError;
-use dedup_engine::console::failures::{dead_letter_groups, retries, stuck_records};
+use dedup_engine::console::failures::{FailureReads, retries};
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::overview::{GrowthRange, OverviewReads, live_snapshot};
 use dedup_engine::console::records::{
@@ -235,7 +235,7 @@ async fn dead_letters_group_by_error_class_and_drill_down() {
     insert(p, Rec { id: "ORDER.NOTIFY.9:1", status: "dead", error_class: Some(timeout), ..Rec::default() }).await;
     insert(p, Rec { id: "ORDER.PAY.9:1", status: "failed", error_class: Some(timeout), ..Rec::default() }).await;
 
-    let groups = dead_letter_groups(p, 50).await.unwrap();
+    let groups = p.dead_letter_groups(50).await.unwrap();
     assert_eq!(groups.len(), 2);
     assert_eq!(groups[0].error_class.as_deref(), Some(timeout));
     assert_eq!(groups[0].records, 4, "failed records are not dead letters");
@@ -269,14 +269,14 @@ async fn stuck_and_retries_pages_read_what_needs_an_operator() {
         .await
         .unwrap();
 
-    let list = stuck_records(p, 10).await.unwrap();
+    let list = p.stuck_records(10).await.unwrap();
     assert_eq!(list.total, 1);
     assert_eq!(list.rows[0].id, stuck);
     assert!(list.rows[0].crash_loop, "3 re-entries flag a crash loop");
     assert!(list.rows[0].stuck_secs >= 4);
     assert_eq!(list.rows[0].lease_owner.as_deref(), Some("host:1:worker-0"));
 
-    let r = retries(p, 10).await.unwrap();
+    let r = retries(p, p, 10).await.unwrap();
     let dist: Vec<(i32, i64)> = r.distribution.iter().map(|b| (b.attempts, b.records)).collect();
     assert_eq!(dist, [(1, 1), (3, 2), (4, 1)]);
     assert_eq!(r.top_types[0].message_type, "ORDER.PAY");
@@ -439,7 +439,7 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
 
     let dead_brute: i64 =
         sqlx::query_scalar("SELECT count(*) FROM dedup_records WHERE status = 'dead'").fetch_one(p).await.unwrap();
-    let groups = dead_letter_groups(p, 1000).await.unwrap();
+    let groups = p.dead_letter_groups(1000).await.unwrap();
     assert_eq!(groups.iter().map(|g| g.records).sum::<i64>(), dead_brute);
 
     let failed_brute: Vec<(i32, i64)> =
@@ -448,7 +448,7 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
             .await
             .unwrap();
     let dist: Vec<(i32, i64)> =
-        retries(p, 5).await.unwrap().distribution.into_iter().map(|b| (b.attempts, b.records)).collect();
+        retries(p, p, 5).await.unwrap().distribution.into_iter().map(|b| (b.attempts, b.records)).collect();
     assert_eq!(dist, failed_brute);
 
     let types = p.message_types().await.unwrap();

@@ -3,7 +3,7 @@
 //! bound), the dead letters' answer classes, and each attempt's answer on the record page.
 
 use dedup_engine::console::endpoints::{DeadLetterClass, SAMPLE_CALLS, endpoint_calls};
-use dedup_engine::console::failures::dead_letter_groups;
+use dedup_engine::console::failures::FailureReads;
 use dedup_engine::console::records::{ANSWER_CHARS, record_detail};
 use dedup_engine::testing::TestDatabase;
 use sqlx::PgPool;
@@ -168,7 +168,7 @@ async fn http_dead_letters_come_first_with_their_answer_class() {
     record(p, "g", "ORDER.PAID.failed", "failed", Some("HTTP_CONFLICT")).await;
 
     // A limit below the number of groups keeps every HTTP class.
-    let groups = dead_letter_groups(p, 7).await.unwrap();
+    let groups = p.dead_letter_groups(7).await.unwrap();
     let shown: Vec<(Option<&str>, Option<DeadLetterClass>, i64)> =
         groups.iter().map(|g| (g.error_class.as_deref(), g.answer_class(), g.records)).collect();
     use DeadLetterClass::*;

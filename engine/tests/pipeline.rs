@@ -225,7 +225,7 @@ async fn a_failing_handler_is_retried_with_growing_delays_then_dead() {
     for _ in 0..3 {
         pipeline.process("w", std::slice::from_ref(&other)).await;
     }
-    let groups = dedup_engine::console::failures::dead_letter_groups(h.pool(), 10).await.unwrap();
+    let groups = dedup_engine::console::failures::FailureReads::dead_letter_groups(h.pool(), 10).await.unwrap();
     let groups: Vec<(Option<String>, i64)> = groups.into_iter().map(|g| (g.error_class, g.records)).collect();
     assert_eq!(groups, [(Some("DOWNSTREAM_DOWN".to_owned()), 2)]);
 }

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use dedup_engine::console::engine_pool;
-use dedup_engine::console::failures::{dead_letter_groups, retries, stuck_records};
+use dedup_engine::console::failures::{FailureReads, retries};
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::overview::{GrowthRange, OverviewReads, live_snapshot};
 use dedup_engine::console::records::{record_detail, records_list};
@@ -142,9 +142,9 @@ async fn bench_queries(pool: &PgPool, n: usize) {
         time(label, n, || records_list(pool, params)).await;
     }
     time("record detail (with attempts)", n, || record_detail(pool, some_id)).await;
-    time("stuck: longest stuck 50 + total", n, || stuck_records(pool, 50)).await;
-    time("retries: distribution, types, most retried", n, || retries(pool, 50)).await;
-    time("dead letters: groups by error class", n, || dead_letter_groups(pool, 200)).await;
+    time("stuck: longest stuck 50 + total", n, || pool.stuck_records(50)).await;
+    time("retries: distribution, types, most retried", n, || retries(pool, pool, 50)).await;
+    time("dead letters: groups by error class", n, || pool.dead_letter_groups(200)).await;
 }
 
 /// A `dedup-console serve` process of one build (consumer off, auth off: loopback only), killed

@@ -1,12 +1,14 @@
 //! Records that need an operator: stuck claims, retries in progress and dead letters grouped by
-//! cause.
+//! cause. Read by one [`FailureReads`] per database on its pool (`store/postgres/failures.rs`,
+//! `store/mysql/failures.rs`), reached through [`failure_reads`].
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
 
 use super::QueryError;
 use super::endpoints::DeadLetterClass;
 use super::records::RecordRow;
+use crate::runtime::EnginePool;
 
 /// A stuck record re-entered processing this many times after an expired lease: it keeps
 /// crashing its worker (or outliving its lease) instead of failing, so retries never count it
@@ -57,24 +59,6 @@ pub struct StuckList {
     pub rows: Vec<StuckRecord>,
 }
 
-/// The stuck records (at most `limit`), longest stuck first, with the total.
-///
-/// Errors: [`QueryError::Database`].
-pub async fn stuck_records(pool: &sqlx::PgPool, limit: i64) -> Result<StuckList, QueryError> {
-    let rows = sqlx::query_as(
-        "SELECT id, consumer_group, message_id, message_type, handler_mode, lease_owner, lease_token, lease_expires_at,
-                extract(epoch FROM now() - lease_expires_at)::bigint AS stuck_secs, updated_at, attempts,
-                max_attempts, reentries, reentries >= $2 AS crash_loop, parked_at
-         FROM dedup_records WHERE status = 'processing' AND lease_expires_at < now()
-         ORDER BY lease_expires_at, id LIMIT $1",
-    )
-    .bind(limit)
-    .bind(CRASH_LOOP_REENTRIES)
-    .fetch_all(pool);
-    let (rows, total) = tokio::try_join!(map_db(rows), super::overview::OverviewReads::stuck_count(pool))?;
-    Ok(StuckList { total, rows })
-}
-
 /// How many failed records have made a given number of attempts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptsBucket {
@@ -113,40 +97,71 @@ pub struct RetryOverview {
 /// Most retried message types listed.
 const TOP_TYPES: usize = 10;
 
-/// Reads the retries page; `limit` bounds the list of most retried records. The distribution
-/// and the types come from one index-only pass over the failed records, grouped by (attempts,
-/// type) and folded here; the next retry is one probe of the failed records' retry-time index.
+/// Failed records of one message type that have made one number of attempts.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct RetryCell {
+    /// Attempts made.
+    pub attempts: i32,
+    /// Message type.
+    pub message_type: String,
+    /// Failed records.
+    pub records: i64,
+}
+
+/// The failure pages' reads on one database. Errors: [`QueryError::Database`].
+#[async_trait]
+pub trait FailureReads: Send + Sync {
+    /// The stuck records (`processing` with the lease expired, database clock; at most
+    /// `limit`), longest stuck first, with the total.
+    async fn stuck_records(&self, limit: i64) -> Result<StuckList, QueryError>;
+
+    /// The failed records per (attempts, message type), in no order, and the soonest
+    /// `next_attempt_at` among them.
+    async fn retry_cells(&self) -> Result<(Vec<RetryCell>, Option<DateTime<Utc>>), QueryError>;
+
+    /// Dead letters grouped by error class (at most `limit` groups): the classes HTTP handlers
+    /// write first, so that their answer classes are always whole, then the largest group
+    /// first, then by class; each group's message types sorted.
+    async fn dead_letter_groups(&self, limit: i64) -> Result<Vec<DeadLetterGroup>, QueryError>;
+}
+
+/// The failure pages' reads on `pool`'s database.
+pub fn failure_reads(pool: &EnginePool) -> &dyn FailureReads {
+    match pool {
+        EnginePool::Postgres(pool) => pool,
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => pool,
+    }
+}
+
+/// Reads the retries page; `limit` bounds the list of most retried records, read from
+/// `records` (the records list runs on PostgreSQL only so far). The distribution and the types
+/// are [`FailureReads::retry_cells`] folded here.
 ///
 /// Errors: [`QueryError::Database`].
-pub async fn retries(pool: &sqlx::PgPool, limit: i64) -> Result<RetryOverview, QueryError> {
-    let cells = sqlx::query_as::<_, (i32, String, i64)>(
-        "SELECT attempts, message_type, count(*) FROM dedup_records WHERE status = 'failed'
-         GROUP BY attempts, message_type",
-    )
-    .fetch_all(pool);
-    let next_retry_at = sqlx::query_scalar(
-        "SELECT next_attempt_at FROM dedup_records WHERE status = 'failed' AND next_attempt_at IS NOT NULL
-         ORDER BY next_attempt_at LIMIT 1",
-    )
-    .fetch_optional(pool);
+pub async fn retries(
+    reads: &dyn FailureReads,
+    records: &sqlx::PgPool,
+    limit: i64,
+) -> Result<RetryOverview, QueryError> {
     let params = super::filter::RecordListParams {
         filter: super::filter::RecordFilter { status: Some(crate::record::RecordStatus::Failed), ..Default::default() },
         sort: super::filter::SortKey::Attempts,
         limit,
         ..Default::default()
     };
-    let most_retried = super::records::records_list(pool, &params);
-    let (cells, next_retry_at, most_retried) = tokio::try_join!(map_db(cells), map_db(next_retry_at), most_retried)?;
+    let ((cells, next_retry_at), most_retried) =
+        tokio::try_join!(reads.retry_cells(), super::records::records_list(records, &params))?;
     let (distribution, top_types) = fold_retry_cells(&cells);
     Ok(RetryOverview { distribution, top_types, next_retry_at, most_retried: most_retried.rows })
 }
 
 /// Folds (attempts, type, records) cells into the attempts distribution (fewest first) and the
 /// types with the most attempts (most first, then by name; at most [`TOP_TYPES`]).
-fn fold_retry_cells(cells: &[(i32, String, i64)]) -> (Vec<AttemptsBucket>, Vec<TypeRetries>) {
+fn fold_retry_cells(cells: &[RetryCell]) -> (Vec<AttemptsBucket>, Vec<TypeRetries>) {
     let mut by_attempts = std::collections::BTreeMap::<i32, i64>::new();
     let mut by_type = std::collections::BTreeMap::<&str, TypeRetries>::new();
-    for (attempts, message_type, records) in cells {
+    for RetryCell { attempts, message_type, records } in cells {
         *by_attempts.entry(*attempts).or_default() += records;
         let t = by_type.entry(message_type).or_insert_with(|| TypeRetries {
             message_type: message_type.clone(),
@@ -164,10 +179,6 @@ fn fold_retry_cells(cells: &[(i32, String, i64)]) -> (Vec<AttemptsBucket>, Vec<T
     top_types.sort_by(|a, b| b.attempts.cmp(&a.attempts).then_with(|| a.message_type.cmp(&b.message_type)));
     top_types.truncate(TOP_TYPES);
     (distribution, top_types)
-}
-
-async fn map_db<T>(f: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, QueryError> {
-    Ok(f.await?)
 }
 
 /// Dead letters sharing one error class (error kind + first line, numbers masked).
@@ -191,27 +202,4 @@ impl DeadLetterGroup {
     pub fn answer_class(&self) -> Option<DeadLetterClass> {
         DeadLetterClass::of(self.error_class.as_deref()?)
     }
-}
-
-/// Dead letters grouped by error class (at most `limit` groups): the classes HTTP handlers
-/// write first, so that their answer classes are always whole, then largest group first.
-/// Grouped by (class, type) first, so no per-group sort of the types is needed; one
-/// index-only pass over `dedup_records_dead_class_idx` (error_class, first_seen_at, id)
-/// INCLUDE (message_type, updated_at) WHERE dead.
-///
-/// Errors: [`QueryError::Database`].
-pub async fn dead_letter_groups<'e>(db: impl PgExecutor<'e>, limit: i64) -> Result<Vec<DeadLetterGroup>, QueryError> {
-    Ok(sqlx::query_as(
-        "SELECT error_class, sum(records)::bigint AS records, min(first_seen_at) AS first_seen_at,
-                max(last_seen_at) AS last_seen_at, array_agg(message_type ORDER BY message_type) AS message_types
-         FROM (SELECT error_class, message_type, count(*) AS records, min(first_seen_at) AS first_seen_at,
-                      max(updated_at) AS last_seen_at
-               FROM dedup_records WHERE status = 'dead' GROUP BY error_class, message_type) AS by_type
-         GROUP BY error_class
-         ORDER BY COALESCE(error_class = ANY($2), false) DESC, sum(records) DESC, error_class LIMIT $1",
-    )
-    .bind(limit)
-    .bind(DeadLetterClass::http_error_classes())
-    .fetch_all(db)
-    .await?)
 }

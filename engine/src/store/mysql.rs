@@ -39,6 +39,7 @@
 mod accounts;
 mod audit;
 mod overview;
+mod failures;
 mod books;
 mod claims;
 mod conflicts;

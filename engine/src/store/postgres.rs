@@ -40,6 +40,7 @@ mod sql;
 mod accounts;
 pub(crate) mod audit;
 mod overview;
+mod failures;
 pub(crate) mod conflicts;
 pub(super) mod errors;
 pub(crate) mod late;

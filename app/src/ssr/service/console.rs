@@ -220,15 +220,15 @@ pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, C
 
 /// Stuck records, longest stuck first.
 pub async fn stuck(state: &ConsoleState) -> Result<StuckView, ConsoleError> {
-    Ok(failures::stuck_records(state.pool(), STUCK_ROWS).await?.into())
+    Ok(state.failure_reads().stuck_records(STUCK_ROWS).await?.into())
 }
 
 /// The retries page.
 pub async fn retries(state: &ConsoleState) -> Result<RetriesView, ConsoleError> {
-    Ok(failures::retries(state.pool(), MOST_RETRIED_ROWS).await?.into())
+    Ok(failures::retries(state.failure_reads(), state.pool(), MOST_RETRIED_ROWS).await?.into())
 }
 
 /// Dead letters grouped by error class.
 pub async fn dead_letters(state: &ConsoleState) -> Result<Vec<DeadLetterGroupView>, ConsoleError> {
-    Ok(failures::dead_letter_groups(state.pool(), DEAD_LETTER_GROUPS).await?.into_iter().map(Into::into).collect())
+    Ok(state.failure_reads().dead_letter_groups(DEAD_LETTER_GROUPS).await?.into_iter().map(Into::into).collect())
 }

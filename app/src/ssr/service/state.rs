@@ -7,6 +7,7 @@ use dedup_engine::console::FastPath;
 use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::actions::Publishers;
 use dedup_engine::console::audit::AuditLog;
+use dedup_engine::console::failures::FailureReads;
 use dedup_engine::console::overview::OverviewReads;
 use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
@@ -52,6 +53,11 @@ impl ConsoleState {
 
     /// The overview's reads, on the console's pool.
     pub fn overview_reads(&self) -> &dyn OverviewReads {
+        &self.pool
+    }
+
+    /// The failure pages' reads, on the console's pool.
+    pub fn failure_reads(&self) -> &dyn FailureReads {
         &self.pool
     }
 

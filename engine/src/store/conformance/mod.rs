@@ -10,11 +10,13 @@
 //! (completions, failures, poison, fast-path duplicates), `leases.rs` (leased claims and
 //! [`crate::store::LeaseStore`]) and `roles.rs` (what the pipeline asks of a store beyond those: conflicting
 //! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
-//! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs` the overview's reads.
+//! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs` and `failures.rs` the console's
+//! reads.
 
 mod accounts;
 mod audit;
 mod claims;
+mod failures;
 mod leases;
 mod overview;
 #[cfg(feature = "mysql")]
@@ -29,6 +31,7 @@ use uuid::Uuid;
 pub use accounts::*;
 pub use audit::*;
 pub use claims::*;
+pub use failures::*;
 pub use leases::*;
 pub use overview::*;
 #[cfg(feature = "mysql")]
@@ -240,6 +243,7 @@ macro_rules! conformance_tests {
             the_throttle_refuses_after_the_limit_until_cleared_or_the_window_ends,
             audit_entries_are_kept_listed_by_filter_and_found_by_message_id,
             the_overview_reads_what_the_store_and_the_runtime_wrote,
+            stuck_failed_and_dead_records_are_read_as_the_store_left_them,
         );
     };
     (@cases $harness:ty; $($(#[$attr:meta])* $case:ident),* $(,)?) => {

@@ -2,7 +2,7 @@
 //! cards (calls by answer class, success rate, latency percentiles, the window and the sample
 //! bound), the dead letters' answer classes, and each attempt's answer on the record page.
 
-use dedup_engine::console::endpoints::{DeadLetterClass, SAMPLE_CALLS, endpoint_calls};
+use dedup_engine::console::endpoints::{DeadLetterClass, EndpointReads, SAMPLE_CALLS};
 use dedup_engine::console::failures::FailureReads;
 use dedup_engine::console::records::{ANSWER_CHARS, record_detail};
 use dedup_engine::testing::TestDatabase;
@@ -95,10 +95,10 @@ async fn endpoint_cards_count_calls_by_answer_class_with_latency() {
     call(p, other, 1, Call::default()).await;
     call(p, paid, 31, Call { status: None, latency_ms: None, outcome: "lease_lost", ..Call::default() }).await;
 
-    let cards =
-        endpoint_calls(p, &[("billing", "ORDER.PAID"), ("billing", "ORDER.REFUNDED"), ("billing", "ORDER.SHIPPED")])
-            .await
-            .unwrap();
+    let cards = p
+        .endpoint_calls(&[("billing", "ORDER.PAID"), ("billing", "ORDER.REFUNDED"), ("billing", "ORDER.SHIPPED")])
+        .await
+        .unwrap();
     let types: Vec<&str> = cards.iter().map(|c| c.message_type.as_str()).collect();
     assert_eq!(types, ["ORDER.PAID", "ORDER.REFUNDED", "ORDER.SHIPPED"], "one row per endpoint, in the order given");
     let c = &cards[0];
@@ -120,7 +120,7 @@ async fn endpoint_cards_count_calls_by_answer_class_with_latency() {
     for n in 1..=10 {
         call(p, quick, n, Call { latency_ms: Some(n * 10), ..Call::default() }).await;
     }
-    let q = &endpoint_calls(p, &[("quick", "ORDER.PAID")]).await.unwrap()[0];
+    let q = &p.endpoint_calls(&[("quick", "ORDER.PAID")]).await.unwrap()[0];
     assert_eq!((q.p50_ms, q.p95_ms, q.success_rate()), (Some(50), Some(100), Some(1.0)));
 }
 
@@ -143,7 +143,7 @@ async fn endpoint_cards_read_the_newest_calls_only() {
     .execute(p)
     .await
     .unwrap();
-    let c = &endpoint_calls(p, &[("billing", "ORDER.PAID")]).await.unwrap()[0];
+    let c = &p.endpoint_calls(&[("billing", "ORDER.PAID")]).await.unwrap()[0];
     assert_eq!(c.calls, SAMPLE_CALLS);
     assert!(c.sampled());
     assert_eq!((c.succeeded, c.unavailable, c.p95_ms), (SAMPLE_CALLS, 0, Some(5)), "the oldest 100 are not read");

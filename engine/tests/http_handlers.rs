@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::service::{Reply, Service};
 use common::{Captured, GROUP, Harness, message, settings};
-use dedup_engine::console::endpoints::endpoint_calls;
+use dedup_engine::console::endpoints::EndpointReads;
 use dedup_engine::console::records::{AttemptRow, record_detail};
 use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::http::{HttpHandler, HttpSettings, SecretSetting};
@@ -461,7 +461,7 @@ async fn each_call_counts_on_its_endpoint_card() {
     for key in ["E1", "E2"] {
         p.process("host:1:0", &[paid(key)]).await;
     }
-    let cards = endpoint_calls(h.pool(), &[(GROUP, TYPE)]).await.unwrap();
+    let cards = h.pool().endpoint_calls(&[(GROUP, TYPE)]).await.unwrap();
     let c = &cards[0];
     assert_eq!((c.calls, c.succeeded, c.conflict, c.success_rate()), (2, 1, 1, Some(0.5)));
     assert!(c.p95_ms.is_some_and(|ms| ms >= 0));

@@ -6,12 +6,14 @@
 //! An endpoint is one HTTP handler: a consumer group and a message type
 //! ([`crate::console::HttpEndpoint`]). A **call** is an attempt row with an answer or a
 //! transport error: its `latency_ms` is set (the handler reported the call, see
-//! [`crate::handler::EffectAnswer`]).
+//! [`crate::handler::EffectAnswer`]). Read by one [`EndpointReads`] per database
+//! (`store/postgres/endpoints.rs`, `store/mysql/endpoints.rs`).
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
 
 use super::QueryError;
+use crate::runtime::EnginePool;
 
 /// The window of an endpoint card, in seconds: calls started in the last 15 minutes.
 pub const WINDOW_SECS: i64 = 15 * 60;
@@ -65,63 +67,82 @@ impl EndpointCalls {
     }
 }
 
-/// Per endpoint, its newest calls of the window, classified and summed in the database. One
-/// statement for all endpoints; each endpoint is one backward range of the partial index
-/// `record_attempts_endpoint_calls_idx` (group, type, started_at DESC) INCLUDE (answer_status,
-/// latency_ms, outcome), read index-only and cut at [`SAMPLE_CALLS`], and summed inside its
-/// lateral subquery (an aggregate without `GROUP BY`: one row, zeros without calls), which
-/// halved the time against one `GROUP BY` over all endpoints' rows (BENCHMARKS.md).
-const ENDPOINT_CALLS_SQL: &str = r#"
-SELECT e.consumer_group, e.message_type, s.*
-FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS e(consumer_group, message_type, n)
-CROSS JOIN LATERAL (
-    SELECT count(*) AS calls,
-           count(*) FILTER (WHERE c.answer_status BETWEEN 200 AND 299
-                                  AND c.outcome IS DISTINCT FROM 'failed' AND c.outcome IS DISTINCT FROM 'dead') AS succeeded,
-           count(*) FILTER (WHERE c.answer_status = 409) AS in_progress,
-           count(*) FILTER (WHERE c.answer_status = 422) AS conflict,
-           count(*) FILTER (WHERE (c.answer_status BETWEEN 400 AND 499
-                                   AND c.answer_status NOT IN (408, 409, 422, 425, 429))
-                                  OR (c.answer_status BETWEEN 200 AND 299 AND c.outcome = 'dead')) AS refused,
-           count(*) FILTER (WHERE c.answer_status IN (408, 425, 429) OR c.answer_status BETWEEN 500 AND 599) AS unavailable,
-           count(*) FILTER (WHERE c.answer_status IS NULL) AS transport,
-           count(*) FILTER (WHERE c.answer_status NOT BETWEEN 200 AND 599
-                                  OR c.answer_status BETWEEN 300 AND 399
-                                  OR (c.answer_status BETWEEN 200 AND 299 AND c.outcome = 'failed')) AS other,
-           percentile_disc(0.5) WITHIN GROUP (ORDER BY c.latency_ms) AS p50_ms,
-           percentile_disc(0.95) WITHIN GROUP (ORDER BY c.latency_ms) AS p95_ms,
-           min(c.started_at) AS oldest_at
-    FROM (
-        SELECT a.answer_status, a.latency_ms, a.outcome, a.started_at FROM record_attempts a
-        WHERE a.consumer_group = e.consumer_group AND a.message_type = e.message_type
-          AND a.latency_ms IS NOT NULL AND a.started_at > now() - $3 * interval '1 second'
-        ORDER BY a.started_at DESC
-        LIMIT $4
-    ) c
-) s
-ORDER BY e.n
-"#;
+/// The endpoint cards' reads on one database. Errors: [`QueryError::Database`].
+#[async_trait]
+pub trait EndpointReads: Send + Sync {
+    /// The calls of each endpoint `(consumer group, message type)` over the last
+    /// [`WINDOW_SECS`] (database clock), at most its newest [`SAMPLE_CALLS`]; one row per
+    /// endpoint, in the order given, with zero calls when it had none.
+    async fn endpoint_calls(&self, endpoints: &[(&str, &str)]) -> Result<Vec<EndpointCalls>, QueryError>;
+}
 
-/// The calls of each endpoint `(consumer group, message type)` over the last [`WINDOW_SECS`]
-/// (database clock), at most its newest [`SAMPLE_CALLS`]; one row per endpoint, in the order
-/// given, with zero calls when it had none.
-///
-/// Errors: [`QueryError::Database`].
-pub async fn endpoint_calls<'e>(
-    db: impl PgExecutor<'e>,
-    endpoints: &[(&str, &str)],
-) -> Result<Vec<EndpointCalls>, QueryError> {
-    if endpoints.is_empty() {
-        return Ok(Vec::new());
+/// The endpoint cards' reads on `pool`'s database.
+pub fn endpoint_reads(pool: &EnginePool) -> &dyn EndpointReads {
+    match pool {
+        EnginePool::Postgres(pool) => pool,
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => pool,
     }
-    let (groups, types): (Vec<&str>, Vec<&str>) = endpoints.iter().copied().unzip();
-    Ok(sqlx::query_as(ENDPOINT_CALLS_SQL)
-        .bind(groups)
-        .bind(types)
-        .bind(WINDOW_SECS)
-        .bind(SAMPLE_CALLS)
-        .fetch_all(db)
-        .await?)
+}
+
+/// One call as read: its answer's status (`None`: no answer), latency, the attempt's outcome,
+/// and when it started.
+#[cfg(feature = "mysql")]
+pub(crate) struct Call {
+    pub(crate) status: Option<i16>,
+    pub(crate) latency_ms: i32,
+    pub(crate) outcome: Option<String>,
+    pub(crate) started_at: DateTime<Utc>,
+}
+
+/// The calls of one endpoint summed by the answer table (DESIGN.md, "HTTP handlers"), with the
+/// latencies' 50th and 95th percentiles as PostgreSQL's `percentile_disc` takes them (the
+/// smallest latency with at least that share of the calls at or below it). PostgreSQL sums in
+/// its statement; the conformance suite holds both to the same counts.
+#[cfg(feature = "mysql")]
+pub(crate) fn tally(consumer_group: &str, message_type: &str, calls: &[Call]) -> EndpointCalls {
+    let mut c = EndpointCalls {
+        consumer_group: consumer_group.to_owned(),
+        message_type: message_type.to_owned(),
+        calls: calls.len() as i64,
+        succeeded: 0,
+        in_progress: 0,
+        conflict: 0,
+        refused: 0,
+        unavailable: 0,
+        transport: 0,
+        other: 0,
+        p50_ms: None,
+        p95_ms: None,
+        oldest_at: calls.iter().map(|c| c.started_at).min(),
+    };
+    for call in calls {
+        let outcome = call.outcome.as_deref();
+        let Some(status) = call.status else {
+            c.transport += 1;
+            continue;
+        };
+        let ok = (200..=299).contains(&status);
+        let counter = match status {
+            _ if ok && outcome == Some("dead") => &mut c.refused,
+            _ if ok && outcome == Some("failed") => &mut c.other,
+            _ if ok => &mut c.succeeded,
+            409 => &mut c.in_progress,
+            422 => &mut c.conflict,
+            408 | 425 | 429 | 500..=599 => &mut c.unavailable,
+            400..=499 => &mut c.refused,
+            _ => &mut c.other,
+        };
+        *counter += 1;
+    }
+    let mut latencies: Vec<i32> = calls.iter().map(|c| c.latency_ms).collect();
+    latencies.sort_unstable();
+    let percentile = |p: f64| {
+        let rank = ((p * latencies.len() as f64).ceil() as usize).max(1);
+        latencies.get(rank - 1).copied()
+    };
+    (c.p50_ms, c.p95_ms) = (percentile(0.5), percentile(0.95));
+    c
 }
 
 /// The error kind of an error text: its leading code before the `:` (`HTTP_CONFLICT` of

@@ -40,6 +40,7 @@ mod accounts;
 mod audit;
 mod overview;
 mod failures;
+mod endpoints;
 mod books;
 mod claims;
 mod conflicts;

@@ -41,6 +41,7 @@ mod accounts;
 pub(crate) mod audit;
 mod overview;
 mod failures;
+mod endpoints;
 pub(crate) mod conflicts;
 pub(super) mod errors;
 pub(crate) mod late;

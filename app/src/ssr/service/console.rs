@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dedup_engine::console::actions::handlers;
 use dedup_engine::console::filter::{FilterText, RecordListParams};
-use dedup_engine::console::{QueryError, endpoints, failures, overview, records};
+use dedup_engine::console::{QueryError, failures, overview, records};
 
 use super::convert::{endpoint_view, record_detail_view, totals};
 use super::state::ConsoleState;
@@ -73,7 +73,7 @@ pub async fn endpoints(state: &ConsoleState) -> Result<Vec<EndpointView>, Consol
     let declared: Vec<_> = state.engine.groups().iter().flat_map(|g| g.http.iter().map(move |e| (g, e))).collect();
     let keys: Vec<(&str, &str)> = declared.iter().map(|(g, e)| (g.name.as_str(), e.message_type.as_str())).collect();
     let (calls, pauses) =
-        tokio::join!(endpoints::endpoint_calls(state.pool(), &keys), handlers::handler_pauses(state.pool()));
+        tokio::join!(state.endpoint_reads().endpoint_calls(&keys), handlers::handler_pauses(state.pool()));
     let pauses = pauses?;
     let pause = |group: &str, message_type: &str| {
         pauses.iter().find(|p| p.consumer_group == group && p.message_type == message_type)

@@ -7,6 +7,7 @@ use dedup_engine::console::FastPath;
 use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::actions::Publishers;
 use dedup_engine::console::audit::AuditLog;
+use dedup_engine::console::endpoints::EndpointReads;
 use dedup_engine::console::failures::FailureReads;
 use dedup_engine::console::overview::OverviewReads;
 use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
@@ -58,6 +59,11 @@ impl ConsoleState {
 
     /// The failure pages' reads, on the console's pool.
     pub fn failure_reads(&self) -> &dyn FailureReads {
+        &self.pool
+    }
+
+    /// The endpoint cards' reads, on the console's pool.
+    pub fn endpoint_reads(&self) -> &dyn EndpointReads {
         &self.pool
     }
 

@@ -33,7 +33,7 @@ pub(super) async fn claim_leased<H: Harness>(h: &H, m: &Msg, lease: &Lease, recl
 }
 
 /// A leased batch claim of `msgs`, alone (autocommit), each item's effect starting at once or not.
-async fn claim_batch<H: Harness>(h: &H, msgs: &[(&Msg, bool)], lease: &Lease, reclaim: bool) -> Vec<ClaimOutcome> {
+pub(super) async fn claim_batch<H: Harness>(h: &H, msgs: &[(&Msg, bool)], lease: &Lease, reclaim: bool) -> Vec<ClaimOutcome> {
     let group = ConsumerGroup::parse(GROUP).unwrap();
     let batch = ClaimBatch {
         group: &group,
@@ -62,7 +62,7 @@ async fn complete<H: Harness>(h: &H, claim: &ClaimedRecord, lease: &Lease) -> bo
     h.store().complete(&mut *conn, claim, lease, HandlerMode::Leased, None).await.unwrap()
 }
 
-fn failure<'a>(claim: &'a ClaimedRecord, m: &'a Msg, lease: &'a Lease, answer: Option<&'a EffectAnswer>) -> FailureReport<'a> {
+pub(super) fn failure<'a>(claim: &'a ClaimedRecord, m: &'a Msg, lease: &'a Lease, answer: Option<&'a EffectAnswer>) -> FailureReport<'a> {
     FailureReport {
         claim,
         mode: HandlerMode::Leased,

@@ -10,12 +10,13 @@
 //! (completions, failures, poison, fast-path duplicates), `leases.rs` (leased claims and
 //! [`crate::store::LeaseStore`]) and `roles.rs` (what the pipeline asks of a store beyond those: conflicting
 //! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
-//! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs` and `failures.rs` the console's
-//! reads.
+//! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs`, `failures.rs` and `endpoints.rs`
+//! the console's reads.
 
 mod accounts;
 mod audit;
 mod claims;
+mod endpoints;
 mod failures;
 mod leases;
 mod overview;
@@ -31,6 +32,7 @@ use uuid::Uuid;
 pub use accounts::*;
 pub use audit::*;
 pub use claims::*;
+pub use endpoints::*;
 pub use failures::*;
 pub use leases::*;
 pub use overview::*;
@@ -244,6 +246,7 @@ macro_rules! conformance_tests {
             audit_entries_are_kept_listed_by_filter_and_found_by_message_id,
             the_overview_reads_what_the_store_and_the_runtime_wrote,
             stuck_failed_and_dead_records_are_read_as_the_store_left_them,
+            endpoint_calls_are_summed_by_the_answer_table,
         );
     };
     (@cases $harness:ty; $($(#[$attr:meta])* $case:ident),* $(,)?) => {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::service::{Reply, Service};
 use common::{GROUP, Harness, eventually, message};
 use dedup_engine::actions::ActionError;
-use dedup_engine::actions::handlers::{HandlerControl, HandlerPause, handler_control, handler_pauses};
+use dedup_engine::actions::handlers::{HandlerBooks, HandlerControl, HandlerPause, handler_control};
 use dedup_engine::consumer::{Consumer, ConsumerSettings};
 use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::http::{HttpHandler, HttpSettings};
@@ -53,7 +53,7 @@ fn msg(message_type: &str, key: &str) -> InboundMessage {
 }
 
 async fn pause_row(h: &Harness, message_type: &str) -> HandlerPause {
-    handler_pauses(h.pool()).await.unwrap().into_iter().find(|p| p.message_type == message_type).unwrap()
+    h.pool().handler_pauses().await.unwrap().into_iter().find(|p| p.message_type == message_type).unwrap()
 }
 
 /// How many records the messages of `message_type` have.
@@ -305,7 +305,7 @@ async fn operators_pause_and_resume_by_compare_and_set_and_every_try_is_audited(
     let p = pipeline(&h, &http_settings(&service, 5, 200));
     // The first batch registers the group's handlers.
     assert_eq!(p.process("host:1:0", &[msg(PAY, "A1")]).await, [PROCESSED]);
-    let rows = handler_pauses(h.pool()).await.unwrap();
+    let rows = h.pool().handler_pauses().await.unwrap();
     let listed: Vec<(&str, &str, Option<&str>)> =
         rows.iter().map(|r| (r.message_type.as_str(), r.state.as_str(), r.kind.as_deref())).collect();
     assert_eq!(listed, [(PAY, "running", Some("http")), (SHIP, "running", Some("transactional"))]);

@@ -1,17 +1,19 @@
 //! Operators pause and resume a handler by hand (docs/DESIGN.md, "Pause and circuit breaker"):
 //! a guarded compare-and-set on its `handler_pauses` row, audited in the same transaction as
 //! `handler.pause` / `handler.resume`; a refusal changes nothing and is audited as `refused`.
+//! The rules are here; each database's statements are behind [`HandlerBooks`]
+//! (`store/postgres/handler_books.rs`, `store/mysql/handler_books.rs`).
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sqlx::{FromRow, PgPool};
+use sqlx::FromRow;
 
-use super::bulk::audit_on_pool;
 use super::{ActionError, required_reason};
-use crate::audit::{AuditOutcome, NewAuditEntry};
-use crate::store::postgres::audit;
+use crate::audit::{AuditLog, AuditOutcome, NewAuditEntry};
 use crate::pause::PauseState;
+use crate::runtime::EnginePool;
 
 /// Most handlers listed (one row per consumer group and message type: a handful in practice).
 pub const MAX_HANDLERS: i64 = 1000;
@@ -44,16 +46,57 @@ pub struct HandlerPause {
     pub seen_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "consumer_group, message_type, state, since, changed_by, reason, error_class, http_status, \
-                       failed_at, probe_at, version, kind, seen_at";
+/// The handlers' pause rows on one database: the list, and the transaction an operator's
+/// change runs in. Errors are the database's.
+#[async_trait]
+pub trait HandlerBooks: Send + Sync {
+    /// Every handler's pause state, by group and type (at most [`MAX_HANDLERS`], in the
+    /// primary key's order).
+    async fn handler_pauses(&self) -> Result<Vec<HandlerPause>, sqlx::Error>;
 
-/// Every handler's pause state, by group and type (at most [`MAX_HANDLERS`], in the primary
-/// key's order: served by `handler_pauses_pkey`).
-///
-/// Errors: the database's.
-pub async fn handler_pauses(pool: &PgPool) -> Result<Vec<HandlerPause>, ActionError> {
-    let sql = format!("SELECT {COLUMNS} FROM handler_pauses ORDER BY consumer_group, message_type LIMIT $1");
-    Ok(sqlx::query_as(&sql).bind(MAX_HANDLERS).fetch_all(pool).await?)
+    /// A transaction for one operator's change.
+    async fn begin_change(&self) -> Result<Box<dyn HandlerChange>, sqlx::Error>;
+
+    /// The audit log on the same database, for refusals (written on their own).
+    fn audit_log(&self) -> &dyn AuditLog;
+}
+
+/// One operator's change of a handler's state, in one transaction: nothing is kept unless it
+/// commits.
+#[async_trait]
+pub trait HandlerChange: Send {
+    /// The state and version of the handler of (`group`, `message_type`), its row locked until
+    /// the transaction ends; `None` for a handler never registered.
+    async fn lock(&mut self, group: &str, message_type: &str) -> Result<Option<(String, i64)>, sqlx::Error>;
+
+    /// Sets the locked row's state to `to` as `actor` for `reason` (since now, no probe due,
+    /// version raised); returns the row.
+    async fn set_state(
+        &mut self,
+        group: &str,
+        message_type: &str,
+        to: PauseState,
+        actor: &str,
+        reason: &str,
+    ) -> Result<HandlerPause, sqlx::Error>;
+
+    /// Writes `entry` to the audit log in this transaction.
+    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error>;
+
+    /// Commits.
+    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
+
+    /// Rolls back.
+    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
+}
+
+/// The handlers' pause rows on `pool`'s database.
+pub fn handler_books(pool: &EnginePool) -> &dyn HandlerBooks {
+    match pool {
+        EnginePool::Postgres(pool) => pool,
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => pool,
+    }
 }
 
 /// What an operator does to a handler.
@@ -92,7 +135,7 @@ impl HandlerControl {
 /// or changed since it was shown.
 #[tracing::instrument(skip_all, fields(actor, group, message_type), err(level = "warn"))]
 pub async fn handler_control(
-    pool: &PgPool,
+    books: &dyn HandlerBooks,
     actor: &str,
     group: &str,
     message_type: &str,
@@ -103,21 +146,14 @@ pub async fn handler_control(
     let (from, to) = control.transition();
     let from_names: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
     let mut detail = json!({ "message_type": message_type, "to": to.as_str(), "expected_version": expected_version });
-    let mut tx = pool.begin().await?;
+    let mut tx = books.begin_change().await?;
     let result: Result<HandlerPause, ActionError> = async {
         let what = match control {
             HandlerControl::Pause => "pause a handler",
             HandlerControl::Resume => "resume a handler",
         };
         let reason = required_reason(reason, what)?;
-        let old: Option<(String, i64)> = sqlx::query_as(
-            "SELECT state, version FROM handler_pauses WHERE consumer_group = $1 AND message_type = $2 FOR UPDATE",
-        )
-        .bind(group)
-        .bind(message_type)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some((state, version)) = old else {
+        let Some((state, version)) = tx.lock(group, message_type).await? else {
             return Err(ActionError::UnknownHandler { group: group.to_owned(), message_type: message_type.to_owned() });
         };
         if let Some(shown) = expected_version.filter(|v| *v != version) {
@@ -132,19 +168,7 @@ pub async fn handler_control(
                 from_names.join(" or ")
             )));
         }
-        let sql = format!(
-            "UPDATE handler_pauses SET state = $3, since = now(), changed_by = $4, reason = $5, probe_at = NULL,
-                    version = version + 1
-             WHERE consumer_group = $1 AND message_type = $2 RETURNING {COLUMNS}"
-        );
-        let row: HandlerPause = sqlx::query_as(&sql)
-            .bind(group)
-            .bind(message_type)
-            .bind(to.as_str())
-            .bind(actor)
-            .bind(crate::db::storable::text(reason))
-            .fetch_one(&mut *tx)
-            .await?;
+        let row = tx.set_state(group, message_type, to, actor, &crate::db::storable::text(reason)).await?;
         detail["from"] = json!(state);
         detail["version"] = json!(row.version);
         Ok(row)
@@ -164,7 +188,7 @@ pub async fn handler_control(
                 detail,
                 source: None,
             };
-            audit::insert(&mut *tx, &entry).await?;
+            tx.audit(&entry).await?;
             tx.commit().await?;
             tracing::info!(actor, group, message_type, action = control.verb(), state = to.as_str(), "operator action on a handler");
             Ok(row)
@@ -173,7 +197,19 @@ pub async fn handler_control(
             tx.rollback().await?;
             detail["consumer_group"] = json!(group);
             detail["error"] = json!(error.to_string());
-            audit_on_pool(pool, actor, control.verb(), error.audit_outcome(), reason, detail).await;
+            let entry = NewAuditEntry {
+                actor,
+                action: control.verb(),
+                outcome: error.audit_outcome(),
+                reason,
+                consumer_group: None,
+                message_ids: &[],
+                detail,
+                source: None,
+            };
+            if let Err(e) = books.audit_log().record(&entry).await {
+                tracing::error!(error = %e, action = control.verb(), "could not write an audit entry");
+            }
             Err(error)
         }
     }

@@ -130,7 +130,7 @@ pub mod actions {
     /// Handlers' pause states, and pausing and resuming them by hand.
     pub mod handlers {
         pub use crate::actions::handlers::{
-            HandlerControl, HandlerPause, MAX_HANDLERS, handler_control, handler_pauses,
+            HandlerBooks, HandlerChange, HandlerControl, HandlerPause, MAX_HANDLERS, handler_books, handler_control,
         };
         pub use crate::pause::{FRESH_FOR, PauseState};
     }

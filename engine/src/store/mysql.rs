@@ -37,10 +37,11 @@
 //! duplicates noted, a held record) or by the primary key in the write's transaction (pauses).
 
 mod accounts;
-mod audit;
+pub(crate) mod audit;
 mod overview;
 mod failures;
 mod endpoints;
+mod handler_books;
 mod books;
 mod claims;
 mod conflicts;

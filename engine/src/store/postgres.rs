@@ -42,6 +42,7 @@ pub(crate) mod audit;
 mod overview;
 mod failures;
 mod endpoints;
+mod handler_books;
 pub(crate) mod conflicts;
 pub(super) mod errors;
 pub(crate) mod late;

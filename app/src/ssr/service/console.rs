@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use dedup_engine::console::actions::handlers;
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::{QueryError, failures, overview, records};
 
@@ -73,8 +72,8 @@ pub async fn endpoints(state: &ConsoleState) -> Result<Vec<EndpointView>, Consol
     let declared: Vec<_> = state.engine.groups().iter().flat_map(|g| g.http.iter().map(move |e| (g, e))).collect();
     let keys: Vec<(&str, &str)> = declared.iter().map(|(g, e)| (g.name.as_str(), e.message_type.as_str())).collect();
     let (calls, pauses) =
-        tokio::join!(state.endpoint_reads().endpoint_calls(&keys), handlers::handler_pauses(state.pool()));
-    let pauses = pauses?;
+        tokio::join!(state.endpoint_reads().endpoint_calls(&keys), state.handler_books().handler_pauses());
+    let pauses = pauses.map_err(ConsoleError::internal)?;
     let pause = |group: &str, message_type: &str| {
         pauses.iter().find(|p| p.consumer_group == group && p.message_type == message_type)
     };

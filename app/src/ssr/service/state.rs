@@ -6,6 +6,7 @@ use std::time::Duration;
 use dedup_engine::console::FastPath;
 use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::actions::Publishers;
+use dedup_engine::console::actions::handlers::HandlerBooks;
 use dedup_engine::console::audit::AuditLog;
 use dedup_engine::console::endpoints::EndpointReads;
 use dedup_engine::console::failures::FailureReads;
@@ -64,6 +65,11 @@ impl ConsoleState {
 
     /// The endpoint cards' reads, on the console's pool.
     pub fn endpoint_reads(&self) -> &dyn EndpointReads {
+        &self.pool
+    }
+
+    /// The handlers' pause rows, on the console's pool.
+    pub fn handler_books(&self) -> &dyn HandlerBooks {
         &self.pool
     }
 

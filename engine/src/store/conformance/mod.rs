@@ -247,6 +247,7 @@ macro_rules! conformance_tests {
             the_overview_reads_what_the_store_and_the_runtime_wrote,
             stuck_failed_and_dead_records_are_read_as_the_store_left_them,
             endpoint_calls_are_summed_by_the_answer_table,
+            an_operator_pauses_and_resumes_a_handler_by_compare_and_set_audited,
         );
     };
     (@cases $harness:ty; $($(#[$attr:meta])* $case:ident),* $(,)?) => {

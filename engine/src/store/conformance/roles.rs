@@ -308,3 +308,58 @@ pub async fn an_engine_pause_is_stored_and_ended_by_a_probe_never_over_an_operat
     let refund = book.pause(&pause("ORDER.REFUND", "breaker")).await.unwrap();
     assert!(refund.is_some_and(|(s, p)| s == "breaker" && p.is_some()), "an unregistered handler gets its row");
 }
+
+/// An operator pauses and resumes a handler by a guarded compare-and-set audited in the same
+/// transaction; a stale version, a state that does not allow it, an unknown handler or a missing
+/// reason change nothing and are audited as refused; a hostile reason is kept as typed.
+pub async fn an_operator_pauses_and_resumes_a_handler_by_compare_and_set_audited<H: Harness>() {
+    use crate::actions::ActionError;
+    use crate::actions::handlers::{HandlerControl, handler_books, handler_control};
+    use crate::audit::{AuditFilter, audit_log};
+
+    let h = H::fresh().await;
+    h.store().pause_book().register(GROUP, &[("ORDER.PAY".to_owned(), "http")]).await.unwrap();
+    let pool = h.engine_pool();
+    let books = handler_books(&pool);
+    let listed = books.handler_pauses().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    let shown = &listed[0];
+    assert_eq!((shown.consumer_group.as_str(), shown.message_type.as_str(), shown.state.as_str()), (GROUP, "ORDER.PAY", "running"));
+
+    let reason = "drill <script>alert(1)</script> \u{1F6A7}";
+    let control = |c, reason, version| handler_control(books, "user:olga", GROUP, "ORDER.PAY", c, reason, version);
+    let stale = control(HandlerControl::Pause, Some(reason), Some(shown.version + 1)).await;
+    assert!(matches!(stale, Err(ActionError::Refused(ref m)) if m.contains("changed since it was shown")), "{stale:?}");
+    let paused = control(HandlerControl::Pause, Some(reason), Some(shown.version)).await.unwrap();
+    assert_eq!((paused.state.as_str(), paused.version, paused.changed_by.as_deref()), ("operator", shown.version + 1, Some("user:olga")));
+    assert_eq!(paused.reason.as_deref(), Some(reason));
+    assert_eq!(h.pause_row(GROUP, "ORDER.PAY").await.unwrap().state, "operator");
+    let again = control(HandlerControl::Pause, Some("again"), None).await;
+    assert!(matches!(again, Err(ActionError::Refused(ref m)) if m.contains("is operator")), "{again:?}");
+    assert!(matches!(control(HandlerControl::Resume, None, None).await, Err(ActionError::Invalid(_))));
+    let unknown = handler_control(books, "user:olga", GROUP, "NO.SUCH", HandlerControl::Pause, Some("x"), None).await;
+    assert!(matches!(unknown, Err(ActionError::UnknownHandler { .. })), "{unknown:?}");
+    let resumed = control(HandlerControl::Resume, Some("drill over"), None).await.unwrap();
+    assert_eq!((resumed.state.as_str(), resumed.version), ("running", shown.version + 2));
+
+    let entries = audit_log(&pool).list(&AuditFilter::default()).await.unwrap();
+    let seen: Vec<(&str, &str)> = entries.iter().rev().map(|e| (e.action.as_str(), e.outcome.as_str())).collect();
+    assert_eq!(
+        seen,
+        [
+            ("handler.pause", "refused"),
+            ("handler.pause", "ok"),
+            ("handler.pause", "refused"),
+            ("handler.resume", "refused"),
+            ("handler.pause", "refused"),
+            ("handler.resume", "ok"),
+        ]
+    );
+    let ok = &entries[4];
+    assert_eq!((ok.reason.as_deref(), ok.consumer_group.as_deref()), (Some(reason), Some(GROUP)));
+    assert_eq!(ok.detail["from"], "running");
+
+    // Two operators at once: the row lock lets one pass, the other finds it paused.
+    let (a, b) = tokio::join!(control(HandlerControl::Pause, Some("a"), None), control(HandlerControl::Pause, Some("b"), None));
+    assert!(a.is_ok() != b.is_ok(), "exactly one of two concurrent pauses: {a:?} {b:?}");
+}

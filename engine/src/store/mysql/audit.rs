@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::MySqlPool;
+use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::{FromRow, MySql, QueryBuilder};
 
 use crate::audit::{AuditEntry, AuditFilter, AuditLog, NewAuditEntry};
@@ -61,38 +61,47 @@ fn entries(rows: Vec<EntryRow>) -> Result<Vec<AuditEntry>, sqlx::Error> {
     rows.into_iter().map(AuditEntry::try_from).collect()
 }
 
+/// Writes one entry, and a row per record it names, on `conn` (in the caller's transaction:
+/// an operator action's, or the one [`AuditLog::record`] opens) and returns its id.
+///
+/// Errors: the database's.
+pub(crate) async fn insert(conn: &mut MySqlConnection, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
+    // The same texts as PostgreSQL stores (U+FFFD for NUL), so both read back alike.
+    let ids: Vec<String> = entry.message_ids.iter().map(|id| storable::text(id).into_owned()).collect();
+    let id = sqlx::query(
+        "INSERT INTO audit_log (at, actor, action, outcome, reason, consumer_group, message_ids, detail, source)
+         VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(storable::text(entry.actor))
+    .bind(entry.action)
+    .bind(entry.outcome.as_str())
+    .bind(storable::opt(entry.reason))
+    .bind(storable::opt(entry.consumer_group))
+    .bind(serde_json::to_string(&ids).map_err(|e| sqlx::Error::Encode(e.into()))?)
+    .bind(storable::json(&entry.detail).to_string())
+    .bind(entry.source)
+    .execute(&mut *conn)
+    .await?
+    .last_insert_id();
+    // No record has a longer id, so none is looked up by one; each id once (the key).
+    let named: BTreeSet<&str> = ids.iter().map(String::as_str).filter(|id| id.len() <= MAX_MESSAGE_ID_BYTES).collect();
+    if !named.is_empty() {
+        let mut q: QueryBuilder<'_, MySql> = QueryBuilder::new("INSERT INTO audit_log_messages (message_id, entry_id) ");
+        q.push_values(named, |mut row, message_id| {
+            row.push_bind(message_id.as_bytes()).push_bind(id);
+        });
+        q.build().execute(&mut *conn).await?;
+    }
+    i64::try_from(id).map_err(|e| sqlx::Error::Decode(e.into()))
+}
+
 #[async_trait]
 impl AuditLog for MySqlPool {
     async fn record(&self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
-        // The same texts as PostgreSQL stores (U+FFFD for NUL), so both read back alike.
-        let ids: Vec<String> = entry.message_ids.iter().map(|id| storable::text(id).into_owned()).collect();
         let mut tx = self.begin().await?;
-        let id = sqlx::query(
-            "INSERT INTO audit_log (at, actor, action, outcome, reason, consumer_group, message_ids, detail, source)
-             VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(storable::text(entry.actor))
-        .bind(entry.action)
-        .bind(entry.outcome.as_str())
-        .bind(storable::opt(entry.reason))
-        .bind(storable::opt(entry.consumer_group))
-        .bind(serde_json::to_string(&ids).map_err(|e| sqlx::Error::Encode(e.into()))?)
-        .bind(storable::json(&entry.detail).to_string())
-        .bind(entry.source)
-        .execute(&mut *tx)
-        .await?
-        .last_insert_id();
-        // No record has a longer id, so none is looked up by one; each id once (the key).
-        let named: BTreeSet<&str> = ids.iter().map(String::as_str).filter(|id| id.len() <= MAX_MESSAGE_ID_BYTES).collect();
-        if !named.is_empty() {
-            let mut q: QueryBuilder<'_, MySql> = QueryBuilder::new("INSERT INTO audit_log_messages (message_id, entry_id) ");
-            q.push_values(named, |mut row, message_id| {
-                row.push_bind(message_id.as_bytes()).push_bind(id);
-            });
-            q.build().execute(&mut *tx).await?;
-        }
+        let id = insert(&mut tx, entry).await?;
         tx.commit().await?;
-        i64::try_from(id).map_err(|e| sqlx::Error::Decode(e.into()))
+        Ok(id)
     }
 
     async fn list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, sqlx::Error> {

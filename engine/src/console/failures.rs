@@ -134,14 +134,14 @@ pub fn failure_reads(pool: &EnginePool) -> &dyn FailureReads {
     }
 }
 
-/// Reads the retries page; `limit` bounds the list of most retried records, read from
-/// `records` (the records list runs on PostgreSQL only so far). The distribution and the types
-/// are [`FailureReads::retry_cells`] folded here.
+/// Reads the retries page; `limit` bounds the list of most retried records, read from the
+/// records list (`records`). The distribution and the types are [`FailureReads::retry_cells`]
+/// folded here.
 ///
 /// Errors: [`QueryError::Database`].
 pub async fn retries(
     reads: &dyn FailureReads,
-    records: &sqlx::PgPool,
+    records: &dyn super::records::RecordReads,
     limit: i64,
 ) -> Result<RetryOverview, QueryError> {
     let params = super::filter::RecordListParams {

@@ -1,14 +1,13 @@
 //! The records list (filters, keyset pages) and one record's detail with its attempt history
 //! and Redis marker state ([`record_detail`], [`record_marker`]).
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use super::QueryError;
-use super::filter::{
-    Cursor, CursorKey, PageAt, RecordFilter, RecordFlag, RecordListParams, SortKey, SortOrder, prefix_upper_bound,
-};
+use super::filter::{Cursor, CursorKey, PageAt, RecordFilter, RecordListParams, SortKey, SortOrder};
 use crate::record::RecordStatus;
+use crate::runtime::EnginePool;
 
 /// One row of a records list.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -77,76 +76,6 @@ pub struct RecordPage {
 /// BENCHMARKS.md, "Lean write path"), so a page stays under the console's 50 ms.
 pub const SCAN_WINDOW: i64 = 20_000;
 
-/// How far a time range is widened when it is turned into an id range
-/// (`dedup_records_id_at`): ids follow arrival up to the length of the inserting transaction,
-/// which a lease bounds. The time filter itself is applied exactly.
-pub(crate) const ARRIVAL_SLACK: &str = "interval '10 minutes'";
-
-/// The list's columns.
-const ROW_COLUMNS: &str = "id, consumer_group, message_id, message_type, status, handler_mode, attempts, \
-     max_attempts, first_seen_at, updated_at, next_attempt_at, error_class, duplicate_count";
-
-/// The consumer groups that have records, for a message-id search across groups: the dedup key
-/// leads with the group, so the search probes it once per group.
-const KNOWN_GROUPS_SQL: &str = "ARRAY(SELECT consumer_group FROM record_counts GROUP BY 1)";
-
-/// Appends the `WHERE` conditions of `filter` (always at least `true`), every value bound. Also
-/// selects the records of a bulk requeue ([`crate::actions::bulk`]).
-///
-/// Indexes (migration `..._lean_write_path`): a status other than `succeeded` narrows to
-/// `dedup_records_unsettled_idx`; a time range becomes an id range on the primary key
-/// (`dedup_records_id_at`); a message id or prefix goes to the dedup key, once per group.
-pub(crate) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFilter) {
-    q.push(" WHERE true");
-    if let Some(group) = &filter.group {
-        q.push(" AND consumer_group = ").push_bind(group.clone());
-    } else if filter.message_id.is_some() || filter.id_prefix.is_some() {
-        q.push(format!(" AND consumer_group = ANY({KNOWN_GROUPS_SQL})"));
-    }
-    if let Some(status) = filter.status {
-        q.push(" AND status = ").push_bind(status.as_str());
-    }
-    if let Some(t) = &filter.message_type {
-        q.push(" AND message_type = ").push_bind(t.clone());
-    }
-    if let Some(class) = &filter.error_class {
-        q.push(" AND error_class = ").push_bind(class.clone());
-    }
-    if let Some(from) = filter.from {
-        q.push(" AND first_seen_at >= ").push_bind(from);
-        q.push(" AND id >= (SELECT dedup_records_id_at(").push_bind(from).push(format!(" - {ARRIVAL_SLACK}))"));
-    }
-    if let Some(to) = filter.to {
-        q.push(" AND first_seen_at < ").push_bind(to);
-        q.push(" AND id < (SELECT dedup_records_id_at(").push_bind(to).push(format!(" + {ARRIVAL_SLACK}))"));
-    }
-    if let Some(n) = filter.min_attempts {
-        q.push(" AND attempts >= ").push_bind(n);
-    }
-    if let Some(id) = &filter.message_id {
-        q.push(" AND message_id = ").push_bind(id.clone());
-    }
-    if let Some(prefix) = &filter.id_prefix {
-        q.push(" AND message_id >= ").push_bind(prefix.clone());
-        if let Some(upper) = prefix_upper_bound(prefix) {
-            q.push(" AND message_id < ").push_bind(upper);
-        }
-    }
-    match filter.flag {
-        // The few ids, read once from the partial index, then found by the primary key.
-        Some(RecordFlag::DoubleEffect) => {
-            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM record_attempts WHERE late_effect))");
-        }
-        Some(RecordFlag::LateDuplicate) => {
-            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM late_duplicates))");
-        }
-        Some(RecordFlag::Conflict) => {
-            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM record_conflicts WHERE settled_at IS NULL))");
-        }
-        None => {}
-    }
-}
-
 /// Whether a time-ordered list under `filter` must be bounded by [`SCAN_WINDOW`]: a group,
 /// type or error class is asked for, and nothing an index serves narrows the records first.
 fn needs_window(filter: &RecordFilter) -> bool {
@@ -159,70 +88,75 @@ fn needs_window(filter: &RecordFilter) -> bool {
     selective && !narrowed
 }
 
+/// What one page reads of a store ([`RecordReads::record_rows`]): the rows matching `filter`
+/// past `cursor` (none: from the start) in `direction` under `sort`, ties by id, at most
+/// `rows`; a time-ordered page with a `window_end` reads no id beyond it (included).
+#[derive(Debug, Clone, Copy)]
+pub struct RowsQuery<'a> {
+    /// The filter.
+    pub filter: &'a RecordFilter,
+    /// The order.
+    pub sort: SortKey,
+    /// The row the page starts after, in `direction`; its key matches `sort`.
+    pub cursor: Option<&'a Cursor>,
+    /// The direction read (a previous page reads backwards).
+    pub direction: SortOrder,
+    /// Rows to read (a page's limit and one more, to tell whether more follow).
+    pub rows: i64,
+    /// The far end of a bounded search ([`SCAN_WINDOW`]), included.
+    pub window_end: Option<i64>,
+}
+
+/// The records list's reads on one database. Errors: [`QueryError::Database`].
+#[async_trait]
+pub trait RecordReads: Send + Sync {
+    /// The rows one page reads.
+    async fn record_rows(&self, query: &RowsQuery<'_>) -> Result<Vec<RecordRow>, QueryError>;
+
+    /// The smallest and the largest record id; `None` for an empty table.
+    async fn id_bounds(&self) -> Result<Option<(i64, i64)>, QueryError>;
+}
+
+/// The records list's reads on `pool`'s database.
+pub fn record_reads(pool: &EnginePool) -> &dyn RecordReads {
+    match pool {
+        EnginePool::Postgres(pool) => pool,
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => pool,
+    }
+}
+
 /// One page of records matching `params.filter`, ordered by `params.sort` (ties by id), by
 /// keyset: a page is "the `limit` rows past a cursor", so it stays stable while new records
 /// arrive and costs the same at any depth.
 ///
 /// Time order is arrival order: the record id (the primary key), which the engine hands out as
-/// records arrive; `first_seen_at` follows it within ten minutes (a time filter becomes an id
-/// range widened by that much). Attempts order reads the
-/// records tried more than once (or never) from `dedup_records_retried_idx` and the first tries
-/// from the primary key. Message-id order walks the dedup key of each group.
+/// records arrive; `first_seen_at` follows it within ten minutes. Attempts order reads the
+/// records tried more than once (or never) apart from the first tries. Message-id order walks
+/// the dedup key of each group. How each store reads them: [`RecordReads`].
 ///
 /// Errors: [`QueryError::Database`].
-pub async fn records_list(pool: &PgPool, params: &RecordListParams) -> Result<RecordPage, QueryError> {
+pub async fn records_list(reads: &dyn RecordReads, params: &RecordListParams) -> Result<RecordPage, QueryError> {
     // A previous page reads backwards from its cursor, then flips the rows.
     let (direction, cursor) = match &params.at {
         PageAt::First => (params.order, None),
         PageAt::After(c) => (params.order, Some(c)),
         PageAt::Before(c) => (params.order.reversed(), Some(c)),
     };
-    let (cmp, dir) = match direction {
-        SortOrder::Desc => ("<", "DESC"),
-        SortOrder::Asc => (">", "ASC"),
-    };
     let window = if params.sort == SortKey::Time && needs_window(&params.filter) {
-        Window::of(pool, cursor.map(|c| c.id), direction).await?
+        Window::of(reads, cursor.map(|c| c.id), direction).await?
     } else {
         None
     };
-    let mut q = QueryBuilder::new("");
-    match params.sort {
-        SortKey::Time => {
-            q.push(format!("SELECT {ROW_COLUMNS} FROM dedup_records"));
-            push_filter(&mut q, &params.filter);
-            if let Some(c) = cursor {
-                q.push(format!(" AND id {cmp} ")).push_bind(c.id);
-            }
-            if let Some(w) = &window {
-                w.push(&mut q);
-            }
-            q.push(format!(" ORDER BY id {dir} LIMIT ")).push_bind(params.limit + 1);
-        }
-        SortKey::Attempts => push_attempts_page(&mut q, params, cursor, direction),
-        SortKey::MessageId => {
-            // The dedup key leads with the group: the page is read per group, then merged.
-            q.push(format!("SELECT {ROW_COLUMNS} FROM "));
-            match &params.filter.group {
-                Some(group) => q.push("(SELECT ").push_bind(group.clone()).push(" AS g) groups"),
-                None => q.push(format!("unnest({KNOWN_GROUPS_SQL}) AS groups(g)")),
-            };
-            q.push(format!(", LATERAL (SELECT {ROW_COLUMNS} FROM dedup_records"));
-            push_filter(&mut q, &params.filter);
-            q.push(" AND consumer_group = groups.g");
-            if let Some(c) = cursor {
-                let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
-                q.push(format!(" AND (message_id, id) {cmp} ("))
-                    .push_bind(m.clone())
-                    .push(", ")
-                    .push_bind(c.id)
-                    .push(")");
-            }
-            q.push(format!(" ORDER BY message_id {dir}, id {dir} LIMIT ")).push_bind(params.limit + 1);
-            q.push(format!(") r ORDER BY message_id {dir}, id {dir} LIMIT ")).push_bind(params.limit + 1);
-        }
-    }
-    let mut rows: Vec<RecordRow> = q.build_query_as().fetch_all(pool).await?;
+    let query = RowsQuery {
+        filter: &params.filter,
+        sort: params.sort,
+        cursor,
+        direction,
+        rows: params.limit + 1,
+        window_end: window.map(|w| w.end),
+    };
+    let mut rows = reads.record_rows(&query).await?;
     let more = rows.len() as i64 > params.limit;
     rows.truncate(params.limit as usize);
     // The window stopped the search short: the page continues from its far end.
@@ -257,22 +191,13 @@ struct Window {
 
 impl Window {
     /// `None` for an empty table. Two probes of the primary key's ends.
-    async fn of(pool: &PgPool, from: Option<i64>, direction: SortOrder) -> Result<Option<Self>, QueryError> {
-        let (min, max): (Option<i64>, Option<i64>) =
-            sqlx::query_as("SELECT min(id), max(id) FROM dedup_records").fetch_one(pool).await?;
-        let (Some(min), Some(max)) = (min, max) else { return Ok(None) };
+    async fn of(reads: &dyn RecordReads, from: Option<i64>, direction: SortOrder) -> Result<Option<Self>, QueryError> {
+        let Some((min, max)) = reads.id_bounds().await? else { return Ok(None) };
         let end = match direction {
             SortOrder::Desc => from.unwrap_or(max + 1) - SCAN_WINDOW,
             SortOrder::Asc => from.unwrap_or(min - 1) + SCAN_WINDOW,
         };
         Ok(Some(Self { end, direction, min, max }))
-    }
-
-    fn push(&self, q: &mut QueryBuilder<'_, Postgres>) {
-        match self.direction {
-            SortOrder::Desc => q.push(" AND id >= ").push_bind(self.end),
-            SortOrder::Asc => q.push(" AND id <= ").push_bind(self.end),
-        };
     }
 
     /// The far end when records lie beyond it.
@@ -283,49 +208,6 @@ impl Window {
         };
         short.then_some(self.end)
     }
-}
-
-/// Attempts order, by keyset on (attempts, id), as three ordered parts (tried more than once,
-/// once, never) merged: the first and last come from `dedup_records_retried_idx`, the first
-/// tries in id order from the primary key, so no part sorts the bulk.
-fn push_attempts_page(
-    q: &mut QueryBuilder<'_, Postgres>,
-    params: &RecordListParams,
-    cursor: Option<&Cursor>,
-    direction: SortOrder,
-) {
-    let (cmp, dir) = match direction {
-        SortOrder::Desc => ("<", "DESC"),
-        SortOrder::Asc => (">", "ASC"),
-    };
-    q.push("SELECT * FROM (");
-    for (n, part) in ["attempts > 1", "attempts = 1", "attempts < 1"].into_iter().enumerate() {
-        if n > 0 {
-            q.push(" UNION ALL ");
-        }
-        q.push(format!("(SELECT {ROW_COLUMNS} FROM dedup_records"));
-        push_filter(q, &params.filter);
-        q.push(format!(" AND {part}"));
-        if let Some(c) = cursor {
-            let CursorKey::Attempts(a) = c.key else { unreachable!("the cursor's sort is checked") };
-            if part == "attempts = 1" {
-                // On the primary key: the row comparison reduced to what it means for attempts 1.
-                match (a.cmp(&1), direction) {
-                    (std::cmp::Ordering::Equal, _) => {
-                        q.push(format!(" AND id {cmp} ")).push_bind(c.id);
-                    }
-                    (std::cmp::Ordering::Greater, SortOrder::Asc) | (std::cmp::Ordering::Less, SortOrder::Desc) => {
-                        q.push(" AND false");
-                    }
-                    _ => {}
-                }
-            } else {
-                q.push(format!(" AND (attempts, id) {cmp} (")).push_bind(a).push(", ").push_bind(c.id).push(")");
-            }
-        }
-        q.push(format!(" ORDER BY attempts {dir}, id {dir} LIMIT ")).push_bind(params.limit + 1).push(")");
-    }
-    q.push(format!(") parts ORDER BY attempts {dir}, id {dir} LIMIT ")).push_bind(params.limit + 1);
 }
 
 mod detail;

@@ -175,7 +175,7 @@ pub fn filter_text(q: &RecordsQuery) -> FilterText<'_> {
 /// One page of records.
 pub async fn records(state: &ConsoleState, q: &RecordsQuery) -> Result<RecordPageView, ConsoleError> {
     let params = RecordListParams::parse(&filter_text(q))?;
-    Ok(records::records_list(state.pool(), &params).await?.into())
+    Ok(records::records_list(state.record_reads(), &params).await?.into())
 }
 
 /// One record with its history and its Redis marker.
@@ -224,7 +224,7 @@ pub async fn stuck(state: &ConsoleState) -> Result<StuckView, ConsoleError> {
 
 /// The retries page.
 pub async fn retries(state: &ConsoleState) -> Result<RetriesView, ConsoleError> {
-    Ok(failures::retries(state.failure_reads(), state.pool(), MOST_RETRIED_ROWS).await?.into())
+    Ok(failures::retries(state.failure_reads(), state.record_reads(), MOST_RETRIED_ROWS).await?.into())
 }
 
 /// Dead letters grouped by error class.

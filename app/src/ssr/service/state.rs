@@ -11,6 +11,7 @@ use dedup_engine::console::audit::AuditLog;
 use dedup_engine::console::endpoints::EndpointReads;
 use dedup_engine::console::failures::FailureReads;
 use dedup_engine::console::overview::OverviewReads;
+use dedup_engine::console::records::RecordReads;
 use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
 use sqlx::PgPool;
@@ -70,6 +71,11 @@ impl ConsoleState {
 
     /// The handlers' pause rows, on the console's pool.
     pub fn handler_books(&self) -> &dyn HandlerBooks {
+        &self.pool
+    }
+
+    /// The records list's reads, on the console's pool.
+    pub fn record_reads(&self) -> &dyn RecordReads {
         &self.pool
     }
 

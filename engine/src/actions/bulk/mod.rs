@@ -26,7 +26,7 @@ use super::{ActionError, optional_reason};
 use crate::audit::{AuditOutcome, NewAuditEntry};
 use crate::store::postgres::audit;
 use crate::console::filter::RecordFilter;
-use crate::console::records::push_filter;
+use crate::store::postgres::records::push_filter;
 
 /// Most records one job may take (and one preview counts).
 pub const MAX_JOB_RECORDS: i64 = 1_000_000;

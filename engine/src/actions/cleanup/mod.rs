@@ -334,7 +334,7 @@ const KEEPS_OPEN_CONFLICTS: &str =
 /// `dedup_records_cleanup_unsettled_idx` by `updated_at`.
 fn age_column(status: &str) -> (&'static str, String, &'static str) {
     if status == "succeeded" {
-        let slack = crate::console::records::ARRIVAL_SLACK;
+        let slack = crate::store::postgres::records::ARRIVAL_SLACK;
         ("completed_at", format!("AND id < (SELECT dedup_records_id_at($2 + {slack}))"), "id")
     } else {
         ("updated_at", String::new(), "updated_at")

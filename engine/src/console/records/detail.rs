@@ -4,10 +4,11 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::{QueryError, ROW_COLUMNS, RecordRow};
+use super::{QueryError, RecordRow};
 use crate::fastpath::FastPath;
 use crate::message::IdSourceKind;
 use crate::record::{HandlerMode, RecordStatus};
+use crate::store::postgres::records::ROW_COLUMNS;
 
 /// One handler attempt of a record.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]

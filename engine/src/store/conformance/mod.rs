@@ -10,8 +10,8 @@
 //! (completions, failures, poison, fast-path duplicates), `leases.rs` (leased claims and
 //! [`crate::store::LeaseStore`]) and `roles.rs` (what the pipeline asks of a store beyond those: conflicting
 //! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
-//! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs`, `failures.rs` and `endpoints.rs`
-//! the console's reads.
+//! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs`, `failures.rs`, `endpoints.rs` and
+//! `records.rs` the console's reads.
 
 mod accounts;
 mod audit;
@@ -20,6 +20,7 @@ mod endpoints;
 mod failures;
 mod leases;
 mod overview;
+mod records;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod postgres;
@@ -36,6 +37,7 @@ pub use endpoints::*;
 pub use failures::*;
 pub use leases::*;
 pub use overview::*;
+pub use records::*;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlHarness;
 pub use postgres::PgHarness;
@@ -248,6 +250,7 @@ macro_rules! conformance_tests {
             stuck_failed_and_dead_records_are_read_as_the_store_left_them,
             endpoint_calls_are_summed_by_the_answer_table,
             an_operator_pauses_and_resumes_a_handler_by_compare_and_set_audited,
+            the_records_list_filters_orders_and_pages_alike,
         );
     };
     (@cases $harness:ty; $($(#[$attr:meta])* $case:ident),* $(,)?) => {

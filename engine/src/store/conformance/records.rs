@@ -1,0 +1,116 @@
+//! Conformance cases of the records list ([`crate::console::records::RecordReads`] under
+//! [`crate::console::records::records_list`]).
+
+use chrono::{TimeDelta, Utc};
+
+use super::claims::{claim_one, claimed, complete, fail, lease, msg};
+use super::roles::{copy, keep};
+use super::{GROUP, Harness};
+use crate::console::filter::{PageAt, RecordFilter, RecordFlag, RecordListParams, SortKey, SortOrder};
+use crate::console::records::{RecordReads, record_reads, records_list};
+use crate::record::{ConsumerGroup, MessageId, RecordStatus};
+use crate::store::postgres::ConflictKind;
+use crate::store::{ClaimAs, ClaimBatch, ClaimItem, DedupStore};
+
+/// The other consumer group of the case.
+const OTHER: &str = "other-group";
+
+/// Message ids of a page.
+async fn ids(reads: &dyn RecordReads, params: &RecordListParams) -> Vec<String> {
+    records_list(reads, params).await.unwrap().rows.into_iter().map(|r| r.message_id).collect()
+}
+
+fn filtered(filter: RecordFilter) -> RecordListParams {
+    RecordListParams { filter, limit: 50, ..Default::default() }
+}
+
+/// Every filter, the three orders both ways, and keyset pages forwards and back, over records of
+/// every status in two groups: the same rows on every database, ids ordered by their bytes.
+pub async fn the_records_list_filters_orders_and_pages_alike<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let reads = record_reads(&pool);
+    assert!(records_list(reads, &filtered(RecordFilter::default())).await.unwrap().rows.is_empty());
+
+    let l = lease("worker-1");
+    let m = |id: &str| msg(id, "ORDER.PAY", id);
+    let (a1, a2, a3, a4, a5) = (m("A.1"), m("A.2"), m("A.3"), m("A.4"), m("A.5"));
+    let c1 = claimed(claim_one(&h, &a1, &l).await);
+    let c2 = claimed(claim_one(&h, &a2, &l).await);
+    complete(&h, &[&c1, &c2], &l).await;
+    fail(&h, &claimed(claim_one(&h, &a3, &l).await), &a3, &l, false).await;
+    fail(&h, &claimed(claim_one(&h, &a3, &l).await), &a3, &l, false).await;
+    fail(&h, &claimed(claim_one(&h, &a4, &l).await), &a4, &l, true).await;
+    claimed(claim_one(&h, &a5, &l).await);
+    // Another group, straight into succeeded; "a.1" sorts after "B.1" by bytes.
+    let other = ConsumerGroup::parse(OTHER).unwrap();
+    for (id, message_type) in [("B.1", "ORDER.SHIP"), ("a.1", "ORDER.SHIP")] {
+        let m = msg(id, message_type, id);
+        let id = MessageId::parse(id).unwrap();
+        let item = ClaimItem {
+            message_id: &id,
+            message_type,
+            payload_hash: &m.hash,
+            message: &m.message,
+            id_source: crate::message::IdSourceKind::Header,
+            reclaim_expired: false,
+            starts_at_once: false,
+        };
+        let batch =
+            ClaimBatch { group: &other, max_attempts: 3, lease: &l, claim_as: ClaimAs::Succeeded, items: vec![item] };
+        let mut tx = h.store().pool().begin().await.unwrap();
+        h.store().claim_many(&mut *tx, &batch).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    keep(&h, &[copy(c1.id, &msg("A.1", "ORDER.PAY", "another payload"), ConflictKind::Payload)], true).await;
+
+    let newest_first = ["a.1", "B.1", "A.5", "A.4", "A.3", "A.2", "A.1"];
+    assert_eq!(ids(reads, &filtered(RecordFilter::default())).await, newest_first);
+    let by = |f: fn(&mut RecordFilter)| {
+        let mut filter = RecordFilter::default();
+        f(&mut filter);
+        filtered(filter)
+    };
+    let cases: [(RecordListParams, &[&str]); 12] = [
+        (by(|f| f.status = Some(RecordStatus::Failed)), &["A.3"]),
+        (by(|f| f.status = Some(RecordStatus::Dead)), &["A.4"]),
+        (by(|f| f.status = Some(RecordStatus::Processing)), &["A.5"]),
+        (by(|f| f.status = Some(RecordStatus::Succeeded)), &["a.1", "B.1", "A.2", "A.1"]),
+        (by(|f| f.group = Some(OTHER.into())), &["a.1", "B.1"]),
+        (by(|f| f.message_type = Some("ORDER.SHIP".into())), &["a.1", "B.1"]),
+        (by(|f| f.error_class = Some("BOOM".into())), &["A.4", "A.3"]),
+        (by(|f| f.message_id = Some("a.1".into())), &["a.1"]),
+        (by(|f| f.id_prefix = Some("A.".into())), &["A.5", "A.4", "A.3", "A.2", "A.1"]),
+        (by(|f| f.min_attempts = Some(2)), &["A.3"]),
+        (by(|f| f.flag = Some(RecordFlag::Conflict)), &["A.1"]),
+        (by(|f| f.to = Some(Utc::now() - TimeDelta::hours(1))), &[]),
+    ];
+    for (params, expected) in cases {
+        assert_eq!(ids(reads, &params).await, expected, "{:?}", params.filter);
+    }
+    let recent = filtered(RecordFilter { from: Some(Utc::now() - TimeDelta::hours(1)), group: Some(GROUP.into()), ..Default::default() });
+    assert_eq!(ids(reads, &recent).await.len(), 5);
+
+    // Pages of three, forwards then back, in each order.
+    for (sort, order, expected) in [
+        (SortKey::Time, SortOrder::Desc, newest_first.to_vec()),
+        (SortKey::MessageId, SortOrder::Asc, vec!["A.1", "A.2", "A.3", "A.4", "A.5", "B.1", "a.1"]),
+        (SortKey::MessageId, SortOrder::Desc, vec!["a.1", "B.1", "A.5", "A.4", "A.3", "A.2", "A.1"]),
+    ] {
+        let params = |at| RecordListParams { sort, order, at, limit: 3, ..Default::default() };
+        let first = records_list(reads, &params(PageAt::First)).await.unwrap();
+        let second = records_list(reads, &params(PageAt::After(first.next.clone().unwrap()))).await.unwrap();
+        let third = records_list(reads, &params(PageAt::After(second.next.clone().unwrap()))).await.unwrap();
+        let all: Vec<String> = [&first, &second, &third].iter().flat_map(|p| p.rows.iter().map(|r| r.message_id.clone())).collect();
+        assert_eq!(all, expected, "{sort:?} {order:?}");
+        assert!(third.next.is_none(), "{sort:?} {order:?}: the last page");
+        let back = records_list(reads, &params(PageAt::Before(second.prev.clone().unwrap()))).await.unwrap();
+        assert_eq!(back.rows, first.rows, "{sort:?} {order:?}: back to the first page");
+    }
+    let most_tried = RecordListParams { sort: SortKey::Attempts, limit: 50, ..Default::default() };
+    let rows = records_list(reads, &most_tried).await.unwrap().rows;
+    assert_eq!((rows.len(), rows[0].message_id.as_str(), rows[0].attempts), (7, "A.3", 2));
+    assert!(rows.windows(2).all(|w| (w[0].attempts, w[0].id) > (w[1].attempts, w[1].id)), "attempts, then id, descending");
+    let row = rows.iter().find(|r| r.message_id == "A.4").unwrap();
+    assert_eq!((row.consumer_group.as_str(), row.status, row.error_class.as_deref()), (GROUP, RecordStatus::Dead, Some("BOOM")));
+}

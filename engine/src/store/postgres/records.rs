@@ -1,0 +1,178 @@
+//! PostgreSQL's records list ([`RecordReads`]) and the filter it shares with bulk requeue
+//! ([`push_filter`]): indexes of migration `..._lean_write_path` (a status other than
+//! `succeeded` narrows to `dedup_records_unsettled_idx`; a time range becomes an id range on the
+//! primary key, `dedup_records_id_at`; a message id or prefix goes to the dedup key, once per
+//! group).
+
+use async_trait::async_trait;
+use sqlx::{PgPool, Postgres, QueryBuilder};
+
+use crate::console::QueryError;
+use crate::console::filter::{CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
+use crate::console::records::{RecordReads, RecordRow, RowsQuery};
+
+/// How far a time range is widened when it is turned into an id range
+/// (`dedup_records_id_at`): ids follow arrival up to the length of the inserting transaction,
+/// which a lease bounds. The time filter itself is applied exactly.
+pub(crate) const ARRIVAL_SLACK: &str = "interval '10 minutes'";
+
+/// The list's columns.
+pub(crate) const ROW_COLUMNS: &str = "id, consumer_group, message_id, message_type, status, handler_mode, attempts, \
+     max_attempts, first_seen_at, updated_at, next_attempt_at, error_class, duplicate_count";
+
+/// The consumer groups that have records, for a message-id search across groups: the dedup key
+/// leads with the group, so the search probes it once per group.
+const KNOWN_GROUPS_SQL: &str = "ARRAY(SELECT consumer_group FROM record_counts GROUP BY 1)";
+
+/// Appends the `WHERE` conditions of `filter` (always at least `true`), every value bound. Also
+/// selects the records of a bulk requeue ([`crate::actions::bulk`]).
+///
+/// Indexes (migration `..._lean_write_path`): a status other than `succeeded` narrows to
+/// `dedup_records_unsettled_idx`; a time range becomes an id range on the primary key
+/// (`dedup_records_id_at`); a message id or prefix goes to the dedup key, once per group.
+pub(crate) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFilter) {
+    q.push(" WHERE true");
+    if let Some(group) = &filter.group {
+        q.push(" AND consumer_group = ").push_bind(group.clone());
+    } else if filter.message_id.is_some() || filter.id_prefix.is_some() {
+        q.push(format!(" AND consumer_group = ANY({KNOWN_GROUPS_SQL})"));
+    }
+    if let Some(status) = filter.status {
+        q.push(" AND status = ").push_bind(status.as_str());
+    }
+    if let Some(t) = &filter.message_type {
+        q.push(" AND message_type = ").push_bind(t.clone());
+    }
+    if let Some(class) = &filter.error_class {
+        q.push(" AND error_class = ").push_bind(class.clone());
+    }
+    if let Some(from) = filter.from {
+        q.push(" AND first_seen_at >= ").push_bind(from);
+        q.push(" AND id >= (SELECT dedup_records_id_at(").push_bind(from).push(format!(" - {ARRIVAL_SLACK}))"));
+    }
+    if let Some(to) = filter.to {
+        q.push(" AND first_seen_at < ").push_bind(to);
+        q.push(" AND id < (SELECT dedup_records_id_at(").push_bind(to).push(format!(" + {ARRIVAL_SLACK}))"));
+    }
+    if let Some(n) = filter.min_attempts {
+        q.push(" AND attempts >= ").push_bind(n);
+    }
+    if let Some(id) = &filter.message_id {
+        q.push(" AND message_id = ").push_bind(id.clone());
+    }
+    if let Some(prefix) = &filter.id_prefix {
+        q.push(" AND message_id >= ").push_bind(prefix.clone());
+        if let Some(upper) = prefix_upper_bound(prefix) {
+            q.push(" AND message_id < ").push_bind(upper);
+        }
+    }
+    match filter.flag {
+        // The few ids, read once from the partial index, then found by the primary key.
+        Some(RecordFlag::DoubleEffect) => {
+            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM record_attempts WHERE late_effect))");
+        }
+        Some(RecordFlag::LateDuplicate) => {
+            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM late_duplicates))");
+        }
+        Some(RecordFlag::Conflict) => {
+            q.push(" AND id = ANY(ARRAY(SELECT record_id FROM record_conflicts WHERE settled_at IS NULL))");
+        }
+        None => {}
+    }
+}
+
+#[async_trait]
+impl RecordReads for PgPool {
+    async fn record_rows(&self, query: &RowsQuery<'_>) -> Result<Vec<RecordRow>, QueryError> {
+        let (cmp, dir) = match query.direction {
+            SortOrder::Desc => ("<", "DESC"),
+            SortOrder::Asc => (">", "ASC"),
+        };
+        let cursor = query.cursor;
+        let mut q = QueryBuilder::new("");
+        match query.sort {
+            SortKey::Time => {
+                q.push(format!("SELECT {ROW_COLUMNS} FROM dedup_records"));
+                push_filter(&mut q, query.filter);
+                if let Some(c) = cursor {
+                    q.push(format!(" AND id {cmp} ")).push_bind(c.id);
+                }
+                match (query.window_end, query.direction) {
+                    (Some(end), SortOrder::Desc) => q.push(" AND id >= ").push_bind(end),
+                    (Some(end), SortOrder::Asc) => q.push(" AND id <= ").push_bind(end),
+                    (None, _) => &mut q,
+                };
+                q.push(format!(" ORDER BY id {dir} LIMIT ")).push_bind(query.rows);
+            }
+            SortKey::Attempts => push_attempts_page(&mut q, query),
+            SortKey::MessageId => {
+                // The dedup key leads with the group: the page is read per group, then merged.
+                q.push(format!("SELECT {ROW_COLUMNS} FROM "));
+                match &query.filter.group {
+                    Some(group) => q.push("(SELECT ").push_bind(group.clone()).push(" AS g) groups"),
+                    None => q.push(format!("unnest({KNOWN_GROUPS_SQL}) AS groups(g)")),
+                };
+                q.push(format!(", LATERAL (SELECT {ROW_COLUMNS} FROM dedup_records"));
+                push_filter(&mut q, query.filter);
+                q.push(" AND consumer_group = groups.g");
+                if let Some(c) = cursor {
+                    let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
+                    q.push(format!(" AND (message_id, id) {cmp} ("))
+                        .push_bind(m.clone())
+                        .push(", ")
+                        .push_bind(c.id)
+                        .push(")");
+                }
+                q.push(format!(" ORDER BY message_id {dir}, id {dir} LIMIT ")).push_bind(query.rows);
+                q.push(format!(") r ORDER BY message_id {dir}, id {dir} LIMIT ")).push_bind(query.rows);
+            }
+        }
+        Ok(q.build_query_as().fetch_all(self).await?)
+    }
+
+    async fn id_bounds(&self) -> Result<Option<(i64, i64)>, QueryError> {
+        let (min, max): (Option<i64>, Option<i64>) =
+            sqlx::query_as("SELECT min(id), max(id) FROM dedup_records").fetch_one(self).await?;
+        Ok(min.zip(max))
+    }
+}
+
+/// Attempts order, by keyset on (attempts, id), as three ordered parts (tried more than once,
+/// once, never) merged: the first and last come from `dedup_records_retried_idx`, the first
+/// tries in id order from the primary key, so no part sorts the bulk.
+fn push_attempts_page(q: &mut QueryBuilder<'_, Postgres>, query: &RowsQuery<'_>) {
+    let (cursor, direction) = (query.cursor, query.direction);
+    let (cmp, dir) = match direction {
+        SortOrder::Desc => ("<", "DESC"),
+        SortOrder::Asc => (">", "ASC"),
+    };
+    q.push("SELECT * FROM (");
+    for (n, part) in ["attempts > 1", "attempts = 1", "attempts < 1"].into_iter().enumerate() {
+        if n > 0 {
+            q.push(" UNION ALL ");
+        }
+        q.push(format!("(SELECT {ROW_COLUMNS} FROM dedup_records"));
+        push_filter(q, query.filter);
+        q.push(format!(" AND {part}"));
+        if let Some(c) = cursor {
+            let CursorKey::Attempts(a) = c.key else { unreachable!("the cursor's sort is checked") };
+            if part == "attempts = 1" {
+                // On the primary key: the row comparison reduced to what it means for attempts 1.
+                match (a.cmp(&1), direction) {
+                    (std::cmp::Ordering::Equal, _) => {
+                        q.push(format!(" AND id {cmp} ")).push_bind(c.id);
+                    }
+                    (std::cmp::Ordering::Greater, SortOrder::Asc) | (std::cmp::Ordering::Less, SortOrder::Desc) => {
+                        q.push(" AND false");
+                    }
+                    _ => {}
+                }
+            } else {
+                q.push(format!(" AND (attempts, id) {cmp} (")).push_bind(a).push(", ").push_bind(c.id).push(")");
+            }
+        }
+        q.push(format!(" ORDER BY attempts {dir}, id {dir} LIMIT ")).push_bind(query.rows).push(")");
+    }
+    q.push(format!(") parts ORDER BY attempts {dir}, id {dir} LIMIT ")).push_bind(query.rows);
+}
+

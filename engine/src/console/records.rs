@@ -115,6 +115,14 @@ pub trait RecordReads: Send + Sync {
 
     /// The smallest and the largest record id; `None` for an empty table.
     async fn id_bounds(&self) -> Result<Option<(i64, i64)>, QueryError>;
+
+    /// Every stored field of record `id` (its attempt history empty); `None` when no record
+    /// has this id.
+    async fn record_fields(&self, id: i64) -> Result<Option<RecordDetail>, QueryError>;
+
+    /// The attempt rows of record `id`, oldest first, each answer cut to [`ANSWER_CHARS`]
+    /// characters.
+    async fn attempt_rows(&self, id: i64) -> Result<Vec<AttemptRow>, QueryError>;
 }
 
 /// The records list's reads on `pool`'s database.

@@ -182,7 +182,7 @@ pub async fn records(state: &ConsoleState, q: &RecordsQuery) -> Result<RecordPag
 ///
 /// Errors: [`ConsoleError::NotFound`] when no record has `id`.
 pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, ConsoleError> {
-    let detail = records::record_detail(state.pool(), id)
+    let detail = records::record_detail(state.record_reads(), id)
         .await?
         .ok_or_else(|| ConsoleError::NotFound(format!("no record has id {id}")))?;
     let key = state.fast_path().key(&detail.row.consumer_group, &detail.row.message_id);

@@ -4,11 +4,10 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::{QueryError, RecordRow};
+use super::{QueryError, RecordReads, RecordRow};
 use crate::fastpath::FastPath;
 use crate::message::IdSourceKind;
 use crate::record::{HandlerMode, RecordStatus};
-use crate::store::postgres::records::ROW_COLUMNS;
 
 /// One handler attempt of a record.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -113,7 +112,8 @@ pub struct RecordDetail {
     /// Where its message id came from, as stored ([`RecordDetail::id_source`]).
     #[sqlx(rename = "id_source")]
     id_source_code: Option<i8>,
-    /// The history, oldest first (filled by [`record_detail`]).
+    /// The history, oldest first (filled by [`record_detail`]; empty as a store reads the
+    /// record).
     #[sqlx(skip)]
     pub attempt_history: Vec<AttemptRow>,
 }
@@ -146,28 +146,11 @@ impl RecordDetail {
 /// A record with its attempt history; `None` when no record has this id.
 ///
 /// Errors: [`QueryError::Database`].
-pub async fn record_detail(pool: &sqlx::PgPool, id: i64) -> Result<Option<RecordDetail>, QueryError> {
-    let sql = format!(
-        "SELECT {ROW_COLUMNS}, reentries, lease_owner, lease_token, lease_expires_at,
-                COALESCE(lease_expires_at < now(), false) AS lease_expired, version,
-                completed_at, last_error, encode(payload_hash, 'hex') AS payload_hash, payload, payload_truncated, headers, content_type,
-                source_broker, source_exchange, source_routing_key, source_queue, last_duplicate_at,
-                (extract(epoch FROM last_duplicate_at - first_seen_at) * 1000)::bigint AS last_duplicate_delay_ms,
-                payload_conflicts, parked_at, id_source
-         FROM dedup_records WHERE id = $1"
-    );
-    let Some(mut detail) = sqlx::query_as::<_, RecordDetail>(&sql).bind(id).fetch_optional(pool).await? else {
+pub async fn record_detail(reads: &dyn RecordReads, id: i64) -> Result<Option<RecordDetail>, QueryError> {
+    let Some(mut detail) = reads.record_fields(id).await? else {
         return Ok(None);
     };
-    detail.attempt_history = sqlx::query_as(
-        "SELECT attempt, worker, started_at, ended_at, outcome, error, taken_over_by, late_effect,
-                answer_status, latency_ms, left(answer, $2) AS answer
-         FROM record_attempts WHERE record_id = $1 ORDER BY attempt, id",
-    )
-    .bind(id)
-    .bind(ANSWER_CHARS)
-    .fetch_all(pool)
-    .await?;
+    detail.attempt_history = reads.attempt_rows(id).await?;
     if let Some(first_try) = first_try_success(&detail) {
         detail.attempt_history.push(first_try);
     }

@@ -7,7 +7,7 @@ use super::claims::{claim_one, claimed, complete, fail, lease, msg};
 use super::roles::{copy, keep};
 use super::{GROUP, Harness};
 use crate::console::filter::{PageAt, RecordFilter, RecordFlag, RecordListParams, SortKey, SortOrder};
-use crate::console::records::{RecordReads, record_reads, records_list};
+use crate::console::records::{RecordReads, record_detail, record_reads, records_list};
 use crate::record::{ConsumerGroup, MessageId, RecordStatus};
 use crate::store::postgres::ConflictKind;
 use crate::store::{ClaimAs, ClaimBatch, ClaimItem, DedupStore};
@@ -113,4 +113,20 @@ pub async fn the_records_list_filters_orders_and_pages_alike<H: Harness>() {
     assert!(rows.windows(2).all(|w| (w[0].attempts, w[0].id) > (w[1].attempts, w[1].id)), "attempts, then id, descending");
     let row = rows.iter().find(|r| r.message_id == "A.4").unwrap();
     assert_eq!((row.consumer_group.as_str(), row.status, row.error_class.as_deref()), (GROUP, RecordStatus::Dead, Some("BOOM")));
+
+    // One record in full.
+    let id_of = |message_id: &str| rows.iter().find(|r| r.message_id == message_id).unwrap().id;
+    let failed = record_detail(reads, id_of("A.3")).await.unwrap().expect("a record");
+    let hex: String = a3.hash.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!((failed.payload_hash.as_str(), failed.payload.as_deref()), (hex.as_str(), Some("A.3".as_bytes())));
+    assert_eq!((failed.source_broker.as_str(), failed.lease_token, failed.lease_expired), ("rabbitmq", None, false));
+    assert_eq!((failed.last_error.as_deref(), failed.version > 0, failed.id_source().is_some()), (Some("boom"), true, true));
+    let history: Vec<(i32, Option<&str>, &str)> =
+        failed.attempt_history.iter().map(|a| (a.attempt, a.outcome.as_deref(), a.worker.as_str())).collect();
+    assert_eq!(history, [(1, Some("failed"), "worker-1"), (2, Some("failed"), "worker-1")]);
+    let running = record_detail(reads, id_of("A.5")).await.unwrap().unwrap();
+    assert!(running.lease_token.is_some() && !running.lease_expired && running.lease_owner.as_deref() == Some("worker-1"));
+    let paid = record_detail(reads, id_of("A.1")).await.unwrap().unwrap();
+    assert!(paid.completed_at.is_some() && paid.payload_conflicts == 0 && paid.last_duplicate_delay_ms.is_none());
+    assert!(record_detail(reads, -1).await.unwrap().is_none());
 }

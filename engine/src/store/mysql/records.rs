@@ -12,7 +12,7 @@ use sqlx::{MySql, QueryBuilder};
 
 use crate::console::QueryError;
 use crate::console::filter::{CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
-use crate::console::records::{RecordReads, RecordRow, RowsQuery};
+use crate::console::records::{ANSWER_CHARS, AttemptRow, RecordDetail, RecordReads, RecordRow, RowsQuery};
 use crate::record::RecordStatus;
 
 /// The list's columns of `d` (`_bin` text and bytes read `AS CHAR`). An order names `d.`'s
@@ -157,5 +157,37 @@ impl RecordReads for MySqlPool {
         let (min, max): (Option<i64>, Option<i64>) =
             sqlx::query_as("SELECT MIN(id), MAX(id) FROM dedup_records").fetch_one(self).await?;
         Ok(min.zip(max))
+    }
+
+    async fn record_fields(&self, id: i64) -> Result<Option<RecordDetail>, QueryError> {
+        // The headers as JSON text (MariaDB's JSON is text); id_source as its byte's code, as
+        // PostgreSQL's "char" reads.
+        let sql = format!(
+            "SELECT {ROW_COLUMNS}, d.reentries, CAST(d.lease_owner AS CHAR) AS lease_owner, d.lease_token,
+                    d.lease_expires_at, COALESCE(d.lease_expires_at < UTC_TIMESTAMP(6), FALSE) AS lease_expired,
+                    d.version, d.completed_at, d.last_error, LOWER(HEX(d.payload_hash)) AS payload_hash, d.payload,
+                    d.payload_truncated, CAST(d.headers AS CHAR) AS headers, CAST(d.content_type AS CHAR) AS content_type,
+                    CAST(d.source_broker AS CHAR) AS source_broker, CAST(d.source_exchange AS CHAR) AS source_exchange,
+                    CAST(d.source_routing_key AS CHAR) AS source_routing_key,
+                    CAST(d.source_queue AS CHAR) AS source_queue, d.last_duplicate_at,
+                    CAST(TIMESTAMPDIFF(MICROSECOND, d.first_seen_at, d.last_duplicate_at) / 1000 AS SIGNED)
+                        AS last_duplicate_delay_ms,
+                    d.payload_conflicts, d.parked_at, ASCII(d.id_source) AS id_source
+             FROM dedup_records d WHERE d.id = ?"
+        );
+        Ok(sqlx::query_as(&sql).bind(id).fetch_optional(self).await?)
+    }
+
+    async fn attempt_rows(&self, id: i64) -> Result<Vec<AttemptRow>, QueryError> {
+        Ok(sqlx::query_as(
+            "SELECT attempt, CAST(worker AS CHAR) AS worker, started_at, ended_at, CAST(outcome AS CHAR) AS outcome, error,
+                    CAST(taken_over_by AS CHAR) AS taken_over_by, late_effect, answer_status, latency_ms,
+                    LEFT(answer, ?) AS answer
+             FROM record_attempts WHERE record_id = ? ORDER BY attempt, id",
+        )
+        .bind(ANSWER_CHARS)
+        .bind(id)
+        .fetch_all(self)
+        .await?)
     }
 }

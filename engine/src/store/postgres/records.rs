@@ -9,7 +9,7 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use crate::console::QueryError;
 use crate::console::filter::{CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
-use crate::console::records::{RecordReads, RecordRow, RowsQuery};
+use crate::console::records::{ANSWER_CHARS, AttemptRow, RecordDetail, RecordReads, RecordRow, RowsQuery};
 
 /// How far a time range is widened when it is turned into an id range
 /// (`dedup_records_id_at`): ids follow arrival up to the length of the inserting transaction,
@@ -134,6 +134,32 @@ impl RecordReads for PgPool {
         let (min, max): (Option<i64>, Option<i64>) =
             sqlx::query_as("SELECT min(id), max(id) FROM dedup_records").fetch_one(self).await?;
         Ok(min.zip(max))
+    }
+
+    async fn record_fields(&self, id: i64) -> Result<Option<RecordDetail>, QueryError> {
+        let sql = format!(
+            "SELECT {ROW_COLUMNS}, reentries, lease_owner, lease_token, lease_expires_at,
+                    COALESCE(lease_expires_at < now(), false) AS lease_expired, version,
+                    completed_at, last_error, encode(payload_hash, 'hex') AS payload_hash, payload, payload_truncated,
+                    headers, content_type, source_broker, source_exchange, source_routing_key, source_queue,
+                    last_duplicate_at,
+                    (extract(epoch FROM last_duplicate_at - first_seen_at) * 1000)::bigint AS last_duplicate_delay_ms,
+                    payload_conflicts, parked_at, id_source
+             FROM dedup_records WHERE id = $1"
+        );
+        Ok(sqlx::query_as(&sql).bind(id).fetch_optional(self).await?)
+    }
+
+    async fn attempt_rows(&self, id: i64) -> Result<Vec<AttemptRow>, QueryError> {
+        Ok(sqlx::query_as(
+            "SELECT attempt, worker, started_at, ended_at, outcome, error, taken_over_by, late_effect,
+                    answer_status, latency_ms, left(answer, $2) AS answer
+             FROM record_attempts WHERE record_id = $1 ORDER BY attempt, id",
+        )
+        .bind(id)
+        .bind(ANSWER_CHARS)
+        .fetch_all(self)
+        .await?)
     }
 }
 

@@ -138,14 +138,18 @@ impl RecordReads for MySqlPool {
                     push_filter(&mut q, query.filter);
                     q.push(" AND d.consumer_group = ").push_bind(group);
                     if let Some(c) = query.cursor {
+                        // (message_id, id) past the cursor, spelled as one range of the dedup key
+                        // from the cursor's id on, less the rows not past it (a row comparison or an
+                        // OR of two ranges read 2-4× slower on MariaDB).
                         let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
-                        q.push(format!(" AND (d.message_id, d.id) {cmp} ("))
-                            .push_bind(m.as_bytes().to_vec())
-                            .push(", ")
-                            .push_bind(c.id)
-                            .push(")");
+                        let not_past = if cmp == ">" { "<=" } else { ">=" };
+                        q.push(format!(" AND d.message_id {cmp}= ")).push_bind(m.as_bytes().to_vec());
+                        q.push(" AND NOT (d.message_id = ").push_bind(m.as_bytes().to_vec());
+                        q.push(format!(" AND d.id {not_past} ")).push_bind(c.id).push(")");
                     }
-                    q.push(format!(" ORDER BY d.message_id {dir}, d.id {dir} LIMIT ")).push_bind(query.rows).push(")");
+                    // A message id is unique in its group: ordered by it alone, the part reads the
+                    // dedup key in order (with the id as well, MariaDB sorted the whole group).
+                    q.push(format!(" ORDER BY d.message_id {dir} LIMIT ")).push_bind(query.rows).push(")");
                 }
                 q.push(format!(") r ORDER BY sort_key {dir}, id {dir} LIMIT ")).push_bind(query.rows);
             }

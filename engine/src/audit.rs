@@ -2,7 +2,7 @@
 //! why, on which records, with what counts and outcome.
 //!
 //! Kept by one [`AuditLog`] per database on its pool (`store/postgres/audit.rs`,
-//! `store/mysql/audit.rs`), reached through [`audit_log`]: entries written on their own
+//! `store/mysql/audit.rs`), reached through [`crate::console::ConsoleStore`]: entries written on their own
 //! (refusals, failed logins, account changes) and the readers, [`AuditLog::list`] (the Audit
 //! page, the REST API) and [`AuditLog::for_message`] (a record's detail page). An operator
 //! action writes its entry inside its own transaction instead (so the entry commits or rolls
@@ -12,7 +12,6 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use async_trait::async_trait;
 
-use crate::runtime::EnginePool;
 
 /// How an audited action ended. Stored as `ok`, `refused` (a guard or a permission said no;
 /// nothing changed) or `failed` (an error; nothing changed unless the detail says otherwise).
@@ -85,14 +84,6 @@ pub trait AuditLog: Send + Sync {
     async fn for_message(&self, group: &str, message_id: &str) -> Result<Vec<AuditEntry>, sqlx::Error>;
 }
 
-/// The audit log kept on `pool`'s database.
-pub fn audit_log(pool: &EnginePool) -> &dyn AuditLog {
-    match pool {
-        EnginePool::Postgres(pool) => pool,
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => pool,
-    }
-}
 
 /// Filters of the Audit page; every field optional. Newest first, keyset-paged by `before_id`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

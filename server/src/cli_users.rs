@@ -10,8 +10,9 @@ use clap::{Args, Subcommand};
 use dedup_engine::EnginePool;
 use dedup_engine::console::accounts::passwords::{self, hash_password};
 use dedup_engine::console::accounts::tokens::token_create;
-use dedup_engine::console::accounts::{AccountBooks, Role, User, UserName, account_books};
-use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry, audit_log};
+use dedup_engine::console::accounts::{AccountBooks, Role, User, UserName};
+use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
+use dedup_engine::console::console_store;
 use serde_json::json;
 
 /// The environment variable a password may come from.
@@ -98,7 +99,7 @@ async fn audit(db: &EnginePool, action: &str, detail: serde_json::Value) -> anyh
         detail,
         source: Some("cli"),
     };
-    audit_log(db).record(&entry).await.context("writing the audit log")?;
+    console_store(db).record(&entry).await.context("writing the audit log")?;
     Ok(())
 }
 
@@ -107,7 +108,7 @@ async fn audit(db: &EnginePool, action: &str, detail: serde_json::Value) -> anyh
 /// # Errors
 /// Invalid name, role or password, a taken name, an unknown user, or a database error.
 pub async fn run(db: &EnginePool, command: UserCommand) -> anyhow::Result<()> {
-    let accounts = account_books(db);
+    let accounts = console_store(db);
     match command {
         UserCommand::Add(args) => {
             let name = UserName::parse(&args.name)?;

@@ -1,7 +1,7 @@
 //! Where accounts are kept (docs/research/store-seam.md 3.7 step 5, "accounts"): users, API
 //! tokens and the login throttle's counters, one implementation per database on its pool
 //! (`store/postgres/accounts.rs`, `store/mysql/accounts.rs`), reached through
-//! [`account_books`]. What does not depend on the database (name and role rules, token secrets,
+//! [`crate::console::ConsoleStore`]. What does not depend on the database (name and role rules, token secrets,
 //! throttle keys) stays in the modules beside this one.
 
 use std::time::Duration;
@@ -13,7 +13,6 @@ use sqlx::FromRow;
 use super::AccountError;
 use super::tokens::ApiToken;
 use super::users::{Role, User, UserChange, UserName};
-use crate::runtime::EnginePool;
 
 /// The accounts' tables on one database. Every method is one statement or one transaction of
 /// its own; errors other than the ones named are [`AccountError::Unexpected`] (the database's).
@@ -81,14 +80,6 @@ pub trait AccountBooks: Send + Sync {
     async fn throttle_clear(&self, key: &str) -> Result<(), AccountError>;
 }
 
-/// The accounts kept on `pool`'s database.
-pub fn account_books(pool: &EnginePool) -> &dyn AccountBooks {
-    match pool {
-        EnginePool::Postgres(pool) => pool,
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => pool,
-    }
-}
 
 /// Seconds to wait, from the largest number of seconds left in a window (`None`: no key is
 /// throttled): whole seconds, at least one.

@@ -12,7 +12,7 @@ pub mod throttle;
 pub mod tokens;
 pub mod users;
 
-pub use books::{AccountBooks, account_books};
+pub use books::AccountBooks;
 pub use users::{Role, User, UserName};
 
 /// Why an account operation failed.

@@ -11,9 +11,10 @@ use serde_json::json;
 use sqlx::FromRow;
 
 use super::{ActionError, required_reason};
-use crate::audit::{AuditLog, AuditOutcome, NewAuditEntry};
+use super::bulk::audit_on_pool;
+use crate::audit::{AuditOutcome, NewAuditEntry};
+use crate::console::ConsoleStore;
 use crate::pause::PauseState;
-use crate::runtime::EnginePool;
 
 /// Most handlers listed (one row per consumer group and message type: a handful in practice).
 pub const MAX_HANDLERS: i64 = 1000;
@@ -56,9 +57,6 @@ pub trait HandlerBooks: Send + Sync {
 
     /// A transaction for one operator's change.
     async fn begin_change(&self) -> Result<Box<dyn HandlerChange>, sqlx::Error>;
-
-    /// The audit log on the same database, for refusals (written on their own).
-    fn audit_log(&self) -> &dyn AuditLog;
 }
 
 /// One operator's change of a handler's state, in one transaction: nothing is kept unless it
@@ -90,14 +88,6 @@ pub trait HandlerChange: Send {
     async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
 }
 
-/// The handlers' pause rows on `pool`'s database.
-pub fn handler_books(pool: &EnginePool) -> &dyn HandlerBooks {
-    match pool {
-        EnginePool::Postgres(pool) => pool,
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => pool,
-    }
-}
 
 /// What an operator does to a handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,7 +125,7 @@ impl HandlerControl {
 /// or changed since it was shown.
 #[tracing::instrument(skip_all, fields(actor, group, message_type), err(level = "warn"))]
 pub async fn handler_control(
-    books: &dyn HandlerBooks,
+    store: &dyn ConsoleStore,
     actor: &str,
     group: &str,
     message_type: &str,
@@ -146,7 +136,7 @@ pub async fn handler_control(
     let (from, to) = control.transition();
     let from_names: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
     let mut detail = json!({ "message_type": message_type, "to": to.as_str(), "expected_version": expected_version });
-    let mut tx = books.begin_change().await?;
+    let mut tx = store.begin_change().await?;
     let result: Result<HandlerPause, ActionError> = async {
         let what = match control {
             HandlerControl::Pause => "pause a handler",
@@ -197,19 +187,7 @@ pub async fn handler_control(
             tx.rollback().await?;
             detail["consumer_group"] = json!(group);
             detail["error"] = json!(error.to_string());
-            let entry = NewAuditEntry {
-                actor,
-                action: control.verb(),
-                outcome: error.audit_outcome(),
-                reason,
-                consumer_group: None,
-                message_ids: &[],
-                detail,
-                source: None,
-            };
-            if let Err(e) = books.audit_log().record(&entry).await {
-                tracing::error!(error = %e, action = control.verb(), "could not write an audit entry");
-            }
+            audit_on_pool(store, actor, control.verb(), error.audit_outcome(), reason, detail).await;
             Err(error)
         }
     }

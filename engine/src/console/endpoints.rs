@@ -13,7 +13,6 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::QueryError;
-use crate::runtime::EnginePool;
 
 /// The window of an endpoint card, in seconds: calls started in the last 15 minutes.
 pub const WINDOW_SECS: i64 = 15 * 60;
@@ -74,15 +73,6 @@ pub trait EndpointReads: Send + Sync {
     /// [`WINDOW_SECS`] (database clock), at most its newest [`SAMPLE_CALLS`]; one row per
     /// endpoint, in the order given, with zero calls when it had none.
     async fn endpoint_calls(&self, endpoints: &[(&str, &str)]) -> Result<Vec<EndpointCalls>, QueryError>;
-}
-
-/// The endpoint cards' reads on `pool`'s database.
-pub fn endpoint_reads(pool: &EnginePool) -> &dyn EndpointReads {
-    match pool {
-        EnginePool::Postgres(pool) => pool,
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => pool,
-    }
 }
 
 /// One call as read: its answer's status (`None`: no answer), latency, the attempt's outcome,

@@ -1,6 +1,6 @@
 //! Records that need an operator: stuck claims, retries in progress and dead letters grouped by
 //! cause. Read by one [`FailureReads`] per database on its pool (`store/postgres/failures.rs`,
-//! `store/mysql/failures.rs`), reached through [`failure_reads`].
+//! `store/mysql/failures.rs`), reached through [`super::ConsoleStore`].
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -8,7 +8,6 @@ use chrono::{DateTime, Utc};
 use super::QueryError;
 use super::endpoints::DeadLetterClass;
 use super::records::RecordRow;
-use crate::runtime::EnginePool;
 
 /// A stuck record re-entered processing this many times after an expired lease: it keeps
 /// crashing its worker (or outliving its lease) instead of failing, so retries never count it
@@ -123,15 +122,6 @@ pub trait FailureReads: Send + Sync {
     /// write first, so that their answer classes are always whole, then the largest group
     /// first, then by class; each group's message types sorted.
     async fn dead_letter_groups(&self, limit: i64) -> Result<Vec<DeadLetterGroup>, QueryError>;
-}
-
-/// The failure pages' reads on `pool`'s database.
-pub fn failure_reads(pool: &EnginePool) -> &dyn FailureReads {
-    match pool {
-        EnginePool::Postgres(pool) => pool,
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => pool,
-    }
 }
 
 /// Reads the retries page; `limit` bounds the list of most retried records, read from the

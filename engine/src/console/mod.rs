@@ -19,6 +19,9 @@ pub mod filter;
 pub mod overview;
 pub mod records;
 pub mod seed;
+mod store;
+
+pub use store::{ConsoleStore, console_store};
 
 /// Why a console query failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +52,7 @@ pub use crate::store::DbErrorKind;
 /// Roles (least to most): `viewer` reads everything; `operator` also acts on records (release,
 /// mark succeeded, requeue, drill); `admin` also manages cleanup schedules, users and settings.
 pub mod accounts {
-    pub use crate::accounts::{AccountBooks, AccountError, Role, User, UserName, account_books};
+    pub use crate::accounts::{AccountBooks, AccountError, Role, User, UserName};
 
     /// Password policy, hashing and verification.
     pub mod passwords {
@@ -130,7 +133,7 @@ pub mod actions {
     /// Handlers' pause states, and pausing and resuming them by hand.
     pub mod handlers {
         pub use crate::actions::handlers::{
-            HandlerBooks, HandlerChange, HandlerControl, HandlerPause, MAX_HANDLERS, handler_books, handler_control,
+            HandlerBooks, HandlerChange, HandlerControl, HandlerPause, MAX_HANDLERS, handler_control,
         };
         pub use crate::pause::{FRESH_FOR, PauseState};
     }
@@ -138,5 +141,5 @@ pub mod actions {
 
 /// The audit log: every action and sign-in.
 pub mod audit {
-    pub use crate::audit::{AuditEntry, AuditFilter, AuditLog, AuditOutcome, NewAuditEntry, audit_log};
+    pub use crate::audit::{AuditEntry, AuditFilter, AuditLog, AuditOutcome, NewAuditEntry};
 }

@@ -3,14 +3,13 @@
 //! (`stats_minute`, `table_samples`), duplicate delays (`duplicate_delays`), and the lists of
 //! consumer groups and message types the filters offer. Read by one [`OverviewReads`] per
 //! database on its pool (`store/postgres/overview.rs`, `store/mysql/overview.rs`), reached
-//! through [`overview_reads`].
+//! through [`super::ConsoleStore`].
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::QueryError;
 use crate::record::RecordStatus;
-use crate::runtime::EnginePool;
 
 /// Records of one status in one consumer group.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -206,15 +205,6 @@ pub trait OverviewReads: Send + Sync {
     /// Message types ever stored, sorted: `message_types`, which the engine's insert
     /// statements keep (types whose records were all deleted stay).
     async fn message_types(&self) -> Result<Vec<String>, QueryError>;
-}
-
-/// The overview's reads on `pool`'s database.
-pub fn overview_reads(pool: &EnginePool) -> &dyn OverviewReads {
-    match pool {
-        EnginePool::Postgres(pool) => pool,
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => pool,
-    }
 }
 
 /// The first day of the last `days` days (UTC), as [`OverviewReads::duplicate_delays`] reads.

@@ -7,7 +7,6 @@ use chrono::{DateTime, Utc};
 use super::QueryError;
 use super::filter::{Cursor, CursorKey, PageAt, RecordFilter, RecordListParams, SortKey, SortOrder};
 use crate::record::RecordStatus;
-use crate::runtime::EnginePool;
 
 /// One row of a records list.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -123,15 +122,6 @@ pub trait RecordReads: Send + Sync {
     /// The attempt rows of record `id`, oldest first, each answer cut to [`ANSWER_CHARS`]
     /// characters.
     async fn attempt_rows(&self, id: i64) -> Result<Vec<AttemptRow>, QueryError>;
-}
-
-/// The records list's reads on `pool`'s database.
-pub fn record_reads(pool: &EnginePool) -> &dyn RecordReads {
-    match pool {
-        EnginePool::Postgres(pool) => pool,
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => pool,
-    }
 }
 
 /// One page of records matching `params.filter`, ordered by `params.sort` (ties by id), by

@@ -94,14 +94,14 @@ async fn audit<T>(
         detail,
         source: auth.source.as_deref(),
     };
-    if let Err(e) = state.audit_log().record(&entry).await {
+    if let Err(e) = state.store().record(&entry).await {
         tracing::error!(error = %e, action, "writing the audit log failed");
     }
 }
 
 /// Every user, by name.
 pub async fn list_users(state: &ConsoleState) -> Result<Vec<UserView>, ConsoleError> {
-    Ok(state.accounts().user_list().await?.into_iter().map(user_view).collect())
+    Ok(state.store().user_list().await?.into_iter().map(user_view).collect())
 }
 
 /// Adds a user (`user.add`).
@@ -115,7 +115,7 @@ pub async fn add_user(
     let result = async {
         let name = UserName::parse(name)?;
         let hash = passwords::blocking(move || hash_password(&password)).await??;
-        state.accounts().user_add(&name, role(role_name), &hash).await
+        state.store().user_add(&name, role(role_name), &hash).await
     }
     .await;
     audit(state, auth, "user.add", json!({ "user": name, "role": role_name.as_str() }), &result).await;
@@ -131,7 +131,7 @@ pub async fn update_user(
     disabled: Option<bool>,
 ) -> Result<UserView, ConsoleError> {
     let change = UserChange { role: new_role.map(role), disabled };
-    let result = state.accounts().user_update(id, change).await;
+    let result = state.store().user_update(id, change).await;
     let detail = json!({
         "user_id": id,
         "user": result.as_ref().ok().map(|u| u.name.clone()),
@@ -151,7 +151,7 @@ pub async fn reset_password(
 ) -> Result<(), ConsoleError> {
     let result = async {
         let hash = passwords::blocking(move || hash_password(&password)).await??;
-        state.accounts().user_set_password(name, &hash).await
+        state.store().user_set_password(name, &hash).await
     }
     .await;
     audit(state, auth, "user.set_password", json!({ "user": name }), &result).await;
@@ -161,7 +161,7 @@ pub async fn reset_password(
 
 /// The signed-in user's API tokens.
 pub async fn list_tokens(state: &ConsoleState, user: &CurrentUser) -> Result<Vec<TokenView>, ConsoleError> {
-    Ok(state.accounts().token_list(user.id).await?.into_iter().map(token_view).collect())
+    Ok(state.store().token_list(user.id).await?.into_iter().map(token_view).collect())
 }
 
 /// Creates an API token for the signed-in user (`token.create`); its secret is returned once.
@@ -171,7 +171,7 @@ pub async fn create_token(
     user: &CurrentUser,
     name: &str,
 ) -> Result<NewTokenView, ConsoleError> {
-    let result = tokens::token_create(state.accounts(), user.id, name).await;
+    let result = tokens::token_create(state.store(), user.id, name).await;
     let detail = json!({ "name": name, "token_id": result.as_ref().ok().map(|(t, _)| t.id) });
     audit(state, auth, "token.create", detail, &result).await;
     let (token, secret) = result?;
@@ -185,7 +185,7 @@ pub async fn revoke_token(
     user: &CurrentUser,
     id: i64,
 ) -> Result<TokenView, ConsoleError> {
-    let result = state.accounts().token_revoke(user.id, id).await;
+    let result = state.store().token_revoke(user.id, id).await;
     audit(state, auth, "token.revoke", json!({ "token_id": id }), &result).await;
     Ok(token_view(result?))
 }

@@ -28,7 +28,7 @@ const QUEUE_DEPTH_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The live numbers (also what `/api/v1/events` pushes).
 pub async fn live(state: &ConsoleState) -> Result<LiveView, ConsoleError> {
-    Ok(overview::live_snapshot(state.overview_reads()).await?.into())
+    Ok(overview::live_snapshot(state.store()).await?.into())
 }
 
 /// The engine's consumer groups; each queue depth (or lag) asked of the broker with a short
@@ -71,8 +71,7 @@ pub async fn consumers(state: &ConsoleState) -> Vec<ConsumerView> {
 pub async fn endpoints(state: &ConsoleState) -> Result<Vec<EndpointView>, ConsoleError> {
     let declared: Vec<_> = state.engine.groups().iter().flat_map(|g| g.http.iter().map(move |e| (g, e))).collect();
     let keys: Vec<(&str, &str)> = declared.iter().map(|(g, e)| (g.name.as_str(), e.message_type.as_str())).collect();
-    let (calls, pauses) =
-        tokio::join!(state.endpoint_reads().endpoint_calls(&keys), state.handler_books().handler_pauses());
+    let (calls, pauses) = tokio::join!(state.store().endpoint_calls(&keys), state.store().handler_pauses());
     let pauses = pauses.map_err(ConsoleError::internal)?;
     let pause = |group: &str, message_type: &str| {
         pauses.iter().find(|p| p.consumer_group == group && p.message_type == message_type)
@@ -88,7 +87,7 @@ pub async fn endpoints(state: &ConsoleState) -> Result<Vec<EndpointView>, Consol
 
 /// Everything on the overview but the chart and the dependency health.
 pub async fn overview(state: &ConsoleState) -> Result<OverviewView, ConsoleError> {
-    let reads = state.overview_reads();
+    let reads = state.store();
     let (snapshot, last_hour, last_day, delays, consumers, endpoints, instances) = tokio::join!(
         overview::live_snapshot(reads),
         reads.traffic(3600),
@@ -125,25 +124,24 @@ fn group_views(counts: &[overview::StatusCount]) -> Vec<GroupView> {
 
 /// Consumer groups with their records by status.
 pub async fn groups(state: &ConsoleState) -> Result<Vec<GroupView>, ConsoleError> {
-    Ok(group_views(&state.overview_reads().status_counts().await?))
+    Ok(group_views(&state.store().status_counts().await?))
 }
 
 /// Known message types.
 pub async fn message_types(state: &ConsoleState) -> Result<Vec<String>, ConsoleError> {
-    Ok(state.overview_reads().message_types().await?)
+    Ok(state.store().message_types().await?)
 }
 
 /// The records filter's choices: consumer groups and message types.
 pub async fn filter_options(state: &ConsoleState) -> Result<RecordFilterOptions, ConsoleError> {
-    let (groups, message_types) =
-        tokio::try_join!(state.overview_reads().consumer_groups(), state.overview_reads().message_types())?;
+    let (groups, message_types) = tokio::try_join!(state.store().consumer_groups(), state.store().message_types())?;
     Ok(RecordFilterOptions { groups, message_types })
 }
 
 /// The growth chart over `range` (`1h`, `24h` (default), `7d`, `30d`).
 pub async fn growth(state: &ConsoleState, range: Option<&str>) -> Result<GrowthView, ConsoleError> {
     let range = overview::GrowthRange::parse(range)?;
-    let points = state.overview_reads().growth(range).await?;
+    let points = state.store().growth(range).await?;
     Ok(GrowthView {
         range: range.as_str().to_owned(),
         bucket_secs: range.seconds().1,
@@ -175,14 +173,14 @@ pub fn filter_text(q: &RecordsQuery) -> FilterText<'_> {
 /// One page of records.
 pub async fn records(state: &ConsoleState, q: &RecordsQuery) -> Result<RecordPageView, ConsoleError> {
     let params = RecordListParams::parse(&filter_text(q))?;
-    Ok(records::records_list(state.record_reads(), &params).await?.into())
+    Ok(records::records_list(state.store(), &params).await?.into())
 }
 
 /// One record with its history and its Redis marker.
 ///
 /// Errors: [`ConsoleError::NotFound`] when no record has `id`.
 pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, ConsoleError> {
-    let detail = records::record_detail(state.record_reads(), id)
+    let detail = records::record_detail(state.store(), id)
         .await?
         .ok_or_else(|| ConsoleError::NotFound(format!("no record has id {id}")))?;
     let key = state.fast_path().key(&detail.row.consumer_group, &detail.row.message_id);
@@ -219,15 +217,15 @@ pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, C
 
 /// Stuck records, longest stuck first.
 pub async fn stuck(state: &ConsoleState) -> Result<StuckView, ConsoleError> {
-    Ok(state.failure_reads().stuck_records(STUCK_ROWS).await?.into())
+    Ok(state.store().stuck_records(STUCK_ROWS).await?.into())
 }
 
 /// The retries page.
 pub async fn retries(state: &ConsoleState) -> Result<RetriesView, ConsoleError> {
-    Ok(failures::retries(state.failure_reads(), state.record_reads(), MOST_RETRIED_ROWS).await?.into())
+    Ok(failures::retries(state.store(), state.store(), MOST_RETRIED_ROWS).await?.into())
 }
 
 /// Dead letters grouped by error class.
 pub async fn dead_letters(state: &ConsoleState) -> Result<Vec<DeadLetterGroupView>, ConsoleError> {
-    Ok(state.failure_reads().dead_letter_groups(DEAD_LETTER_GROUPS).await?.into_iter().map(Into::into).collect())
+    Ok(state.store().dead_letter_groups(DEAD_LETTER_GROUPS).await?.into_iter().map(Into::into).collect())
 }

@@ -28,7 +28,7 @@ fn view(p: HandlerPause) -> HandlerView {
 ///
 /// Errors: 500 when the database fails.
 pub async fn handler_list(state: &ConsoleState) -> Result<Vec<HandlerView>, ConsoleError> {
-    Ok(state.handler_books().handler_pauses().await.map_err(ConsoleError::internal)?.into_iter().map(view).collect())
+    Ok(state.store().handler_pauses().await.map_err(ConsoleError::internal)?.into_iter().map(view).collect())
 }
 
 /// Pauses or resumes the handler of `message_type` in `group` as `actor`.
@@ -48,7 +48,7 @@ pub async fn handler_control(
         HandlerControlKind::Resume => HandlerControl::Resume,
     };
     let row = handlers::handler_control(
-        state.handler_books(),
+        state.store(),
         actor,
         group,
         message_type,

@@ -300,7 +300,7 @@ pub async fn audit_page(state: &ConsoleState, q: &AuditQuery) -> Result<AuditPag
         before_id,
         limit: Some(AUDIT_PAGE),
     };
-    let entries = state.audit_log().list(&filter).await.map_err(ConsoleError::internal)?;
+    let entries = state.store().list(&filter).await.map_err(ConsoleError::internal)?;
     let next = (entries.len() as i64 == AUDIT_PAGE).then(|| entries.last().map(|e| e.id.to_string())).flatten();
     Ok(AuditPageView { entries: entries.into_iter().map(audit_view).collect(), next })
 }
@@ -311,7 +311,7 @@ pub async fn record_audit(
     group: &str,
     message_id: &str,
 ) -> Result<Vec<AuditEntryView>, ConsoleError> {
-    let entries = state.audit_log().for_message(group, message_id).await.map_err(ConsoleError::internal)?;
+    let entries = state.store().for_message(group, message_id).await.map_err(ConsoleError::internal)?;
     Ok(entries.into_iter().map(audit_view).collect())
 }
 

@@ -3,15 +3,8 @@
 
 use std::time::Duration;
 
-use dedup_engine::console::FastPath;
-use dedup_engine::console::accounts::AccountBooks;
 use dedup_engine::console::actions::Publishers;
-use dedup_engine::console::actions::handlers::HandlerBooks;
-use dedup_engine::console::audit::AuditLog;
-use dedup_engine::console::endpoints::EndpointReads;
-use dedup_engine::console::failures::FailureReads;
-use dedup_engine::console::overview::OverviewReads;
-use dedup_engine::console::records::RecordReads;
+use dedup_engine::console::{ConsoleStore, FastPath};
 use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
 use sqlx::PgPool;
@@ -44,38 +37,8 @@ impl ConsoleState {
         &self.pool
     }
 
-    /// The accounts, on the console's pool.
-    pub fn accounts(&self) -> &dyn AccountBooks {
-        &self.pool
-    }
-
-    /// The audit log, on the console's pool.
-    pub fn audit_log(&self) -> &dyn AuditLog {
-        &self.pool
-    }
-
-    /// The overview's reads, on the console's pool.
-    pub fn overview_reads(&self) -> &dyn OverviewReads {
-        &self.pool
-    }
-
-    /// The failure pages' reads, on the console's pool.
-    pub fn failure_reads(&self) -> &dyn FailureReads {
-        &self.pool
-    }
-
-    /// The endpoint cards' reads, on the console's pool.
-    pub fn endpoint_reads(&self) -> &dyn EndpointReads {
-        &self.pool
-    }
-
-    /// The handlers' pause rows, on the console's pool.
-    pub fn handler_books(&self) -> &dyn HandlerBooks {
-        &self.pool
-    }
-
-    /// The records list's reads, on the console's pool.
-    pub fn record_reads(&self) -> &dyn RecordReads {
+    /// The console's roles (accounts, audit log, reads, handler pauses), on the console's pool.
+    pub fn store(&self) -> &dyn ConsoleStore {
         &self.pool
     }
 

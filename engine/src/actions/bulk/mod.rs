@@ -23,7 +23,7 @@ use serde_json::json;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
 use super::{ActionError, optional_reason};
-use crate::audit::{AuditOutcome, NewAuditEntry};
+use crate::audit::{AuditLog, AuditOutcome, NewAuditEntry};
 use crate::store::postgres::audit;
 use crate::console::filter::RecordFilter;
 use crate::store::postgres::records::push_filter;
@@ -316,7 +316,7 @@ pub async fn requeue_job_start(
 /// Writes an entry outside any transaction (refusals, failures, runner events); a failure to
 /// write is logged.
 pub(crate) async fn audit_on_pool(
-    pool: &PgPool,
+    log: &dyn AuditLog,
     actor: &str,
     action: &str,
     outcome: AuditOutcome,
@@ -325,7 +325,7 @@ pub(crate) async fn audit_on_pool(
 ) {
     let entry =
         NewAuditEntry { actor, action, outcome, reason, consumer_group: None, message_ids: &[], detail, source: None };
-    if let Err(e) = audit::insert(pool, &entry).await {
+    if let Err(e) = log.record(&entry).await {
         tracing::error!(error = %e, action, "could not write an audit entry");
     }
 }

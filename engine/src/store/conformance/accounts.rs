@@ -8,7 +8,8 @@ use crate::accounts::passwords::{hash_password, verify_password};
 use crate::accounts::throttle::{account_key, address_key};
 use crate::accounts::tokens::{token_authenticate, token_create};
 use crate::accounts::users::UserChange;
-use crate::accounts::{AccountError, Role, UserName, account_books};
+use crate::accounts::{AccountError, Role, UserName};
+use crate::console::console_store;
 
 fn name(n: &str) -> UserName {
     UserName::parse(n).unwrap()
@@ -19,7 +20,7 @@ fn name(n: &str) -> UserName {
 pub async fn users_are_unique_ignoring_case_and_passwords_change<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let books = account_books(&pool);
+    let books = console_store(&pool);
     let hash = hash_password("first password!").unwrap();
     let alice = books.user_add(&name("Alice"), Role::Operator, &hash).await.unwrap();
     let err = books.user_add(&name("alice"), Role::Viewer, &hash).await.unwrap_err();
@@ -49,7 +50,7 @@ pub async fn users_are_unique_ignoring_case_and_passwords_change<H: Harness>() {
 pub async fn the_last_enabled_admin_cannot_be_demoted_or_disabled_even_by_two_at_once<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let books = account_books(&pool);
+    let books = console_store(&pool);
     let hash = hash_password("admin password").unwrap();
     let root = books.user_add(&name("root"), Role::Admin, &hash).await.unwrap();
     let demote = UserChange { role: Some(Role::Viewer), disabled: None };
@@ -72,7 +73,7 @@ pub async fn the_last_enabled_admin_cannot_be_demoted_or_disabled_even_by_two_at
 pub async fn tokens_authenticate_until_revoked_or_the_owner_is_disabled<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let books = account_books(&pool);
+    let books = console_store(&pool);
     let hash = hash_password("bot password!").unwrap();
     let bot = books.user_add(&name("bot"), Role::Viewer, &hash).await.unwrap();
     let (token, secret) = token_create(books, bot.id, "ci \u{1F916} pipeline").await.unwrap();
@@ -106,7 +107,7 @@ pub async fn tokens_authenticate_until_revoked_or_the_owner_is_disabled<H: Harne
 pub async fn the_throttle_refuses_after_the_limit_until_cleared_or_the_window_ends<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let books = account_books(&pool);
+    let books = console_store(&pool);
     let window = Duration::from_secs(60);
     let limits = [(account_key("Alice"), 3), (address_key("10.0.0.1"), 10)];
     let keys: Vec<String> = limits.iter().map(|(k, _)| k.clone()).collect();

@@ -3,7 +3,8 @@
 use serde_json::json;
 
 use super::Harness;
-use crate::audit::{AuditFilter, AuditOutcome, NewAuditEntry, audit_log};
+use crate::audit::{AuditFilter, AuditOutcome, NewAuditEntry};
+use crate::console::console_store;
 
 fn entry<'a>(actor: &'a str, action: &'a str, group: Option<&'a str>, ids: &'a [String]) -> NewAuditEntry<'a> {
     NewAuditEntry {
@@ -23,7 +24,7 @@ fn entry<'a>(actor: &'a str, action: &'a str, group: Option<&'a str>, ids: &'a [
 pub async fn audit_entries_are_kept_listed_by_filter_and_found_by_message_id<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let log = audit_log(&pool);
+    let log = console_store(&pool);
     let one = ["ORDER.PAY.1".to_owned()];
     let both = ["ORDER.PAY.1".to_owned(), "ORDER.PAY.2".to_owned(), "ORDER.PAY.1".to_owned()];
     let hostile = format!("<script>alert(1)</script> \u{1F600} nul:\0 {}", "x".repeat(10_000));

@@ -44,9 +44,19 @@ pub fn lease(owner: &str) -> Lease {
 /// Claims `msgs` as `claim_as` under `lease` (at most 3 attempts) in a transaction of its own,
 /// committed.
 pub async fn claim<H: Harness>(h: &H, msgs: &[&Msg], claim_as: ClaimAs, lease: &Lease) -> Vec<ClaimOutcome> {
-    let group = group();
+    claim_in(h, &group(), msgs, claim_as, lease).await
+}
+
+/// [`claim`] in consumer group `group`.
+pub async fn claim_in<H: Harness>(
+    h: &H,
+    group: &ConsumerGroup,
+    msgs: &[&Msg],
+    claim_as: ClaimAs,
+    lease: &Lease,
+) -> Vec<ClaimOutcome> {
     let batch = ClaimBatch {
-        group: &group,
+        group,
         max_attempts: 3,
         lease,
         claim_as,

@@ -5,7 +5,8 @@ use std::time::Duration;
 use super::claims::{claimed, lease, msg};
 use super::leases::{claim_leased, failure};
 use super::{GROUP, Harness};
-use crate::console::endpoints::{EndpointReads, endpoint_reads};
+use crate::console::console_store;
+use crate::console::endpoints::EndpointReads;
 use crate::handler::EffectAnswer;
 use crate::record::HandlerMode;
 use crate::store::DedupStore;
@@ -15,7 +16,7 @@ use crate::store::DedupStore;
 pub async fn endpoint_calls_are_summed_by_the_answer_table<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let reads: &dyn EndpointReads = endpoint_reads(&pool);
+    let reads: &dyn EndpointReads = console_store(&pool);
     let l = lease("worker-1");
     // (id, status, permanent, completed): latencies 10, 20, … ms in this order.
     let calls: [(&str, Option<u16>, bool, bool); 7] = [

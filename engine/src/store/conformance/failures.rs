@@ -2,7 +2,8 @@
 
 use super::claims::{claim_one, claimed, fail, lease, msg};
 use super::{GROUP, Harness};
-use crate::console::failures::{FailureReads, RetryCell, failure_reads};
+use crate::console::console_store;
+use crate::console::failures::{FailureReads, RetryCell};
 use crate::record::HandlerMode;
 use crate::store::{DedupStore, FailureReport};
 
@@ -11,7 +12,7 @@ use crate::store::{DedupStore, FailureReport};
 pub async fn stuck_failed_and_dead_records_are_read_as_the_store_left_them<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let reads: &dyn FailureReads = failure_reads(&pool);
+    let reads: &dyn FailureReads = console_store(&pool);
     assert_eq!(reads.stuck_records(10).await.unwrap().total, 0);
     assert_eq!(reads.retry_cells().await.unwrap(), (vec![], None));
     assert!(reads.dead_letter_groups(10).await.unwrap().is_empty());

@@ -1,13 +1,15 @@
 //! Conformance cases of the overview's reads ([`crate::console::overview::OverviewReads`]):
 //! what they count is what the store and the runtime's books wrote.
 
-use super::claims::{claim_one, claimed, complete, fail, lease, msg};
+use super::claims::{claim_in, claim_one, claimed, complete, fail, lease, msg};
 use super::roles::{copy, keep};
 use super::{GROUP, Harness, sorted};
-use crate::console::overview::{DelayBucket, GrowthRange, OverviewReads, live_snapshot, overview_reads};
-use crate::record::RecordStatus;
+use crate::console::console_store;
+use crate::console::overview::{DelayBucket, GrowthRange, OverviewReads, live_snapshot};
+use crate::record::{ConsumerGroup, RecordStatus};
 use crate::runtime::books::runtime_books;
 use crate::stats::{Event, Stats};
+use crate::store::ClaimAs;
 use crate::store::postgres::ConflictKind;
 
 /// The overview's counts, traffic, delays and growth points on an empty database and after a
@@ -15,7 +17,7 @@ use crate::store::postgres::ConflictKind;
 pub async fn the_overview_reads_what_the_store_and_the_runtime_wrote<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let reads: &dyn OverviewReads = overview_reads(&pool);
+    let reads: &dyn OverviewReads = console_store(&pool);
     assert!(reads.status_counts().await.unwrap().is_empty());
     assert_eq!(reads.traffic(3600).await.unwrap(), Default::default());
     let empty = reads.growth(GrowthRange::Hour).await.unwrap();
@@ -61,6 +63,16 @@ pub async fn the_overview_reads_what_the_store_and_the_runtime_wrote<H: Harness>
     assert_eq!(reads.double_effect_count().await.unwrap(), 0);
     assert_eq!(reads.late_duplicate_count().await.unwrap(), 0);
     assert_eq!(reads.consumer_groups().await.unwrap(), [GROUP]);
+
+    // A group whose name differs only in case: each group's counts stay together (the
+    // overview folds them per group as they come).
+    let shouting = GROUP.to_uppercase();
+    let loud = ConsumerGroup::parse(&shouting).unwrap();
+    claim_in(&h, &loud, &[&msg("LOUD.1", "ORDER.PAY", "l")], ClaimAs::Succeeded, &l).await;
+    let mut groups: Vec<String> = reads.status_counts().await.unwrap().into_iter().map(|c| c.consumer_group).collect();
+    groups.dedup();
+    assert_eq!(sorted(groups), [shouting.clone(), GROUP.to_owned()], "each group once, its rows together");
+    assert_eq!(sorted(reads.consumer_groups().await.unwrap()), [shouting, GROUP.to_owned()]);
     assert_eq!(reads.message_types().await.unwrap(), ["ORDER.PAY", "SMS.SEND"]);
 
     let hour = reads.traffic(3600).await.unwrap();
@@ -79,6 +91,6 @@ pub async fn the_overview_reads_what_the_store_and_the_runtime_wrote<H: Harness>
 
     let live = live_snapshot(reads).await.unwrap();
     assert_eq!((live.stuck, live.conflicts, live.last_minute.deliveries), (1, 1, 5));
-    assert_eq!(live.counts.len(), 3);
+    assert_eq!(live.counts.len(), 4);
     assert!((live.at - reads.now().await.unwrap()).num_seconds().abs() < 5, "the database's clock");
 }

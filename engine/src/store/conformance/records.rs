@@ -3,14 +3,15 @@
 
 use chrono::{TimeDelta, Utc};
 
-use super::claims::{claim_one, claimed, complete, fail, lease, msg};
+use super::claims::{claim_in, claim_one, claimed, complete, fail, lease, msg};
 use super::roles::{copy, keep};
 use super::{GROUP, Harness};
 use crate::console::filter::{PageAt, RecordFilter, RecordFlag, RecordListParams, SortKey, SortOrder};
-use crate::console::records::{RecordReads, record_detail, record_reads, records_list};
-use crate::record::{ConsumerGroup, MessageId, RecordStatus};
+use crate::console::console_store;
+use crate::console::records::{RecordReads, record_detail, records_list};
+use crate::record::{ConsumerGroup, RecordStatus};
 use crate::store::postgres::ConflictKind;
-use crate::store::{ClaimAs, ClaimBatch, ClaimItem, DedupStore};
+use crate::store::ClaimAs;
 
 /// The other consumer group of the case.
 const OTHER: &str = "other-group";
@@ -29,7 +30,7 @@ fn filtered(filter: RecordFilter) -> RecordListParams {
 pub async fn the_records_list_filters_orders_and_pages_alike<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
-    let reads = record_reads(&pool);
+    let reads = console_store(&pool);
     assert!(records_list(reads, &filtered(RecordFilter::default())).await.unwrap().rows.is_empty());
 
     let l = lease("worker-1");
@@ -45,23 +46,8 @@ pub async fn the_records_list_filters_orders_and_pages_alike<H: Harness>() {
     // Another group, straight into succeeded; "a.1" sorts after "B.1" by bytes, and "A.5" is
     // also a message id of the first group (the id breaks the tie).
     let other = ConsumerGroup::parse(OTHER).unwrap();
-    for (id, message_type) in [("B.1", "ORDER.SHIP"), ("a.1", "ORDER.SHIP"), ("A.5", "ORDER.SHIP")] {
-        let m = msg(id, message_type, id);
-        let id = MessageId::parse(id).unwrap();
-        let item = ClaimItem {
-            message_id: &id,
-            message_type,
-            payload_hash: &m.hash,
-            message: &m.message,
-            id_source: crate::message::IdSourceKind::Header,
-            reclaim_expired: false,
-            starts_at_once: false,
-        };
-        let batch =
-            ClaimBatch { group: &other, max_attempts: 3, lease: &l, claim_as: ClaimAs::Succeeded, items: vec![item] };
-        let mut tx = h.store().pool().begin().await.unwrap();
-        h.store().claim_many(&mut *tx, &batch).await.unwrap();
-        tx.commit().await.unwrap();
+    for id in ["B.1", "a.1", "A.5"] {
+        claim_in(&h, &other, &[&msg(id, "ORDER.SHIP", id)], ClaimAs::Succeeded, &l).await;
     }
     keep(&h, &[copy(c1.id, &msg("A.1", "ORDER.PAY", "another payload"), ConflictKind::Payload)], true).await;
 

@@ -314,20 +314,21 @@ pub async fn an_engine_pause_is_stored_and_ended_by_a_probe_never_over_an_operat
 /// reason change nothing and are audited as refused; a hostile reason is kept as typed.
 pub async fn an_operator_pauses_and_resumes_a_handler_by_compare_and_set_audited<H: Harness>() {
     use crate::actions::ActionError;
-    use crate::actions::handlers::{HandlerControl, handler_books, handler_control};
-    use crate::audit::{AuditFilter, audit_log};
+    use crate::actions::handlers::{HandlerControl, handler_control};
+    use crate::console::console_store;
+    use crate::audit::AuditFilter;
 
     let h = H::fresh().await;
     h.store().pause_book().register(GROUP, &[("ORDER.PAY".to_owned(), "http")]).await.unwrap();
     let pool = h.engine_pool();
-    let books = handler_books(&pool);
-    let listed = books.handler_pauses().await.unwrap();
+    let store = console_store(&pool);
+    let listed = store.handler_pauses().await.unwrap();
     assert_eq!(listed.len(), 1);
     let shown = &listed[0];
     assert_eq!((shown.consumer_group.as_str(), shown.message_type.as_str(), shown.state.as_str()), (GROUP, "ORDER.PAY", "running"));
 
     let reason = "drill <script>alert(1)</script> \u{1F6A7}";
-    let control = |c, reason, version| handler_control(books, "user:olga", GROUP, "ORDER.PAY", c, reason, version);
+    let control = |c, reason, version| handler_control(store, "user:olga", GROUP, "ORDER.PAY", c, reason, version);
     let stale = control(HandlerControl::Pause, Some(reason), Some(shown.version + 1)).await;
     assert!(matches!(stale, Err(ActionError::Refused(ref m)) if m.contains("changed since it was shown")), "{stale:?}");
     let paused = control(HandlerControl::Pause, Some(reason), Some(shown.version)).await.unwrap();
@@ -337,12 +338,12 @@ pub async fn an_operator_pauses_and_resumes_a_handler_by_compare_and_set_audited
     let again = control(HandlerControl::Pause, Some("again"), None).await;
     assert!(matches!(again, Err(ActionError::Refused(ref m)) if m.contains("is operator")), "{again:?}");
     assert!(matches!(control(HandlerControl::Resume, None, None).await, Err(ActionError::Invalid(_))));
-    let unknown = handler_control(books, "user:olga", GROUP, "NO.SUCH", HandlerControl::Pause, Some("x"), None).await;
+    let unknown = handler_control(store, "user:olga", GROUP, "NO.SUCH", HandlerControl::Pause, Some("x"), None).await;
     assert!(matches!(unknown, Err(ActionError::UnknownHandler { .. })), "{unknown:?}");
     let resumed = control(HandlerControl::Resume, Some("drill over"), None).await.unwrap();
     assert_eq!((resumed.state.as_str(), resumed.version), ("running", shown.version + 2));
 
-    let entries = audit_log(&pool).list(&AuditFilter::default()).await.unwrap();
+    let entries = store.list(&AuditFilter::default()).await.unwrap();
     let seen: Vec<(&str, &str)> = entries.iter().rev().map(|e| (e.action.as_str(), e.outcome.as_str())).collect();
     assert_eq!(
         seen,

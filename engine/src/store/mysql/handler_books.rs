@@ -7,7 +7,7 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, Transaction};
 
 use crate::actions::handlers::{HandlerBooks, HandlerChange, HandlerPause, MAX_HANDLERS};
-use crate::audit::{AuditLog, NewAuditEntry};
+use crate::audit::NewAuditEntry;
 use crate::pause::PauseState;
 
 /// The row as [`HandlerPause`] reads it (`_bin` text and bytes `AS CHAR`).
@@ -23,8 +23,8 @@ struct MySqlHandlerChange(Transaction<'static, MySql>);
 #[async_trait]
 impl HandlerBooks for MySqlPool {
     async fn handler_pauses(&self) -> Result<Vec<HandlerPause>, sqlx::Error> {
-        // The primary key's order.
-        sqlx::query_as(&format!("{SELECT} ORDER BY consumer_group, message_type LIMIT ?"))
+        // The primary key's order (the columns, not the `AS CHAR` aliases of the same names).
+        sqlx::query_as(&format!("{SELECT} ORDER BY handler_pauses.consumer_group, handler_pauses.message_type LIMIT ?"))
             .bind(MAX_HANDLERS)
             .fetch_all(self)
             .await
@@ -32,10 +32,6 @@ impl HandlerBooks for MySqlPool {
 
     async fn begin_change(&self) -> Result<Box<dyn HandlerChange>, sqlx::Error> {
         Ok(Box::new(MySqlHandlerChange(self.begin().await?)))
-    }
-
-    fn audit_log(&self) -> &dyn AuditLog {
-        self
     }
 }
 

@@ -36,10 +36,13 @@ impl OverviewReads for MySqlPool {
     }
 
     async fn status_counts(&self) -> Result<Vec<StatusCount>, QueryError> {
+        // Ordered by the columns (bytes), not the `AS CHAR` aliases: those compare by the
+        // connection's case-insensitive collation, which interleaves `orders` and `Orders`.
         Ok(sqlx::query_as(
             "SELECT CAST(consumer_group AS CHAR) AS consumer_group, CAST(status AS CHAR) AS status,
                     CAST(SUM(n) AS SIGNED) AS count
-             FROM record_counts GROUP BY consumer_group, status HAVING SUM(n) <> 0 ORDER BY consumer_group, status",
+             FROM record_counts GROUP BY consumer_group, status HAVING SUM(n) <> 0
+             ORDER BY record_counts.consumer_group, record_counts.status",
         )
         .fetch_all(self)
         .await?)

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::actions::handlers::{HandlerBooks, HandlerChange, HandlerPause, MAX_HANDLERS};
-use crate::audit::{AuditLog, NewAuditEntry};
+use crate::audit::NewAuditEntry;
 use crate::pause::PauseState;
 
 const COLUMNS: &str = "consumer_group, message_type, state, since, changed_by, reason, error_class, http_status, \
@@ -24,10 +24,6 @@ impl HandlerBooks for PgPool {
 
     async fn begin_change(&self) -> Result<Box<dyn HandlerChange>, sqlx::Error> {
         Ok(Box::new(PgHandlerChange(self.begin().await?)))
-    }
-
-    fn audit_log(&self) -> &dyn AuditLog {
-        self
     }
 }
 

@@ -95,7 +95,7 @@ async fn sign_in(
         anyhow::bail!("signing in with the console's accounts, but the console does not use them");
     };
     let pool = state.console.pool();
-    let accounts = state.console.accounts();
+    let accounts = state.console.store();
     // No account name holds a NUL, which PostgreSQL would refuse in the throttle and audit rows.
     let name = form.username.trim().replace('\0', "\u{FFFD}");
     let window = Duration::from_secs(settings.throttle_window_secs);
@@ -170,7 +170,7 @@ pub async fn logout(State(state): State<AppState>, session: Session, req: Reques
         detail: json!({}),
         source: auth.source.as_deref(),
     };
-    if let Err(e) = state.console.audit_log().record(&entry).await {
+    if let Err(e) = state.console.store().record(&entry).await {
         tracing::error!(error = %e, "writing the audit log failed");
     }
     if wants_html {

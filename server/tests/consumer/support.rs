@@ -84,15 +84,6 @@ impl World {
     pub async fn serve_on(&self, name: &str, extra: &[(&str, &str)], queues: &[&str]) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = std::env::temp_dir().join(format!("{}-{name}.log", self.db.name));
-        // Read before the start: a server quick to subscribe would otherwise be counted in it.
-        let mut consumers_before = Vec::new();
-        for queue in queues {
-            let before = match self.kafka {
-                Some(_) => 0,
-                None => self.broker.queue_state(queue).await.map_or(0, |s| s.1),
-            };
-            consumers_before.push(before);
-        }
         let mut cmd = self.command(&["serve"]);
         cmd.env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
@@ -101,28 +92,13 @@ impl World {
             .kill_on_drop(true);
         let child = cmd.spawn().expect("dedup-console starts");
         let server = Server { child, log, address: format!("http://127.0.0.1:{port}") };
-        if self.kafka.is_some() {
-            let started = Instant::now();
-            while !server.log_text().contains("Kafka consumer subscribed") {
-                assert!(
-                    started.elapsed() < Duration::from_secs(60),
-                    "server {name} did not subscribe; log: {}",
-                    server.log_text()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            return server;
-        }
+        // Its own log says so: the broker's consumer count would still hold a server just killed.
+        let subscribed = |server: &Server| match self.kafka {
+            Some(_) => server.log_text().contains("Kafka consumer subscribed"),
+            None => queues.iter().all(|queue| server.consumes_from(queue)),
+        };
         let started = Instant::now();
-        loop {
-            let mut subscribed = true;
-            for (queue, before) in queues.iter().zip(&consumers_before) {
-                let state = self.broker.queue_state(queue).await;
-                subscribed &= state.is_some_and(|(_, consumers)| consumers > *before);
-            }
-            if subscribed {
-                break;
-            }
+        while !subscribed(&server) {
             assert!(
                 started.elapsed() < Duration::from_secs(60),
                 "server {name} did not subscribe; log: {}",
@@ -327,6 +303,29 @@ impl Server {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Whether the log says a worker of this server consumes from `queue` (RabbitMQ).
+    fn consumes_from(&self, queue: &str) -> bool {
+        let field = format!("queue={queue} ");
+        self.log_text()
+            .lines()
+            .map(without_colours)
+            .any(|line| line.contains("consuming from RabbitMQ") && line.contains(&field))
+    }
+}
+
+/// `line` without its ANSI colour codes (`ESC [ … m`).
+fn without_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
 }
 
 /// A TOML configuration file of the test, removed with the returned guard.

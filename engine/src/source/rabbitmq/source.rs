@@ -60,6 +60,7 @@ impl RabbitSource {
             )
             .await
             .map_err(broker)?;
+        tracing::info!(queue = %settings.queue, consumer_tag = %consumer_tag, "consuming from RabbitMQ");
         let publisher = Publisher::open(conn).await?;
         Ok(Self {
             channel,

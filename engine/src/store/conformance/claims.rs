@@ -55,6 +55,20 @@ pub async fn claim_in<H: Harness>(
     claim_as: ClaimAs,
     lease: &Lease,
 ) -> Vec<ClaimOutcome> {
+    let (outcomes, tx) = claim_uncommitted(h, group, msgs, claim_as, lease).await;
+    tx.commit().await.unwrap();
+    outcomes
+}
+
+/// [`claim_in`], its transaction left open: a claim in flight, its rows locked until the
+/// caller commits or drops it.
+pub async fn claim_uncommitted<H: Harness>(
+    h: &H,
+    group: &ConsumerGroup,
+    msgs: &[&Msg],
+    claim_as: ClaimAs,
+    lease: &Lease,
+) -> (Vec<ClaimOutcome>, sqlx::Transaction<'static, <H::Store as DedupStore>::Db>) {
     let batch = ClaimBatch {
         group,
         max_attempts: 3,
@@ -64,8 +78,7 @@ pub async fn claim_in<H: Harness>(
     };
     let mut tx = h.store().pool().begin().await.unwrap();
     let outcomes = h.store().claim_many(&mut *tx, &batch).await.expect("a claim makes no error");
-    tx.commit().await.unwrap();
-    outcomes
+    (outcomes, tx)
 }
 
 /// The one outcome of claiming `m` as `processing`.

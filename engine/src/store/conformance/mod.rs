@@ -247,6 +247,7 @@ macro_rules! conformance_tests {
             the_throttle_refuses_after_the_limit_until_cleared_or_the_window_ends,
             audit_entries_are_kept_listed_by_filter_and_found_by_message_id,
             the_overview_reads_what_the_store_and_the_runtime_wrote,
+            the_record_counts_fold_waits_for_no_claim_in_flight,
             stuck_failed_and_dead_records_are_read_as_the_store_left_them,
             endpoint_calls_are_summed_by_the_answer_table,
             an_operator_pauses_and_resumes_a_handler_by_compare_and_set_audited,

@@ -1,7 +1,7 @@
 //! Conformance cases of the overview's reads ([`crate::console::overview::OverviewReads`]):
 //! what they count is what the store and the runtime's books wrote.
 
-use super::claims::{claim_in, claim_one, claimed, complete, fail, lease, msg};
+use super::claims::{claim, claim_in, claim_one, claim_uncommitted, claimed, complete, fail, group, lease, msg};
 use super::roles::{copy, keep};
 use super::{GROUP, Harness, sorted};
 use crate::console::console_store;
@@ -93,4 +93,26 @@ pub async fn the_overview_reads_what_the_store_and_the_runtime_wrote<H: Harness>
     assert_eq!((live.stuck, live.conflicts, live.last_minute.deliveries), (1, 1, 5));
     assert_eq!(live.counts.len(), 4);
     assert!((live.at - reads.now().await.unwrap()).num_seconds().abs() < 5, "the database's clock");
+}
+
+/// The record counts' fold sums the committed delta rows into one and leaves a claim in
+/// flight alone: it neither waits for the claim's transaction nor loses its row.
+pub async fn the_record_counts_fold_waits_for_no_claim_in_flight<H: Harness>() {
+    let h = H::fresh().await;
+    let books = runtime_books(&h.engine_pool());
+    let l = lease("w1");
+    for n in 0..3 {
+        claim(&h, &[&msg(&format!("FOLD.{n}"), "ORDER.PAY", "f")], ClaimAs::Succeeded, &l).await;
+    }
+    let succeeded = |n: i64| vec![(GROUP.to_owned(), "succeeded".to_owned(), n)];
+    let (_, in_flight) = claim_uncommitted(&h, &group(), &[&msg("FOLD.3", "ORDER.PAY", "f")], ClaimAs::Succeeded, &l).await;
+
+    let fold = tokio::time::timeout(std::time::Duration::from_secs(5), books.fold_record_counts());
+    fold.await.expect("the fold waits for no claim in flight").unwrap();
+    assert_eq!(h.counted().await, succeeded(3), "the committed rows, folded");
+
+    in_flight.commit().await.unwrap();
+    books.fold_record_counts().await.unwrap();
+    assert_eq!(h.counted().await, succeeded(4), "the claim's row, counted once");
+    assert_eq!(h.counted().await, h.actual().await);
 }

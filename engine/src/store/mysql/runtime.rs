@@ -6,8 +6,8 @@
 //! Where PostgreSQL's statements lean on its features, these say it in MySQL's terms: rows go in
 //! as multi-row `INSERT … ON DUPLICATE KEY UPDATE` (no `unnest`), `stats_hour` is written beside
 //! `stats_minute` in the flush's transaction (no rollup trigger), and the fold sums and deletes
-//! exactly the delta rows it has locked (no advisory lock: a second folder waits on the first's
-//! row locks, then finds those rows gone).
+//! exactly the delta rows it has locked (no advisory lock: a second folder skips the first's
+//! locked rows, as it skips a claim's uncommitted one).
 
 use std::collections::BTreeMap;
 
@@ -91,8 +91,13 @@ impl RuntimeBooks for MySqlRuntimeBooks {
     }
 
     async fn fold_record_counts(&self) -> Result<i64, sqlx::Error> {
+        // `SKIP LOCKED`: the fold never waits for a claim in flight (its uncommitted delta row
+        // is left for the next fold); the engine's sessions read committed, so the fold takes
+        // no gap lock a claim's insert would wait for.
         let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query("SELECT id, consumer_group, status, n FROM record_counts ORDER BY id LIMIT ? FOR UPDATE")
+        let rows = sqlx::query(
+            "SELECT id, consumer_group, status, n FROM record_counts ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
+        )
             .bind(FOLD_ROWS)
             .fetch_all(&mut *tx)
             .await?;
@@ -108,13 +113,11 @@ impl RuntimeBooks for MySqlRuntimeBooks {
             tx.rollback().await?;
             return Ok(0);
         }
+        // One delete by primary key per row, sent together: `id IN (…)` on a table this small
+        // is read whole, and a delete waits on every row it reads — a claim's uncommitted one too.
         for chunk in ids.chunks(ROWS_PER_STATEMENT) {
-            let mut delete = QueryBuilder::<MySql>::new("DELETE FROM record_counts WHERE id IN (");
-            let mut list = delete.separated(", ");
-            for id in chunk {
-                list.push_bind(id);
-            }
-            delete.push(")").build().execute(&mut *tx).await?;
+            let deletes: String = chunk.iter().map(|id| format!("DELETE FROM record_counts WHERE id = {id};")).collect();
+            sqlx::Executor::execute(&mut *tx, deletes.as_str()).await?;
         }
         let sums: Vec<_> = sums.into_iter().filter(|(_, n)| *n != 0).collect();
         if !sums.is_empty() {

@@ -189,45 +189,60 @@ impl Stats {
         self.flush_to(&crate::store::postgres::runtime::PgRuntimeBooks::new(pool.clone()), store).await
     }
 
-    /// Writes everything counted since the last flush through `books`. On failure the counts
-    /// are kept for the next flush.
+    /// Writes everything counted since the last flush through `books`, then the fast path's
+    /// duplicate counts through `store`. What a failure left unwritten is kept for the next
+    /// flush; what committed before it is not (the aggregates commit before the duplicate
+    /// counts are tried, so keeping them would count them twice).
     pub(crate) async fn flush_to<S: DedupStore>(&self, books: &dyn RuntimeBooks, store: &S) -> Result<(), StoreError> {
         let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        if let Err(e) = write(books, store, &taken).await {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            for (k, v) in taken.minutes {
-                let counters = pending.minutes.entry(k).or_insert([0; ALL_EVENTS.len()]);
-                counters.iter_mut().zip(v).for_each(|(a, b)| *a += b);
-            }
-            for (k, (n, max)) in taken.delays {
-                let e = pending.delays.entry(k).or_insert((0, 0));
-                e.0 += n;
-                e.1 = e.1.max(max);
-            }
-            for (k, (n, max)) in taken.late {
-                let e = pending.late.entry(k).or_insert((0, 0));
-                e.0 += n;
-                e.1 = e.1.max(max);
-            }
-            for (k, (n, at)) in taken.fast_path_duplicates {
-                let e = pending.fast_path_duplicates.entry(k).or_insert((0, at));
-                e.0 += n;
-                e.1 = e.1.max(at);
-            }
+        if let Err(e) = books.write_stats(&taken.minutes, &taken.delays, &taken.late).await {
+            self.keep(taken);
+            return Err(e.into());
+        }
+        if let Err(e) = add_fast_path_duplicates(store, &taken.fast_path_duplicates).await {
+            self.keep(Pending { fast_path_duplicates: taken.fast_path_duplicates, ..Pending::default() });
             return Err(e);
         }
         Ok(())
     }
+
+    /// Adds `unwritten` back to what waits for the next flush.
+    fn keep(&self, unwritten: Pending) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, v) in unwritten.minutes {
+            let counters = pending.minutes.entry(k).or_insert([0; ALL_EVENTS.len()]);
+            counters.iter_mut().zip(v).for_each(|(a, b)| *a += b);
+        }
+        for (k, (n, max)) in unwritten.delays {
+            let e = pending.delays.entry(k).or_insert((0, 0));
+            e.0 += n;
+            e.1 = e.1.max(max);
+        }
+        for (k, (n, max)) in unwritten.late {
+            let e = pending.late.entry(k).or_insert((0, 0));
+            e.0 += n;
+            e.1 = e.1.max(max);
+        }
+        for (k, (n, at)) in unwritten.fast_path_duplicates {
+            let e = pending.fast_path_duplicates.entry(k).or_insert((0, at));
+            e.0 += n;
+            e.1 = e.1.max(at);
+        }
+    }
 }
 
-async fn write<S: DedupStore>(books: &dyn RuntimeBooks, store: &S, p: &Pending) -> Result<(), StoreError> {
-    books.write_stats(&p.minutes, &p.delays, &p.late).await?;
-    if !p.fast_path_duplicates.is_empty() {
-        let entries: Vec<(String, String, i32, DateTime<Utc>)> =
-            p.fast_path_duplicates.iter().map(|((g, id), (n, at))| (g.clone(), id.clone(), *n, *at)).collect();
-        store.add_fast_path_duplicates(&entries).await?;
+/// Adds the fast path's duplicate counts, (group, message id) → (copies, latest arrival), to
+/// their records (one transaction: all or none).
+async fn add_fast_path_duplicates<S: DedupStore>(
+    store: &S,
+    counts: &HashMap<(String, String), (i32, DateTime<Utc>)>,
+) -> Result<(), StoreError> {
+    if counts.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let entries: Vec<(String, String, i32, DateTime<Utc>)> =
+        counts.iter().map(|((g, id), (n, at))| (g.clone(), id.clone(), *n, *at)).collect();
+    store.add_fast_path_duplicates(&entries).await
 }
 
 #[cfg(test)]

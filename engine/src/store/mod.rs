@@ -413,7 +413,8 @@ pub trait DedupStore: Send + Sync + 'static {
     ) -> Result<PoisonStored, StoreError>;
 
     /// Adds duplicates caught by the Redis fast path to their records' `duplicate_count`
-    /// (batched, off the hot path). Entries: (group, message id, copies, latest arrival).
+    /// (batched, off the hot path), all or none: the flush keeps the entries of a failed call
+    /// for the next one. Entries: (group, message id, copies, latest arrival).
     async fn add_fast_path_duplicates(
         &self,
         entries: &[(String, String, i32, DateTime<Utc>)],

@@ -181,7 +181,7 @@ impl MySqlStore {
     }
 
     /// [`crate::store::DedupStore::add_fast_path_duplicates`], sorted by key (one lock order for
-    /// every writer of these rows), one statement per group, on the store's pool.
+    /// every writer of these rows), one statement per group, in one transaction (all or none).
     pub(super) async fn fast_path_duplicates(
         &self,
         entries: &[(String, String, i32, DateTime<Utc>)],
@@ -195,6 +195,7 @@ impl MySqlStore {
         sorted.dedup_by(|a, b| (&a.0, &a.1) == (&b.0, &b.1));
         // MySQL takes at most 65 535 binds per statement; a flush holds whatever the fast path
         // caught since the last one, so a group's entries go 1 000 (5 001 binds) at a time.
+        let mut tx = self.pool.begin().await?;
         for group in sorted.chunk_by(|a, b| a.0 == b.0).flat_map(|g| g.chunks(FAST_PATH_CHUNK)) {
             let sql = self.render(&sql::fast_path_duplicates(group.len()));
             let mut query = sqlx::query(&sql);
@@ -208,8 +209,9 @@ impl MySqlStore {
             for (_, id, _, _) in group {
                 query = query.bind(id.as_str());
             }
-            query.execute(&self.pool).await?;
+            query.execute(&mut *tx).await?;
         }
+        tx.commit().await?;
         Ok(())
     }
 }

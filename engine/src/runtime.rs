@@ -48,7 +48,8 @@ pub struct EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// The schema of the engine's tables (default `dedup`).
+    /// The schema of the engine's tables (default `dedup`); on MySQL a database, never the one
+    /// the team's pool connects to (`EngineError::EngineDatabaseIsTheTeams`).
     pub fn schema(mut self, schema: Schema) -> Self {
         self.schema = schema;
         self

@@ -204,28 +204,40 @@ async fn an_engine_refuses_a_mysql_pool_that_is_not_read_committed() {
 }
 
 #[tokio::test]
-async fn an_engine_whose_database_holds_the_teams_migrations_says_so() {
+async fn an_engine_refuses_the_teams_own_database_and_one_holding_others_migrations() {
     let db = database().await;
     let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 500, max_ms: 500 });
-    // The team migrates its own tables in the same database: its history has a version the
-    // engine does not know.
-    sqlx::query(
-        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
-         VALUES (1, 'payments', TRUE, x'00', 1)",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let refused = Engine::builder(db.pool.clone())
-        .schema(Schema::parse(db.name.clone()).unwrap())
-        .group(
-            Group::rabbitmq(GROUP, amqp_url(), broker.settings.clone()).transactional_on::<MySql, _>("ORDER.PAY", Pay),
-        )
-        .start()
-        .await
-        .err();
-    match refused {
-        Some(EngineError::SharedMigrationHistory { database, .. }) => assert_eq!(database, db.name),
+    let start = |schema: &str| {
+        Engine::builder(db.pool.clone())
+            .schema(Schema::parse(schema.to_owned()).unwrap())
+            .group(
+                Group::rabbitmq(GROUP, amqp_url(), broker.settings.clone())
+                    .transactional_on::<MySql, _>("ORDER.PAY", Pay),
+            )
+            .start()
+    };
+    // The database the team's pool connects to: the engine's tables would sit among the team's.
+    match start(&db.name).await.err() {
+        Some(EngineError::EngineDatabaseIsTheTeams { database }) => assert_eq!(database, db.name),
+        other => panic!("expected EngineDatabaseIsTheTeams, got {other:?}"),
+    }
+    // A database of its own whose history holds a version the engine does not know (another
+    // tool migrates there: each MySQL database keeps one `_sqlx_migrations`).
+    let other = EngineDatabase::beside(&db);
+    for sql in [
+        format!("CREATE DATABASE {}", other.name),
+        format!("CREATE TABLE {}._sqlx_migrations LIKE {}._sqlx_migrations", other.name, db.name),
+        format!(
+            "INSERT INTO {}._sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (1, 'payments', TRUE, x'00', 1)",
+            other.name
+        ),
+    ] {
+        sqlx::query(&sql).execute(&db.pool).await.unwrap();
+    }
+    match start(&other.name).await.err() {
+        Some(EngineError::SharedMigrationHistory { database, .. }) => assert_eq!(database, other.name),
         other => panic!("expected SharedMigrationHistory, got {other:?}"),
     }
+    other.drop().await;
 }

@@ -90,6 +90,19 @@ pub enum EngineError {
         /// Their session time zone's offset from UTC, in seconds.
         utc_offset_seconds: i64,
     },
+    /// On MySQL the engine's database ([`crate::EngineBuilder::schema`]) is the one the team's
+    /// pool connects to: the engine's tables would sit among the team's and its migrations
+    /// would share their history (each MySQL database keeps one `_sqlx_migrations`). Give the
+    /// engine a database of its own.
+    #[cfg(feature = "mysql")]
+    #[error(
+        "the engine's database {database:?} is the one the team's MySQL pool connects to; give the engine a \
+         database of its own (schema)"
+    )]
+    EngineDatabaseIsTheTeams {
+        /// The database.
+        database: String,
+    },
     /// On MySQL the engine's migrations found other migrations in the history of their database
     /// (each MySQL database keeps one `_sqlx_migrations`): the engine's database is also the
     /// team's, which migrates its own tables there. Give the engine a database of its own

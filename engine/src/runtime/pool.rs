@@ -94,13 +94,17 @@ impl From<MySqlPool> for EnginePool {
 /// turns), and returns the engine's pool:
 /// `host`'s options on that database, at most `max_connections`, opened lazily.
 ///
-/// Errors: [`EngineError::MySqlSession`], [`EngineError::SharedMigrationHistory`], or the
-/// database's (unreachable, no right to create the database, a failed migration).
+/// Errors: [`EngineError::MySqlSession`], [`EngineError::EngineDatabaseIsTheTeams`],
+/// [`EngineError::SharedMigrationHistory`], or the database's (unreachable, no right to create the database, a failed migration).
 #[cfg(feature = "mysql")]
 pub async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32) -> Result<MySqlPool, EngineError> {
-    let (isolation, utc_offset_seconds) = mysql_session(host).await.map_err(SchemaError::Query)?;
-    if isolation != "READ-COMMITTED" || utc_offset_seconds != 0 {
+    let session = mysql_session(host).await.map_err(SchemaError::Query)?;
+    if session.isolation != "READ-COMMITTED" || session.utc_offset_seconds != 0 {
+        let TeamSession { isolation, utc_offset_seconds, .. } = session;
         return Err(EngineError::MySqlSession { isolation, utc_offset_seconds });
+    }
+    if session.database.as_deref() == Some(schema.as_str()) {
+        return Err(EngineError::EngineDatabaseIsTheTeams { database: schema.as_str().to_owned() });
     }
     crate::store::mysql::create_database(&mut *host.acquire().await.map_err(SchemaError::Query)?, schema.as_str())
         .await
@@ -120,19 +124,28 @@ pub async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32
 /// `Engine::start` does first): checks `host`'s session, creates the engine's database `schema`
 /// when missing and migrates it, one process at a time.
 ///
-/// Errors: as [`crate::EngineBuilder::start`]'s: [`EngineError::MySqlSession`], the database's, a
-/// migration's.
+/// Errors: as [`crate::EngineBuilder::start`]'s: [`EngineError::MySqlSession`],
+/// [`EngineError::EngineDatabaseIsTheTeams`], the database's, a migration's.
 #[cfg(feature = "mysql")]
 pub async fn migrate_engine(host: &MySqlPool, schema: &Schema) -> Result<(), EngineError> {
     ready_mysql(host, schema, 1).await?.close().await;
     Ok(())
 }
 
-/// A connection's isolation level (`READ-COMMITTED`, …) and its session time zone's offset from
-/// UTC, in seconds. MySQL 8 names the level `transaction_isolation`; MariaDB 10.11 only
-/// `tx_isolation`.
+/// What [`ready_mysql`] checks of the team's connections.
 #[cfg(feature = "mysql")]
-async fn mysql_session(pool: &MySqlPool) -> Result<(String, i64), sqlx::Error> {
+struct TeamSession {
+    /// The isolation level (`READ-COMMITTED`, …). MySQL 8 names it `transaction_isolation`;
+    /// MariaDB 10.11 only `tx_isolation`.
+    isolation: String,
+    /// The session time zone's offset from UTC, in seconds.
+    utc_offset_seconds: i64,
+    /// The database the connection uses (`DATABASE()`), if any.
+    database: Option<String>,
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql_session(pool: &MySqlPool) -> Result<TeamSession, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     let isolation: Vec<u8> = match sqlx::query_scalar("SELECT CAST(@@session.transaction_isolation AS BINARY)")
         .fetch_one(&mut *conn)
@@ -141,7 +154,13 @@ async fn mysql_session(pool: &MySqlPool) -> Result<(String, i64), sqlx::Error> {
         Ok(level) => level,
         Err(_) => sqlx::query_scalar("SELECT CAST(@@session.tx_isolation AS BINARY)").fetch_one(&mut *conn).await?,
     };
-    let offset: i64 =
-        sqlx::query_scalar("SELECT TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW())").fetch_one(&mut *conn).await?;
-    Ok((String::from_utf8_lossy(&isolation).into_owned(), offset))
+    let (utc_offset_seconds, database): (i64, Option<Vec<u8>>) =
+        sqlx::query_as("SELECT TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW()), CAST(DATABASE() AS BINARY)")
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(TeamSession {
+        isolation: String::from_utf8_lossy(&isolation).into_owned(),
+        utc_offset_seconds,
+        database: database.map(|name| String::from_utf8_lossy(&name).into_owned()),
+    })
 }

@@ -130,10 +130,16 @@ pub(crate) async fn create_database(conn: &mut MySqlConnection, name: &str) -> R
 /// Longest wait for another process's migrations ([`migrate`]).
 const MIGRATION_WAIT_SECONDS: i64 = 300;
 
+/// The name of the migration lock of the connection's database: `<database>.migrations`, or
+/// for a database name over 53 characters a digest of it (MySQL 8 refuses lock names over 64
+/// characters; database names take up to 64).
+const MIGRATION_LOCK: &str = "IF(CHAR_LENGTH(DATABASE()) <= 53, CONCAT(DATABASE(), '.migrations'), \
+     CONCAT('migrations.', LEFT(SHA2(DATABASE(), 256), 48)))";
+
 /// Applies `migrator` to the database `pool` connects to, one process at a time: the whole run
-/// holds `GET_LOCK('<database>.migrations', …)` on a connection of its own (opened with the
-/// pool's options, beside the pool), waiting at most
-/// 300 s for another process's run. sqlx's own migration lock asks `GET_LOCK(…, -1)`, which
+/// holds `GET_LOCK('<database>.migrations', …)` ([`MIGRATION_LOCK`]) on a connection of its own
+/// (opened with the pool's options, beside the pool), waiting at most 300 s for another
+/// process's run. sqlx's own migration lock asks `GET_LOCK(…, -1)`, which
 /// MySQL 8 takes as "wait forever" but MariaDB 10.11 answers at once with NULL (measured): two
 /// processes starting together on MariaDB would both apply the first migration, and one fails
 /// on a "dirty" history.
@@ -143,7 +149,7 @@ const MIGRATION_WAIT_SECONDS: i64 = 300;
 pub async fn migrate(pool: &MySqlPool, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
     // A connection of its own, beside the pool's: a pool of one connection must still migrate.
     let mut holder = sqlx::MySqlConnection::connect_with(&pool.connect_options()).await?;
-    let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(DATABASE(), '.migrations'), ?)")
+    let taken: Option<i64> = sqlx::query_scalar(&format!("SELECT GET_LOCK({MIGRATION_LOCK}, ?)"))
         .bind(MIGRATION_WAIT_SECONDS)
         .fetch_one(&mut holder)
         .await?;
@@ -157,7 +163,7 @@ pub async fn migrate(pool: &MySqlPool, migrator: &Migrator) -> Result<(), sqlx::
     let applied = migrator.run(pool).await;
     // Closing the connection releases the lock as well; released first, so that a close that
     // fails leaves no one waiting.
-    let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.migrations'))").execute(&mut holder).await;
+    let released = sqlx::query(&format!("SELECT RELEASE_LOCK({MIGRATION_LOCK})")).execute(&mut holder).await;
     holder.close().await.ok();
     applied?;
     released?;

@@ -70,16 +70,27 @@ pub trait AccountBooks: Send + Sync {
 
     /// Seconds until the first of the keys over its limit is let through again; `None` when
     /// none is throttled. `limits` pairs each key with its limit; a key's window is `window`
-    /// from its first failure.
+    /// from its first failure, at most a year ([`MAX_THROTTLE_WINDOW`]: a longer one is taken
+    /// as a year).
     async fn throttle_check(&self, limits: &[(String, u32)], window: Duration) -> Result<Option<u64>, AccountError>;
 
-    /// Counts one failure for each key (a key whose window has ended starts a new one).
+    /// Counts one failure for each key (a key whose window has ended starts a new one); the
+    /// window at most a year, as in [`AccountBooks::throttle_check`].
     async fn throttle_fail(&self, keys: &[String], window: Duration) -> Result<(), AccountError>;
 
     /// Forgets the failures of `key` (after a successful sign-in).
     async fn throttle_clear(&self, key: &str) -> Result<(), AccountError>;
 }
 
+
+/// The longest throttle window: a year (longer ones would overflow the databases' date
+/// arithmetic: MySQL makes such a date NULL, which would turn the throttle off).
+pub const MAX_THROTTLE_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// `window`, at most [`MAX_THROTTLE_WINDOW`].
+pub(crate) fn throttle_window(window: Duration) -> Duration {
+    window.min(MAX_THROTTLE_WINDOW)
+}
 
 /// Seconds to wait, from the largest number of seconds left in a window (`None`: no key is
 /// throttled): whole seconds, at least one.

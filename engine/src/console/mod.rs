@@ -62,6 +62,7 @@ pub mod accounts {
     /// The login-failure throttle's keys, per account and per client address (the counts are
     /// kept by [`AccountBooks`]).
     pub mod throttle {
+        pub use crate::accounts::books::MAX_THROTTLE_WINDOW;
         pub use crate::accounts::throttle::{account_key, address_key};
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::Harness;
 use crate::accounts::passwords::{hash_password, verify_password};
+use crate::accounts::books::MAX_THROTTLE_WINDOW;
 use crate::accounts::throttle::{account_key, address_key};
 use crate::accounts::tokens::{token_authenticate, token_create};
 use crate::accounts::users::UserChange;
@@ -103,7 +104,7 @@ pub async fn tokens_authenticate_until_revoked_or_the_owner_is_disabled<H: Harne
 }
 
 /// A key with its limit of failures in its window is refused until it is cleared or the window
-/// ends; a name of any length makes a key.
+/// ends; a name of any length makes a key; a window longer than a year is a year.
 pub async fn the_throttle_refuses_after_the_limit_until_cleared_or_the_window_ends<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
@@ -131,4 +132,10 @@ pub async fn the_throttle_refuses_after_the_limit_until_cleared_or_the_window_en
     let long = [(account_key(&"\u{e9}".repeat(10_000)), 1)];
     books.throttle_fail(&[long[0].0.clone()], window).await.unwrap();
     assert!(books.throttle_check(&long, window).await.unwrap().is_some());
+    // A window of u64::MAX seconds is a year's: the throttle still refuses.
+    let forever = Duration::from_secs(u64::MAX);
+    let bob = [(account_key("bob"), 1)];
+    books.throttle_fail(&[bob[0].0.clone()], forever).await.unwrap();
+    let wait = books.throttle_check(&bob, forever).await.unwrap().expect("throttled for a year");
+    assert!(wait > MAX_THROTTLE_WINDOW.as_secs() - 60 && wait <= MAX_THROTTLE_WINDOW.as_secs(), "{wait}");
 }

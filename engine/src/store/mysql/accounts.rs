@@ -10,7 +10,7 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{Executor, MySql, QueryBuilder};
 
 use crate::accounts::AccountError;
-use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, wait_secs};
+use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, throttle_window, wait_secs};
 use crate::accounts::tokens::ApiToken;
 use crate::accounts::users::{Role, User, UserChange, UserName};
 
@@ -181,7 +181,7 @@ impl AccountBooks for MySqlPool {
         if limits.is_empty() {
             return Ok(None);
         }
-        let window_us = micros(window);
+        let window_us = micros(throttle_window(window));
         let mut q: QueryBuilder<'_, MySql> = QueryBuilder::new(
             "SELECT MAX(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), window_start + INTERVAL ",
         );
@@ -211,7 +211,7 @@ impl AccountBooks for MySqlPool {
         });
         // Assignments run left to right: `failures` is judged on the old `window_start`, which
         // the second assignment then changes.
-        let window_us = micros(window);
+        let window_us = micros(throttle_window(window));
         q.push(" ON DUPLICATE KEY UPDATE failures = IF(window_start + INTERVAL ");
         q.push_bind(window_us).push(" MICROSECOND > UTC_TIMESTAMP(6), failures + 1, 1), window_start = IF(window_start + INTERVAL ");
         q.push_bind(window_us).push(" MICROSECOND > UTC_TIMESTAMP(6), window_start, UTC_TIMESTAMP(6))");

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::PgPool;
 
-use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, wait_secs};
+use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, throttle_window, wait_secs};
 use crate::accounts::tokens::ApiToken;
 use crate::accounts::users::{Role, User, UserChange, UserName};
 use crate::accounts::AccountError;
@@ -144,7 +144,7 @@ impl AccountBooks for PgPool {
         )
         .bind(&keys)
         .bind(&max)
-        .bind(window.as_secs_f64())
+        .bind(throttle_window(window).as_secs_f64())
         .fetch_one(self)
         .await?;
         Ok(wait_secs(left))
@@ -158,7 +158,7 @@ impl AccountBooks for PgPool {
                window_start = CASE WHEN f.window_start + make_interval(secs => $2) > now() THEN f.window_start ELSE now() END",
         )
         .bind(keys)
-        .bind(window.as_secs_f64())
+        .bind(throttle_window(window).as_secs_f64())
         .execute(self)
         .await?;
         Ok(())

@@ -22,14 +22,17 @@ pub mod cleanup;
 pub mod conflicts;
 pub mod drill;
 pub mod handlers;
-mod record;
+pub(crate) mod record;
 pub(crate) mod republish;
 
 use uuid::Uuid;
 
 #[cfg(feature = "testing")]
 pub use record::HAND_DEAD_LETTER_CLASS;
-pub use record::{ActionOutcome, RecordAction, RecordActionKind, record_action};
+pub use record::{
+    ActionOutcome, LockedRecord, RecordAction, RecordActionKind, RecordBooks, RecordChange, RecordTransition,
+    record_action,
+};
 pub use republish::Publishers;
 
 use crate::record::RecordStatus;

@@ -1,16 +1,18 @@
 //! Single-record actions: release, mark succeeded, dead-letter, requeue, one skeleton
 //! ([`record_action`]) for all four. See the module docs of [`crate::actions`] for the guard
-//! protocol they share.
+//! protocol they share. The rules are here; each database's statements are behind
+//! [`RecordBooks`] (`store/postgres/record_books.rs`, `store/mysql/record_books.rs`).
 
+use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::json;
-use sqlx::{FromRow, PgConnection, PgPool};
+use sqlx::FromRow;
 use uuid::Uuid;
 
 use super::republish::{Publishers, StoredMessage, republish};
 use super::{ActionError, optional_reason, required_reason};
 use crate::audit::{AuditOutcome, NewAuditEntry};
-use crate::store::postgres::audit;
+use crate::console::ConsoleStore;
 use crate::record::RecordStatus;
 
 /// What the operator was shown and asks for; the guards of every single-record action.
@@ -60,45 +62,106 @@ pub struct ActionOutcome {
     pub audit_id: i64,
 }
 
-/// The locked row, as the guards see it.
+/// A record's row as an operator action locked it: what the guards check and what a requeue
+/// publishes. Read by [`RecordChange::lock`].
 #[derive(Debug, FromRow)]
-struct Locked {
-    consumer_group: String,
-    status: String,
-    lease_owner: Option<String>,
-    lease_token: Option<Uuid>,
-    lease_expires_at: Option<DateTime<Utc>>,
-    lease_expired: bool,
+pub struct LockedRecord {
+    pub(crate) consumer_group: String,
+    pub(crate) status: String,
+    pub(crate) lease_owner: Option<String>,
+    pub(crate) lease_token: Option<Uuid>,
+    pub(crate) lease_expires_at: Option<DateTime<Utc>>,
+    pub(crate) lease_expired: bool,
     /// A redelivery of the stuck record was parked (acked, payload kept): no delivery of it is
     /// left in the broker.
-    parked: bool,
-    version: i64,
+    pub(crate) parked: bool,
+    pub(crate) version: i64,
     #[sqlx(flatten)]
-    stored: StoredMessage,
+    pub(crate) stored: StoredMessage,
 }
 
-impl Locked {
+impl LockedRecord {
+    /// The record's id.
+    pub fn id(&self) -> i64 {
+        self.stored.id
+    }
+
+    /// Its consumer group.
+    pub fn consumer_group(&self) -> &str {
+        &self.consumer_group
+    }
+
     fn status(&self) -> Result<RecordStatus, ActionError> {
         self.status.parse().map_err(|e| ActionError::Unexpected(anyhow::Error::new(e)))
     }
 }
 
-/// Locks the record for the rest of the transaction.
-async fn lock(conn: &mut PgConnection, id: i64) -> Result<Locked, ActionError> {
-    let sql = format!(
-        "SELECT consumer_group, status, lease_owner, lease_token, lease_expires_at,
-                COALESCE(lease_expires_at < now(), false) AS lease_expired, parked_at IS NOT NULL AS parked,
-                version, {}
-         FROM dedup_records WHERE id = $1 FOR UPDATE",
-        StoredMessage::COLUMNS
-    );
-    sqlx::query_as(&sql).bind(id).fetch_optional(conn).await?.ok_or(ActionError::UnknownRecord(id))
+/// The transition of one operator action, made by [`RecordChange::transition`] on a row it
+/// locked and the guards passed. Each but a requeue closes the open attempt of a `processing`
+/// record (the one its lost worker started) with its outcome and note.
+#[derive(Debug, Clone, Copy)]
+pub enum RecordTransition<'a> {
+    /// `processing` → `failed`, the lease cleared, one more attempt if none is left; with
+    /// `requeue`, due now and no longer parked. The attempt: `released`, `note`.
+    Release {
+        /// Also due now (the stored message is published again).
+        requeue: bool,
+        /// The attempt's note.
+        note: &'a str,
+    },
+    /// → `succeeded`: lease, payload, headers and error class cleared, completed now. The
+    /// attempt: `succeeded`, `note`.
+    MarkSucceeded {
+        /// The attempt's note.
+        note: &'a str,
+    },
+    /// → `dead`, payload kept, `last_error` = `note`, error class [`HAND_DEAD_LETTER_CLASS`].
+    /// The attempt: `dead`, `note`.
+    DeadLetter {
+        /// The attempt's note and the record's last error.
+        note: &'a str,
+    },
+    /// `failed`/`dead` → `failed`, claimable now (one more attempt when none is left).
+    Requeue,
+}
+
+/// The records' rows on one database for the single-record operator actions: the transaction
+/// each runs in. Errors are the database's.
+#[async_trait]
+pub trait RecordBooks: Send + Sync {
+    /// A transaction for one operator's action on a record.
+    async fn begin_record_change(&self) -> Result<Box<dyn RecordChange>, sqlx::Error>;
+}
+
+/// One operator's action on one record, in one transaction: nothing is kept unless it commits.
+#[async_trait]
+pub trait RecordChange: Send {
+    /// Record `id`, its row locked until the transaction ends; `None` when there is none.
+    async fn lock(&mut self, id: i64) -> Result<Option<LockedRecord>, sqlx::Error>;
+
+    /// Makes `change` on the locked `record`, whose status is `from` (guarded again in the
+    /// statement), with the bookkeeping its database needs (the status counts).
+    async fn transition(
+        &mut self,
+        record: &LockedRecord,
+        from: RecordStatus,
+        change: RecordTransition<'_>,
+    ) -> Result<(), sqlx::Error>;
+
+    /// Writes `entry` to the audit log in this transaction; returns its id.
+    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error>;
+
+    /// Commits.
+    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
+
+    /// Rolls back.
+    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
 }
 
 /// The shared guards: an accepted status, the version and status the operator saw, and for a
 /// `processing` record the shown lease token and an expired lease (unless forced).
 fn guard(
-    row: &Locked,
+    row: &LockedRecord,
     action: &'static str,
     allowed: &[RecordStatus],
     params: &RecordAction<'_>,
@@ -146,20 +209,6 @@ fn guard(
     Ok(actual)
 }
 
-/// Closes the open attempt of a `processing` record (the one its lost worker started).
-async fn close_attempt(conn: &mut PgConnection, id: i64, outcome: &str, note: &str) -> Result<(), ActionError> {
-    sqlx::query(
-        "UPDATE record_attempts SET ended_at = now(), outcome = $2, error = $3
-         WHERE record_id = $1 AND ended_at IS NULL",
-    )
-    .bind(id)
-    .bind(outcome)
-    .bind(note)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 /// The transition an action made, before it is audited and committed.
 struct Done {
     from: RecordStatus,
@@ -176,8 +225,8 @@ struct Seen {
 
 /// Audits and commits (on success) or rolls back and audits (on refusal or failure).
 async fn conclude(
-    pool: &PgPool,
-    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    store: &dyn ConsoleStore,
+    mut tx: Box<dyn RecordChange>,
     actor: &str,
     verb: &str,
     params: &RecordAction<'_>,
@@ -209,7 +258,7 @@ async fn conclude(
             detail["from"] = json!(done.from);
             detail["to"] = json!(done.to);
             detail["republished"] = json!(done.republished);
-            let audit_id = audit::insert(&mut *tx, &entry(AuditOutcome::Ok, detail)).await?;
+            let audit_id = tx.audit(&entry(AuditOutcome::Ok, detail)).await?;
             tx.commit().await?;
             tracing::info!(actor, action = verb, record_id = params.record_id, from = %done.from, to = %done.to,
                 republished = done.republished, "operator action");
@@ -227,7 +276,7 @@ async fn conclude(
             // Nothing the action did may commit; the entry goes in on its own.
             tx.rollback().await?;
             detail["error"] = json!(error.to_string());
-            if let Err(e) = audit::insert(pool, &entry(error.audit_outcome(), detail)).await {
+            if let Err(e) = store.record(&entry(error.audit_outcome(), detail)).await {
                 tracing::error!(error = %e, "could not write the audit entry of a refused or failed action");
             }
             Err(error)
@@ -318,13 +367,13 @@ impl RecordActionKind {
 /// Errors: see [`ActionError`]; every refusal leaves the record as it was.
 #[tracing::instrument(skip_all, fields(record_id = params.record_id, action = kind.name(), actor), err(level = "warn"))]
 pub async fn record_action(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     actor: &str,
     kind: RecordActionKind,
     params: &RecordAction<'_>,
     publishers: &Publishers,
 ) -> Result<ActionOutcome, ActionError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = store.begin_record_change().await?;
     let mut seen = Seen::default();
     let result = async {
         if params.requeue && kind != RecordActionKind::Release {
@@ -334,11 +383,10 @@ pub async fn record_action(
             Some(what) => Some(required_reason(params.reason, what)?),
             None => optional_reason(params.reason)?,
         };
-        let row = lock(&mut tx, params.record_id).await?;
+        let row = tx.lock(params.record_id).await?.ok_or(ActionError::UnknownRecord(params.record_id))?;
         seen = Seen { group: Some(row.consumer_group.clone()), message_id: Some(row.stored.message_id.clone()) };
         let from = guard(&row, kind.name(), kind.applies_to(), params)?;
         let note = |done: &str| format!("{done} by {actor}: {}", reason.unwrap_or_default());
-        let id = row.stored.id;
         let (to, republished) = match kind {
             RecordActionKind::Release => {
                 if params.requeue {
@@ -347,56 +395,22 @@ pub async fn record_action(
                 // A parked redelivery was acknowledged: without a republish nothing would ever
                 // bring the released record back, so it is requeued with the release.
                 let requeue = params.requeue || (row.parked && row.stored.check_republishable().is_ok());
-                sqlx::query(
-                    "UPDATE dedup_records SET status = 'failed', version = version + 1, lease_owner = NULL,
-                            lease_token = NULL, lease_expires_at = NULL,
-                            max_attempts = GREATEST(max_attempts, attempts + 1),
-                            next_attempt_at = CASE WHEN $2 THEN now() END,
-                            parked_at = CASE WHEN $2 THEN NULL ELSE parked_at END, updated_at = now()
-                     WHERE id = $1 AND status = 'processing'",
-                )
-                .bind(id)
-                .bind(requeue)
-                .execute(&mut *tx)
-                .await?;
-                close_attempt(&mut tx, id, "released", &note("released")).await?;
+                tx.transition(&row, from, RecordTransition::Release { requeue, note: &note("released") }).await?;
                 (RecordStatus::Failed, requeue)
             }
             RecordActionKind::MarkSucceeded => {
-                sqlx::query(
-                    "UPDATE dedup_records SET status = 'succeeded', version = version + 1, lease_owner = NULL,
-                            lease_token = NULL, lease_expires_at = NULL, completed_at = now(),
-                            next_attempt_at = NULL, parked_at = NULL, payload = NULL, headers = NULL,
-                            error_class = NULL, updated_at = now()
-                     WHERE id = $1 AND status = $2",
-                )
-                .bind(id)
-                .bind(from.as_str())
-                .execute(&mut *tx)
-                .await?;
-                close_attempt(&mut tx, id, "succeeded", &note("marked succeeded")).await?;
+                let note = note("marked succeeded");
+                tx.transition(&row, from, RecordTransition::MarkSucceeded { note: &note }).await?;
                 (RecordStatus::Succeeded, false)
             }
             RecordActionKind::DeadLetter => {
                 let note = note("dead-lettered");
-                sqlx::query(
-                    "UPDATE dedup_records SET status = 'dead', version = version + 1, lease_owner = NULL,
-                            lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
-                            last_error = $3, error_class = $4, updated_at = now()
-                     WHERE id = $1 AND status = $2",
-                )
-                .bind(id)
-                .bind(from.as_str())
-                .bind(&note)
-                .bind(HAND_DEAD_LETTER_CLASS)
-                .execute(&mut *tx)
-                .await?;
-                close_attempt(&mut tx, id, "dead", &note).await?;
+                tx.transition(&row, from, RecordTransition::DeadLetter { note: &note }).await?;
                 (RecordStatus::Dead, false)
             }
             RecordActionKind::Requeue => {
                 row.stored.check_republishable()?;
-                make_claimable(&mut tx, &[id]).await?;
+                tx.transition(&row, from, RecordTransition::Requeue).await?;
                 (RecordStatus::Failed, true)
             }
         };
@@ -406,23 +420,8 @@ pub async fn record_action(
         Ok(Done { from, to, republished })
     }
     .await;
-    conclude(pool, tx, actor, kind.audit_action(), params, seen, result).await
+    conclude(store, tx, actor, kind.audit_action(), params, seen, result).await
 }
 
 /// Error class of records dead-lettered by hand (the dead-letters page groups by it).
 pub const HAND_DEAD_LETTER_CLASS: &str = "OPERATOR: dead-lettered by hand";
-
-/// `failed`/`dead` → `failed`, claimable now (one more attempt when none is left), for rows the
-/// caller has locked and checked. Shared by the single and the bulk requeue.
-pub(crate) async fn make_claimable(conn: &mut PgConnection, ids: &[i64]) -> Result<(), ActionError> {
-    sqlx::query(
-        "UPDATE dedup_records SET status = 'failed', version = version + 1,
-                max_attempts = GREATEST(max_attempts, attempts + 1),
-                next_attempt_at = now(), parked_at = NULL, updated_at = now()
-         WHERE id = ANY($1) AND status IN ('failed', 'dead')",
-    )
-    .bind(ids)
-    .execute(conn)
-    .await?;
-    Ok(())
-}

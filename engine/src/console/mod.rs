@@ -81,8 +81,10 @@ pub mod accounts {
 /// and the CLI make to dedup records, each a guarded compare-and-set written to the audit log.
 pub mod actions {
     pub use crate::actions::{
-        ActionError, ActionOutcome, ErrorKind, Publishers, RecordAction, RecordActionKind, record_action,
+        ActionError, ActionOutcome, ErrorKind, LockedRecord, Publishers, RecordAction, RecordActionKind, RecordBooks,
+        RecordChange, RecordTransition, record_action,
     };
+    pub use crate::actions::record::HAND_DEAD_LETTER_CLASS;
 
     /// Bulk requeue jobs: preview, start, control, and the runner the CLI drives.
     pub mod bulk {

@@ -5,6 +5,7 @@
 //! ConsoleStore` coerces to it).
 
 use crate::accounts::AccountBooks;
+use crate::actions::RecordBooks;
 use crate::actions::handlers::HandlerBooks;
 use crate::audit::AuditLog;
 use crate::console::endpoints::EndpointReads;
@@ -14,14 +15,22 @@ use crate::console::records::RecordReads;
 use crate::runtime::EnginePool;
 
 /// The console's roles on one database: accounts, the audit log, the overview's, failure
-/// pages', endpoint cards' and records' reads, and the handlers' pause rows.
+/// pages', endpoint cards' and records' reads, the handlers' pause rows, and the records'
+/// single-record actions.
 pub trait ConsoleStore:
-    AccountBooks + AuditLog + OverviewReads + FailureReads + EndpointReads + RecordReads + HandlerBooks
+    AccountBooks + AuditLog + OverviewReads + FailureReads + EndpointReads + RecordReads + HandlerBooks + RecordBooks
 {
 }
 
 impl<T> ConsoleStore for T where
-    T: AccountBooks + AuditLog + OverviewReads + FailureReads + EndpointReads + RecordReads + HandlerBooks
+    T: AccountBooks
+        + AuditLog
+        + OverviewReads
+        + FailureReads
+        + EndpointReads
+        + RecordReads
+        + HandlerBooks
+        + RecordBooks
 {
 }
 

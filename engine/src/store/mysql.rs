@@ -42,6 +42,7 @@ mod overview;
 mod failures;
 mod endpoints;
 mod handler_books;
+mod record_books;
 mod records;
 mod books;
 mod claims;

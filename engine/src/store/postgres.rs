@@ -43,6 +43,7 @@ mod overview;
 mod failures;
 mod endpoints;
 mod handler_books;
+pub(crate) mod record_books;
 pub(crate) mod records;
 pub(crate) mod conflicts;
 pub(super) mod errors;

@@ -54,7 +54,7 @@ pub async fn act(
         RecordActionKind::DeadLetter => Kind::DeadLetter,
         RecordActionKind::Requeue => Kind::Requeue,
     };
-    Ok(actions::record_action(state.pool(), actor, kind, &params, state.publishers()).await?.into())
+    Ok(actions::record_action(state.store(), actor, kind, &params, state.publishers()).await?.into())
 }
 
 /// Requeues conflict `id` under a new message id, as `actor`.

@@ -17,7 +17,7 @@ use sqlx::{Connection, FromRow, PgConnection, PgPool};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::super::record::make_claimable;
+use crate::store::postgres::record_books::make_claimable;
 use super::super::republish::{Publishers, StoredMessage, publish_stored};
 use super::{SKIP_REASON_SQL, audit_on_pool};
 use crate::actions::ActionError;

@@ -20,6 +20,8 @@ mod endpoints;
 mod failures;
 mod leases;
 mod overview;
+#[cfg(feature = "rabbitmq")]
+mod record_actions;
 mod records;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -37,6 +39,8 @@ pub use endpoints::*;
 pub use failures::*;
 pub use leases::*;
 pub use overview::*;
+#[cfg(feature = "rabbitmq")]
+pub use record_actions::*;
 pub use records::*;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlHarness;
@@ -251,6 +255,8 @@ macro_rules! conformance_tests {
             stuck_failed_and_dead_records_are_read_as_the_store_left_them,
             endpoint_calls_are_summed_by_the_answer_table,
             an_operator_pauses_and_resumes_a_handler_by_compare_and_set_audited,
+            #[cfg(feature = "rabbitmq")]
+            operators_release_mark_dead_letter_and_requeue_records_by_compare_and_set,
             the_records_list_filters_orders_and_pages_alike,
         );
     };

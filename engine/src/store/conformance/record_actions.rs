@@ -1,0 +1,116 @@
+//! Conformance cases of the single-record operator actions ([`crate::actions::record_action`]
+//! through [`crate::actions::RecordBooks`]): release, mark succeeded, dead-letter and requeue
+//! as guarded compare-and-sets, the status counts following each, every outcome audited.
+
+use uuid::Uuid;
+
+use super::claims::{claim_one, claimed, fail, lease, msg, record};
+use super::{GROUP, Harness};
+use crate::actions::RecordActionKind::{DeadLetter, MarkSucceeded, Release, Requeue};
+use crate::actions::{ActionError, HAND_DEAD_LETTER_CLASS, Publishers, RecordAction, record_action};
+use crate::audit::AuditFilter;
+use crate::console::console_store;
+use crate::record::RecordStatus::{Dead, Failed, Processing, Succeeded};
+use crate::retry::Backoff;
+use crate::testing::{TestBroker, amqp_url};
+
+/// A stuck record is released (a stale lease token refused), then marked succeeded (a stale
+/// version refused); a failed one is dead-lettered, then requeued through the broker (shown
+/// dead a second time: refused, no second copy); two operators at once on one stuck record:
+/// one passes. The counts match the rows after each, and the audit log holds every outcome.
+pub async fn operators_release_mark_dead_letter_and_requeue_records_by_compare_and_set<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let store = console_store(&pool);
+    let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 });
+    let mut publishers = Publishers::default();
+    publishers.add(GROUP, broker.connector());
+    let l = lease("w1");
+    let reason = Some("drill <b>\u{1F6A7}</b>");
+    let shown = |record_id, status, lease_token, expected_version| RecordAction {
+        record_id,
+        expected_status: Some(status),
+        lease_token,
+        expected_version,
+        reason,
+        ..RecordAction::default()
+    };
+
+    // A stuck record: its worker's lease ran out.
+    let stuck_msg = msg("ACT.1", "ORDER.PAY", r#"{"n":1}"#);
+    let stuck = claimed(claim_one(&h, &stuck_msg, &l).await);
+    h.expire_lease(stuck.id).await;
+    let token = record(&h, &stuck_msg).await.lease_token;
+    let stale = record_action(store, "user:ann", Release, &shown(stuck.id, Processing, Some(Uuid::new_v4()), None), &publishers).await;
+    assert!(matches!(stale, Err(ActionError::StaleLease { .. })), "{stale:?}");
+    let released = record_action(store, "user:ann", Release, &shown(stuck.id, Processing, token, None), &publishers).await.unwrap();
+    assert_eq!((released.from, released.status, released.republished), (Processing, Failed, false));
+    assert_eq!((released.consumer_group.as_str(), released.message_id.as_str()), (GROUP, "ACT.1"));
+    let row = record(&h, &stuck_msg).await;
+    assert_eq!((row.status.as_str(), row.leased, row.retry_due, row.max_attempts), ("failed", false, false, 3));
+    assert_eq!(h.counted().await, h.actual().await);
+
+    let version = row.version;
+    let changed = record_action(store, "user:ann", MarkSucceeded, &shown(stuck.id, Failed, None, Some(version - 1)), &publishers).await;
+    assert!(matches!(changed, Err(ActionError::Changed { .. })), "{changed:?}");
+    let marked = record_action(store, "user:ann", MarkSucceeded, &shown(stuck.id, Failed, None, Some(version)), &publishers).await.unwrap();
+    assert_eq!((marked.from, marked.status), (Failed, Succeeded));
+    let row = record(&h, &stuck_msg).await;
+    assert_eq!((row.status.as_str(), row.has_payload, row.completed, row.version), ("succeeded", false, true, version + 1));
+    assert_eq!(h.counted().await, h.actual().await);
+
+    // A failed record, dead-lettered by hand, then requeued through the broker.
+    let mut failed_msg = msg("ACT.2", "ORDER.PAY", r#"{"n":2}"#);
+    failed_msg.message.source.exchange = Some(broker.settings.exchange.clone());
+    let failing = claimed(claim_one(&h, &failed_msg, &l).await);
+    fail(&h, &failing, &failed_msg, &l, false).await;
+    let dead = record_action(store, "user:ann", DeadLetter, &shown(failing.id, Failed, None, None), &publishers).await.unwrap();
+    assert_eq!((dead.from, dead.status), (Failed, Dead));
+    let row = record(&h, &failed_msg).await;
+    assert_eq!((row.status.as_str(), row.error_class.as_deref(), row.has_payload), ("dead", Some(HAND_DEAD_LETTER_CLASS), true));
+    assert!(row.last_error.unwrap_or_default().starts_with("dead-lettered by user:ann: drill"));
+    assert_eq!(h.counted().await, h.actual().await);
+    let requeued = record_action(store, "user:bob", Requeue, &shown(failing.id, Dead, None, None), &publishers).await.unwrap();
+    assert_eq!((requeued.from, requeued.status, requeued.republished), (Dead, Failed, true));
+    let row = record(&h, &failed_msg).await;
+    assert_eq!((row.status.as_str(), row.retry_due, row.attempts, row.max_attempts), ("failed", true, 1, 3));
+    let again = record_action(store, "user:bob", Requeue, &shown(failing.id, Dead, None, None), &publishers).await;
+    assert!(matches!(again, Err(ActionError::WrongStatus { actual: Failed, .. })), "{again:?}");
+    assert_eq!(broker.depth(&broker.settings.queue).await, 1, "one copy");
+    assert_eq!(h.counted().await, h.actual().await);
+    let unknown = record_action(store, "user:bob", Requeue, &shown(i64::MAX, Dead, None, None), &publishers).await;
+    assert!(matches!(unknown, Err(ActionError::UnknownRecord(i64::MAX))), "{unknown:?}");
+
+    // Two operators at once on one stuck record: the row lock lets one pass.
+    let raced_msg = msg("ACT.3", "ORDER.PAY", r#"{"n":3}"#);
+    let raced = claimed(claim_one(&h, &raced_msg, &l).await);
+    h.expire_lease(raced.id).await;
+    let token = record(&h, &raced_msg).await.lease_token;
+    let p = shown(raced.id, Processing, token, None);
+    let (a, b) = tokio::join!(
+        record_action(store, "user:a", Release, &p, &publishers),
+        record_action(store, "user:b", DeadLetter, &p, &publishers)
+    );
+    assert!(a.is_ok() != b.is_ok(), "exactly one of two: {a:?} / {b:?}");
+    assert_eq!(h.counted().await, h.actual().await);
+
+    let entries = store.list(&AuditFilter::default()).await.unwrap();
+    let mut seen: Vec<(&str, &str)> = entries.iter().rev().map(|e| (e.action.as_str(), e.outcome.as_str())).collect();
+    seen.truncate(8); // the race's two entries come in either order
+    assert_eq!(
+        seen,
+        [
+            ("record.release", "refused"),
+            ("record.release", "ok"),
+            ("record.mark_succeeded", "refused"),
+            ("record.mark_succeeded", "ok"),
+            ("record.dead_letter", "ok"),
+            ("record.requeue", "ok"),
+            ("record.requeue", "refused"),
+            ("record.requeue", "refused"),
+        ]
+    );
+    let ok = entries.iter().rev().find(|e| e.action == "record.release" && e.outcome == "ok").unwrap();
+    assert_eq!((ok.reason.as_deref(), ok.consumer_group.as_deref()), (reason, Some(GROUP)));
+    assert_eq!(ok.message_ids, ["ACT.1"]);
+}

@@ -43,6 +43,7 @@ mod failures;
 mod endpoints;
 mod handler_books;
 mod record_books;
+mod conflict_books;
 mod records;
 mod books;
 mod claims;
@@ -138,7 +139,7 @@ const MIGRATION_LOCK: &str = "IF(CHAR_LENGTH(DATABASE()) <= 53, CONCAT(DATABASE(
      CONCAT('migrations.', LEFT(SHA2(DATABASE(), 256), 48)))";
 
 /// Applies `migrator` to the database `pool` connects to, one process at a time: the whole run
-/// holds `GET_LOCK('<database>.migrations', …)` ([`MIGRATION_LOCK`]) on a connection of its own
+/// holds `GET_LOCK('<database>.migrations', …)` (`MIGRATION_LOCK`) on a connection of its own
 /// (opened with the pool's options, beside the pool), waiting at most 300 s for another
 /// process's run. sqlx's own migration lock asks `GET_LOCK(…, -1)`, which
 /// MySQL 8 takes as "wait forever" but MariaDB 10.11 answers at once with NULL (measured): two

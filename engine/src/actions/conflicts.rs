@@ -6,18 +6,20 @@
 //! (`conflict.requeue`, `conflict.dismiss`) in the same transaction; a requeue holds it while the
 //! broker confirms the copy. The bulk requeue takes reused ids only: a payload conflict was
 //! judged a duplicate (often a producer's retry with a new send time), so running it again is an
-//! operator's call, copy by copy.
+//! operator's call, copy by copy. The rules are here; each database's statements are behind
+//! [`ConflictBooks`] (`store/<database>/conflict_books.rs`).
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sqlx::{FromRow, PgPool};
+use sqlx::FromRow;
 
 use super::ActionError;
 use super::bulk::audit_on_pool;
 use super::republish::{Publishers, StoredMessage, publish_stored};
 use crate::audit::{AuditOutcome, NewAuditEntry};
-use crate::store::postgres::audit;
+use crate::console::ConsoleStore;
 use crate::record::MAX_MESSAGE_ID_BYTES;
 
 /// One kept copy.
@@ -76,18 +78,56 @@ impl From<Vec<u8>> for Lossy {
 /// Bytes of a copy's payload a listing shows.
 pub const PAYLOAD_SHOWN_BYTES: i32 = 2048;
 
-const COLUMNS: &str = "id, record_id, consumer_group, message_id, kind, message_type, id_source,
-    substring(payload FROM 1 FOR 2048) AS payload_excerpt, length(payload) AS payload_bytes,
-    source_exchange, source_routing_key, copies, first_seen_at, last_seen_at, requeued_as, settled_at, settled_by";
+/// The kept copies on one database: their listing, and the transaction an operator settles
+/// one in. Errors are the database's.
+#[async_trait]
+pub trait ConflictBooks: Send + Sync {
+    /// The copies kept for record `record_id`, oldest first.
+    async fn conflict_copies(&self, record_id: i64) -> Result<Vec<RecordConflict>, sqlx::Error>;
+
+    /// The ids of the open reused-id (`type`) copies of `group` (all groups when `None`), by id.
+    async fn open_conflict_ids(&self, group: Option<&str>) -> Result<Vec<i64>, sqlx::Error>;
+
+    /// A transaction for one operator's settlement of a copy.
+    async fn begin_conflict_change(&self) -> Result<Box<dyn ConflictChange>, sqlx::Error>;
+}
+
+/// One operator's settlement of a kept copy, in one transaction: nothing is kept unless it
+/// commits.
+#[async_trait]
+pub trait ConflictChange: Send {
+    /// Copy `id` with its message, its row locked until the transaction ends; `None` when there
+    /// is none.
+    async fn lock(&mut self, id: i64) -> Result<Option<LockedConflict>, sqlx::Error>;
+
+    /// Settles copy `id` as `actor` now: requeued under `requeued_as`, or dismissed (`None`).
+    async fn settle(&mut self, id: i64, actor: &str, requeued_as: Option<&str>) -> Result<(), sqlx::Error>;
+
+    /// Writes `entry` to the audit log in this transaction; returns its id.
+    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error>;
+
+    /// Commits.
+    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
+
+    /// Rolls back.
+    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
+}
+
+/// A kept copy as an operator's settlement locked it: its message as a requeue publishes it
+/// (`id` is the record's), whether it is settled, and where its message id came from.
+#[derive(Debug, FromRow)]
+pub struct LockedConflict {
+    #[sqlx(flatten)]
+    pub(crate) stored: StoredMessage,
+    pub(crate) settled_at: Option<DateTime<Utc>>,
+    pub(crate) id_source: String,
+}
 
 /// The copies kept for record `record_id`, oldest first.
 ///
 /// Errors: the database's.
-pub async fn record_conflicts(pool: &PgPool, record_id: i64) -> Result<Vec<RecordConflict>, ActionError> {
-    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM record_conflicts WHERE record_id = $1 ORDER BY id"))
-        .bind(record_id)
-        .fetch_all(pool)
-        .await?)
+pub async fn record_conflicts(store: &dyn ConsoleStore, record_id: i64) -> Result<Vec<RecordConflict>, ActionError> {
+    Ok(store.conflict_copies(record_id).await?)
 }
 
 /// The new message id of conflict `id` of `message_id`: `<message id>#conflict-<id>`, the
@@ -116,24 +156,15 @@ fn new_message_id(message_id: &str, id: i64) -> String {
 /// errors.
 #[tracing::instrument(skip_all, fields(conflict = id, actor), err(level = "warn"))]
 pub async fn requeue_conflict(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     actor: &str,
     id: i64,
     publishers: &Publishers,
 ) -> Result<String, ActionError> {
+    let mut tx = store.begin_conflict_change().await?;
     let result = async {
-        let mut tx = pool.begin().await?;
-        let row: Option<StoredRow> = sqlx::query_as(
-            "SELECT record_id AS id, consumer_group, message_id, source_broker, source_exchange, source_routing_key,
-                    payload, false AS payload_truncated, headers, content_type, type_property, false AS poison,
-                    settled_at, id_source
-             FROM record_conflicts WHERE id = $1 FOR UPDATE",
-        )
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let StoredRow { mut stored, settled_at, id_source } =
-            row.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
+        let LockedConflict { mut stored, settled_at, id_source } =
+            tx.lock(id).await?.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
         refuse_settled(id, settled_at)?;
         let original = std::mem::take(&mut stored.message_id);
         stored.message_id = new_message_id(&original, id);
@@ -142,12 +173,7 @@ pub async fn requeue_conflict(
         let published = publish_stored(publisher.as_ref(), &stored).await;
         publisher.close().await;
         published?;
-        sqlx::query("UPDATE record_conflicts SET requeued_as = $2, settled_at = now(), settled_by = $3 WHERE id = $1")
-            .bind(id)
-            .bind(&stored.message_id)
-            .bind(actor)
-            .execute(&mut *tx)
-            .await?;
+        tx.settle(id, actor, Some(&stored.message_id)).await?;
         let ids = [original, stored.message_id.clone()];
         let entry = NewAuditEntry {
             actor,
@@ -159,16 +185,36 @@ pub async fn requeue_conflict(
             detail: json!({ "conflict_id": id, "record_id": stored.id, "requeued_as": stored.message_id }),
             source: None,
         };
-        audit::insert(&mut *tx, &entry).await?;
-        tx.commit().await?;
+        tx.audit(&entry).await?;
         Ok::<String, ActionError>(stored.message_id)
     }
     .await;
-    if let Err(e) = &result {
-        let detail = json!({ "conflict_id": id, "error": e.to_string() });
-        audit_on_pool(pool, actor, "conflict.requeue", e.audit_outcome(), None, detail).await;
+    conclude(store, tx, actor, "conflict.requeue", id, None, result).await
+}
+
+/// Commits `tx` when `result` is a success; otherwise rolls it back and audits the refusal or
+/// failure on its own.
+async fn conclude<T>(
+    store: &dyn ConsoleStore,
+    tx: Box<dyn ConflictChange>,
+    actor: &str,
+    action: &'static str,
+    id: i64,
+    reason: Option<&str>,
+    result: Result<T, ActionError>,
+) -> Result<T, ActionError> {
+    match result {
+        Ok(done) => {
+            tx.commit().await?;
+            Ok(done)
+        }
+        Err(e) => {
+            tx.rollback().await?;
+            let detail = json!({ "conflict_id": id, "error": e.to_string() });
+            audit_on_pool(store, actor, action, e.audit_outcome(), reason, detail).await;
+            Err(e)
+        }
     }
-    result
 }
 
 fn refuse_settled(id: i64, settled_at: Option<DateTime<Utc>>) -> Result<(), ActionError> {
@@ -184,61 +230,39 @@ fn refuse_settled(id: i64, settled_at: Option<DateTime<Utc>>) -> Result<(), Acti
 /// Errors: [`ActionError::Invalid`] (no reason), [`ActionError::UnknownJob`],
 /// [`ActionError::Refused`] (settled already), database errors.
 #[tracing::instrument(skip_all, fields(conflict = id, actor), err(level = "warn"))]
-pub async fn dismiss_conflict(pool: &PgPool, actor: &str, id: i64, reason: &str) -> Result<(), ActionError> {
+pub async fn dismiss_conflict(store: &dyn ConsoleStore, actor: &str, id: i64, reason: &str) -> Result<(), ActionError> {
+    let mut tx = store.begin_conflict_change().await?;
     let result = async {
         let reason = reason.trim();
         if reason.is_empty() {
             return Err(ActionError::Invalid("give a reason to dismiss a conflicting copy".to_owned()));
         }
-        let mut tx = pool.begin().await?;
-        let row: Option<(String, String, i64, Option<DateTime<Utc>>)> = sqlx::query_as(
-            "SELECT consumer_group, message_id, record_id, settled_at FROM record_conflicts WHERE id = $1 FOR UPDATE",
-        )
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let (group, message_id, record_id, settled_at) = row.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
-        refuse_settled(id, settled_at)?;
-        sqlx::query("UPDATE record_conflicts SET settled_at = now(), settled_by = $2 WHERE id = $1")
-            .bind(id)
-            .bind(actor)
-            .execute(&mut *tx)
-            .await?;
+        let locked = tx.lock(id).await?.ok_or(ActionError::UnknownJob { what: "conflict", id })?;
+        refuse_settled(id, locked.settled_at)?;
+        tx.settle(id, actor, None).await?;
         let entry = NewAuditEntry {
             actor,
             action: "conflict.dismiss",
             outcome: AuditOutcome::Ok,
             reason: Some(reason),
-            consumer_group: Some(&group),
-            message_ids: &[message_id],
-            detail: json!({ "conflict_id": id, "record_id": record_id }),
+            consumer_group: Some(&locked.stored.consumer_group),
+            message_ids: std::slice::from_ref(&locked.stored.message_id),
+            detail: json!({ "conflict_id": id, "record_id": locked.stored.id }),
             source: None,
         };
-        audit::insert(&mut *tx, &entry).await?;
-        tx.commit().await?;
+        tx.audit(&entry).await?;
         Ok(())
     }
     .await;
-    if let Err(e) = &result {
-        let detail = json!({ "conflict_id": id, "error": e.to_string() });
-        audit_on_pool(pool, actor, "conflict.dismiss", e.audit_outcome(), Some(reason), detail).await;
-    }
-    result
+    conclude(store, tx, actor, "conflict.dismiss", id, Some(reason), result).await
 }
 
 /// The open reused-id conflicts of `group` (all groups when `None`): those [`requeue_conflicts`]
 /// would requeue. Payload conflicts are left out (see the module).
 ///
 /// Errors: the database's.
-pub async fn open_conflicts(pool: &PgPool, group: Option<&str>) -> Result<Vec<i64>, ActionError> {
-    Ok(sqlx::query_scalar(
-        "SELECT id FROM record_conflicts
-         WHERE settled_at IS NULL AND kind = 'type' AND ($1::text IS NULL OR consumer_group = $1)
-         ORDER BY id",
-    )
-    .bind(group)
-    .fetch_all(pool)
-    .await?)
+pub async fn open_conflicts(store: &dyn ConsoleStore, group: Option<&str>) -> Result<Vec<i64>, ActionError> {
+    Ok(store.open_conflict_ids(group).await?)
 }
 
 /// Every open reused-id conflict of `group` (all groups when `None`), by id: requeued one after
@@ -246,28 +270,20 @@ pub async fn open_conflicts(pool: &PgPool, group: Option<&str>) -> Result<Vec<i6
 ///
 /// Errors: the database's, listing them.
 pub async fn requeue_conflicts(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     actor: &str,
     group: Option<&str>,
     publishers: &Publishers,
 ) -> Result<(Vec<(i64, String)>, Vec<(i64, ActionError)>), ActionError> {
-    let open = open_conflicts(pool, group).await?;
+    let open = open_conflicts(store, group).await?;
     let (mut done, mut failed) = (Vec::new(), Vec::new());
     for id in open {
-        match requeue_conflict(pool, actor, id, publishers).await {
+        match requeue_conflict(store, actor, id, publishers).await {
             Ok(new_id) => done.push((id, new_id)),
             Err(e) => failed.push((id, e)),
         }
     }
     Ok((done, failed))
-}
-
-#[derive(FromRow)]
-struct StoredRow {
-    #[sqlx(flatten)]
-    stored: StoredMessage,
-    settled_at: Option<DateTime<Utc>>,
-    id_source: String,
 }
 
 /// Writes the copy's new message id into the header its old id was read from (`id_source` of

@@ -80,11 +80,11 @@ pub mod accounts {
 /// Operator actions (DESIGN.md, "Operator actions"): the only writes the console, the REST API
 /// and the CLI make to dedup records, each a guarded compare-and-set written to the audit log.
 pub mod actions {
+    pub use crate::actions::record::HAND_DEAD_LETTER_CLASS;
     pub use crate::actions::{
         ActionError, ActionOutcome, ErrorKind, LockedRecord, Publishers, RecordAction, RecordActionKind, RecordBooks,
         RecordChange, RecordTransition, record_action,
     };
-    pub use crate::actions::record::HAND_DEAD_LETTER_CLASS;
 
     /// Bulk requeue jobs: preview, start, control, and the runner the CLI drives.
     pub mod bulk {
@@ -103,8 +103,8 @@ pub mod actions {
     /// not: listed, counted, requeued under a new id.
     pub mod conflicts {
         pub use crate::actions::conflicts::{
-            Lossy, PAYLOAD_SHOWN_BYTES, RecordConflict, dismiss_conflict, open_conflicts, record_conflicts,
-            requeue_conflict, requeue_conflicts,
+            ConflictBooks, ConflictChange, LockedConflict, Lossy, PAYLOAD_SHOWN_BYTES, RecordConflict,
+            dismiss_conflict, open_conflicts, record_conflicts, requeue_conflict, requeue_conflicts,
         };
     }
 

@@ -6,6 +6,7 @@
 
 use crate::accounts::AccountBooks;
 use crate::actions::RecordBooks;
+use crate::actions::conflicts::ConflictBooks;
 use crate::actions::handlers::HandlerBooks;
 use crate::audit::AuditLog;
 use crate::console::endpoints::EndpointReads;
@@ -15,10 +16,18 @@ use crate::console::records::RecordReads;
 use crate::runtime::EnginePool;
 
 /// The console's roles on one database: accounts, the audit log, the overview's, failure
-/// pages', endpoint cards' and records' reads, the handlers' pause rows, and the records'
-/// single-record actions.
+/// pages', endpoint cards' and records' reads, the handlers' pause rows, the single-record
+/// actions, and the kept conflicting copies.
 pub trait ConsoleStore:
-    AccountBooks + AuditLog + OverviewReads + FailureReads + EndpointReads + RecordReads + HandlerBooks + RecordBooks
+    AccountBooks
+    + AuditLog
+    + OverviewReads
+    + FailureReads
+    + EndpointReads
+    + RecordReads
+    + HandlerBooks
+    + RecordBooks
+    + ConflictBooks
 {
 }
 
@@ -31,6 +40,7 @@ impl<T> ConsoleStore for T where
         + RecordReads
         + HandlerBooks
         + RecordBooks
+        + ConflictBooks
 {
 }
 

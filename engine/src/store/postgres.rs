@@ -44,6 +44,7 @@ mod failures;
 mod endpoints;
 mod handler_books;
 pub(crate) mod record_books;
+mod conflict_books;
 pub(crate) mod records;
 pub(crate) mod conflicts;
 pub(super) mod errors;

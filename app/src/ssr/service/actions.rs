@@ -66,7 +66,7 @@ pub async fn requeue_conflict(
     actor: &str,
     id: i64,
 ) -> Result<ConflictRequeuedView, ConsoleError> {
-    let requeued_as = conflicts::requeue_conflict(state.pool(), actor, id, state.publishers()).await?;
+    let requeued_as = conflicts::requeue_conflict(state.store(), actor, id, state.publishers()).await?;
     Ok(ConflictRequeuedView { conflict_id: id, requeued_as })
 }
 
@@ -74,7 +74,7 @@ pub async fn requeue_conflict(
 ///
 /// Errors: 400 without a reason, 404 for an unknown conflict, 409 when it was settled already.
 pub async fn dismiss_conflict(state: &ConsoleState, actor: &str, id: i64, reason: &str) -> Result<(), ConsoleError> {
-    Ok(conflicts::dismiss_conflict(state.pool(), actor, id, reason).await?)
+    Ok(conflicts::dismiss_conflict(state.store(), actor, id, reason).await?)
 }
 
 impl From<ActionOutcome> for ActionResultView {

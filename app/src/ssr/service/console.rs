@@ -191,7 +191,7 @@ pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, C
         delay_ms,
         held,
     });
-    let conflicts = dedup_engine::console::actions::conflicts::record_conflicts(state.pool(), id).await?;
+    let conflicts = dedup_engine::console::actions::conflicts::record_conflicts(state.store(), id).await?;
     let mut view = record_detail_view(detail, late, key, marker);
     view.conflicts = conflicts
         .into_iter()

@@ -257,6 +257,8 @@ macro_rules! conformance_tests {
             an_operator_pauses_and_resumes_a_handler_by_compare_and_set_audited,
             #[cfg(feature = "rabbitmq")]
             operators_release_mark_dead_letter_and_requeue_records_by_compare_and_set,
+            #[cfg(feature = "rabbitmq")]
+            operators_requeue_and_dismiss_kept_copies_once,
             the_records_list_filters_orders_and_pages_alike,
         );
     };

@@ -1,18 +1,31 @@
-//! Conformance cases of the single-record operator actions ([`crate::actions::record_action`]
-//! through [`crate::actions::RecordBooks`]): release, mark succeeded, dead-letter and requeue
-//! as guarded compare-and-sets, the status counts following each, every outcome audited.
+//! Conformance cases of the operator actions on one record ([`crate::actions::record_action`]
+//! through [`crate::actions::RecordBooks`]: release, mark succeeded, dead-letter and requeue)
+//! and on one kept copy ([`crate::actions::conflicts::ConflictBooks`]: requeue, dismiss), as
+//! guarded compare-and-sets, the status counts following each, every outcome audited.
 
 use uuid::Uuid;
 
-use super::claims::{claim_one, claimed, fail, lease, msg, record};
+use super::claims::{claim_one, claimed, complete, fail, lease, msg, record};
+use super::roles::{copy, keep};
 use super::{GROUP, Harness};
 use crate::actions::RecordActionKind::{DeadLetter, MarkSucceeded, Release, Requeue};
+use crate::actions::conflicts::{dismiss_conflict, open_conflicts, record_conflicts, requeue_conflict};
 use crate::actions::{ActionError, HAND_DEAD_LETTER_CLASS, Publishers, RecordAction, record_action};
 use crate::audit::AuditFilter;
 use crate::console::console_store;
 use crate::record::RecordStatus::{Dead, Failed, Processing, Succeeded};
 use crate::retry::Backoff;
+use crate::store::postgres::ConflictKind;
 use crate::testing::{TestBroker, amqp_url};
+
+/// A test broker, and publishers whose group [`GROUP`] publishes to its exchange (its work
+/// queue gets everything published there).
+fn broker() -> (TestBroker, Publishers) {
+    let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 });
+    let mut publishers = Publishers::default();
+    publishers.add(GROUP, broker.connector());
+    (broker, publishers)
+}
 
 /// A stuck record is released (a stale lease token refused), then marked succeeded (a stale
 /// version refused); a failed one is dead-lettered, then requeued through the broker (shown
@@ -22,9 +35,7 @@ pub async fn operators_release_mark_dead_letter_and_requeue_records_by_compare_a
     let h = H::fresh().await;
     let pool = h.engine_pool();
     let store = console_store(&pool);
-    let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 });
-    let mut publishers = Publishers::default();
-    publishers.add(GROUP, broker.connector());
+    let (broker, publishers) = broker();
     let l = lease("w1");
     let reason = Some("drill <b>\u{1F6A7}</b>");
     let shown = |record_id, status, lease_token, expected_version| RecordAction {
@@ -113,4 +124,72 @@ pub async fn operators_release_mark_dead_letter_and_requeue_records_by_compare_a
     let ok = entries.iter().rev().find(|e| e.action == "record.release" && e.outcome == "ok").unwrap();
     assert_eq!((ok.reason.as_deref(), ok.consumer_group.as_deref()), (reason, Some(GROUP)));
     assert_eq!(ok.message_ids, ["ACT.1"]);
+}
+
+/// Kept copies are listed; a reused id's copy is requeued once under its new id through the
+/// broker, a payload copy dismissed with a reason; a settled copy, an unknown one and a
+/// dismissal without a reason are refused; the open reused-id copies are found per group.
+pub async fn operators_requeue_and_dismiss_kept_copies_once<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let store = console_store(&pool);
+    let (broker, publishers) = broker();
+    let l = lease("w1");
+    let m = msg("COPY.1", "ORDER.PAY", r#"{"n":1}"#);
+    let c = claimed(claim_one(&h, &m, &l).await);
+    complete(&h, &[&c], &l).await;
+    let mut reused = msg("COPY.1", "ORDER.REFUND", r#"{"n":2}"#);
+    reused.message.source.exchange = Some(broker.settings.exchange.clone());
+    let other = msg("COPY.1", "ORDER.PAY", r#"{"n":3}"#);
+    keep(&h, &[copy(c.id, &reused, ConflictKind::Type), copy(c.id, &other, ConflictKind::Payload)], true).await;
+
+    // Oldest first: the order the store kept the batch in (each store sorts it its own way).
+    let mut copies = record_conflicts(store, c.id).await.unwrap();
+    assert!(copies.windows(2).all(|w| w[0].id < w[1].id));
+    copies.sort_by(|a, b| b.kind.cmp(&a.kind));
+    let listed: Vec<_> = copies
+        .iter()
+        .map(|k| (k.kind.as_str(), k.message_type.as_str(), k.payload_excerpt.0.as_str(), k.payload_bytes, k.settled_at))
+        .collect();
+    assert_eq!(listed, [("type", "ORDER.REFUND", r#"{"n":2}"#, 7, None), ("payload", "ORDER.PAY", r#"{"n":3}"#, 7, None)]);
+    assert_eq!((copies[0].consumer_group.as_str(), copies[0].message_id.as_str(), copies[0].copies), (GROUP, "COPY.1", 1));
+    let (type_id, payload_id) = (copies[0].id, copies[1].id);
+    assert_eq!(open_conflicts(store, Some(GROUP)).await.unwrap(), [type_id], "reused ids only");
+    assert_eq!(open_conflicts(store, Some("another-group")).await.unwrap(), Vec::<i64>::new());
+    assert_eq!(open_conflicts(store, None).await.unwrap(), [type_id]);
+
+    let new_id = requeue_conflict(store, "user:ann", type_id, &publishers).await.unwrap();
+    assert_eq!(new_id, format!("COPY.1#conflict-{type_id}"));
+    let again = requeue_conflict(store, "user:ann", type_id, &publishers).await;
+    assert!(matches!(again, Err(ActionError::Refused(_))), "{again:?}");
+    assert_eq!(broker.depth(&broker.settings.queue).await, 1, "one copy");
+    let blank = dismiss_conflict(store, "user:bob", payload_id, "  ").await;
+    assert!(matches!(blank, Err(ActionError::Invalid(_))), "{blank:?}");
+    dismiss_conflict(store, "user:bob", payload_id, "a producer's retry").await.unwrap();
+    let twice = dismiss_conflict(store, "user:bob", payload_id, "again").await;
+    assert!(matches!(twice, Err(ActionError::Refused(_))), "{twice:?}");
+    let unknown = dismiss_conflict(store, "user:bob", i64::MAX, "x").await;
+    assert!(matches!(unknown, Err(ActionError::UnknownJob { .. })), "{unknown:?}");
+
+    let mut copies = record_conflicts(store, c.id).await.unwrap();
+    copies.sort_by(|a, b| b.kind.cmp(&a.kind));
+    let settled: Vec<_> =
+        copies.iter().map(|k| (k.requeued_as.as_deref(), k.settled_by.as_deref(), k.settled_at.is_some())).collect();
+    assert_eq!(settled, [(Some(new_id.as_str()), Some("user:ann"), true), (None, Some("user:bob"), true)]);
+    assert_eq!(open_conflicts(store, None).await.unwrap(), Vec::<i64>::new());
+
+    let entries = store.list(&AuditFilter::default()).await.unwrap();
+    let seen: Vec<(&str, &str)> = entries.iter().rev().map(|e| (e.action.as_str(), e.outcome.as_str())).collect();
+    assert_eq!(
+        seen,
+        [
+            ("conflict.requeue", "ok"),
+            ("conflict.requeue", "refused"),
+            ("conflict.dismiss", "refused"),
+            ("conflict.dismiss", "ok"),
+            ("conflict.dismiss", "refused"),
+            ("conflict.dismiss", "refused"),
+        ]
+    );
+    assert_eq!(entries.last().unwrap().message_ids, ["COPY.1".to_owned(), new_id]);
 }

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use dedup_engine::LateDuplicatePolicy;
 use dedup_engine::actions::Publishers;
-use dedup_engine::actions::cleanup::late::{RetentionWatch, late_duplicate_of, late_duplicates};
+use dedup_engine::actions::cleanup::late::{RetentionWatch, late_duplicates};
 use dedup_engine::actions::cleanup::{ScheduleInput, cleanup_runs, cleanup_schedule_save, retention_advice, scheduler};
 use dedup_engine::actions::{RecordAction, RecordActionKind, record_action};
+use dedup_engine::console::records::RecordReads;
 use dedup_engine::handler::{Handler, HandlerRegistry};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline};
 use dedup_engine::record::LeaseExpiryPolicy;
@@ -99,7 +100,7 @@ async fn replayed_after_cleanup_they_are_late_duplicates_with_their_delay_and_pr
         per_group[0].longest_delay_ms
     );
     let record: i64 = count(pool, "SELECT min(id) FROM dedup_records").await;
-    let (_, delay_ms, held) = late_duplicate_of(pool, record).await.unwrap().expect("noted on the record");
+    let (_, delay_ms, held) = pool.late_duplicate_note(record).await.unwrap().expect("noted on the record");
     assert!(delay_ms >= forty_days_ms && !held);
     let advice = retention_advice(pool).await.unwrap();
     assert!(advice.longest_delay_ms.unwrap() >= forty_days_ms, "the advice reads the late duplicates: {advice:?}");

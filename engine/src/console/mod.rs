@@ -118,7 +118,7 @@ pub mod actions {
         /// Late duplicates and deliveries older than the retention (the advice's evidence).
         pub mod late {
             pub use crate::actions::cleanup::late::{
-                LateDeliveries, LateDuplicates, WINDOW_DAYS, late_deliveries, late_duplicate_of, late_duplicates,
+                LateDeliveries, LateDuplicates, WINDOW_DAYS, late_deliveries, late_duplicates,
             };
         }
 

@@ -122,6 +122,11 @@ pub trait RecordReads: Send + Sync {
     /// The attempt rows of record `id`, oldest first, each answer cut to [`ANSWER_CHARS`]
     /// characters.
     async fn attempt_rows(&self, id: i64) -> Result<Vec<AttemptRow>, QueryError>;
+
+    /// The late duplicate record `id` is, if it is one (DESIGN.md, "Late duplicates"): when the
+    /// deleted record of its message id was first seen, the delay after it (ms), and whether it
+    /// was held.
+    async fn late_duplicate_note(&self, id: i64) -> Result<Option<(DateTime<Utc>, i64, bool)>, QueryError>;
 }
 
 /// One page of records matching `params.filter`, ordered by `params.sort` (ties by id), by

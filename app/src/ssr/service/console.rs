@@ -185,7 +185,7 @@ pub async fn record(state: &ConsoleState, id: i64) -> Result<RecordDetailView, C
         .ok_or_else(|| ConsoleError::NotFound(format!("no record has id {id}")))?;
     let key = state.fast_path().key(&detail.row.consumer_group, &detail.row.message_id);
     let marker = records::record_marker(state.fast_path(), &detail.row.consumer_group, &detail.row.message_id).await;
-    let late = dedup_engine::console::actions::cleanup::late::late_duplicate_of(state.pool(), id).await?;
+    let late = state.store().late_duplicate_note(id).await?;
     let late = late.map(|(first_seen_at, delay_ms, held)| LateDuplicateNote {
         first_seen_at: super::convert::time(first_seen_at),
         delay_ms,

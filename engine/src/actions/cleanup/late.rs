@@ -197,17 +197,6 @@ pub async fn late_duplicates(pool: &PgPool, days: i32) -> Result<Vec<LateDuplica
     .await?)
 }
 
-/// The late duplicate a record is, if it is one: when the deleted record of its message id was
-/// first seen, the delay after it (ms), and whether it was held.
-///
-/// Errors: the database's.
-pub async fn late_duplicate_of(pool: &PgPool, record_id: i64) -> Result<Option<(DateTime<Utc>, i64, bool)>, ActionError> {
-    Ok(sqlx::query_as("SELECT first_seen_at, delay_ms, held FROM late_duplicates WHERE record_id = $1")
-        .bind(record_id)
-        .fetch_optional(pool)
-        .await?)
-}
-
 /// Forgets the fingerprints past their horizon, and the late-duplicate notes and the settled
 /// conflicting copies older than [`KEEP_NOTES_DAYS`], `batch` rows per statement. Returns the
 /// fingerprints forgotten.

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 
 use super::claims::{claim_one, claimed, complete, existing, group, lease, msg, record, Msg};
 use super::{ConflictRow, GROUP, Harness, assert_counts};
+use crate::console::console_store;
 use crate::message::IdSourceKind;
 use crate::record::{ConsumerGroup, HandlerMode};
 use crate::store::DedupStore;
@@ -212,6 +213,8 @@ pub async fn a_late_duplicate_held_is_a_parked_record_with_its_message_and_its_n
     assert_eq!((r.error_class.as_deref(), r.id_source.as_deref()), (Some(LATE_DUPLICATE_CLASS), Some("k")));
     assert!(r.last_error.as_deref().is_some_and(|e| e.starts_with("late duplicate")), "{r:?}");
     assert_eq!(h.late_duplicates().await, [(id, delay_ms, true)]);
+    let note = console_store(&h.engine_pool()).late_duplicate_note(id).await.unwrap().expect("the console reads it");
+    assert_eq!((note.0, note.1, note.2), (forty_days_ago(), delay_ms, true));
     assert_eq!(h.message_types().await, ["ORDER.PAY"]);
     assert_counts(&h, "holding a late duplicate").await;
 

@@ -7,6 +7,7 @@
 //! directly: correct, but not yet measured at 1 M records; docs/research/store-seam.md).
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder};
 
@@ -193,5 +194,12 @@ impl RecordReads for MySqlPool {
         .bind(id)
         .fetch_all(self)
         .await?)
+    }
+
+    async fn late_duplicate_note(&self, id: i64) -> Result<Option<(DateTime<Utc>, i64, bool)>, QueryError> {
+        Ok(sqlx::query_as("SELECT first_seen_at, delay_ms, held FROM late_duplicates WHERE record_id = ?")
+            .bind(id)
+            .fetch_optional(self)
+            .await?)
     }
 }

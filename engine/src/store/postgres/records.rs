@@ -5,6 +5,7 @@
 //! group).
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use crate::console::QueryError;
@@ -160,6 +161,13 @@ impl RecordReads for PgPool {
         .bind(ANSWER_CHARS)
         .fetch_all(self)
         .await?)
+    }
+
+    async fn late_duplicate_note(&self, id: i64) -> Result<Option<(DateTime<Utc>, i64, bool)>, QueryError> {
+        Ok(sqlx::query_as("SELECT first_seen_at, delay_ms, held FROM late_duplicates WHERE record_id = $1")
+            .bind(id)
+            .fetch_optional(self)
+            .await?)
     }
 }
 

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::FromRow;
 
-use super::ActionError;
+use super::{ActionError, OperatorTx};
 use super::bulk::audit_on_pool;
 use super::republish::{Publishers, StoredMessage, publish_stored};
 use crate::audit::{AuditOutcome, NewAuditEntry};
@@ -95,7 +95,7 @@ pub trait ConflictBooks: Send + Sync {
 /// One operator's settlement of a kept copy, in one transaction: nothing is kept unless it
 /// commits.
 #[async_trait]
-pub trait ConflictChange: Send {
+pub trait ConflictChange: OperatorTx {
     /// Copy `id` with its message, its row locked until the transaction ends; `None` when there
     /// is none.
     async fn lock(&mut self, id: i64) -> Result<Option<LockedConflict>, sqlx::Error>;
@@ -103,14 +103,6 @@ pub trait ConflictChange: Send {
     /// Settles copy `id` as `actor` now: requeued under `requeued_as`, or dismissed (`None`).
     async fn settle(&mut self, id: i64, actor: &str, requeued_as: Option<&str>) -> Result<(), sqlx::Error>;
 
-    /// Writes `entry` to the audit log in this transaction; returns its id.
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error>;
-
-    /// Commits.
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
-
-    /// Rolls back.
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
 }
 
 /// A kept copy as an operator's settlement locked it: its message as a requeue publishes it

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::FromRow;
 
-use super::{ActionError, required_reason};
+use super::{ActionError, OperatorTx, required_reason};
 use super::bulk::audit_on_pool;
 use crate::audit::{AuditOutcome, NewAuditEntry};
 use crate::console::ConsoleStore;
@@ -62,7 +62,7 @@ pub trait HandlerBooks: Send + Sync {
 /// One operator's change of a handler's state, in one transaction: nothing is kept unless it
 /// commits.
 #[async_trait]
-pub trait HandlerChange: Send {
+pub trait HandlerChange: OperatorTx {
     /// The state and version of the handler of (`group`, `message_type`), its row locked until
     /// the transaction ends; `None` for a handler never registered.
     async fn lock(&mut self, group: &str, message_type: &str) -> Result<Option<(String, i64)>, sqlx::Error>;
@@ -78,16 +78,7 @@ pub trait HandlerChange: Send {
         reason: &str,
     ) -> Result<HandlerPause, sqlx::Error>;
 
-    /// Writes `entry` to the audit log in this transaction.
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error>;
-
-    /// Commits.
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
-
-    /// Rolls back.
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
 }
-
 
 /// What an operator does to a handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,6 +25,7 @@ pub mod handlers;
 pub(crate) mod record;
 pub(crate) mod republish;
 
+use async_trait::async_trait;
 use uuid::Uuid;
 
 #[cfg(feature = "testing")]
@@ -35,7 +36,23 @@ pub use record::{
 };
 pub use republish::Publishers;
 
+use crate::audit::NewAuditEntry;
 use crate::record::RecordStatus;
+
+/// One operator action's transaction on one database, whatever it changes
+/// ([`handlers::HandlerChange`], [`RecordChange`], [`conflicts::ConflictChange`] add the
+/// statements): its audit entry goes in it, and nothing is kept unless it commits.
+#[async_trait]
+pub trait OperatorTx: Send {
+    /// Writes `entry` to the audit log in this transaction; returns its id.
+    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error>;
+
+    /// Commits.
+    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
+
+    /// Rolls back.
+    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
+}
 
 /// Why an operator action was refused or failed. Refusals (everything but [`ActionError::Publish`]
 /// and [`ActionError::Unexpected`]) changed nothing.

@@ -10,7 +10,7 @@ use sqlx::FromRow;
 use uuid::Uuid;
 
 use super::republish::{Publishers, StoredMessage, republish};
-use super::{ActionError, optional_reason, required_reason};
+use super::{ActionError, OperatorTx, optional_reason, required_reason};
 use crate::audit::{AuditOutcome, NewAuditEntry};
 use crate::console::ConsoleStore;
 use crate::record::RecordStatus;
@@ -135,7 +135,7 @@ pub trait RecordBooks: Send + Sync {
 
 /// One operator's action on one record, in one transaction: nothing is kept unless it commits.
 #[async_trait]
-pub trait RecordChange: Send {
+pub trait RecordChange: OperatorTx {
     /// Record `id`, its row locked until the transaction ends; `None` when there is none.
     async fn lock(&mut self, id: i64) -> Result<Option<LockedRecord>, sqlx::Error>;
 
@@ -148,14 +148,6 @@ pub trait RecordChange: Send {
         change: RecordTransition<'_>,
     ) -> Result<(), sqlx::Error>;
 
-    /// Writes `entry` to the audit log in this transaction; returns its id.
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error>;
-
-    /// Commits.
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
-
-    /// Rolls back.
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
 }
 
 /// The shared guards: an accepted status, the version and status the operator saw, and for a

@@ -82,8 +82,8 @@ pub mod accounts {
 pub mod actions {
     pub use crate::actions::record::HAND_DEAD_LETTER_CLASS;
     pub use crate::actions::{
-        ActionError, ActionOutcome, ErrorKind, LockedRecord, Publishers, RecordAction, RecordActionKind, RecordBooks,
-        RecordChange, RecordTransition, record_action,
+        ActionError, ActionOutcome, ErrorKind, LockedRecord, OperatorTx, Publishers, RecordAction, RecordActionKind,
+        RecordBooks, RecordChange, RecordTransition, record_action,
     };
 
     /// Bulk requeue jobs: preview, start, control, and the runner the CLI drives.

@@ -42,6 +42,7 @@ mod overview;
 mod failures;
 mod endpoints;
 mod handler_books;
+mod operator_tx;
 mod record_books;
 mod conflict_books;
 mod records;

@@ -43,6 +43,7 @@ mod overview;
 mod failures;
 mod endpoints;
 mod handler_books;
+mod operator_tx;
 pub(crate) mod record_books;
 mod conflict_books;
 pub(crate) mod records;

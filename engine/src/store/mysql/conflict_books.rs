@@ -4,13 +4,9 @@
 
 use async_trait::async_trait;
 use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, Transaction};
 
+use super::operator_tx::MySqlOperatorTx;
 use crate::actions::conflicts::{ConflictBooks, ConflictChange, LockedConflict, PAYLOAD_SHOWN_BYTES, RecordConflict};
-use crate::audit::NewAuditEntry;
-
-/// An operator's settlement on MySQL.
-struct MySqlConflictChange(Transaction<'static, MySql>);
 
 #[async_trait]
 impl ConflictBooks for MySqlPool {
@@ -46,12 +42,12 @@ impl ConflictBooks for MySqlPool {
     }
 
     async fn begin_conflict_change(&self) -> Result<Box<dyn ConflictChange>, sqlx::Error> {
-        Ok(Box::new(MySqlConflictChange(self.begin().await?)))
+        Ok(Box::new(MySqlOperatorTx(self.begin().await?)))
     }
 }
 
 #[async_trait]
-impl ConflictChange for MySqlConflictChange {
+impl ConflictChange for MySqlOperatorTx {
     async fn lock(&mut self, id: i64) -> Result<Option<LockedConflict>, sqlx::Error> {
         sqlx::query_as(
             "SELECT record_id AS id, CAST(consumer_group AS CHAR) AS consumer_group,
@@ -78,17 +74,5 @@ impl ConflictChange for MySqlConflictChange {
         .execute(&mut *self.0)
         .await?;
         Ok(())
-    }
-
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
-        super::audit::insert(&mut self.0, entry).await
-    }
-
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.commit().await
-    }
-
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.rollback().await
     }
 }

@@ -4,10 +4,9 @@
 
 use async_trait::async_trait;
 use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, Transaction};
 
+use super::operator_tx::MySqlOperatorTx;
 use crate::actions::handlers::{HandlerBooks, HandlerChange, HandlerPause, MAX_HANDLERS};
-use crate::audit::NewAuditEntry;
 use crate::pause::PauseState;
 
 /// The row as [`HandlerPause`] reads it (`_bin` text and bytes `AS CHAR`).
@@ -16,9 +15,6 @@ const SELECT: &str = "SELECT CAST(consumer_group AS CHAR) AS consumer_group, CAS
                              CAST(error_class AS CHAR) AS error_class, http_status, failed_at, probe_at, version,
                              CAST(kind AS CHAR) AS kind, seen_at
                       FROM handler_pauses";
-
-/// An operator's change on MySQL.
-struct MySqlHandlerChange(Transaction<'static, MySql>);
 
 #[async_trait]
 impl HandlerBooks for MySqlPool {
@@ -31,12 +27,12 @@ impl HandlerBooks for MySqlPool {
     }
 
     async fn begin_change(&self) -> Result<Box<dyn HandlerChange>, sqlx::Error> {
-        Ok(Box::new(MySqlHandlerChange(self.begin().await?)))
+        Ok(Box::new(MySqlOperatorTx(self.begin().await?)))
     }
 }
 
 #[async_trait]
-impl HandlerChange for MySqlHandlerChange {
+impl HandlerChange for MySqlOperatorTx {
     async fn lock(&mut self, group: &str, message_type: &str) -> Result<Option<(String, i64)>, sqlx::Error> {
         sqlx::query_as(
             "SELECT CAST(state AS CHAR), version FROM handler_pauses WHERE consumer_group = ? AND message_type = ?
@@ -73,17 +69,5 @@ impl HandlerChange for MySqlHandlerChange {
             .bind(message_type.as_bytes())
             .fetch_one(&mut *self.0)
             .await
-    }
-
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
-        super::audit::insert(&mut self.0, entry).await
-    }
-
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.commit().await
-    }
-
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.rollback().await
     }
 }

@@ -5,10 +5,10 @@
 
 use async_trait::async_trait;
 use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, MySqlConnection, Transaction};
+use sqlx::MySqlConnection;
 
+use super::operator_tx::MySqlOperatorTx;
 use crate::actions::record::{HAND_DEAD_LETTER_CLASS, LockedRecord, RecordBooks, RecordChange, RecordTransition};
-use crate::audit::NewAuditEntry;
 use crate::record::RecordStatus;
 
 /// The row as [`LockedRecord`] reads it (`_bin` text and bytes `AS CHAR`; the headers as
@@ -24,18 +24,15 @@ const LOCK: &str = "SELECT CAST(consumer_group AS CHAR) AS consumer_group, CAST(
                            CAST(type_property AS CHAR) AS type_property, poison
                     FROM dedup_records WHERE id = ? FOR UPDATE";
 
-/// An operator's action on MySQL.
-struct MySqlRecordChange(Transaction<'static, MySql>);
-
 #[async_trait]
 impl RecordBooks for MySqlPool {
     async fn begin_record_change(&self) -> Result<Box<dyn RecordChange>, sqlx::Error> {
-        Ok(Box::new(MySqlRecordChange(self.begin().await?)))
+        Ok(Box::new(MySqlOperatorTx(self.begin().await?)))
     }
 }
 
 #[async_trait]
-impl RecordChange for MySqlRecordChange {
+impl RecordChange for MySqlOperatorTx {
     async fn lock(&mut self, id: i64) -> Result<Option<LockedRecord>, sqlx::Error> {
         sqlx::query_as(LOCK).bind(id).fetch_optional(&mut *self.0).await
     }
@@ -119,18 +116,6 @@ impl RecordChange for MySqlRecordChange {
             .await?;
         }
         count_move(conn, record.consumer_group(), from, to).await
-    }
-
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
-        super::audit::insert(&mut self.0, entry).await
-    }
-
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.commit().await
-    }
-
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.rollback().await
     }
 }
 

@@ -2,17 +2,14 @@
 //! in a transaction (`SELECT … FOR UPDATE`, the `UPDATE`, the audit entry beside it).
 
 use async_trait::async_trait;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 
+use super::operator_tx::PgOperatorTx;
 use crate::actions::conflicts::{ConflictBooks, ConflictChange, LockedConflict, RecordConflict};
-use crate::audit::NewAuditEntry;
 
 const COLUMNS: &str = "id, record_id, consumer_group, message_id, kind, message_type, id_source,
     substring(payload FROM 1 FOR 2048) AS payload_excerpt, length(payload) AS payload_bytes,
     source_exchange, source_routing_key, copies, first_seen_at, last_seen_at, requeued_as, settled_at, settled_by";
-
-/// An operator's settlement on PostgreSQL.
-struct PgConflictChange(Transaction<'static, Postgres>);
 
 #[async_trait]
 impl ConflictBooks for PgPool {
@@ -35,12 +32,12 @@ impl ConflictBooks for PgPool {
     }
 
     async fn begin_conflict_change(&self) -> Result<Box<dyn ConflictChange>, sqlx::Error> {
-        Ok(Box::new(PgConflictChange(self.begin().await?)))
+        Ok(Box::new(PgOperatorTx(self.begin().await?)))
     }
 }
 
 #[async_trait]
-impl ConflictChange for PgConflictChange {
+impl ConflictChange for PgOperatorTx {
     async fn lock(&mut self, id: i64) -> Result<Option<LockedConflict>, sqlx::Error> {
         sqlx::query_as(
             "SELECT record_id AS id, consumer_group, message_id, source_broker, source_exchange, source_routing_key,
@@ -61,17 +58,5 @@ impl ConflictChange for PgConflictChange {
             .execute(&mut *self.0)
             .await?;
         Ok(())
-    }
-
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
-        super::audit::insert(&mut *self.0, entry).await
-    }
-
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.commit().await
-    }
-
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.rollback().await
     }
 }

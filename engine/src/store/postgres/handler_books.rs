@@ -2,17 +2,14 @@
 //! a transaction (`SELECT … FOR UPDATE`, `UPDATE … RETURNING`, the audit entry beside it).
 
 use async_trait::async_trait;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 
+use super::operator_tx::PgOperatorTx;
 use crate::actions::handlers::{HandlerBooks, HandlerChange, HandlerPause, MAX_HANDLERS};
-use crate::audit::NewAuditEntry;
 use crate::pause::PauseState;
 
 const COLUMNS: &str = "consumer_group, message_type, state, since, changed_by, reason, error_class, http_status, \
                        failed_at, probe_at, version, kind, seen_at";
-
-/// An operator's change on PostgreSQL.
-struct PgHandlerChange(Transaction<'static, Postgres>);
 
 #[async_trait]
 impl HandlerBooks for PgPool {
@@ -23,12 +20,12 @@ impl HandlerBooks for PgPool {
     }
 
     async fn begin_change(&self) -> Result<Box<dyn HandlerChange>, sqlx::Error> {
-        Ok(Box::new(PgHandlerChange(self.begin().await?)))
+        Ok(Box::new(PgOperatorTx(self.begin().await?)))
     }
 }
 
 #[async_trait]
-impl HandlerChange for PgHandlerChange {
+impl HandlerChange for PgOperatorTx {
     async fn lock(&mut self, group: &str, message_type: &str) -> Result<Option<(String, i64)>, sqlx::Error> {
         sqlx::query_as("SELECT state, version FROM handler_pauses WHERE consumer_group = $1 AND message_type = $2 FOR UPDATE")
             .bind(group)
@@ -58,17 +55,5 @@ impl HandlerChange for PgHandlerChange {
             .bind(reason)
             .fetch_one(&mut *self.0)
             .await
-    }
-
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
-        super::audit::insert(&mut *self.0, entry).await
-    }
-
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.commit().await
-    }
-
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.rollback().await
     }
 }

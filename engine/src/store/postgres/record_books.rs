@@ -3,25 +3,22 @@
 //! follow by trigger), the open attempt closed beside it, the audit entry in the transaction.
 
 use async_trait::async_trait;
-use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool};
 
+use super::operator_tx::PgOperatorTx;
 use crate::actions::record::{HAND_DEAD_LETTER_CLASS, LockedRecord, RecordBooks, RecordChange, RecordTransition};
 use crate::actions::republish::StoredMessage;
-use crate::audit::NewAuditEntry;
 use crate::record::RecordStatus;
-
-/// An operator's action on PostgreSQL.
-struct PgRecordChange(Transaction<'static, Postgres>);
 
 #[async_trait]
 impl RecordBooks for PgPool {
     async fn begin_record_change(&self) -> Result<Box<dyn RecordChange>, sqlx::Error> {
-        Ok(Box::new(PgRecordChange(self.begin().await?)))
+        Ok(Box::new(PgOperatorTx(self.begin().await?)))
     }
 }
 
 #[async_trait]
-impl RecordChange for PgRecordChange {
+impl RecordChange for PgOperatorTx {
     async fn lock(&mut self, id: i64) -> Result<Option<LockedRecord>, sqlx::Error> {
         let sql = format!(
             "SELECT consumer_group, status, lease_owner, lease_token, lease_expires_at,
@@ -98,18 +95,6 @@ impl RecordChange for PgRecordChange {
         .execute(conn)
         .await?;
         Ok(())
-    }
-
-    async fn audit(&mut self, entry: &NewAuditEntry<'_>) -> Result<i64, sqlx::Error> {
-        super::audit::insert(&mut *self.0, entry).await
-    }
-
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.commit().await
-    }
-
-    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.rollback().await
     }
 }
 

@@ -28,23 +28,26 @@ pub async fn stuck_failed_and_dead_records_are_read_as_the_store_left_them<H: Ha
         let m = msg(id, message_type, id);
         fail(&h, &claimed(claim_one(&h, &m, &l).await), &m, &l, true).await;
     }
-    let gone = msg("D.4", "ORDER.SHIP", "gone");
-    let gone_claim = claimed(claim_one(&h, &gone, &l).await);
-    let report = FailureReport {
-        claim: &gone_claim,
-        mode: HandlerMode::Transactional,
-        message: &gone.message,
-        lease: &l,
-        error: "HTTP_GONE: HTTP 410",
-        error_class: "HTTP_GONE",
-        permanent: true,
-        retry_delay_ms: 1000,
-        answer: None,
-        in_progress: false,
-    };
-    let mut tx = h.store().pool().begin().await.unwrap();
-    h.store().fail_claimed(&mut *tx, &report).await.unwrap();
-    tx.commit().await.unwrap();
+    // A class of its own, and one differing from `BOOM` only by a trailing space.
+    for (id, error_class) in [("D.4", "HTTP_GONE"), ("D.5", "BOOM ")] {
+        let m = msg(id, "ORDER.SHIP", id);
+        let claim = claimed(claim_one(&h, &m, &l).await);
+        let report = FailureReport {
+            claim: &claim,
+            mode: HandlerMode::Transactional,
+            message: &m.message,
+            lease: &l,
+            error: "permanent",
+            error_class,
+            permanent: true,
+            retry_delay_ms: 1000,
+            answer: None,
+            in_progress: false,
+        };
+        let mut tx = h.store().pool().begin().await.unwrap();
+        h.store().fail_claimed(&mut *tx, &report).await.unwrap();
+        tx.commit().await.unwrap();
+    }
 
     let list = reads.stuck_records(10).await.unwrap();
     assert_eq!(list.total, 1, "the live lease is not stuck");
@@ -64,8 +67,12 @@ pub async fn stuck_failed_and_dead_records_are_read_as_the_store_left_them<H: Ha
         .iter()
         .map(|g| (g.error_class.as_deref(), g.records, g.message_types.iter().map(String::as_str).collect()))
         .collect();
-    let expected = vec![(Some("HTTP_GONE"), 1, vec!["ORDER.SHIP"]), (Some("BOOM"), 3, vec!["ORDER.PAY", "ORDER.SHIP"])];
-    assert_eq!(seen, expected, "HTTP classes first, then the largest; each type once, sorted");
+    let expected = vec![
+        (Some("HTTP_GONE"), 1, vec!["ORDER.SHIP"]),
+        (Some("BOOM"), 3, vec!["ORDER.PAY", "ORDER.SHIP"]),
+        (Some("BOOM "), 1, vec!["ORDER.SHIP"]),
+    ];
+    assert_eq!(seen, expected, "HTTP classes first, then the largest; each type once, sorted; classes by their bytes");
     assert!(groups[1].first_seen_at <= groups[1].last_seen_at);
     assert_eq!(reads.dead_letter_groups(1).await.unwrap().len(), 1);
 }

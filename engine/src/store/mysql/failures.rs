@@ -73,9 +73,13 @@ impl FailureReads for MySqlPool {
 
     async fn dead_letter_groups(&self, limit: i64) -> Result<Vec<DeadLetterGroup>, QueryError> {
         let cells: Vec<DeadCell> = sqlx::query_as(
-            "SELECT CAST(error_class AS CHAR) AS error_class, CAST(message_type AS CHAR) AS message_type,
-                    COUNT(*) AS records, MIN(first_seen_at) AS first_seen_at, MAX(updated_at) AS last_seen_at
-             FROM dedup_records WHERE unsettled_status = 'dead' GROUP BY error_class, message_type",
+            // Grouped by the class's bytes: its column's collation pads spaces, which would make
+            // `BOOM` and `BOOM ` one class (PostgreSQL keeps them apart).
+            "SELECT CAST(class AS CHAR) AS error_class, CAST(message_type AS CHAR) AS message_type, records,
+                    first_seen_at, last_seen_at
+             FROM (SELECT CAST(error_class AS BINARY) AS class, message_type, COUNT(*) AS records,
+                          MIN(first_seen_at) AS first_seen_at, MAX(updated_at) AS last_seen_at
+                   FROM dedup_records WHERE unsettled_status = 'dead' GROUP BY class, message_type) cells",
         )
         .fetch_all(self)
         .await?;

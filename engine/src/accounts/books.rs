@@ -30,8 +30,9 @@ pub trait AccountBooks: Send + Sync {
     /// The user with this id, if any.
     async fn user_by_id(&self, id: i64) -> Result<Option<User>, AccountError>;
 
-    /// The user with this name (ignoring case, not trimmed) and their password hash, for
-    /// signing in.
+    /// The user with this name (ignoring ASCII case, not trimmed) and their password hash, for
+    /// signing in; `None` too for a name no user can have ([`crate::accounts::UserName`]: the
+    /// databases' `LOWER` folds some non-ASCII letters onto ASCII ones, `İ` onto `i`).
     async fn user_credentials(&self, name: &str) -> Result<Option<(User, String)>, AccountError>;
 
     /// Records a successful sign-in (`last_login_at`, the database's clock).
@@ -90,6 +91,11 @@ pub const MAX_THROTTLE_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 /// `window`, at most [`MAX_THROTTLE_WINDOW`].
 pub(crate) fn throttle_window(window: Duration) -> Duration {
     window.min(MAX_THROTTLE_WINDOW)
+}
+
+/// Whether `name` is a user name exactly as given (no trimming): only such a name is looked up.
+pub(crate) fn is_user_name(name: &str) -> bool {
+    UserName::parse(name).is_ok_and(|n| n.as_str() == name)
 }
 
 /// Seconds to wait, from the largest number of seconds left in a window (`None`: no key is

@@ -10,7 +10,7 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{Executor, MySql, QueryBuilder};
 
 use crate::accounts::AccountError;
-use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, throttle_window, wait_secs};
+use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, is_user_name, throttle_window, wait_secs};
 use crate::accounts::tokens::ApiToken;
 use crate::accounts::users::{Role, User, UserChange, UserName};
 
@@ -70,6 +70,9 @@ impl AccountBooks for MySqlPool {
     }
 
     async fn user_credentials(&self, name: &str) -> Result<Option<(User, String)>, AccountError> {
+        if !is_user_name(name) {
+            return Ok(None);
+        }
         let row: Option<CredentialRow> =
             sqlx::query_as(&format!("SELECT {USER}, password_hash FROM users WHERE {NAME_KEY}"))
                 .bind(name)

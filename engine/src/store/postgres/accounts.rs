@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::PgPool;
 
-use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, throttle_window, wait_secs};
+use crate::accounts::books::{AccountBooks, CredentialRow, UserRow, is_user_name, throttle_window, wait_secs};
 use crate::accounts::tokens::ApiToken;
 use crate::accounts::users::{Role, User, UserChange, UserName};
 use crate::accounts::AccountError;
@@ -45,6 +45,9 @@ impl AccountBooks for PgPool {
     }
 
     async fn user_credentials(&self, name: &str) -> Result<Option<(User, String)>, AccountError> {
+        if !is_user_name(name) {
+            return Ok(None);
+        }
         let row: Option<CredentialRow> =
             sqlx::query_as(&format!("SELECT {USER}, password_hash FROM users WHERE lower(name) = lower($1)"))
                 .bind(name)

@@ -11,18 +11,20 @@
 //! check adds it to `duplicate_count` and, for a drill payload, to `payload_conflicts`. The
 //! verdict comes from the record alone: caught, no attempt added, still `succeeded` — the
 //! handler did not run again, so neither did its effect. (The engine knows no business table;
-//! a domain may check its own effects.)
+//! a domain may check its own effects.) Each database's statements are behind [`DrillBooks`]
+//! (`store/<database>/drill_books.rs`).
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use sqlx::{FromRow, PgPool};
+use sqlx::FromRow;
 
 use super::bulk::audit_on_pool;
-use super::{ActionError, Publishers};
+use super::{ActionError, OperatorTx, Publishers};
 use crate::audit::{AuditOutcome, NewAuditEntry};
-use crate::store::postgres::audit;
+use crate::console::ConsoleStore;
 use crate::fastpath::FastPath;
 use crate::source::Outbound;
 
@@ -69,19 +71,61 @@ pub struct DrillReport {
     pub passed: bool,
 }
 
-#[derive(FromRow)]
-struct Target {
-    id: i64,
-    consumer_group: String,
-    message_id: String,
-    status: String,
-    source_broker: String,
-    source_exchange: Option<String>,
-    source_routing_key: Option<String>,
-    duplicate_count: i32,
-    payload_conflicts: i32,
-    attempts: i32,
-    payload_hash: Vec<u8>,
+/// A drill's record as [`DrillBooks::drill_target`] reads it: where its copy goes and its
+/// counters before.
+#[derive(Debug, FromRow)]
+pub struct DrillRecord {
+    pub(crate) id: i64,
+    pub(crate) consumer_group: String,
+    pub(crate) message_id: String,
+    pub(crate) status: String,
+    pub(crate) source_broker: String,
+    pub(crate) source_exchange: Option<String>,
+    pub(crate) source_routing_key: Option<String>,
+    pub(crate) duplicate_count: i32,
+    pub(crate) payload_conflicts: i32,
+    pub(crate) attempts: i32,
+    pub(crate) payload_hash: Vec<u8>,
+}
+
+/// A drill with its record's counters now ([`DrillBooks::drill_row`]; the record's are `None`
+/// once it is gone).
+#[derive(Debug, FromRow)]
+pub struct DrillRow {
+    pub(crate) id: i64,
+    pub(crate) record_id: i64,
+    pub(crate) consumer_group: String,
+    pub(crate) message_id: String,
+    pub(crate) actor: String,
+    pub(crate) published_at: DateTime<Utc>,
+    pub(crate) marker_present: bool,
+    pub(crate) duplicates_before: i32,
+    pub(crate) conflicts_before: i32,
+    pub(crate) attempts_before: i32,
+    pub(crate) duplicate_count: Option<i32>,
+    pub(crate) payload_conflicts: Option<i32>,
+    pub(crate) attempts: Option<i32>,
+    pub(crate) status: Option<String>,
+}
+
+/// The drills on one database. Errors are the database's.
+#[async_trait]
+pub trait DrillBooks: Send + Sync {
+    /// The record `target` names: record `id` whatever its status, or the latest `succeeded`
+    /// one of a message type; `None` when there is none.
+    async fn drill_target(&self, target: &DrillTarget) -> Result<Option<DrillRecord>, sqlx::Error>;
+
+    /// A transaction holding a new drill of `record` by `actor` (its counters as read, whether
+    /// the Redis marker was there); returns the drill's id with it, uncommitted.
+    async fn begin_drill(
+        &self,
+        record: &DrillRecord,
+        actor: &str,
+        marker_present: bool,
+    ) -> Result<(i64, Box<dyn OperatorTx>), sqlx::Error>;
+
+    /// Drill `id` with its record's counters now; `None` when there is no such drill.
+    async fn drill_row(&self, id: i64) -> Result<Option<DrillRow>, sqlx::Error>;
 }
 
 /// Publishes the drill copy of `target` through its group's broker and records the drill
@@ -92,7 +136,7 @@ struct Target {
 /// [`ActionError::Publish`].
 #[tracing::instrument(skip_all, fields(actor), err(level = "warn"))]
 pub async fn drill_start(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     fast_path: &FastPath,
     publishers: &Publishers,
     actor: &str,
@@ -100,22 +144,10 @@ pub async fn drill_start(
     original_payload: Option<&[u8]>,
 ) -> Result<DrillReport, ActionError> {
     let result = async {
-        let select = "SELECT id, consumer_group, message_id, status, source_broker, source_exchange, source_routing_key,
-                             duplicate_count, payload_conflicts, attempts, payload_hash FROM dedup_records";
-        let row: Target = match target {
-            DrillTarget::Record(id) => sqlx::query_as(&format!("{select} WHERE id = $1"))
-                .bind(id)
-                .fetch_optional(pool)
-                .await?
-                .ok_or(ActionError::UnknownRecord(*id))?,
-            DrillTarget::LatestOfType(t) => sqlx::query_as(&format!(
-                "{select} WHERE status = 'succeeded' AND message_type = $1 ORDER BY first_seen_at DESC, id DESC LIMIT 1"
-            ))
-            .bind(t)
-            .fetch_optional(pool)
-            .await?
-            .ok_or_else(|| ActionError::Refused(format!("no succeeded record of message type {t:?} to drill")))?,
-        };
+        let row = store.drill_target(target).await?.ok_or_else(|| match target {
+            DrillTarget::Record(id) => ActionError::UnknownRecord(*id),
+            DrillTarget::LatestOfType(t) => ActionError::Refused(format!("no succeeded record of message type {t:?} to drill")),
+        })?;
         if row.status != "succeeded" {
             return Err(ActionError::WrongStatus {
                 id: row.id,
@@ -125,22 +157,7 @@ pub async fn drill_start(
             });
         }
         let marker_present = matches!(fast_path.marker_ttl(&fast_path.key(&row.consumer_group, &row.message_id)).await, Ok(Some(_)));
-        let mut tx = pool.begin().await?;
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO drills (record_id, consumer_group, message_id, actor, marker_present, duplicates_before,
-                                 conflicts_before, attempts_before)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-        )
-        .bind(row.id)
-        .bind(&row.consumer_group)
-        .bind(&row.message_id)
-        .bind(actor)
-        .bind(marker_present)
-        .bind(row.duplicate_count)
-        .bind(row.payload_conflicts)
-        .bind(row.attempts)
-        .fetch_one(&mut *tx)
-        .await?;
+        let (id, mut tx) = store.begin_drill(&row, actor, marker_present).await?;
         let mut headers = serde_json::Map::new();
         headers.insert(DRILL_HEADER.to_owned(), json!(id.to_string()));
         let payload = match original_payload {
@@ -187,16 +204,16 @@ pub async fn drill_start(
             }),
             source: None,
         };
-        audit::insert(&mut *tx, &entry).await?;
+        tx.audit(&entry).await?;
         tx.commit().await?;
         Ok(id)
     }
     .await;
     match result {
-        Ok(id) => drill_report(pool, id).await,
+        Ok(id) => drill_report(store, id).await,
         Err(error) => {
             let detail = json!({ "target": target, "error": error.to_string() });
-            audit_on_pool(pool, actor, "record.drill", error.audit_outcome(), None, detail).await;
+            audit_on_pool(store, actor, "record.drill", error.audit_outcome(), None, detail).await;
             Err(error)
         }
     }
@@ -205,34 +222,8 @@ pub async fn drill_start(
 /// A drill with what its record shows now.
 ///
 /// Errors: [`ActionError::UnknownJob`].
-pub async fn drill_report(pool: &PgPool, id: i64) -> Result<DrillReport, ActionError> {
-    #[derive(FromRow)]
-    struct Row {
-        id: i64,
-        record_id: i64,
-        consumer_group: String,
-        message_id: String,
-        actor: String,
-        published_at: DateTime<Utc>,
-        marker_present: bool,
-        duplicates_before: i32,
-        conflicts_before: i32,
-        attempts_before: i32,
-        duplicate_count: Option<i32>,
-        payload_conflicts: Option<i32>,
-        attempts: Option<i32>,
-        status: Option<String>,
-    }
-    let d: Row = sqlx::query_as(
-        "SELECT d.id, d.record_id, d.consumer_group, d.message_id, d.actor, d.published_at, d.marker_present,
-                d.duplicates_before, d.conflicts_before, d.attempts_before,
-                r.duplicate_count, r.payload_conflicts, r.attempts, r.status
-         FROM drills d LEFT JOIN dedup_records r ON r.id = d.record_id WHERE d.id = $1",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await?
-    .ok_or(ActionError::UnknownJob { what: "drill", id })?;
+pub async fn drill_report(store: &dyn ConsoleStore, id: i64) -> Result<DrillReport, ActionError> {
+    let d = store.drill_row(id).await?.ok_or(ActionError::UnknownJob { what: "drill", id })?;
     let duplicates_added = i64::from(d.duplicate_count.unwrap_or(d.duplicates_before) - d.duplicates_before);
     let conflicts_added = d.payload_conflicts.unwrap_or(d.conflicts_before) - d.conflicts_before;
     let attempts_added = i64::from(d.attempts.unwrap_or(d.attempts_before) - d.attempts_before);

@@ -130,7 +130,9 @@ pub mod actions {
 
     /// Duplicate drills: republish a record's message and watch the dedup catch it.
     pub mod drill {
-        pub use crate::actions::drill::{DrillReport, DrillTarget, drill_report, drill_start};
+        pub use crate::actions::drill::{
+            DrillBooks, DrillRecord, DrillReport, DrillRow, DrillTarget, drill_report, drill_start,
+        };
     }
 
     /// Handlers' pause states, and pausing and resuming them by hand.

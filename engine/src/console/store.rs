@@ -7,6 +7,7 @@
 use crate::accounts::AccountBooks;
 use crate::actions::RecordBooks;
 use crate::actions::conflicts::ConflictBooks;
+use crate::actions::drill::DrillBooks;
 use crate::actions::handlers::HandlerBooks;
 use crate::audit::AuditLog;
 use crate::console::endpoints::EndpointReads;
@@ -17,7 +18,7 @@ use crate::runtime::EnginePool;
 
 /// The console's roles on one database: accounts, the audit log, the overview's, failure
 /// pages', endpoint cards' and records' reads, the handlers' pause rows, the single-record
-/// actions, and the kept conflicting copies.
+/// actions, the kept conflicting copies, and the duplicate drills.
 pub trait ConsoleStore:
     AccountBooks
     + AuditLog
@@ -28,6 +29,7 @@ pub trait ConsoleStore:
     + HandlerBooks
     + RecordBooks
     + ConflictBooks
+    + DrillBooks
 {
 }
 
@@ -41,6 +43,7 @@ impl<T> ConsoleStore for T where
         + HandlerBooks
         + RecordBooks
         + ConflictBooks
+        + DrillBooks
 {
 }
 

@@ -45,6 +45,7 @@ mod handler_books;
 mod operator_tx;
 mod record_books;
 mod conflict_books;
+mod drill_books;
 mod records;
 mod books;
 mod claims;

@@ -46,6 +46,7 @@ mod handler_books;
 mod operator_tx;
 pub(crate) mod record_books;
 mod conflict_books;
+mod drill_books;
 pub(crate) mod records;
 pub(crate) mod conflicts;
 pub(super) mod errors;

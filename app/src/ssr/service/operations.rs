@@ -245,13 +245,13 @@ pub async fn drill_start(state: &ConsoleState, actor: &str, request: &DrillReque
     };
     let original = request.original_payload.as_deref().filter(|p| !p.is_empty()).map(str::as_bytes);
     let report =
-        drill::drill_start(state.pool(), state.fast_path(), state.publishers(), actor, &target, original).await?;
+        drill::drill_start(state.store(), state.fast_path(), state.publishers(), actor, &target, original).await?;
     Ok(drill_view(report))
 }
 
 /// A drill's state.
 pub async fn drill(state: &ConsoleState, id: i64) -> Result<DrillView, ConsoleError> {
-    Ok(drill_view(drill::drill_report(state.pool(), id).await?))
+    Ok(drill_view(drill::drill_report(state.store(), id).await?))
 }
 
 fn drill_view(d: DrillReport) -> DrillView {

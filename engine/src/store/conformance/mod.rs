@@ -259,6 +259,8 @@ macro_rules! conformance_tests {
             operators_release_mark_dead_letter_and_requeue_records_by_compare_and_set,
             #[cfg(feature = "rabbitmq")]
             operators_requeue_and_dismiss_kept_copies_once,
+            #[cfg(feature = "rabbitmq")]
+            a_duplicate_drill_is_recorded_and_judged_by_its_records_counters,
             the_records_list_filters_orders_and_pages_alike,
         );
     };

@@ -1,22 +1,25 @@
 //! Conformance cases of the operator actions on one record ([`crate::actions::record_action`]
 //! through [`crate::actions::RecordBooks`]: release, mark succeeded, dead-letter and requeue)
 //! and on one kept copy ([`crate::actions::conflicts::ConflictBooks`]: requeue, dismiss), as
-//! guarded compare-and-sets, the status counts following each, every outcome audited.
+//! guarded compare-and-sets, the status counts following each, every outcome audited; the
+//! duplicate drill ([`crate::actions::drill::DrillBooks`]).
 
 use uuid::Uuid;
 
-use super::claims::{claim_one, claimed, complete, fail, lease, msg, record};
+use super::claims::{claim_one, claimed, complete, existing, fail, lease, msg, record};
 use super::roles::{copy, keep};
 use super::{GROUP, Harness};
 use crate::actions::RecordActionKind::{DeadLetter, MarkSucceeded, Release, Requeue};
 use crate::actions::conflicts::{dismiss_conflict, open_conflicts, record_conflicts, requeue_conflict};
+use crate::actions::drill::{DrillTarget, drill_report, drill_start};
 use crate::actions::{ActionError, HAND_DEAD_LETTER_CLASS, Publishers, RecordAction, record_action};
 use crate::audit::AuditFilter;
 use crate::console::console_store;
+use crate::fastpath::{FastPath, FastPathSettings};
 use crate::record::RecordStatus::{Dead, Failed, Processing, Succeeded};
 use crate::retry::Backoff;
 use crate::store::postgres::ConflictKind;
-use crate::testing::{TestBroker, amqp_url};
+use crate::testing::{TestBroker, amqp_url, redis_url};
 
 /// A test broker, and publishers whose group [`GROUP`] publishes to its exchange (its work
 /// queue gets everything published there).
@@ -192,4 +195,55 @@ pub async fn operators_requeue_and_dismiss_kept_copies_once<H: Harness>() {
         ]
     );
     assert_eq!(entries.last().unwrap().message_ids, ["COPY.1".to_owned(), new_id]);
+}
+
+/// A duplicate drill of a succeeded record publishes its copy through the broker and is
+/// recorded with the record's counters; once the database catches the copy (a drill payload:
+/// a payload conflict too) it passes. A record not succeeded, a type with none and a payload
+/// that is not the original are refused.
+pub async fn a_duplicate_drill_is_recorded_and_judged_by_its_records_counters<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let store = console_store(&pool);
+    let (broker, publishers) = broker();
+    let prefix = format!("drill-{}", Uuid::new_v4().simple());
+    let fast_path = FastPath::new(&redis_url(), FastPathSettings { prefix, ..FastPathSettings::default() });
+    let l = lease("w1");
+    let mut m = msg("DRILL.1", "ORDER.PAY", r#"{"n":1}"#);
+    m.message.source.exchange = Some(broker.settings.exchange.clone());
+    let c = claimed(claim_one(&h, &m, &l).await);
+    complete(&h, &[&c], &l).await;
+    let failing_msg = msg("DRILL.2", "ORDER.PAY", "x");
+    let failing = claimed(claim_one(&h, &failing_msg, &l).await);
+    fail(&h, &failing, &failing_msg, &l, false).await;
+
+    let by_ann = |target: DrillTarget, original: Option<&'static [u8]>| {
+        let (fast_path, publishers) = (&fast_path, &publishers);
+        async move { drill_start(store, fast_path, publishers, "user:ann", &target, original).await }
+    };
+    let failed = by_ann(DrillTarget::Record(failing.id), None).await;
+    assert!(matches!(failed, Err(ActionError::WrongStatus { .. })), "{failed:?}");
+    let none = by_ann(DrillTarget::LatestOfType("NO.SUCH".to_owned()), None).await;
+    assert!(matches!(none, Err(ActionError::Refused(_))), "{none:?}");
+    let not_original = by_ann(DrillTarget::Record(c.id), Some(br#"{"n":2}"#)).await;
+    assert!(matches!(not_original, Err(ActionError::Invalid(_))), "{not_original:?}");
+
+    let started = by_ann(DrillTarget::LatestOfType("ORDER.PAY".to_owned()), None).await.unwrap();
+    assert_eq!((started.record_id, started.consumer_group.as_str(), started.message_id.as_str()), (c.id, GROUP, "DRILL.1"));
+    assert_eq!((started.actor.as_str(), started.status.as_deref(), started.marker_present), ("user:ann", Some("succeeded"), false));
+    assert_eq!((started.caught_by.as_deref(), started.duplicates_added, started.attempts_added, started.passed), (None, 0, 0, false));
+    assert_eq!(broker.depth(&broker.settings.queue).await, 1, "the copy, once");
+
+    // The copy comes back with the drill payload: the database catches it.
+    let copy = msg("DRILL.1", "ORDER.PAY", &format!(r#"{{"messageId":"DRILL.1","drill":{}}}"#, started.id));
+    existing(claim_one(&h, &copy, &l).await);
+    let report = drill_report(store, started.id).await.unwrap();
+    assert_eq!((report.caught_by.as_deref(), report.duplicates_added, report.attempts_added, report.passed), (Some("database"), 1, 0, true));
+    let unknown = drill_report(store, i64::MAX).await;
+    assert!(matches!(unknown, Err(ActionError::UnknownJob { .. })), "{unknown:?}");
+
+    let entries = store.list(&AuditFilter::default()).await.unwrap();
+    let seen: Vec<(&str, &str)> = entries.iter().rev().map(|e| (e.action.as_str(), e.outcome.as_str())).collect();
+    let refused = ("record.drill", "refused");
+    assert_eq!(seen, [refused, refused, refused, ("record.drill", "ok")]);
 }

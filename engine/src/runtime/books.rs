@@ -36,8 +36,8 @@ pub(crate) trait RuntimeBooks: Send + Sync {
 
     /// Adds the counters of one flush: per (minute, group) to `stats_minute` (and its `created`
     /// to `stats_hour` with it), per (day, group, delay bucket), and late deliveries per (day,
-    /// group). Each table's rows are written in key order: one lock order for concurrent
-    /// engines.
+    /// group), all in one transaction (the flush keeps a failed one's counts for the next).
+    /// Each table's rows are written in key order: one lock order for concurrent engines.
     async fn write_stats(
         &self,
         minutes: &MinuteCounts,

@@ -50,9 +50,16 @@ impl RuntimeBooks for PgRuntimeBooks {
         delays: &DelayCounts,
         late: &LateCounts,
     ) -> Result<(), sqlx::Error> {
-        write_minutes(&self.pool, minutes).await?;
-        write_delays(&self.pool, delays).await?;
-        write_late(&self.pool, late).await
+        if minutes.is_empty() && delays.is_empty() && late.is_empty() {
+            return Ok(());
+        }
+        // One transaction: a flush keeps what failed for the next one, so a part committed
+        // before another failed would be counted twice.
+        let mut tx = self.pool.begin().await?;
+        write_minutes(&mut *tx, minutes).await?;
+        write_delays(&mut *tx, delays).await?;
+        write_late(&mut *tx, late).await?;
+        tx.commit().await
     }
 
     async fn fold_record_counts(&self) -> Result<i64, sqlx::Error> {
@@ -185,7 +192,10 @@ pub(crate) async fn write_minutes<'e>(
 
 /// Adds (day, consumer group) → (count, max age ms) to `late_deliveries` (one statement, in key
 /// order).
-async fn write_late(pool: &PgPool, late: &HashMap<(NaiveDate, String), (i64, i64)>) -> Result<(), sqlx::Error> {
+async fn write_late<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    late: &HashMap<(NaiveDate, String), (i64, i64)>,
+) -> Result<(), sqlx::Error> {
     if late.is_empty() {
         return Ok(());
     }
@@ -205,7 +215,7 @@ async fn write_late(pool: &PgPool, late: &HashMap<(NaiveDate, String), (i64, i64
     .bind(groups)
     .bind(counts)
     .bind(ages)
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(())
 }

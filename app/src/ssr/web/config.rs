@@ -170,8 +170,8 @@ pub struct AuthSettings {
     pub max_failures_per_account: u32,
     /// Failed sign-ins per client address within the window. Default 50.
     pub max_failures_per_address: u32,
-    /// The throttle window, in seconds. Default 900 (15 minutes); at most a year (a longer one
-    /// is taken as a year).
+    /// The throttle window, in seconds. Default 900 (15 minutes); at least 1 and at most a year
+    /// (a window outside is taken as the nearer bound).
     pub throttle_window_secs: u64,
 }
 

@@ -98,7 +98,8 @@ async fn sign_in(
     let accounts = state.console.store();
     // No account name holds a NUL, which PostgreSQL would refuse in the throttle and audit rows.
     let name = form.username.trim().replace('\0', "\u{FFFD}");
-    let window = Duration::from_secs(settings.throttle_window_secs);
+    // At least a second: a window of 0 would end as it starts and turn the throttle off.
+    let window = Duration::from_secs(settings.throttle_window_secs.max(1));
     let mut limits = vec![(account_key(&name), settings.max_failures_per_account)];
     if let Some(address) = source {
         limits.push((address_key(address), settings.max_failures_per_address));

@@ -9,11 +9,14 @@ use crate::config::LogFormat;
 /// Default filter when `RUST_LOG` is unset.
 pub const DEFAULT_FILTER: &str = "warn,dedup_console=info,dedup_engine=info,dedup_app=info,tower_http=info";
 
-/// Installs the global subscriber writing to stderr. Calling it twice is harmless (the second
-/// call is ignored), which keeps tests that build several applications simple.
+/// Installs the global subscriber writing to stderr, coloured only when stderr is a terminal.
+/// Calling it twice is harmless (the second call is ignored), which keeps tests that build
+/// several applications simple.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: a log file or a collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -307,25 +307,8 @@ impl Server {
     /// Whether the log says a worker of this server consumes from `queue` (RabbitMQ).
     fn consumes_from(&self, queue: &str) -> bool {
         let field = format!("queue={queue} ");
-        self.log_text()
-            .lines()
-            .map(without_colours)
-            .any(|line| line.contains("consuming from RabbitMQ") && line.contains(&field))
+        self.log_text().lines().any(|line| line.contains("consuming from RabbitMQ") && line.contains(&field))
     }
-}
-
-/// `line` without its ANSI colour codes (`ESC [ … m`).
-fn without_colours(line: &str) -> String {
-    let mut plain = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(|&c| c == 'm');
-        } else {
-            plain.push(c);
-        }
-    }
-    plain
 }
 
 /// A TOML configuration file of the test, removed with the returned guard.

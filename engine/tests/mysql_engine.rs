@@ -241,3 +241,22 @@ async fn an_engine_refuses_the_teams_own_database_and_one_holding_others_migrati
     }
     other.drop().await;
 }
+
+#[tokio::test]
+async fn two_processes_migrate_a_database_with_a_long_name_one_after_the_other() {
+    let db = database().await;
+    // Past 53 characters the migration lock is named by a digest (MySQL 8 refuses lock names
+    // over 64 characters); two at once still take turns and both succeed.
+    let long =
+        EngineDatabase { name: format!("{}_{}", db.name, "l".repeat(60 - db.name.len() - 1)), pool: db.pool.clone() };
+    assert_eq!(long.name.len(), 60);
+    let schema = Schema::parse(long.name.clone()).unwrap();
+    let (a, b) = tokio::join!(
+        dedup_engine::mysql::migrate_engine(&db.pool, &schema),
+        dedup_engine::mysql::migrate_engine(&db.pool, &schema)
+    );
+    a.unwrap();
+    b.unwrap();
+    assert!(long.scalar("SELECT CAST(COUNT(*) AS SIGNED) FROM {e}._sqlx_migrations WHERE success").await > 0);
+    long.drop().await;
+}

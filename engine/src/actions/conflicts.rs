@@ -15,8 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::FromRow;
 
-use super::{ActionError, OperatorTx};
-use super::bulk::audit_on_pool;
+use super::{ActionError, OperatorTx, end_action};
 use super::republish::{Publishers, StoredMessage, publish_stored};
 use crate::audit::{AuditOutcome, NewAuditEntry};
 use crate::console::ConsoleStore;
@@ -181,32 +180,7 @@ pub async fn requeue_conflict(
         Ok::<String, ActionError>(stored.message_id)
     }
     .await;
-    conclude(store, tx, actor, "conflict.requeue", id, None, result).await
-}
-
-/// Commits `tx` when `result` is a success; otherwise rolls it back and audits the refusal or
-/// failure on its own.
-async fn conclude<T>(
-    store: &dyn ConsoleStore,
-    tx: Box<dyn ConflictChange>,
-    actor: &str,
-    action: &'static str,
-    id: i64,
-    reason: Option<&str>,
-    result: Result<T, ActionError>,
-) -> Result<T, ActionError> {
-    match result {
-        Ok(done) => {
-            tx.commit().await?;
-            Ok(done)
-        }
-        Err(e) => {
-            tx.rollback().await?;
-            let detail = json!({ "conflict_id": id, "error": e.to_string() });
-            audit_on_pool(store, actor, action, e.audit_outcome(), reason, detail).await;
-            Err(e)
-        }
-    }
+    end_action(store, tx, actor, "conflict.requeue", None, json!({ "conflict_id": id }), result).await
 }
 
 fn refuse_settled(id: i64, settled_at: Option<DateTime<Utc>>) -> Result<(), ActionError> {
@@ -246,7 +220,7 @@ pub async fn dismiss_conflict(store: &dyn ConsoleStore, actor: &str, id: i64, re
         Ok(())
     }
     .await;
-    conclude(store, tx, actor, "conflict.dismiss", id, Some(reason), result).await
+    end_action(store, tx, actor, "conflict.dismiss", Some(reason), json!({ "conflict_id": id }), result).await
 }
 
 /// The open reused-id conflicts of `group` (all groups when `None`): those [`requeue_conflicts`]

@@ -10,8 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::FromRow;
 
-use super::{ActionError, OperatorTx, required_reason};
-use super::bulk::audit_on_pool;
+use super::{ActionError, OperatorTx, end_action, required_reason};
 use crate::audit::{AuditOutcome, NewAuditEntry};
 use crate::console::ConsoleStore;
 use crate::pause::PauseState;
@@ -126,7 +125,9 @@ pub async fn handler_control(
 ) -> Result<HandlerPause, ActionError> {
     let (from, to) = control.transition();
     let from_names: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-    let mut detail = json!({ "message_type": message_type, "to": to.as_str(), "expected_version": expected_version });
+    let detail = || json!({ "message_type": message_type, "to": to.as_str(), "expected_version": expected_version });
+    // A reason too long to accept is not stored either.
+    let stored_reason = super::optional_reason(reason).ok().flatten();
     let mut tx = store.begin_change().await?;
     let result: Result<HandlerPause, ActionError> = async {
         let what = match control {
@@ -150,36 +151,26 @@ pub async fn handler_control(
             )));
         }
         let row = tx.set_state(group, message_type, to, actor, &crate::db::storable::text(reason)).await?;
+        let mut detail = detail();
         detail["from"] = json!(state);
         detail["version"] = json!(row.version);
+        let entry = NewAuditEntry {
+            actor,
+            action: control.verb(),
+            outcome: AuditOutcome::Ok,
+            reason: stored_reason,
+            consumer_group: Some(group),
+            message_ids: &[],
+            detail,
+            source: None,
+        };
+        tx.audit(&entry).await?;
         Ok(row)
     }
     .await;
-    // A reason too long to accept is not stored either.
-    let reason = super::optional_reason(reason).ok().flatten();
-    match result {
-        Ok(row) => {
-            let entry = NewAuditEntry {
-                actor,
-                action: control.verb(),
-                outcome: AuditOutcome::Ok,
-                reason,
-                consumer_group: Some(group),
-                message_ids: &[],
-                detail,
-                source: None,
-            };
-            tx.audit(&entry).await?;
-            tx.commit().await?;
-            tracing::info!(actor, group, message_type, action = control.verb(), state = to.as_str(), "operator action on a handler");
-            Ok(row)
-        }
-        Err(error) => {
-            tx.rollback().await?;
-            detail["consumer_group"] = json!(group);
-            detail["error"] = json!(error.to_string());
-            audit_on_pool(store, actor, control.verb(), error.audit_outcome(), reason, detail).await;
-            Err(error)
-        }
-    }
+    let mut refused = detail();
+    refused["consumer_group"] = json!(group);
+    let row = end_action(store, tx, actor, control.verb(), stored_reason, refused, result).await?;
+    tracing::info!(actor, group, message_type, action = control.verb(), state = to.as_str(), "operator action on a handler");
+    Ok(row)
 }

@@ -54,6 +54,32 @@ pub trait OperatorTx: Send {
     async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
 }
 
+/// Ends an operator action's transaction `tx` by its `result`: commits it on success (the
+/// action's audit entry is in it); otherwise rolls it back and audits the refusal or failure on
+/// its own, as `action` by `actor` for `reason`, with `detail` and the error.
+pub(crate) async fn end_action<T>(
+    log: &dyn crate::audit::AuditLog,
+    tx: Box<dyn OperatorTx>,
+    actor: &str,
+    action: &str,
+    reason: Option<&str>,
+    mut detail: serde_json::Value,
+    result: Result<T, ActionError>,
+) -> Result<T, ActionError> {
+    match result {
+        Ok(done) => {
+            tx.commit().await?;
+            Ok(done)
+        }
+        Err(error) => {
+            tx.rollback().await?;
+            detail["error"] = serde_json::json!(error.to_string());
+            bulk::audit_on_pool(log, actor, action, error.audit_outcome(), reason, detail).await;
+            Err(error)
+        }
+    }
+}
+
 /// Why an operator action was refused or failed. Refusals (everything but [`ActionError::Publish`]
 /// and [`ActionError::Unexpected`]) changed nothing.
 #[derive(Debug, thiserror::Error)]

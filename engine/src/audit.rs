@@ -2,11 +2,11 @@
 //! why, on which records, with what counts and outcome.
 //!
 //! Kept by one [`AuditLog`] per database on its pool (`store/postgres/audit.rs`,
-//! `store/mysql/audit.rs`), reached through [`crate::console::ConsoleStore`]: entries written on their own
-//! (refusals, failed logins, account changes) and the readers, [`AuditLog::list`] (the Audit
-//! page, the REST API) and [`AuditLog::for_message`] (a record's detail page). An operator
-//! action writes its entry inside its own transaction instead (so the entry commits or rolls
-//! back with the change), through its store.
+//! `store/mysql/audit.rs`), reached through [`crate::console::ConsoleStore`]: entries written
+//! on their own (refusals, failed logins, account changes) and the readers, [`AuditLog::list`]
+//! (the Audit page, the REST API) and [`AuditLog::for_message`] (a record's detail page). An
+//! operator action writes its entry inside its own transaction instead (so the entry commits
+//! or rolls back with the change), through its store.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

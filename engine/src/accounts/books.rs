@@ -1,8 +1,8 @@
 //! Where accounts are kept (docs/research/store-seam.md 3.7 step 5, "accounts"): users, API
 //! tokens and the login throttle's counters, one implementation per database on its pool
 //! (`store/postgres/accounts.rs`, `store/mysql/accounts.rs`), reached through
-//! [`crate::console::ConsoleStore`]. What does not depend on the database (name and role rules, token secrets,
-//! throttle keys) stays in the modules beside this one.
+//! [`crate::console::ConsoleStore`]. What does not depend on the database (name and role
+//! rules, token secrets, throttle keys) stays in the modules beside this one.
 
 use std::time::Duration;
 

@@ -95,7 +95,8 @@ impl From<MySqlPool> for EnginePool {
 /// `host`'s options on that database, at most `max_connections`, opened lazily.
 ///
 /// Errors: [`EngineError::MySqlSession`], [`EngineError::EngineDatabaseIsTheTeams`],
-/// [`EngineError::SharedMigrationHistory`], or the database's (unreachable, no right to create the database, a failed migration).
+/// [`EngineError::SharedMigrationHistory`], or the database's (unreachable, no right to create
+/// the database, a failed migration).
 #[cfg(feature = "mysql")]
 pub async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32) -> Result<MySqlPool, EngineError> {
     let session = mysql_session(host).await.map_err(SchemaError::Query)?;

@@ -96,8 +96,8 @@ impl EngineBuilder {
     }
 
     /// Migrates the engine's schema ([`db::migrate`]; on MySQL its database), then starts every
-    /// group's workers and the background tasks (aggregate flusher, heartbeat; on PostgreSQL
-    /// also the bulk-requeue runners and the cleanup scheduler, which MySQL does not run yet: a
+    /// group's workers and the background tasks (aggregate flusher, heartbeat, the bulk-requeue
+    /// runners; on PostgreSQL also the cleanup scheduler, which MySQL does not run yet: a
     /// warning says so). Does not wait for the brokers or Redis: workers connect and reconnect
     /// in the background.
     ///
@@ -162,7 +162,7 @@ impl EngineBuilder {
                 let store = PgStore::new(pool.clone(), &self.schema);
                 let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
                 tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
-                    engine_pool.clone(),
+                    EnginePool::Postgres(engine_pool.clone()),
                     started.publishers.clone(),
                     shutdown.clone(),
                 )));
@@ -178,11 +178,16 @@ impl EngineBuilder {
                 let engine_pool = pool::ready_mysql(pool, &self.schema, self.pool_size).await?;
                 let books: Arc<dyn RuntimeBooks> = Arc::new(MySqlRuntimeBooks::new(engine_pool.clone()));
                 tracing::warn!(
-                    "this engine runs on MySQL: bulk requeue and cleanup schedules run on PostgreSQL only so far, so \
-                     neither runs here, and no record is deleted (docs/DESIGN.md, \"An engine on MySQL\")"
+                    "this engine runs on MySQL: cleanup schedules run on PostgreSQL only so far, so none runs \
+                     here, and no record is deleted (docs/DESIGN.md, \"An engine on MySQL\")"
                 );
                 let store = crate::store::mysql::MySqlStore::new(pool.clone(), &self.schema);
                 let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
+                tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
+                    EnginePool::MySql(engine_pool.clone()),
+                    started.publishers.clone(),
+                    shutdown.clone(),
+                )));
                 (EnginePool::MySql(engine_pool), books, started)
             }
         };

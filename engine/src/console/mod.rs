@@ -89,8 +89,10 @@ pub mod actions {
     /// Bulk requeue jobs: preview, start, control, and the runner the CLI drives.
     pub mod bulk {
         pub use crate::actions::bulk::{
-            DEFAULT_CANARY, DEFAULT_FAILURE_THRESHOLD, DEFAULT_RATE, JobControl, RequeueJob, RequeueJobParams,
-            RequeuePreview, requeue_job, requeue_job_control, requeue_job_start, requeue_jobs, requeue_preview,
+            DEFAULT_CANARY, DEFAULT_FAILURE_THRESHOLD, DEFAULT_RATE, FrozenJob, FrozenSelection, ItemVerdict,
+            JobChange, JobControl, LockedCandidate, NewRequeueJob, PendingItem, RequeueBatch, RequeueJob,
+            RequeueJobBooks, RequeueJobParams, RequeuePreview, RunnerLock, RunnerView, requeue_job,
+            requeue_job_control, requeue_job_start, requeue_jobs, requeue_preview,
         };
 
         /// Runs a bulk requeue job.

@@ -6,6 +6,7 @@
 
 use crate::accounts::AccountBooks;
 use crate::actions::RecordBooks;
+use crate::actions::bulk::RequeueJobBooks;
 use crate::actions::conflicts::ConflictBooks;
 use crate::actions::drill::DrillBooks;
 use crate::actions::handlers::HandlerBooks;
@@ -18,7 +19,7 @@ use crate::runtime::EnginePool;
 
 /// The console's roles on one database: accounts, the audit log, the overview's, failure
 /// pages', endpoint cards' and records' reads, the handlers' pause rows, the single-record
-/// actions, the kept conflicting copies, and the duplicate drills.
+/// actions, the kept conflicting copies, the duplicate drills, and the bulk requeue jobs.
 pub trait ConsoleStore:
     AccountBooks
     + AuditLog
@@ -30,6 +31,7 @@ pub trait ConsoleStore:
     + RecordBooks
     + ConflictBooks
     + DrillBooks
+    + RequeueJobBooks
 {
 }
 
@@ -44,6 +46,7 @@ impl<T> ConsoleStore for T where
         + RecordBooks
         + ConflictBooks
         + DrillBooks
+        + RequeueJobBooks
 {
 }
 

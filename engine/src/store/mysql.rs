@@ -46,6 +46,7 @@ mod operator_tx;
 mod record_books;
 mod conflict_books;
 mod drill_books;
+mod requeue_jobs;
 mod records;
 mod books;
 mod claims;

@@ -34,7 +34,7 @@ fn record_filter(q: &RecordsQuery) -> Result<RecordFilter, ConsoleError> {
 
 /// What a bulk requeue of `filter` would do now.
 pub async fn requeue_preview(state: &ConsoleState, filter: &RecordsQuery) -> Result<RequeuePreviewView, ConsoleError> {
-    let p = bulk::requeue_preview(state.pool(), &record_filter(filter)?).await?;
+    let p = bulk::requeue_preview(state.store(), &record_filter(filter)?).await?;
     Ok(RequeuePreviewView {
         matched: p.matched,
         would_requeue: p.would_requeue,
@@ -63,17 +63,17 @@ pub async fn requeue_start(
         expected_count: request.expected_count,
         reason: request.reason.as_deref(),
     };
-    Ok(job_view(bulk::requeue_job_start(state.pool(), actor, &params).await?))
+    Ok(job_view(bulk::requeue_job_start(state.store(), actor, &params).await?))
 }
 
 /// One job's progress.
 pub async fn requeue_job(state: &ConsoleState, id: i64) -> Result<RequeueJobView, ConsoleError> {
-    Ok(job_view(bulk::requeue_job(state.pool(), id).await?))
+    Ok(job_view(bulk::requeue_job(state.store(), id).await?))
 }
 
 /// The latest jobs.
 pub async fn requeue_jobs(state: &ConsoleState) -> Result<Vec<RequeueJobView>, ConsoleError> {
-    Ok(bulk::requeue_jobs(state.pool(), JOBS_SHOWN).await?.into_iter().map(job_view).collect())
+    Ok(bulk::requeue_jobs(state.store(), JOBS_SHOWN).await?.into_iter().map(job_view).collect())
 }
 
 /// Pauses, resumes or cancels a job as `actor`.
@@ -88,7 +88,7 @@ pub async fn requeue_control(
         JobControlKind::Resume => JobControl::Resume,
         JobControlKind::Cancel => JobControl::Cancel,
     };
-    Ok(job_view(bulk::requeue_job_control(state.pool(), actor, id, control, None).await?))
+    Ok(job_view(bulk::requeue_job_control(state.store(), actor, id, control, None).await?))
 }
 
 fn job_view(j: RequeueJob) -> RequeueJobView {

@@ -11,22 +11,30 @@
 //!    since the freeze (another version: requeued by another job or by hand, retried, released): a canary batch first (all must
 //!    publish, else the job pauses), then the rest at `rate_per_sec`, pausing itself when the
 //!    share of failed publishes among the recent items passes the threshold. One runner per job
-//!    (PostgreSQL advisory lock); [`runner::supervise`] starts runners for running jobs, so a job
-//!    survives a server restart.
+//!    (a lock of the database's: PostgreSQL's advisory lock, MySQL's `GET_LOCK`);
+//!    [`runner::supervise`] starts runners for running jobs, so a job survives a server restart.
 //! 4. [`requeue_job_control`]: pause, resume, cancel.
+//!
+//! The rules are here and in `runner.rs`; each database's statements are behind
+//! [`RequeueJobBooks`] (`store/<database>/requeue_jobs.rs`).
 
+mod books;
 pub mod runner;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
+use sqlx::FromRow;
 
-use super::{ActionError, optional_reason};
+pub use books::{
+    FrozenJob, FrozenSelection, ItemVerdict, JobChange, LockedCandidate, NewRequeueJob, PendingItem, RequeueBatch,
+    RequeueJobBooks, RunnerLock, RunnerView,
+};
+
+use super::{ActionError, OperatorTx, end_action, optional_reason};
 use crate::audit::{AuditLog, AuditOutcome, NewAuditEntry};
-use crate::store::postgres::audit;
+use crate::console::ConsoleStore;
 use crate::console::filter::RecordFilter;
-use crate::store::postgres::records::push_filter;
 
 /// Most records one job may take (and one preview counts).
 pub const MAX_JOB_RECORDS: i64 = 1_000_000;
@@ -38,16 +46,6 @@ pub const DEFAULT_CANARY: i32 = 10;
 pub const DEFAULT_FAILURE_THRESHOLD: f64 = 0.2;
 /// Most messages per second a job may ask for.
 pub const MAX_RATE: f64 = 10_000.0;
-
-/// Why a matched record is not requeued (`NULL`: it is), evaluated on `dedup_records` rows. The
-/// set-based twin of [`super::StoredMessage::check_republishable`] plus the status rule.
-pub(crate) const SKIP_REASON_SQL: &str = "CASE
-    WHEN status = 'succeeded' THEN 'already succeeded'
-    WHEN status = 'processing' AND lease_expires_at >= now() THEN 'lease live'
-    WHEN status = 'processing' THEN 'stuck: release it first'
-    WHEN poison THEN 'poison message'
-    WHEN payload IS NULL OR payload_truncated THEN 'payload missing'
-END";
 
 /// What a bulk requeue of a filter would do now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,13 +62,9 @@ pub struct RequeuePreview {
 /// Counts what a bulk requeue of `filter` would do.
 ///
 /// Errors: [`ActionError::Refused`] when the filter matches more than `MAX_JOB_RECORDS` (1 000 000).
-pub async fn requeue_preview(pool: &PgPool, filter: &RecordFilter) -> Result<RequeuePreview, ActionError> {
-    let mut outer: QueryBuilder<'_, Postgres> = QueryBuilder::new(format!(
-        "SELECT skip, count(*) AS n FROM (SELECT {SKIP_REASON_SQL} AS skip FROM dedup_records"
-    ));
-    push_filter(&mut outer, filter);
-    outer.push(" LIMIT ").push_bind(MAX_JOB_RECORDS + 1).push(") s GROUP BY skip ORDER BY n DESC");
-    let rows: Vec<(Option<String>, i64)> = outer.build_query_as().fetch_all(pool).await?;
+pub async fn requeue_preview(store: &dyn ConsoleStore, filter: &RecordFilter) -> Result<RequeuePreview, ActionError> {
+    let mut rows = store.requeue_counts(filter, MAX_JOB_RECORDS + 1).await?;
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let mut preview = RequeuePreview::default();
     for (skip, n) in rows {
         preview.matched += n;
@@ -161,27 +155,16 @@ impl RequeueJob {
     }
 }
 
-const JOB_COLUMNS: &str = "id, created_at, created_by, reason, filter, state, paused_reason, rate_per_sec, canary_size,
-    failure_threshold, total, done, skipped, failed, started_at, finished_at,
-    extract(epoch FROM COALESCE(finished_at, now()) - started_at)::float8 AS elapsed_secs";
-
 /// One job.
 ///
 /// Errors: [`ActionError::UnknownJob`].
-pub async fn requeue_job(pool: &PgPool, id: i64) -> Result<RequeueJob, ActionError> {
-    sqlx::query_as(&format!("SELECT {JOB_COLUMNS} FROM requeue_jobs WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(pool)
-        .await?
-        .ok_or(ActionError::UnknownJob { what: "requeue job", id })
+pub async fn requeue_job(store: &dyn ConsoleStore, id: i64) -> Result<RequeueJob, ActionError> {
+    store.requeue_job(id).await?.ok_or(ActionError::UnknownJob { what: "requeue job", id })
 }
 
-/// The latest `limit` jobs, newest first.
-pub async fn requeue_jobs(pool: &PgPool, limit: i64) -> Result<Vec<RequeueJob>, ActionError> {
-    Ok(sqlx::query_as(&format!("SELECT {JOB_COLUMNS} FROM requeue_jobs ORDER BY id DESC LIMIT $1"))
-        .bind(limit.clamp(1, 500))
-        .fetch_all(pool)
-        .await?)
+/// The latest `limit` jobs (1 to 500), newest first.
+pub async fn requeue_jobs(store: &dyn ConsoleStore, limit: i64) -> Result<Vec<RequeueJob>, ActionError> {
+    Ok(store.requeue_jobs(limit.clamp(1, 500)).await?)
 }
 
 fn validate(params: &RequeueJobParams<'_>) -> Result<(), ActionError> {
@@ -210,63 +193,12 @@ const AUDITED_IDS: i64 = 10_000;
 /// preview again).
 #[tracing::instrument(skip_all, fields(actor), err(level = "warn"))]
 pub async fn requeue_job_start(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     actor: &str,
     params: &RequeueJobParams<'_>,
 ) -> Result<RequeueJob, ActionError> {
+    const ACTION: &str = "bulk.requeue.start";
     let filter_json = serde_json::to_value(params.filter).map_err(|e| ActionError::Unexpected(e.into()))?;
-    let mut tx = pool.begin().await?;
-    let result: Result<(i64, i64, i64), ActionError> = async {
-        validate(params)?;
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO requeue_jobs (created_by, reason, filter, rate_per_sec, canary_size, failure_threshold, total)
-             VALUES ($1, $2, $3, $4, $5, $6, 0) RETURNING id",
-        )
-        .bind(actor)
-        .bind(optional_reason(params.reason)?)
-        .bind(&filter_json)
-        .bind(params.rate_per_sec)
-        .bind(params.canary_size)
-        .bind(params.failure_threshold)
-        .fetch_one(&mut *tx)
-        .await?;
-        let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new(
-            "INSERT INTO requeue_job_items (job_id, seq, record_id, state, detail, record_version)
-             SELECT ",
-        );
-        q.push_bind(id).push(format!(
-            ", row_number() OVER (ORDER BY id), id, CASE WHEN skip IS NULL THEN 'pending' ELSE 'skipped' END, skip, version
-             FROM (SELECT id, {SKIP_REASON_SQL} AS skip, version FROM dedup_records"
-        ));
-        push_filter(&mut q, params.filter);
-        q.push(" ORDER BY id LIMIT ").push_bind(MAX_JOB_RECORDS + 1).push(") s");
-        q.build().execute(&mut *tx).await?;
-        let (total, skipped): (i64, i64) = sqlx::query_as(
-            "UPDATE requeue_jobs j SET total = c.total, skipped = c.skipped
-             FROM (SELECT count(*) AS total, count(*) FILTER (WHERE state = 'skipped') AS skipped
-                   FROM requeue_job_items WHERE job_id = $1) c
-             WHERE j.id = $1 RETURNING c.total, c.skipped",
-        )
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
-        let requeueable = total - skipped;
-        if total > MAX_JOB_RECORDS {
-            return Err(ActionError::Refused(format!(
-                "the filter matches more than {MAX_JOB_RECORDS} records; narrow it"
-            )));
-        }
-        if let Some(expected) = params.expected_count.filter(|e| *e != requeueable) {
-            return Err(ActionError::Refused(format!(
-                "the selection changed: {requeueable} records would be requeued now, {expected} were confirmed; preview again"
-            )));
-        }
-        if requeueable == 0 {
-            return Err(ActionError::Refused("the filter matches no record that can be requeued".to_owned()));
-        }
-        Ok((id, total, skipped))
-    }
-    .await;
     // A reason too long to accept is not stored either.
     let reason = optional_reason(params.reason).ok().flatten();
     let mut detail = json!({
@@ -276,22 +208,37 @@ pub async fn requeue_job_start(
         "failure_threshold": params.failure_threshold,
         "expected_count": params.expected_count,
     });
-    match result {
-        Ok((id, total, skipped)) => {
-            let ids: Vec<String> = sqlx::query_scalar(
-                "SELECT r.message_id FROM requeue_job_items i JOIN dedup_records r ON r.id = i.record_id
-                 WHERE i.job_id = $1 AND i.state = 'pending' ORDER BY i.seq LIMIT $2",
-            )
-            .bind(id)
-            .bind(AUDITED_IDS)
-            .fetch_all(&mut *tx)
-            .await?;
-            detail["job_id"] = json!(id);
-            detail["total"] = json!(total);
-            detail["skipped"] = json!(skipped);
+    let job = NewRequeueJob {
+        actor,
+        reason,
+        filter: params.filter,
+        filter_json: &filter_json,
+        rate_per_sec: params.rate_per_sec,
+        canary_size: params.canary_size,
+        failure_threshold: params.failure_threshold,
+    };
+    let frozen = match validate(params) {
+        Ok(()) => store.freeze_requeue_job(&job, MAX_JOB_RECORDS + 1).await.map_err(ActionError::from),
+        Err(error) => Err(error),
+    };
+    let (selection, mut tx) = match frozen {
+        Ok(frozen) => frozen,
+        Err(error) => {
+            detail["error"] = json!(error.to_string());
+            audit_on_pool(store, actor, ACTION, error.audit_outcome(), reason, detail).await;
+            return Err(error);
+        }
+    };
+    let result = match check_selection(&selection, params.expected_count) {
+        Ok(()) => async {
+            let ids = tx.pending_message_ids(selection.id, AUDITED_IDS).await?;
+            let mut detail = detail.clone();
+            detail["job_id"] = json!(selection.id);
+            detail["total"] = json!(selection.total);
+            detail["skipped"] = json!(selection.skipped);
             let entry = NewAuditEntry {
                 actor,
-                action: "bulk.requeue.start",
+                action: ACTION,
                 outcome: AuditOutcome::Ok,
                 reason,
                 consumer_group: params.filter.group.as_deref(),
@@ -299,18 +246,34 @@ pub async fn requeue_job_start(
                 detail,
                 source: None,
             };
-            audit::insert(&mut *tx, &entry).await?;
-            tx.commit().await?;
-            tracing::info!(actor, job_id = id, total, skipped, "bulk requeue started");
-            requeue_job(pool, id).await
+            tx.audit(&entry).await?;
+            Ok(())
         }
-        Err(error) => {
-            tx.rollback().await?;
-            detail["error"] = json!(error.to_string());
-            audit_on_pool(pool, actor, "bulk.requeue.start", error.audit_outcome(), reason, detail).await;
-            Err(error)
-        }
+        .await,
+        Err(error) => Err(error),
+    };
+    let tx: Box<dyn OperatorTx> = tx;
+    end_action(store, tx, actor, ACTION, reason, detail, result).await?;
+    tracing::info!(actor, job_id = selection.id, selection.total, selection.skipped, "bulk requeue started");
+    requeue_job(store, selection.id).await
+}
+
+/// Whether a frozen selection may run: not more than [`MAX_JOB_RECORDS`], the count the
+/// operator confirmed (when given), and something to requeue.
+fn check_selection(selection: &FrozenSelection, expected_count: Option<i64>) -> Result<(), ActionError> {
+    let requeueable = selection.total - selection.skipped;
+    if selection.total > MAX_JOB_RECORDS {
+        return Err(ActionError::Refused(format!("the filter matches more than {MAX_JOB_RECORDS} records; narrow it")));
     }
+    if let Some(expected) = expected_count.filter(|e| *e != requeueable) {
+        return Err(ActionError::Refused(format!(
+            "the selection changed: {requeueable} records would be requeued now, {expected} were confirmed; preview again"
+        )));
+    }
+    if requeueable == 0 {
+        return Err(ActionError::Refused("the filter matches no record that can be requeued".to_owned()));
+    }
+    Ok(())
 }
 
 /// Writes an entry outside any transaction (refusals, failures, runner events); a failure to
@@ -358,7 +321,7 @@ impl JobControl {
 /// allow it (e.g. resuming a completed job).
 #[tracing::instrument(skip_all, fields(actor, job_id = id), err(level = "warn"))]
 pub async fn requeue_job_control(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     actor: &str,
     id: i64,
     control: JobControl,
@@ -370,57 +333,36 @@ pub async fn requeue_job_control(
         JobControl::Resume => (&["paused"], "running", None),
         JobControl::Cancel => (&["running", "paused"], "cancelled", None),
     };
-    let mut tx = pool.begin().await?;
-    let changed: Option<String> = sqlx::query_scalar(
-        "WITH old AS (SELECT id, state FROM requeue_jobs WHERE id = $1 FOR UPDATE)
-         UPDATE requeue_jobs j SET state = $3, paused_reason = $4, updated_at = now(),
-                finished_at = CASE WHEN $3 = 'cancelled' THEN now() END
-         FROM old WHERE j.id = old.id AND old.state = ANY($2) RETURNING old.state",
-    )
-    .bind(id)
-    .bind(from)
-    .bind(to)
-    .bind(&note)
-    .fetch_optional(&mut *tx)
-    .await?;
     let detail = json!({ "job_id": id, "to": to });
-    let result = match changed {
-        Some(_) => Ok(()),
-        None => match sqlx::query_scalar::<_, String>("SELECT state FROM requeue_jobs WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?
-        {
-            None => Err(ActionError::UnknownJob { what: "requeue job", id }),
-            Some(state) => Err(ActionError::Refused(format!(
-                "requeue job {id} is {state}; it can be {}d only when {}",
-                control.verb().rsplit('.').next().unwrap_or_default(),
-                from.join(" or ")
-            ))),
-        },
-    };
-    match result {
-        Ok(()) => {
-            let entry = NewAuditEntry {
-                actor,
-                action: control.verb(),
-                outcome: AuditOutcome::Ok,
-                reason,
-                consumer_group: None,
-                message_ids: &[],
-                detail,
-                source: None,
-            };
-            audit::insert(&mut *tx, &entry).await?;
-            tx.commit().await?;
-            requeue_job(pool, id).await
+    let mut tx = store.begin_job_change().await?;
+    let result = async {
+        match tx.lock_job(id).await? {
+            None => return Err(ActionError::UnknownJob { what: "requeue job", id }),
+            Some(state) if !from.contains(&state.as_str()) => {
+                return Err(ActionError::Refused(format!(
+                    "requeue job {id} is {state}; it can be {}d only when {}",
+                    control.verb().rsplit('.').next().unwrap_or_default(),
+                    from.join(" or ")
+                )));
+            }
+            Some(_) => {}
         }
-        Err(error) => {
-            tx.rollback().await?;
-            let mut detail = detail;
-            detail["error"] = json!(error.to_string());
-            audit_on_pool(pool, actor, control.verb(), error.audit_outcome(), reason, detail).await;
-            Err(error)
-        }
+        tx.set_job_state(id, to, note.as_deref()).await?;
+        let entry = NewAuditEntry {
+            actor,
+            action: control.verb(),
+            outcome: AuditOutcome::Ok,
+            reason,
+            consumer_group: None,
+            message_ids: &[],
+            detail: detail.clone(),
+            source: None,
+        };
+        tx.audit(&entry).await?;
+        Ok(())
     }
+    .await;
+    let tx: Box<dyn OperatorTx> = tx;
+    end_action(store, tx, actor, control.verb(), reason, detail, result).await?;
+    requeue_job(store, id).await
 }

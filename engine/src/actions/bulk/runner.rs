@@ -1,5 +1,6 @@
-//! The background runner of bulk requeue jobs: one per job (advisory lock), a canary batch
-//! first, then the rest at the job's rate, pausing itself on too many failed publishes.
+//! The background runner of bulk requeue jobs: one per job (the database's lock,
+//! [`RequeueJobBooks::lock_job_runner`]), a canary batch first, then the rest at the job's
+//! rate, pausing itself on too many failed publishes.
 //!
 //! Each batch is one transaction: the pending items' records are locked (in the consumers' lock
 //! order), classified again (a record may have succeeded or been claimed since the freeze), the
@@ -13,48 +14,27 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use serde_json::json;
-use sqlx::{Connection, FromRow, PgConnection, PgPool};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::postgres::record_books::make_claimable;
-use super::super::republish::{Publishers, StoredMessage, publish_stored};
-use super::{SKIP_REASON_SQL, audit_on_pool};
+use super::super::republish::{Publishers, publish_stored};
+use super::{ItemVerdict, LockedCandidate, RunnerView, audit_on_pool};
 use crate::actions::ActionError;
 use crate::audit::AuditOutcome;
+use crate::console::{ConsoleStore, console_store};
+use crate::runtime::EnginePool;
 use crate::source::Publish;
 
 /// The publishers a job's records go through, opened once per run: by (consumer group, broker).
 pub type OpenPublishers = HashMap<(String, String), Arc<dyn Publish>>;
 
-/// First key of the advisory locks held by job runners (`pg_try_advisory_lock(key, job id)`).
+/// First key of the advisory locks PostgreSQL's job runners hold (`pg_try_advisory_lock(key,
+/// job id)`).
 pub const RUNNER_LOCK_KEY: i32 = 0x5251_4a42; // "RQJB"
 /// How often [`supervise`] looks for running jobs without a runner.
 pub const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 /// Smallest number of recent publishes the failure ratio is judged on.
 const MIN_WINDOW: usize = 20;
-
-/// The job row fields a runner needs.
-#[derive(Debug, Clone, FromRow)]
-struct JobState {
-    state: String,
-    created_by: String,
-    rate_per_sec: f64,
-    canary_size: i32,
-    failure_threshold: f64,
-    done: i64,
-    failed: i64,
-}
-
-async fn job_state(pool: &PgPool, id: i64) -> Result<Option<JobState>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT state, created_by, rate_per_sec, canary_size, failure_threshold, done, failed
-         FROM requeue_jobs WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await
-}
 
 /// What one batch did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -80,57 +60,32 @@ impl BatchOutcome {
 pub const CHANGED_SINCE_FREEZE: &str =
     "changed since the selection was frozen (requeued, retried or released meanwhile)";
 
-#[derive(FromRow)]
-struct Candidate {
-    skip: Option<String>,
-    version: i64,
-    #[sqlx(flatten)]
-    stored: StoredMessage,
-}
-
 /// Handles the next `limit` pending items of job `id` in one transaction, publishing through
 /// `publishers` (a record whose group and broker have none there fails its item).
 ///
 /// Errors: database errors (the transaction rolled back; the items stay pending).
 pub async fn run_batch(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     publishers: &OpenPublishers,
     id: i64,
     limit: i64,
 ) -> Result<BatchOutcome, ActionError> {
-    let mut tx = pool.begin().await?;
-    let items: Vec<(i32, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT seq, record_id, record_version FROM requeue_job_items
-         WHERE job_id = $1 AND state = 'pending' ORDER BY seq LIMIT $2",
-    )
-    .bind(id)
-    .bind(limit)
-    .fetch_all(&mut *tx)
-    .await?;
+    let (items, rows, batch) = store.begin_batch(id, limit).await?;
     if items.is_empty() {
         return Ok(BatchOutcome::default());
     }
-    let record_ids: Vec<i64> = items.iter().map(|(_, r, _)| *r).collect();
-    // Lock order of the consumers' claims (group, message id), so neither waits in a cycle.
-    let rows: Vec<Candidate> = sqlx::query_as(&format!(
-        "SELECT {SKIP_REASON_SQL} AS skip, version, {} FROM dedup_records WHERE id = ANY($1)
-         ORDER BY consumer_group, message_id FOR UPDATE",
-        StoredMessage::COLUMNS
-    ))
-    .bind(&record_ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut by_id: HashMap<i64, Candidate> = rows.into_iter().map(|c| (c.stored.id, c)).collect();
-    let mut verdicts: Vec<(i32, &'static str, Option<String>)> = Vec::with_capacity(items.len());
-    let mut to_publish: Vec<(i32, StoredMessage)> = Vec::new();
-    for (seq, record_id, frozen_version) in &items {
-        match by_id.remove(record_id) {
-            None => verdicts.push((*seq, "skipped", Some("record gone (cleaned up)".to_owned()))),
-            Some(Candidate { skip: Some(reason), .. }) => verdicts.push((*seq, "skipped", Some(reason))),
-            Some(Candidate { version, .. }) if frozen_version.is_some_and(|v| v != version) => {
-                verdicts.push((*seq, "skipped", Some(CHANGED_SINCE_FREEZE.to_owned())))
+    let mut by_id: HashMap<i64, LockedCandidate> = rows.into_iter().map(|c| (c.stored.id, c)).collect();
+    let mut verdicts: Vec<ItemVerdict> = Vec::with_capacity(items.len());
+    let mut to_publish = Vec::new();
+    for item in &items {
+        let verdict = |state, detail: Option<String>| ItemVerdict { seq: item.seq, record_id: item.record_id, state, detail };
+        match by_id.remove(&item.record_id) {
+            None => verdicts.push(verdict("skipped", Some("record gone (cleaned up)".to_owned()))),
+            Some(LockedCandidate { skip: Some(reason), .. }) => verdicts.push(verdict("skipped", Some(reason))),
+            Some(LockedCandidate { version, .. }) if item.record_version.is_some_and(|v| v != version) => {
+                verdicts.push(verdict("skipped", Some(CHANGED_SINCE_FREEZE.to_owned())))
             }
-            Some(Candidate { skip: None, stored, .. }) => to_publish.push((*seq, stored)),
+            Some(LockedCandidate { skip: None, stored, .. }) => to_publish.push((item.seq, stored)),
         }
     }
     let results = join_all(to_publish.iter().map(|(_, stored)| async move {
@@ -144,65 +99,27 @@ pub async fn run_batch(
     .await;
     let mut claimable = Vec::new();
     for ((seq, stored), result) in to_publish.iter().zip(results) {
-        match result {
+        let (state, detail) = match result {
             Ok(()) => {
                 claimable.push(stored.id);
-                verdicts.push((*seq, "done", None));
+                ("done", None)
             }
-            Err(e) => verdicts.push((*seq, "failed", Some(e.to_string()))),
-        }
+            Err(e) => ("failed", Some(e.to_string())),
+        };
+        verdicts.push(ItemVerdict { seq: *seq, record_id: stored.id, state, detail });
     }
-    make_claimable(&mut tx, &claimable).await?;
-    let seqs: Vec<i32> = verdicts.iter().map(|v| v.0).collect();
-    let states: Vec<&str> = verdicts.iter().map(|v| v.1).collect();
-    let details: Vec<Option<String>> = verdicts.iter().map(|v| v.2.clone()).collect();
-    sqlx::query(
-        "UPDATE requeue_job_items i SET state = v.state, detail = v.detail
-         FROM unnest($2::int[], $3::text[], $4::text[]) AS v(seq, state, detail)
-         WHERE i.job_id = $1 AND i.seq = v.seq",
-    )
-    .bind(id)
-    .bind(&seqs)
-    .bind(&states)
-    .bind(&details)
-    .execute(&mut *tx)
-    .await?;
-    let count = |s: &str| states.iter().filter(|x| **x == s).count() as i64;
-    let last_failure = verdicts.iter().rev().find(|v| v.1 == "failed").and_then(|v| v.2.clone());
-    let outcome =
-        BatchOutcome { done: count("done"), skipped: count("skipped"), failed: count("failed"), last_failure };
-    sqlx::query(
-        "UPDATE requeue_jobs SET done = done + $2, skipped = skipped + $3, failed = failed + $4, updated_at = now(),
-                state = CASE WHEN state = 'running' AND NOT EXISTS (
-                    SELECT 1 FROM requeue_job_items WHERE job_id = $1 AND state = 'pending') THEN 'completed' ELSE state END,
-                finished_at = CASE WHEN state = 'running' AND NOT EXISTS (
-                    SELECT 1 FROM requeue_job_items WHERE job_id = $1 AND state = 'pending') THEN now() ELSE finished_at END
-         WHERE id = $1",
-    )
-    .bind(id)
-    .bind(outcome.done)
-    .bind(outcome.skipped)
-    .bind(outcome.failed)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(outcome)
+    batch.finish(id, &claimable, &verdicts).await?;
+    let count = |s: &str| verdicts.iter().filter(|v| v.state == s).count() as i64;
+    let last_failure = verdicts.iter().rev().find(|v| v.state == "failed").and_then(|v| v.detail.clone());
+    Ok(BatchOutcome { done: count("done"), skipped: count("skipped"), failed: count("failed"), last_failure })
 }
 
 /// Pauses a running job with `why` (audited as `bulk.requeue.auto_pause` by the job's creator).
-async fn auto_pause(pool: &PgPool, id: i64, actor: &str, why: String) -> Result<(), ActionError> {
-    let paused = sqlx::query(
-        "UPDATE requeue_jobs SET state = 'paused', paused_reason = $2, updated_at = now()
-         WHERE id = $1 AND state = 'running'",
-    )
-    .bind(id)
-    .bind(&why)
-    .execute(pool)
-    .await?;
-    if paused.rows_affected() == 1 {
+async fn auto_pause(store: &dyn ConsoleStore, id: i64, actor: &str, why: String) -> Result<(), ActionError> {
+    if store.pause_running_job(id, &why).await? {
         tracing::warn!(job_id = id, "bulk requeue paused: {why}");
         let detail = json!({ "job_id": id, "paused_reason": why });
-        audit_on_pool(pool, actor, "bulk.requeue.auto_pause", AuditOutcome::Ok, None, detail).await;
+        audit_on_pool(store, actor, "bulk.requeue.auto_pause", AuditOutcome::Ok, None, detail).await;
     }
     Ok(())
 }
@@ -214,29 +131,21 @@ fn batch_size(rate: f64) -> i64 {
 
 /// Runs job `id` until it completes, pauses, is cancelled, or `shutdown` fires (then it stays
 /// `running` and a later runner resumes it). Returns at once when another runner holds the job
-/// (advisory lock on a dedicated connection, released when it closes, so a crashed runner
-/// frees the job).
+/// (the database's lock on a connection of its own, released when it closes, so a crashed
+/// runner frees the job).
 ///
 /// Errors: database errors, a broker that cannot be reached (the job stays running; the
 /// supervisor retries).
 #[tracing::instrument(skip_all, fields(job_id = id), err(level = "warn"))]
 pub async fn run_job(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     publishers: &Publishers,
     id: i64,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
-    let mut lock: PgConnection = pool.acquire().await?.detach();
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2::int)")
-        .bind(RUNNER_LOCK_KEY)
-        .bind(i32::try_from(id).unwrap_or(i32::MAX))
-        .fetch_one(&mut lock)
-        .await?;
-    if !locked {
-        return Ok(());
-    }
-    let result = run_locked(pool, publishers, id, shutdown).await;
-    let _ = lock.close().await;
+    let Some(lock) = store.lock_job_runner(id).await? else { return Ok(()) };
+    let result = run_locked(store, publishers, id, shutdown).await;
+    lock.release().await;
     result
 }
 
@@ -244,15 +153,12 @@ pub async fn run_job(
 /// group reads from is left out (those records' items fail one by one, saying so).
 ///
 /// Errors: a broker that cannot be reached ([`ActionError::Publish`]), a database error.
-async fn open_publishers(pool: &PgPool, publishers: &Publishers, id: i64) -> Result<OpenPublishers, ActionError> {
-    let pairs: Vec<(String, String)> = sqlx::query_as(
-        "SELECT DISTINCT r.consumer_group, r.source_broker
-         FROM requeue_job_items i JOIN dedup_records r ON r.id = i.record_id
-         WHERE i.job_id = $1 AND i.state = 'pending'",
-    )
-    .bind(id)
-    .fetch_all(pool)
-    .await?;
+async fn open_publishers(
+    store: &dyn ConsoleStore,
+    publishers: &Publishers,
+    id: i64,
+) -> Result<OpenPublishers, ActionError> {
+    let pairs = store.pending_sources(id).await?;
     let mut open = OpenPublishers::new();
     for (group, broker) in pairs {
         match publishers.for_record(0, &group, &broker).await {
@@ -272,17 +178,17 @@ async fn open_publishers(pool: &PgPool, publishers: &Publishers, id: i64) -> Res
 }
 
 async fn run_locked(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     publishers: &Publishers,
     id: i64,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
-    let Some(job) = job_state(pool, id).await? else { return Ok(()) };
+    let Some(job) = store.runner_view(id).await? else { return Ok(()) };
     if job.state != "running" {
         return Ok(());
     }
-    let publisher = open_publishers(pool, publishers, id).await?;
-    let result = run_open(pool, &publisher, id, job, shutdown).await;
+    let publisher = open_publishers(store, publishers, id).await?;
+    let result = run_open(store, &publisher, id, job, shutdown).await;
     for open in publisher.values() {
         open.close().await;
     }
@@ -292,10 +198,10 @@ async fn run_locked(
 /// Runs job `id` (`job` as it was read) with its publishers open, until it completes, pauses,
 /// is cancelled or `shutdown` fires.
 async fn run_open(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     publisher: &OpenPublishers,
     id: i64,
-    job: JobState,
+    job: RunnerView,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
     let canary = i64::from(job.canary_size);
@@ -308,11 +214,11 @@ async fn run_open(
     let mut next = Instant::now();
     tracing::info!(job_id = id, rate = job.rate_per_sec, canary, "bulk requeue runner started");
     loop {
-        match job_state(pool, id).await? {
+        match store.runner_view(id).await? {
             Some(state) if state.state == "running" => {}
             Some(state) if state.state == "completed" => {
                 let detail = json!({ "job_id": id, "done": state.done, "failed": state.failed });
-                audit_on_pool(pool, &job.created_by, "bulk.requeue.complete", AuditOutcome::Ok, None, detail).await;
+                audit_on_pool(store, &job.created_by, "bulk.requeue.complete", AuditOutcome::Ok, None, detail).await;
                 tracing::info!(job_id = id, done = state.done, failed = state.failed, "bulk requeue completed");
                 return Ok(());
             }
@@ -320,7 +226,7 @@ async fn run_open(
         }
         let in_canary = published < canary;
         let limit = if in_canary { size.min(canary - published) } else { size };
-        let outcome = match run_batch(pool, publisher, id, limit).await {
+        let outcome = match run_batch(store, publisher, id, limit).await {
             Ok(o) => o,
             Err(ActionError::Unexpected(e)) => {
                 tracing::warn!(job_id = id, error = %e, "bulk requeue batch failed; retrying");
@@ -331,13 +237,7 @@ async fn run_open(
         };
         if outcome.items() == 0 {
             // Nothing pending: complete it (if still running); the check above ends the loop.
-            sqlx::query(
-                "UPDATE requeue_jobs SET state = 'completed', finished_at = now(), updated_at = now()
-                 WHERE id = $1 AND state = 'running'",
-            )
-            .bind(id)
-            .execute(pool)
-            .await?;
+            store.complete_running_job(id).await?;
             continue;
         }
         let attempts = outcome.done + outcome.failed;
@@ -359,7 +259,7 @@ async fn run_open(
             canary_failed += outcome.failed;
             if published >= canary && canary_failed > 0 {
                 let why = format!("canary failed: {canary_failed} of the first {published} publishes failed{}", last());
-                return auto_pause(pool, id, &job.created_by, why).await;
+                return auto_pause(store, id, &job.created_by, why).await;
             }
         } else if window.len() >= MIN_WINDOW {
             let ratio = window.iter().filter(|f| **f).count() as f64 / window.len() as f64;
@@ -371,7 +271,7 @@ async fn run_open(
                     job.failure_threshold * 100.0,
                     last()
                 );
-                return auto_pause(pool, id, &job.created_by, why).await;
+                return auto_pause(store, id, &job.created_by, why).await;
             }
         }
         next += Duration::from_secs_f64(attempts as f64 / job.rate_per_sec);
@@ -384,8 +284,8 @@ async fn run_open(
 
 /// Starts a runner for every running job that has none in this process, every
 /// [`SUPERVISE_EVERY`], until `shutdown` (then waits for its runners to stop). Runners of other
-/// instances keep their jobs: the advisory lock decides.
-pub async fn supervise(pool: PgPool, publishers: Publishers, shutdown: CancellationToken) {
+/// instances keep their jobs: the runner lock decides.
+pub async fn supervise(pool: EnginePool, publishers: Publishers, shutdown: CancellationToken) {
     let mut running: HashMap<i64, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut ticker = tokio::time::interval(SUPERVISE_EVERY);
     loop {
@@ -394,10 +294,7 @@ pub async fn supervise(pool: PgPool, publishers: Publishers, shutdown: Cancellat
             _ = ticker.tick() => {}
         }
         running.retain(|_, task| !task.is_finished());
-        let ids: Vec<i64> = match sqlx::query_scalar("SELECT id FROM requeue_jobs WHERE state = 'running' ORDER BY id")
-            .fetch_all(&pool)
-            .await
-        {
+        let ids = match console_store(&pool).running_job_ids().await {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::warn!(error = %e, "looking for running requeue jobs failed");
@@ -410,7 +307,7 @@ pub async fn supervise(pool: PgPool, publishers: Publishers, shutdown: Cancellat
             running.insert(
                 id,
                 tokio::spawn(async move {
-                    if let Err(e) = run_job(&pool, &publishers, id, &shutdown).await {
+                    if let Err(e) = run_job(console_store(&pool), &publishers, id, &shutdown).await {
                         tracing::warn!(job_id = id, error = %e, "bulk requeue runner stopped; will retry");
                     }
                 }),

@@ -11,10 +11,13 @@
 //! [`crate::store::LeaseStore`]) and `roles.rs` (what the pipeline asks of a store beyond those: conflicting
 //! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
 //! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs`, `failures.rs`, `endpoints.rs` and
-//! `records.rs` the console's reads.
+//! `records.rs` the console's reads, `record_actions.rs` the operator actions on one record, one kept
+//! copy and a drill, `bulk_requeue.rs` the bulk requeue.
 
 mod accounts;
 mod audit;
+#[cfg(feature = "rabbitmq")]
+mod bulk_requeue;
 mod claims;
 mod endpoints;
 mod failures;
@@ -34,6 +37,8 @@ use uuid::Uuid;
 
 pub use accounts::*;
 pub use audit::*;
+#[cfg(feature = "rabbitmq")]
+pub use bulk_requeue::*;
 pub use claims::*;
 pub use endpoints::*;
 pub use failures::*;
@@ -261,6 +266,8 @@ macro_rules! conformance_tests {
             operators_requeue_and_dismiss_kept_copies_once,
             #[cfg(feature = "rabbitmq")]
             a_duplicate_drill_is_recorded_and_judged_by_its_records_counters,
+            #[cfg(feature = "rabbitmq")]
+            a_bulk_requeue_freezes_its_selection_and_one_runner_requeues_each_record_once,
             the_records_list_filters_orders_and_pages_alike,
         );
     };

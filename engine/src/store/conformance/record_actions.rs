@@ -23,7 +23,7 @@ use crate::testing::{TestBroker, amqp_url, redis_url};
 
 /// A test broker, and publishers whose group [`GROUP`] publishes to its exchange (its work
 /// queue gets everything published there).
-fn broker() -> (TestBroker, Publishers) {
+pub(super) fn broker() -> (TestBroker, Publishers) {
     let broker = TestBroker::new(&amqp_url(), Backoff { initial_ms: 1000, max_ms: 1000 });
     let mut publishers = Publishers::default();
     publishers.add(GROUP, broker.connector());

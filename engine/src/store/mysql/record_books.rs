@@ -11,18 +11,13 @@ use super::operator_tx::MySqlOperatorTx;
 use crate::actions::record::{HAND_DEAD_LETTER_CLASS, LockedRecord, RecordBooks, RecordChange, RecordTransition};
 use crate::record::RecordStatus;
 
-/// The row as [`LockedRecord`] reads it (`_bin` text and bytes `AS CHAR`; the headers as
-/// JSON text, MariaDB's JSON being text).
-const LOCK: &str = "SELECT CAST(consumer_group AS CHAR) AS consumer_group, CAST(status AS CHAR) AS status,
-                           CAST(lease_owner AS CHAR) AS lease_owner, lease_token, lease_expires_at,
-                           COALESCE(lease_expires_at < UTC_TIMESTAMP(6), FALSE) AS lease_expired,
-                           parked_at IS NOT NULL AS parked, version, id, CAST(message_id AS CHAR) AS message_id,
-                           CAST(source_broker AS CHAR) AS source_broker,
-                           CAST(source_exchange AS CHAR) AS source_exchange,
-                           CAST(source_routing_key AS CHAR) AS source_routing_key, payload, payload_truncated,
-                           CAST(headers AS CHAR) AS headers, CAST(content_type AS CHAR) AS content_type,
-                           CAST(type_property AS CHAR) AS type_property, poison
-                    FROM dedup_records WHERE id = ? FOR UPDATE";
+/// The columns of [`crate::actions::republish::StoredMessage`] (`_bin` text and bytes `AS CHAR`;
+/// the headers as JSON text, MariaDB's JSON being text).
+pub(super) const STORED_MESSAGE: &str = "id, CAST(message_id AS CHAR) AS message_id,
+     CAST(consumer_group AS CHAR) AS consumer_group, CAST(source_broker AS CHAR) AS source_broker,
+     CAST(source_exchange AS CHAR) AS source_exchange, CAST(source_routing_key AS CHAR) AS source_routing_key,
+     payload, payload_truncated, CAST(headers AS CHAR) AS headers, CAST(content_type AS CHAR) AS content_type,
+     CAST(type_property AS CHAR) AS type_property, poison";
 
 #[async_trait]
 impl RecordBooks for MySqlPool {
@@ -34,7 +29,13 @@ impl RecordBooks for MySqlPool {
 #[async_trait]
 impl RecordChange for MySqlOperatorTx {
     async fn lock(&mut self, id: i64) -> Result<Option<LockedRecord>, sqlx::Error> {
-        sqlx::query_as(LOCK).bind(id).fetch_optional(&mut *self.0).await
+        let sql = format!(
+            "SELECT CAST(status AS CHAR) AS status, CAST(lease_owner AS CHAR) AS lease_owner, lease_token,
+                    lease_expires_at, COALESCE(lease_expires_at < UTC_TIMESTAMP(6), FALSE) AS lease_expired,
+                    parked_at IS NOT NULL AS parked, version, {STORED_MESSAGE}
+             FROM dedup_records WHERE id = ? FOR UPDATE"
+        );
+        sqlx::query_as(&sql).bind(id).fetch_optional(&mut *self.0).await
     }
 
     async fn transition(
@@ -91,18 +92,7 @@ impl RecordChange for MySqlOperatorTx {
                 .await?;
                 (RecordStatus::Dead, Some(("dead", note)))
             }
-            RecordTransition::Requeue => {
-                sqlx::query(
-                    "UPDATE dedup_records SET status = 'failed', version = version + 1,
-                            max_attempts = GREATEST(max_attempts, attempts + 1),
-                            next_attempt_at = UTC_TIMESTAMP(6), parked_at = NULL, updated_at = UTC_TIMESTAMP(6)
-                     WHERE id = ? AND status IN ('failed', 'dead')",
-                )
-                .bind(id)
-                .execute(&mut *conn)
-                .await?;
-                (RecordStatus::Failed, None)
-            }
+            RecordTransition::Requeue => return make_claimable(conn, &[id]).await,
         };
         if let Some((outcome, note)) = attempt {
             sqlx::query(
@@ -138,4 +128,37 @@ async fn count_move(
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// `failed`/`dead` → `failed`, claimable now (one more attempt when none is left), for rows the
+/// caller has locked and checked, with the status counts' delta rows of those that were `dead`.
+/// Shared by the single and the bulk requeue.
+pub(super) async fn make_claimable(conn: &mut MySqlConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let list = super::sql::repeat("?", ids.len());
+    for (status, sign) in [("dead", "-"), ("failed", "")] {
+        let sql = format!(
+            "INSERT INTO record_counts (consumer_group, status, n)
+             SELECT consumer_group, '{status}', {sign}COUNT(*) FROM dedup_records
+             WHERE id IN ({list}) AND status = 'dead' GROUP BY consumer_group"
+        );
+        let mut q = sqlx::query(&sql);
+        for id in ids {
+            q = q.bind(id);
+        }
+        q.execute(&mut *conn).await?;
+    }
+    let sql = format!(
+        "UPDATE dedup_records SET status = 'failed', version = version + 1,
+                max_attempts = GREATEST(max_attempts, attempts + 1),
+                next_attempt_at = UTC_TIMESTAMP(6), parked_at = NULL, updated_at = UTC_TIMESTAMP(6)
+         WHERE id IN ({list}) AND status IN ('failed', 'dead')"
+    );
+    let mut q = sqlx::query(&sql);
+    for id in ids {
+        q = q.bind(id);
+    }
+    q.execute(conn).await.map(drop)
 }

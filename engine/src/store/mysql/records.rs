@@ -27,7 +27,7 @@ const ROW_COLUMNS: &str = "d.id, CAST(d.consumer_group AS CHAR) AS consumer_grou
 const KNOWN_GROUPS_SQL: &str = "SELECT consumer_group FROM record_counts GROUP BY consumer_group";
 
 /// Appends the `WHERE` conditions of `filter` on `d` (always at least `TRUE`), every value bound.
-fn push_filter(q: &mut QueryBuilder<'_, MySql>, filter: &RecordFilter) {
+pub(super) fn push_filter(q: &mut QueryBuilder<'_, MySql>, filter: &RecordFilter) {
     q.push(" WHERE TRUE");
     if let Some(group) = &filter.group {
         q.push(" AND d.consumer_group = ").push_bind(group.as_bytes().to_vec());

@@ -100,7 +100,7 @@ impl RecordChange for PgOperatorTx {
 
 /// `failed`/`dead` → `failed`, claimable now (one more attempt when none is left), for rows the
 /// caller has locked and checked. Shared by the single and the bulk requeue.
-pub(crate) async fn make_claimable(conn: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+pub(super) async fn make_claimable(conn: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE dedup_records SET status = 'failed', version = version + 1,
                 max_attempts = GREATEST(max_attempts, attempts + 1),

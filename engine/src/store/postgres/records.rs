@@ -31,7 +31,7 @@ const KNOWN_GROUPS_SQL: &str = "ARRAY(SELECT consumer_group FROM record_counts G
 /// Indexes (migration `..._lean_write_path`): a status other than `succeeded` narrows to
 /// `dedup_records_unsettled_idx`; a time range becomes an id range on the primary key
 /// (`dedup_records_id_at`); a message id or prefix goes to the dedup key, once per group.
-pub(crate) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFilter) {
+pub(super) fn push_filter(q: &mut QueryBuilder<'_, Postgres>, filter: &RecordFilter) {
     q.push(" WHERE true");
     if let Some(group) = &filter.group {
         q.push(" AND consumer_group = ").push_bind(group.clone());

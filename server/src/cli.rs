@@ -104,8 +104,8 @@ impl Command {
             Command::Cleanup(_) => "cleanup",
         };
         anyhow::bail!(
-            "`{name}` runs on PostgreSQL only so far, and DATABASE_URL names MySQL; on MySQL: serve (the consumer, \
-             without the console), migrate, simulate, publish, verify, user"
+            "`{name}` runs on PostgreSQL only so far, and DATABASE_URL names MySQL; on MySQL: serve (the consumer and \
+             the console), migrate, simulate, publish, verify, user"
         )
     }
 }

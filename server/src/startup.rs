@@ -12,9 +12,12 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::serve::ListenerExt;
-use dedup_engine::console::engine_pool;
-use dedup_engine::{Broker, Engine, EngineBuilder, EnginePool, HandlerRegistry, HealthProbes, PoolSettings};
+use dedup_engine::console::{console_store, engine_pool};
+use dedup_engine::{
+    Broker, Engine, EngineBuilder, EngineHandle, EnginePool, HandlerRegistry, HealthProbes, PoolSettings,
+};
 use dedup_example_orders as orders;
+use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -185,16 +188,7 @@ impl Application {
         if settings.on_mysql() {
             return Self::build_on_mysql(settings, groups, demo, metrics).await;
         }
-        let auth = match settings.auth.mode {
-            AuthMode::Accounts => ConsoleAuth::Accounts(settings.auth.clone()),
-            AuthMode::Off if settings.listen.ip().is_loopback() => ConsoleAuth::Off,
-            AuthMode::Off => anyhow::bail!(
-                "refusing to start: auth.mode = \"off\" serves the console without sign-in, which is allowed on a \
-                 loopback address only, and listen = {} is not one; use auth.mode = \"accounts\", or listen on \
-                 127.0.0.1",
-                settings.listen
-            ),
-        };
+        let auth = console_auth(&settings)?;
         let pool = connect(&settings).await?;
         // Groups with HTTP handlers alone need none of the order example's tables.
         let example_used = demo || groups.iter().any(GroupConfig::uses_example);
@@ -217,29 +211,7 @@ impl Application {
         let probes = probes(&settings, handle.pool().clone(), &groups)?;
         warn_of_dependencies(&probes);
         let demo = demo.then(|| start_demo(&settings, &pool, &engine, &groups, order_settings));
-        let config = ConsoleConfig {
-            site_root: settings.site_root.clone(),
-            base_path: settings.console.base_path.clone(),
-            auth,
-            read_only: settings.console.read_only,
-            https: false, // `auth.secure_cookies` implies it.
-            request_timeout: Duration::from_millis(settings.request_timeout_ms),
-            statement_timeout: Duration::from_millis(settings.console.statement_timeout_ms),
-            pool_size: settings.console.max_connections,
-            max_body_bytes: settings.max_body_bytes,
-            metrics: Some(metrics),
-            shutdown: CancellationToken::new(),
-        };
-        let console_shutdown = config.shutdown.clone();
-        let base = config.base();
-        let console = console_router(handle, probes, config).await?;
-        let router = mount(Router::new(), base.as_str(), console);
-        tracing::info!("console listening on http://{local_addr}{}/", base.as_str());
-        if settings.auth.mode == AuthMode::Accounts
-            && let Some(engine_pool) = engine.handle().pool().postgres()
-        {
-            warn_without_accounts(engine_pool).await;
-        }
+        let (router, console_shutdown) = console(&settings, auth, handle, probes, metrics, local_addr).await?;
         let shutdown_timeout = Duration::from_millis(settings.shutdown_timeout_ms);
         Ok(Self { listener, router, pool: pool.into(), engine, demo, console_shutdown, shutdown_timeout })
     }
@@ -413,8 +385,8 @@ fn start_crashing_worker(
 
 /// Warns when the database has no console account yet: nobody can sign in until one is added
 /// from the command line (a team's own configuration starts on an empty database).
-async fn warn_without_accounts(pool: &sqlx::PgPool) {
-    match dedup_engine::console::accounts::AccountBooks::user_list(pool).await {
+async fn warn_without_accounts(pool: &EnginePool) {
+    match console_store(pool).user_list().await {
         Ok(users) if users.is_empty() => tracing::warn!(
             "no console account yet, so nobody can sign in: add the first with `dedup-console user add admin --role \
              admin` (password from DEDUP_USER_PASSWORD or stdin; the same --config or DEDUP_CONFIG as serve)"
@@ -422,4 +394,56 @@ async fn warn_without_accounts(pool: &sqlx::PgPool) {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "listing the console's accounts failed"),
     }
+}
+
+/// Who may use the console `settings` describe.
+///
+/// Errors: `auth.mode = "off"` on an address other than loopback.
+fn console_auth(settings: &Settings) -> anyhow::Result<ConsoleAuth> {
+    Ok(match settings.auth.mode {
+        AuthMode::Accounts => ConsoleAuth::Accounts(settings.auth.clone()),
+        AuthMode::Off if settings.listen.ip().is_loopback() => ConsoleAuth::Off,
+        AuthMode::Off => anyhow::bail!(
+            "refusing to start: auth.mode = \"off\" serves the console without sign-in, which is allowed on a \
+             loopback address only, and listen = {} is not one; use auth.mode = \"accounts\", or listen on \
+             127.0.0.1",
+            settings.listen
+        ),
+    })
+}
+
+/// The console for the engine `handle`, as `settings` configure it, mounted at its base path;
+/// and the token that ends its open event streams. Warns when no account can sign in yet.
+///
+/// Errors: [`console_router`]'s.
+async fn console(
+    settings: &Settings,
+    auth: ConsoleAuth,
+    handle: EngineHandle,
+    probes: HealthProbes,
+    metrics: PrometheusHandle,
+    local_addr: std::net::SocketAddr,
+) -> anyhow::Result<(Router, CancellationToken)> {
+    let config = ConsoleConfig {
+        site_root: settings.site_root.clone(),
+        base_path: settings.console.base_path.clone(),
+        auth,
+        read_only: settings.console.read_only,
+        https: false, // `auth.secure_cookies` implies it.
+        request_timeout: Duration::from_millis(settings.request_timeout_ms),
+        statement_timeout: Duration::from_millis(settings.console.statement_timeout_ms),
+        pool_size: settings.console.max_connections,
+        max_body_bytes: settings.max_body_bytes,
+        metrics: Some(metrics),
+        shutdown: CancellationToken::new(),
+    };
+    let console_shutdown = config.shutdown.clone();
+    let base = config.base();
+    let pool = handle.pool().clone();
+    let console = console_router(handle, probes, config).await?;
+    tracing::info!("console listening on http://{local_addr}{}/", base.as_str());
+    if settings.auth.mode == AuthMode::Accounts {
+        warn_without_accounts(&pool).await;
+    }
+    Ok((mount(Router::new(), base.as_str(), console), console_shutdown))
 }

@@ -1,5 +1,7 @@
 //! [`EnginePool`]: the database an engine runs on, and what each needs before its engine starts.
 
+use std::time::Duration;
+
 use sqlx::PgPool;
 #[cfg(feature = "mysql")]
 use sqlx::mysql::MySqlPool;
@@ -62,6 +64,47 @@ impl EnginePool {
             Self::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
             #[cfg(feature = "mysql")]
             Self::MySql(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+        }
+    }
+
+    /// The `application_name` its connections carry (PostgreSQL's `pg_stat_activity`), if one was
+    /// set; MySQL has none.
+    pub fn application_name(&self) -> Option<String> {
+        match self {
+            Self::Postgres(pool) => pool.connect_options().get_application_name().map(str::to_owned),
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => None,
+        }
+    }
+
+    /// A pool beside this one, on the same database, user and schema, for work that must not
+    /// outlast `statement_timeout` (a console's requests): at most `max_connections`
+    /// connections opened on demand, a wait for one bounded by `statement_timeout` too, and each
+    /// statement cancelled by the database after it, lock waits included: PostgreSQL's
+    /// `statement_timeout`, MariaDB's `max_statement_time`, MySQL 8's `max_execution_time` (which
+    /// bounds reads only). `application_name` names the connections on PostgreSQL. Its own
+    /// connections keep a caller from taking those the consumers need.
+    pub fn bounded(&self, statement_timeout: Duration, max_connections: u32, application_name: &str) -> EnginePool {
+        match self {
+            Self::Postgres(pool) => {
+                let ms = statement_timeout.as_millis().to_string();
+                let options = pool
+                    .connect_options()
+                    .as_ref()
+                    .clone()
+                    .application_name(application_name)
+                    .options([("statement_timeout", ms.as_str())]);
+                Self::Postgres(
+                    pool.options()
+                        .clone()
+                        .max_connections(max_connections.max(1))
+                        .min_connections(0)
+                        .acquire_timeout(statement_timeout)
+                        .connect_lazy_with(options),
+                )
+            }
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => Self::MySql(crate::store::mysql::bounded_pool(pool, statement_timeout, max_connections)),
         }
     }
 

@@ -1,19 +1,16 @@
 //! `serve` on MySQL 8 or MariaDB 10.11 (`DATABASE_URL=mysql://…`): the engine consumes with the
-//! order example's MySQL handlers (and the groups' HTTP handlers); the console runs on
-//! PostgreSQL only so far, so the server answers `/healthz`, `/readyz` and `/metrics` and says so
-//! on every other path ([`health_router`]).
+//! order example's MySQL handlers (and the groups' HTTP handlers), and the console is mounted
+//! on it as on PostgreSQL (cleanup schedules answer that they run on PostgreSQL only so far).
 
 use std::time::Duration;
 
 use anyhow::Context;
-use dedup_app::ssr::mount::health_router;
 use dedup_engine::{EnginePool, PoolSettings, Schema};
 use dedup_example_orders as orders;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::MySqlPool;
-use tokio_util::sync::CancellationToken;
 
-use super::{Application, bind, engine_builder, probes, warn_of_dependencies};
+use super::{Application, bind, console, console_auth, engine_builder, probes, warn_of_dependencies};
 use crate::config::{GroupConfig, Settings};
 
 /// The order example on MySQL: its tables in the database `DATABASE_URL` names (the team's own;
@@ -42,7 +39,7 @@ pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<MySqlPool> {
 
 impl Application {
     /// [`Application::build`] on MySQL: the order example's MySQL tables (when a group uses its
-    /// handlers), the engine, and the health endpoints as the router.
+    /// handlers), the engine, and the console.
     ///
     /// Errors: `serve --demo` (PostgreSQL only so far), the database, the listener.
     pub(super) async fn build_on_mysql(
@@ -52,6 +49,7 @@ impl Application {
         metrics: PrometheusHandle,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(!demo, "serve --demo runs on PostgreSQL only so far; DATABASE_URL names MySQL");
+        let auth = console_auth(&settings)?;
         let shop = shop(&settings)?;
         let pool = connect(&settings).await?;
         if groups.iter().any(GroupConfig::uses_example) {
@@ -67,18 +65,15 @@ impl Application {
         let engine = builder.start().await?;
         let probes = probes(&settings, engine.handle().pool().clone(), &groups)?;
         warn_of_dependencies(&probes);
-        let router = health_router(engine.handle().clone(), probes, Some(metrics));
-        tracing::warn!(
-            "the console runs on PostgreSQL only so far: on MySQL this server consumes and answers /healthz, /readyz \
-             and /metrics on http://{local_addr}"
-        );
+        let (router, console_shutdown) =
+            console(&settings, auth, engine.handle().clone(), probes, metrics, local_addr).await?;
         Ok(Self {
             listener,
             router,
             pool: EnginePool::MySql(pool),
             engine,
             demo: None,
-            console_shutdown: CancellationToken::new(),
+            console_shutdown,
             shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),
         })
     }

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use dedup_engine::console::actions::Publishers;
-use dedup_engine::console::{ConsoleStore, FastPath};
-use dedup_engine::{EngineHandle, HealthProbes, HealthReport};
+use dedup_engine::console::{ConsoleStore, FastPath, console_store};
+use dedup_engine::{EngineHandle, EnginePool, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
 use sqlx::PgPool;
 
@@ -21,10 +21,10 @@ pub struct ConsoleState {
     pub engine: EngineHandle,
     /// The console's own pool (statements bounded by [`ConsoleConfig::statement_timeout`](crate::ssr::mount::ConsoleConfig::statement_timeout)):
     /// every query and action of a request.
-    pub pool: PgPool,
+    pub pool: EnginePool,
     /// The engine's pool (no statement timeout): what outlasts a request, such as a cleanup run
     /// started from the console.
-    pub engine_pool: PgPool,
+    pub engine_pool: EnginePool,
     /// Every change is refused (the server's layer answers 403) and no action is shown.
     pub read_only: bool,
     /// The host's sign-out page, when the host signs users in (delegated auth).
@@ -32,14 +32,25 @@ pub struct ConsoleState {
 }
 
 impl ConsoleState {
-    /// The console's pool (the console's queries and the operator actions run there).
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// The console's pool on PostgreSQL, for what runs on PostgreSQL only so far (cleanup
+    /// schedules and their advice).
+    ///
+    /// Errors: [`ConsoleError::Unavailable`] on MySQL, saying so.
+    pub fn postgres(&self) -> Result<&PgPool, ConsoleError> {
+        self.pool.postgres().ok_or_else(|| postgres_only(&self.pool))
     }
 
-    /// The console's roles (accounts, audit log, reads, handler pauses), on the console's pool.
+    /// The engine's pool on PostgreSQL (a cleanup run started from the console).
+    ///
+    /// Errors: [`ConsoleError::Unavailable`] on MySQL, saying so.
+    pub fn engine_postgres(&self) -> Result<&PgPool, ConsoleError> {
+        self.engine_pool.postgres().ok_or_else(|| postgres_only(&self.engine_pool))
+    }
+
+    /// The console's roles (accounts, audit log, reads, operator actions, bulk requeue), on
+    /// the console's pool.
     pub fn store(&self) -> &dyn ConsoleStore {
-        &self.pool
+        console_store(&self.pool)
     }
 
     /// The Redis fast path (marker state on record pages).
@@ -57,27 +68,27 @@ impl ConsoleState {
 /// host named its own; then they are `<host's name> (console)`.
 pub const CONSOLE_APPLICATION_NAME: &str = "dedup-console";
 
-/// The console's own pool beside the engine's (`engine`): the same database, user and
-/// `search_path` (the engine's schema), named [`CONSOLE_APPLICATION_NAME`] in `pg_stat_activity`,
-/// at most `max_connections` connections opened on demand,
-/// each statement cancelled by PostgreSQL after `statement_timeout` (lock waits included), and
-/// a wait for a connection bounded by it too. Its own connections keep a lock that holds the
-/// console's requests from taking the connections the consumers and schedulers need.
-pub(crate) fn console_pool(engine: &PgPool, statement_timeout: Duration, max_connections: u32) -> PgPool {
-    let ms = statement_timeout.as_millis().to_string();
-    let engine_options = engine.connect_options();
-    let name = match engine_options.get_application_name() {
+/// The console's own pool beside the engine's (`engine`, [`EnginePool::bounded`]): the same
+/// database, user and schema, named [`CONSOLE_APPLICATION_NAME`] in PostgreSQL's
+/// `pg_stat_activity` (`<host's name> (console)` when the host named its own), at most
+/// `max_connections` connections opened on demand, each statement cancelled by the database
+/// after `statement_timeout` (lock waits included), and a wait for a connection bounded by it
+/// too. Its own connections keep the console's requests from taking the connections the
+/// consumers and schedulers need.
+pub(crate) fn console_pool(engine: &EnginePool, statement_timeout: Duration, max_connections: u32) -> EnginePool {
+    let name = match engine.application_name() {
         Some(host) => format!("{host} (console)"),
         None => CONSOLE_APPLICATION_NAME.to_owned(),
     };
-    let options = engine_options.as_ref().clone().application_name(&name).options([("statement_timeout", ms.as_str())]);
-    engine
-        .options()
-        .clone()
-        .max_connections(max_connections.max(1))
-        .min_connections(0)
-        .acquire_timeout(statement_timeout)
-        .connect_lazy_with(options)
+    engine.bounded(statement_timeout, max_connections, &name)
+}
+
+/// The refusal of what runs on PostgreSQL only so far, on `pool`'s database.
+fn postgres_only(pool: &EnginePool) -> ConsoleError {
+    ConsoleError::Unavailable(format!(
+        "cleanup schedules run on PostgreSQL only so far; this console runs on {}",
+        pool.database()
+    ))
 }
 
 /// The [`ConsoleState`] of the current request.

@@ -48,9 +48,9 @@ pub use dedup_engine::console::accounts::Role;
 /// route list before serving too: Leptos suspends data loading process-wide while it does.
 ///
 /// Errors: a base path with characters a URL path cannot carry as they are
-/// ([`ConsoleBase::validate`]); an engine on MySQL (the console's reads and actions run on
-/// PostgreSQL only so far); with [`ConsoleAuth::Accounts`], creating the session table (in the
-/// engine's schema) failed.
+/// ([`ConsoleBase::validate`]); with [`ConsoleAuth::Accounts`], creating the session table (in
+/// the engine's schema or, on MySQL, database) failed. On MySQL (feature `mysql`), cleanup
+/// schedules answer that they run on PostgreSQL only so far.
 pub async fn console_router(
     engine: EngineHandle,
     probes: HealthProbes,
@@ -67,12 +67,7 @@ pub async fn console_router(
     if let Some(problem) = bundle_problem(&config.site_root) {
         tracing::warn!("{problem}");
     }
-    let Some(engine_pool) = engine.pool().postgres().cloned() else {
-        anyhow::bail!(
-            "the console runs on PostgreSQL only so far; this engine runs on {} (run it without the console)",
-            engine.pool().database()
-        );
-    };
+    let engine_pool = engine.pool().clone();
     let base = config.base();
     let sessions = match &config.auth {
         ConsoleAuth::Accounts(_) => Some(session::store(&engine_pool, engine.schema().as_str()).await?),
@@ -93,39 +88,6 @@ pub async fn console_router(
     let console = ConsoleState { probes, engine, pool, engine_pool, read_only: config.read_only, host_sign_out };
     let state = AppState { leptos_options, console, base, config: Arc::new(config), _cleanup: cleanup };
     Ok(router::router(state, sessions))
-}
-
-/// The console's health endpoints alone, for an engine the console does not mount on (MySQL so
-/// far): `GET /healthz`, `GET /readyz` (the same answer as the console's) and, given a
-/// Prometheus handle, `GET /metrics`. Every other path answers 503 with a line saying why.
-pub fn health_router(
-    engine: EngineHandle,
-    probes: HealthProbes,
-    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-) -> Router {
-    use axum::http::StatusCode;
-    use axum::routing::get;
-    let database = engine.pool().database();
-    let mut router = Router::new().route("/healthz", get(super::health::healthz)).route(
-        "/readyz",
-        get(move || {
-            let (engine, probes) = (engine.clone(), probes.clone());
-            async move { super::health::readiness(&probes, &engine).await }
-        }),
-    );
-    if let Some(handle) = metrics {
-        router =
-            router.route("/metrics", get(move || std::future::ready(super::health::prometheus_text(Some(&handle)))));
-    }
-    router.fallback(move || async move {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the console runs on PostgreSQL only so far; this engine runs on {database}: it consumes, and \
-                 /healthz, /readyz and /metrics answer\n"
-            ),
-        )
-    })
 }
 
 /// The script every console page loads from `<site_root>/pkg/` to hydrate (cargo-leptos's

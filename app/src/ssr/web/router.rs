@@ -28,7 +28,6 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::services::ServeDir;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
-use tower_sessions_sqlx_store::PostgresStore;
 use tracing::Level;
 
 use super::api;
@@ -183,7 +182,7 @@ fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::R
 
 /// Builds the console's router (see the module docs); `sessions` is the session store of the
 /// console's own accounts, `None` with another auth.
-pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
+pub fn router(state: AppState, sessions: Option<session::SessionBooks>) -> Router {
     let routes = leptos_routes().to_vec();
     let leptos_options = state.leptos_options.clone();
     let pkg_dir = std::path::Path::new(&*leptos_options.site_root).join(&*leptos_options.site_pkg_dir);
@@ -193,7 +192,7 @@ pub fn router(state: AppState, sessions: Option<PostgresStore>) -> Router {
         tracing::error!(?unruled, "pages or server functions without an access rule are refused");
     }
     let config = state.config.clone();
-    let auth_state = AuthLayerState::new(state.console.pool().clone(), &config, state.base.clone(), policy());
+    let auth_state = AuthLayerState::new(state.console.pool.clone(), &config, state.base.clone(), policy());
     let session_layer = match (&config.auth, sessions) {
         (ConsoleAuth::Accounts(settings), Some(store)) => Some(session::layer(store, settings, &state.base)),
         _ => None,

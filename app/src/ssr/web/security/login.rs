@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use dedup_engine::console::accounts::passwords::{self, verify_password};
 use dedup_engine::console::accounts::throttle::{account_key, address_key};
-use dedup_engine::console::audit::{AuditOutcome, NewAuditEntry};
+use dedup_engine::console::audit::{AuditLog, AuditOutcome, NewAuditEntry};
 use serde::Deserialize;
 use serde_json::json;
 use tower_sessions::Session;
@@ -94,7 +94,6 @@ async fn sign_in(
     let ConsoleAuth::Accounts(settings) = &state.config.auth else {
         anyhow::bail!("signing in with the console's accounts, but the console does not use them");
     };
-    let pool = state.console.pool();
     let accounts = state.console.store();
     // No account name holds a NUL, which PostgreSQL would refuse in the throttle and audit rows.
     let name = form.username.trim().replace('\0', "\u{FFFD}");
@@ -107,7 +106,7 @@ async fn sign_in(
     let audit =
         |actor: String, action: &'static str, outcome| AuditLogin { actor, action, outcome, name: &name, source };
     if let Some(wait) = accounts.throttle_check(&limits, window).await? {
-        audit("anonymous".to_owned(), "auth.login_throttled", AuditOutcome::Refused).write(pool).await?;
+        audit("anonymous".to_owned(), "auth.login_throttled", AuditOutcome::Refused).write(accounts).await?;
         return Ok(Outcome::Throttled(wait));
     }
     let credentials = accounts.user_credentials(&name).await?;
@@ -118,13 +117,13 @@ async fn sign_in(
     let Some(user) = user else {
         let keys: Vec<String> = limits.into_iter().map(|(k, _)| k).collect();
         accounts.throttle_fail(&keys, window).await?;
-        audit("anonymous".to_owned(), "auth.login_failed", AuditOutcome::Refused).write(pool).await?;
+        audit("anonymous".to_owned(), "auth.login_failed", AuditOutcome::Refused).write(accounts).await?;
         return Ok(Outcome::Invalid);
     };
     session::start(session, user.id).await?;
     accounts.throttle_clear(&account_key(&name)).await?;
     accounts.user_touch_login(user.id).await?;
-    audit(user.actor(), "auth.login", AuditOutcome::Ok).write(pool).await?;
+    audit(user.actor(), "auth.login", AuditOutcome::Ok).write(accounts).await?;
     Ok(Outcome::SignedIn)
 }
 
@@ -138,7 +137,7 @@ struct AuditLogin<'a> {
 }
 
 impl AuditLogin<'_> {
-    async fn write(self, pool: &sqlx::PgPool) -> Result<i64, sqlx::Error> {
+    async fn write(self, log: &dyn AuditLog) -> Result<i64, sqlx::Error> {
         let entry = NewAuditEntry {
             actor: &self.actor,
             action: self.action,
@@ -149,7 +148,7 @@ impl AuditLogin<'_> {
             detail: json!({ "user": self.name }),
             source: self.source,
         };
-        dedup_engine::console::audit::AuditLog::record(pool, &entry).await
+        log.record(&entry).await
     }
 }
 

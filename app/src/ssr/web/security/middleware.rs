@@ -37,11 +37,11 @@ use axum::extract::{MatchedPath, OriginalUri, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use dedup_engine::console::accounts::AccountBooks;
+use dedup_engine::EnginePool;
 use dedup_engine::console::accounts::Role;
 use dedup_engine::console::accounts::tokens::token_authenticate;
+use dedup_engine::console::console_store;
 use hmac::{Hmac, Mac};
-use sqlx::PgPool;
 use tower_sessions::Session;
 
 use super::access::{Access, Policy, RouteKind, Rule};
@@ -53,8 +53,8 @@ use crate::ssr::web::error::ErrorBody;
 /// What the layer needs.
 #[derive(Clone)]
 pub struct AuthLayerState {
-    /// Users and tokens.
-    pool: PgPool,
+    /// Users and tokens (the console's pool).
+    pool: EnginePool,
     /// Who may use the console.
     auth: ConsoleAuth,
     /// The rules.
@@ -73,7 +73,7 @@ pub struct AuthLayerState {
 
 impl AuthLayerState {
     /// The layer's state for a console served as `config` says under `base`, with `policy`.
-    pub fn new(pool: PgPool, config: &ConsoleConfig, base: ConsoleBase, policy: Policy) -> Self {
+    pub fn new(pool: EnginePool, config: &ConsoleConfig, base: ConsoleBase, policy: Policy) -> Self {
         let mut key = [0u8; 32];
         key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
         key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
@@ -310,7 +310,7 @@ async fn identify_account(
     if let Some(value) = headers.get(header::AUTHORIZATION) {
         let bad = || Refusal::new(StatusCode::UNAUTHORIZED, "invalid or revoked API token");
         let secret = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).ok_or_else(bad)?;
-        return match token_authenticate(&ctx.pool, secret).await {
+        return match token_authenticate(console_store(&ctx.pool), secret).await {
             Ok(Some(user)) => {
                 Ok(Some(Identity { user: current_user(&user), sign_in: SignIn::Account, csrf_token: None }))
             }
@@ -322,7 +322,7 @@ async fn identify_account(
     let Some(state) = session::current(session, settings).await.map_err(|e| internal(&e))? else {
         return Ok(None);
     };
-    match ctx.pool.user_by_id(state.user_id).await.map_err(|e| internal(&e))? {
+    match console_store(&ctx.pool).user_by_id(state.user_id).await.map_err(|e| internal(&e))? {
         Some(user) if !user.disabled => Ok(Some(Identity {
             user: current_user(&user),
             sign_in: SignIn::Account,

@@ -1,5 +1,6 @@
-//! Sessions of the console's own accounts: tower-sessions with its PostgreSQL store (table
-//! `session` in the engine's schema, created at start-up by the store's own migration).
+//! Sessions of the console's own accounts: tower-sessions with its sqlx store of the engine's
+//! database ([`SessionBooks`]: table `session` in the engine's schema on PostgreSQL, in the
+//! engine's database on MySQL, created at start-up by the store's own migration).
 //!
 //! The cookie `dedup_session` is `HttpOnly`, `SameSite=Strict`, `Secure` with
 //! `auth.secure_cookies`, scoped to the console's base path, and holds only the random session
@@ -11,11 +12,17 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use async_trait::async_trait;
+use dedup_engine::EnginePool;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tower_sessions::cookie::SameSite;
 use tower_sessions::cookie::time;
+use tower_sessions::session::{Id, Record};
+use tower_sessions::session_store::{ExpiredDeletion, SessionStore};
 use tower_sessions::{Expiry, Session, SessionManagerLayer};
+#[cfg(feature = "mysql")]
+use tower_sessions_sqlx_store::MySqlStore;
 use tower_sessions_sqlx_store::PostgresStore;
 
 use crate::base::ConsoleBase;
@@ -42,16 +49,42 @@ pub struct SessionAuth {
     pub login_at: f64,
 }
 
+/// The sessions' store on the engine's database: tower-sessions' sqlx store of that database.
+#[derive(Debug, Clone)]
+pub enum SessionBooks {
+    /// PostgreSQL's.
+    Postgres(PostgresStore),
+    /// MySQL's (also MariaDB's; feature `mysql`).
+    #[cfg(feature = "mysql")]
+    MySql(MySqlStore),
+}
+
 /// Advisory-lock key serialising the session store's migration across server instances
-/// (`CREATE TABLE IF NOT EXISTS` run concurrently can still collide in the catalog).
+/// (`CREATE TABLE IF NOT EXISTS` run concurrently can still collide in PostgreSQL's catalog).
 const MIGRATE_LOCK: i64 = 0x6465_6475_7073_6573; // "dedupses"
 
-/// The store, its table created in `schema` if missing (under an advisory lock, so servers
-/// starting together do not race).
+/// The store, its table created in `schema` if missing. On PostgreSQL under an advisory lock,
+/// so servers starting together do not race; MySQL takes a metadata lock for `CREATE TABLE IF
+/// NOT EXISTS` and needs none.
 ///
 /// # Errors
 /// The database error of the lock or the store's migration.
-pub async fn store(pool: &PgPool, schema: &str) -> anyhow::Result<PostgresStore> {
+pub async fn store(pool: &EnginePool, schema: &str) -> anyhow::Result<SessionBooks> {
+    match pool {
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => {
+            let store = MySqlStore::new(pool.clone()).with_schema_name(schema).map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.migrate().await.context("creating the session table")?;
+            Ok(SessionBooks::MySql(store))
+        }
+        pool => {
+            let pool = pool.postgres().context("sessions on this database")?;
+            postgres_store(pool, schema).await.map(SessionBooks::Postgres)
+        }
+    }
+}
+
+async fn postgres_store(pool: &PgPool, schema: &str) -> anyhow::Result<PostgresStore> {
     let store = PostgresStore::new(pool.clone()).with_schema_name(schema).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut lock = pool.acquire().await.context("locking the session table migration")?;
     sqlx::query("SELECT pg_advisory_lock($1)").bind(MIGRATE_LOCK).execute(&mut *lock).await?;
@@ -61,10 +94,55 @@ pub async fn store(pool: &PgPool, schema: &str) -> anyhow::Result<PostgresStore>
     Ok(store)
 }
 
+#[async_trait]
+impl SessionStore for SessionBooks {
+    async fn create(&self, record: &mut Record) -> tower_sessions::session_store::Result<()> {
+        match self {
+            Self::Postgres(store) => store.create(record).await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => store.create(record).await,
+        }
+    }
+
+    async fn save(&self, record: &Record) -> tower_sessions::session_store::Result<()> {
+        match self {
+            Self::Postgres(store) => store.save(record).await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => store.save(record).await,
+        }
+    }
+
+    async fn load(&self, id: &Id) -> tower_sessions::session_store::Result<Option<Record>> {
+        match self {
+            Self::Postgres(store) => store.load(id).await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => store.load(id).await,
+        }
+    }
+
+    async fn delete(&self, id: &Id) -> tower_sessions::session_store::Result<()> {
+        match self {
+            Self::Postgres(store) => store.delete(id).await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => store.delete(id).await,
+        }
+    }
+}
+
+#[async_trait]
+impl ExpiredDeletion for SessionBooks {
+    async fn delete_expired(&self) -> tower_sessions::session_store::Result<()> {
+        match self {
+            Self::Postgres(store) => store.delete_expired().await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => store.delete_expired().await,
+        }
+    }
+}
+
 /// Deletes expired sessions every [`CLEANUP_PERIOD`], for ever (the console aborts it when it
 /// is dropped); a failure is logged and the deletion tried again a period later.
-pub async fn delete_expired(store: PostgresStore) {
-    use tower_sessions::ExpiredDeletion;
+pub async fn delete_expired(store: SessionBooks) {
     let mut ticker = tokio::time::interval(CLEANUP_PERIOD);
     loop {
         ticker.tick().await;
@@ -75,7 +153,7 @@ pub async fn delete_expired(store: PostgresStore) {
 }
 
 /// The session layer with the cookie and expiry settings described in the module docs.
-pub fn layer(store: PostgresStore, settings: &AuthSettings, base: &ConsoleBase) -> SessionManagerLayer<PostgresStore> {
+pub fn layer(store: SessionBooks, settings: &AuthSettings, base: &ConsoleBase) -> SessionManagerLayer<SessionBooks> {
     let idle = time::Duration::seconds(i64::try_from(settings.idle_timeout_secs).unwrap_or(i64::MAX));
     let path = if base.as_str().is_empty() { "/".to_owned() } else { base.as_str().to_owned() };
     SessionManagerLayer::new(store)

@@ -80,8 +80,9 @@ pub enum Command {
 }
 
 impl Command {
-    /// Whether it runs on MySQL or MariaDB: `serve` (the engine; the console runs on PostgreSQL
-    /// only so far), `migrate`, `simulate`, `publish` and `verify`.
+    /// Whether it runs on MySQL or MariaDB: `serve` (the engine and the console), `migrate`,
+    /// `simulate`, `publish`, `verify`, `user` and the operator commands; not yet `seed` and
+    /// `cleanup`.
     ///
     /// Errors: a command that does not yet, saying so.
     fn check_runs_on_mysql(&self) -> anyhow::Result<()> {
@@ -91,21 +92,21 @@ impl Command {
             | Command::Simulate(_)
             | Command::Publish(_)
             | Command::Verify(_)
-            | Command::User(_) => {
+            | Command::User(_)
+            | Command::Release(_)
+            | Command::MarkSucceeded(_)
+            | Command::DeadLetter(_)
+            | Command::Requeue(_)
+            | Command::RequeueBulk(_)
+            | Command::RequeueConflicts(_) => {
                 return Ok(());
             }
             Command::Seed(_) => "seed",
-            Command::Release(_) => "release",
-            Command::MarkSucceeded(_) => "mark-succeeded",
-            Command::DeadLetter(_) => "dead-letter",
-            Command::Requeue(_) => "requeue",
-            Command::RequeueBulk(_) => "requeue-bulk",
-            Command::RequeueConflicts(_) => "requeue-conflicts",
             Command::Cleanup(_) => "cleanup",
         };
         anyhow::bail!(
             "`{name}` runs on PostgreSQL only so far, and DATABASE_URL names MySQL; on MySQL: serve (the consumer and \
-             the console), migrate, simulate, publish, verify, user"
+             the console), migrate, simulate, publish, verify, user and the operator commands"
         )
     }
 }

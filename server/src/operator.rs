@@ -1,13 +1,14 @@
-//! The operator commands of the CLI (`release`, `mark-succeeded`, `dead-letter`, `requeue`):
-//! the same engine calls as the console and the REST API, audited as `cli:<$USER>`.
+//! The operator commands of the CLI (`release`, `mark-succeeded`, `dead-letter`, `requeue`,
+//! `requeue-bulk`, `requeue-conflicts`): the same engine calls as the console and the REST API,
+//! audited as `cli:<$USER>`, on PostgreSQL or MySQL.
 
 use clap::Args;
-use dedup_engine::console::RecordStatus;
 use dedup_engine::console::actions::{ActionError, RecordAction, RecordActionKind, record_action};
+use dedup_engine::console::{RecordStatus, console_store};
 use uuid::Uuid;
 
 use crate::config::{Settings, publishers};
-use crate::startup::open_database;
+use crate::startup::open_engine_database;
 
 /// Options of the single-record commands.
 #[derive(Debug, Args)]
@@ -46,8 +47,8 @@ pub fn cli_actor() -> String {
 /// Errors: the action's refusal or failure (nothing changed then), an unreachable database or
 /// broker.
 pub async fn run_record(settings: &Settings, kind: RecordActionKind, args: RecordArgs) -> anyhow::Result<()> {
-    let db = open_database(settings).await?;
-    let pool = &db.engine;
+    let engine = open_engine_database(settings).await?;
+    let pool = console_store(&engine);
     let actor = cli_actor();
     let params = RecordAction {
         record_id: args.id,
@@ -61,7 +62,7 @@ pub async fn run_record(settings: &Settings, kind: RecordActionKind, args: Recor
     let publishers = publishers(&settings.consumer_groups()?, settings.amqp_url.expose());
     let outcome = record_action(pool, &actor, kind, &params, &publishers).await;
     publishers.close().await;
-    db.close().await;
+    engine.close().await;
     let o = outcome?;
     println!(
         "record {} ({} / {}): {} -> {}{}; audit entry {}",
@@ -124,8 +125,8 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         error_class: args.error_class.as_deref(),
         ..FilterText::default()
     })?;
-    let db = open_database(settings).await?;
-    let pool = &db.engine;
+    let engine = open_engine_database(settings).await?;
+    let pool = console_store(&engine);
     let preview = requeue_preview(pool, &filter).await?;
     println!("matched now: {}; would be requeued: {}", preview.matched, preview.would_requeue);
     for (reason, n) in &preview.skipped {
@@ -190,7 +191,7 @@ pub async fn run_bulk(settings: &Settings, args: BulkArgs) -> anyhow::Result<()>
         j.paused_reason.as_deref().map(|r| format!("; {r}")).unwrap_or_default()
     );
     publishers.close().await;
-    db.close().await;
+    engine.close().await;
     // A job that stopped short (paused by its canary or failure ratio) is a failed command.
     anyhow::ensure!(
         j.state == "completed",
@@ -217,19 +218,19 @@ pub struct ConflictArgs {
 /// Errors: an unreachable database; exits non-zero when any copy failed to requeue.
 pub async fn run_conflicts(settings: &Settings, args: ConflictArgs) -> anyhow::Result<()> {
     use dedup_engine::console::actions::conflicts::{open_conflicts, requeue_conflicts};
-    let db = open_database(settings).await?;
-    let pool = &db.engine;
+    let engine = open_engine_database(settings).await?;
+    let pool = console_store(&engine);
     let open = open_conflicts(pool, args.group.as_deref()).await?.len();
     println!("open reused-id copies: {open}");
     if !args.yes {
         println!("nothing requeued; add --yes to requeue them under new message ids");
-        db.close().await;
+        engine.close().await;
         return Ok(());
     }
     let publishers = publishers(&settings.consumer_groups()?, settings.amqp_url.expose());
     let result = requeue_conflicts(pool, &cli_actor(), args.group.as_deref(), &publishers).await;
     publishers.close().await;
-    db.close().await;
+    engine.close().await;
     let (done, failed) = result?;
     println!("requeued: {}", done.len());
     for (id, e) in &failed {

@@ -140,9 +140,9 @@ async fn console_on_mariadb(world: &World, server: &crate::support::Server, dead
     let letters = server.call(&token, Method::GET, "/api/v1/dead-letters", None).await;
     let lettered: i64 = letters.as_array().unwrap().iter().map(|g| g["records"].as_i64().unwrap()).sum();
     assert_eq!(lettered, dead, "{letters}");
-    let page = server.call(&token, Method::GET, "/api/v1/records?status=dead", None).await;
+    let page = server.call(&token, Method::GET, "/api/v1/records?status=dead&type=POISON", None).await;
     let rows = page["rows"].as_array().unwrap();
-    assert!(!rows.is_empty() && rows.iter().all(|r| r["status"] == "dead"), "{page}");
+    assert!(!rows.is_empty() && rows.iter().all(|r| r["status"] == "dead" && r["message_type"] == "POISON"), "{page}");
     let id = rows[0]["id"].as_i64().unwrap();
     let record = server.call(&token, Method::GET, &format!("/api/v1/records/{id}"), None).await;
     assert_eq!(record["record"]["status"], "dead", "{record}");
@@ -153,6 +153,14 @@ async fn console_on_mariadb(world: &World, server: &crate::support::Server, dead
     // Every poison message's record is skipped as poison.
     let poisoned = skipped.iter().find(|s| s["reason"] == "poison message").map(|s| s["count"].as_i64().unwrap());
     assert!(poisoned.is_some_and(|n| n >= poison), "{preview}");
+    // The operator commands run on MariaDB too: the bulk preview, and a poison record's requeue
+    // refused.
+    let preview = world.command(&["requeue-bulk", "--status", "dead"]).output().await.unwrap();
+    let printed = String::from_utf8_lossy(&preview.stdout);
+    assert!(printed.contains(&format!("matched now: {dead}; would be requeued: 0")), "{printed}");
+    let requeue = world.command(&["requeue", &id.to_string()]).output().await.unwrap();
+    let refused = String::from_utf8_lossy(&requeue.stderr);
+    assert!(!requeue.status.success() && refused.contains("poison"), "{refused}");
     let cleanup = reqwest::Client::new().get(server.url("/api/v1/cleanup")).bearer_auth(&token).send().await.unwrap();
     assert_eq!(cleanup.status(), 503);
     let said = cleanup.text().await.unwrap();

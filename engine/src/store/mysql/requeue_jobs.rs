@@ -280,6 +280,11 @@ struct MySqlRequeueBatch(Transaction<'static, MySql>);
 impl RequeueBatch for MySqlRequeueBatch {
     async fn finish(mut self: Box<Self>, id: i64, claimable: &[i64], verdicts: &[ItemVerdict]) -> Result<(), sqlx::Error> {
         let tx = &mut self.0;
+        // The job's row first: the verdicts' upsert checks its foreign key with a shared lock on
+        // it, and the counters' `UPDATE` then wants it exclusive; an operator's `lock_job`
+        // waiting in between would deadlock with the batch (found by a break review: resumes
+        // answered 500 with error 1213).
+        sqlx::query("SELECT id FROM requeue_jobs WHERE id = ? FOR UPDATE").bind(id).execute(&mut **tx).await?;
         make_claimable(tx, claimable).await?;
         if !verdicts.is_empty() {
             let mut q: QueryBuilder<'_, MySql> =

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use dedup_engine::actions::RecordActionKind::Requeue;
-use dedup_engine::actions::bulk::runner::{CHANGED_SINCE_FREEZE, RUNNER_LOCK_KEY, run_job};
+use dedup_engine::actions::bulk::runner::{CHANGED_SINCE_FREEZE, run_job};
 use dedup_engine::actions::bulk::{
-    JobControl, RequeueJob, RequeueJobParams, requeue_job, requeue_job_control, requeue_job_start, requeue_preview,
+    JobControl, RequeueJob, RequeueJobBooks, RequeueJobParams, requeue_job, requeue_job_control, requeue_job_start,
+    requeue_preview,
 };
 use dedup_engine::actions::{ActionError, Publishers, RecordAction, record_action};
 use dedup_engine::console::filter::RecordFilter;
@@ -87,24 +88,14 @@ async fn run(pool: &PgPool, publishers: &Publishers, id: i64) -> RequeueJob {
     requeue_job(pool, id).await.unwrap()
 }
 
-/// Waits until no runner holds job `id`'s lock. A runner that died loses it when PostgreSQL
-/// notices its closed connection, a moment later; until then a new runner returns at once
-/// (the supervisor of a restarted server tries again every few seconds).
+/// Waits until no runner holds job `id`'s lock (takes it and lets it go). A runner that died
+/// loses it when PostgreSQL notices its closed connection, a moment later; until then a new
+/// runner returns at once (the supervisor of a restarted server tries again every few seconds).
 async fn runner_lock_released(pool: &PgPool, id: i64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let held: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks
-                            WHERE locktype = 'advisory' AND granted AND classid = $1::bigint::oid
-                              AND objid = $2::bigint::oid AND objsubid = 2
-                              AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
-        )
-        .bind(i64::from(RUNNER_LOCK_KEY))
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if !held {
+        if let Some(lock) = pool.lock_job_runner(id).await.unwrap() {
+            lock.release().await;
             return;
         }
         assert!(Instant::now() < deadline, "the dead runner's lock on job {id} was never released");

@@ -46,7 +46,7 @@ mod operator_tx;
 mod record_books;
 mod conflict_books;
 mod drill_books;
-mod requeue_jobs;
+pub(crate) mod requeue_jobs;
 mod records;
 mod books;
 mod claims;

@@ -47,7 +47,7 @@ mod operator_tx;
 mod record_books;
 mod conflict_books;
 mod drill_books;
-mod requeue_jobs;
+pub(crate) mod requeue_jobs;
 pub(crate) mod records;
 pub(crate) mod conflicts;
 pub(super) mod errors;

@@ -161,7 +161,8 @@ pub struct AuthSettings {
     /// Mark the session cookie `Secure` (set it when the console is served over HTTPS, directly
     /// or behind a TLS-terminating proxy). Default false.
     pub secure_cookies: bool,
-    /// A session unused for this long ends, in seconds. Default 1800 (30 minutes).
+    /// A session unused for this long ends, in seconds. Default 1800 (30 minutes); at most the
+    /// absolute timeout and a year (a longer one is taken as the shorter of the two).
     pub idle_timeout_secs: u64,
     /// A session ends this long after sign-in however active, in seconds. Default 43200 (12 h).
     pub absolute_timeout_secs: u64,

@@ -130,8 +130,10 @@ pub trait RequeueJobBooks: Send + Sync {
     /// The (consumer group, source broker) pairs of job `id`'s pending items' records.
     async fn pending_sources(&self, id: i64) -> Result<Vec<(String, String)>, sqlx::Error>;
 
-    /// Opens a batch: the next `limit` pending items of job `id`, in order, and the records of
-    /// those that still exist, locked in the consumers' claim order until the batch ends.
+    /// Opens a batch: the next `limit` pending items of job `id`, in order, locked until the
+    /// batch ends (a second batch of the job waits, then takes the items after them: no item
+    /// is handled twice, whoever runs the job), and the records of those that still exist,
+    /// locked in the consumers' claim order.
     async fn begin_batch(
         &self,
         id: i64,
@@ -141,7 +143,7 @@ pub trait RequeueJobBooks: Send + Sync {
     /// Pauses job `id` if it is running, saying `why`; whether it did.
     async fn pause_running_job(&self, id: i64, why: &str) -> Result<bool, sqlx::Error>;
 
-    /// Completes job `id` if it is running (its runner found nothing pending).
+    /// Completes job `id` if it is running and none of its items is pending.
     async fn complete_running_job(&self, id: i64) -> Result<(), sqlx::Error>;
 
     /// The running jobs' ids, in order.
@@ -182,6 +184,11 @@ pub trait RequeueBatch: Send {
 /// A job runner's lock ([`RequeueJobBooks::lock_job_runner`]).
 #[async_trait]
 pub trait RunnerLock: Send {
+    /// Whether this process still holds it: `false` once its connection was closed or killed
+    /// (an idle timeout such as MySQL's `wait_timeout`, a proxy, `KILL`, a restarted database),
+    /// when another runner may take the job. Asked before each batch.
+    async fn held(&mut self) -> bool;
+
     /// Releases it (closing its connection).
     async fn release(self: Box<Self>);
 }

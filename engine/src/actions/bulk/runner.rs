@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::super::republish::{Publishers, publish_stored};
-use super::{ItemVerdict, LockedCandidate, RunnerView, audit_on_pool};
+use super::{ItemVerdict, LockedCandidate, RunnerLock, RunnerView, audit_on_pool};
 use crate::actions::ActionError;
 use crate::audit::AuditOutcome;
 use crate::console::{ConsoleStore, console_store};
@@ -28,9 +28,6 @@ use crate::source::Publish;
 /// The publishers a job's records go through, opened once per run: by (consumer group, broker).
 pub type OpenPublishers = HashMap<(String, String), Arc<dyn Publish>>;
 
-/// First key of the advisory locks PostgreSQL's job runners hold (`pg_try_advisory_lock(key,
-/// job id)`).
-pub const RUNNER_LOCK_KEY: i32 = 0x5251_4a42; // "RQJB"
 /// How often [`supervise`] looks for running jobs without a runner.
 pub const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 /// Smallest number of recent publishes the failure ratio is judged on.
@@ -132,7 +129,8 @@ fn batch_size(rate: f64) -> i64 {
 /// Runs job `id` until it completes, pauses, is cancelled, or `shutdown` fires (then it stays
 /// `running` and a later runner resumes it). Returns at once when another runner holds the job
 /// (the database's lock on a connection of its own, released when it closes, so a crashed
-/// runner frees the job).
+/// runner frees the job). A runner that finds its lock lost before a batch stops; the
+/// supervisor starts it again when the job is free.
 ///
 /// Errors: database errors, a broker that cannot be reached (the job stays running; the
 /// supervisor retries).
@@ -143,8 +141,8 @@ pub async fn run_job(
     id: i64,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
-    let Some(lock) = store.lock_job_runner(id).await? else { return Ok(()) };
-    let result = run_locked(store, publishers, id, shutdown).await;
+    let Some(mut lock) = store.lock_job_runner(id).await? else { return Ok(()) };
+    let result = run_locked(store, publishers, id, lock.as_mut(), shutdown).await;
     lock.release().await;
     result
 }
@@ -181,6 +179,7 @@ async fn run_locked(
     store: &dyn ConsoleStore,
     publishers: &Publishers,
     id: i64,
+    lock: &mut dyn RunnerLock,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
     let Some(job) = store.runner_view(id).await? else { return Ok(()) };
@@ -188,7 +187,7 @@ async fn run_locked(
         return Ok(());
     }
     let publisher = open_publishers(store, publishers, id).await?;
-    let result = run_open(store, &publisher, id, job, shutdown).await;
+    let result = run_open(store, &publisher, id, job, lock, shutdown).await;
     for open in publisher.values() {
         open.close().await;
     }
@@ -196,12 +195,13 @@ async fn run_locked(
 }
 
 /// Runs job `id` (`job` as it was read) with its publishers open, until it completes, pauses,
-/// is cancelled or `shutdown` fires.
+/// is cancelled, `shutdown` fires or `lock` is lost.
 async fn run_open(
     store: &dyn ConsoleStore,
     publisher: &OpenPublishers,
     id: i64,
     job: RunnerView,
+    lock: &mut dyn RunnerLock,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
     let canary = i64::from(job.canary_size);
@@ -214,6 +214,10 @@ async fn run_open(
     let mut next = Instant::now();
     tracing::info!(job_id = id, rate = job.rate_per_sec, canary, "bulk requeue runner started");
     loop {
+        if !lock.held().await {
+            tracing::warn!(job_id = id, "bulk requeue runner lost its lock (its connection closed); stopping");
+            return Ok(());
+        }
         match store.runner_view(id).await? {
             Some(state) if state.state == "running" => {}
             Some(state) if state.state == "completed" => {

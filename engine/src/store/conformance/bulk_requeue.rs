@@ -2,7 +2,8 @@
 //! [`crate::actions::bulk::RequeueJobBooks`]): the preview's counts, the selection frozen at
 //! confirmation, the operator's compare-and-sets on a job, one runner per job, the runner's
 //! batches (the records made claimable, the status counts following, each copy published once),
-//! the canary pausing a job, every outcome audited.
+//! the canary pausing a job, every outcome audited; two batches of one job never sharing an
+//! item, and a runner lock lost with its connection.
 
 use tokio_util::sync::CancellationToken;
 
@@ -12,7 +13,7 @@ use super::{GROUP, Harness};
 use crate::actions::RecordActionKind::Requeue;
 use crate::actions::bulk::runner::run_job;
 use crate::actions::bulk::{
-    JobControl, RequeueJobParams, requeue_job, requeue_job_control, requeue_job_start, requeue_jobs, requeue_preview,
+    ItemVerdict, JobControl, RequeueJobParams, requeue_job, requeue_job_control, requeue_job_start, requeue_jobs, requeue_preview,
 };
 use crate::actions::{ActionError, RecordAction, record_action};
 use crate::audit::AuditFilter;
@@ -148,4 +149,63 @@ pub async fn a_bulk_requeue_freezes_its_selection_and_one_runner_requeues_each_r
     );
     let started = entries.iter().rev().find(|e| e.action == "bulk.requeue.start" && e.outcome == "ok").unwrap();
     assert_eq!(started.message_ids, ["BULK.1", "BULK.2", "BULK.3", "BULK.4", "BULK.5"]);
+}
+
+/// Two runners of one job (the first one's lock lost with its connection, a second taking the
+/// job): the lock says it is lost; a second batch waits for the first's items, then takes the
+/// ones after them; the job's counters count each item once; a job is not completed while an
+/// item is pending.
+pub async fn two_batches_of_one_job_never_share_an_item_and_a_lost_runner_lock_shows<H: Harness>() {
+    use std::time::Duration;
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let store = console_store(&pool);
+    let l = lease("w1");
+    for n in 1..=4 {
+        let m = msg(&format!("LOST.{n}"), "ORDER.PAY", "{}");
+        let c = claimed(claim_one(&h, &m, &l).await);
+        fail(&h, &c, &m, &l, true).await;
+    }
+    let filter = RecordFilter { group: Some(GROUP.to_owned()), ..RecordFilter::default() };
+    let params = RequeueJobParams {
+        filter: &filter,
+        rate_per_sec: 1000.0,
+        canary_size: 0,
+        failure_threshold: 1.0,
+        expected_count: Some(4),
+        reason: None,
+    };
+    let job = requeue_job_start(store, "user:ann", &params).await.unwrap();
+
+    let mut first = store.lock_job_runner(job.id).await.unwrap().expect("the job's runner lock");
+    assert!(first.held().await);
+    h.lose_runner_lock(job.id).await;
+    assert!(!first.held().await, "its session ended: the lock is gone");
+    let mut second = store.lock_job_runner(job.id).await.unwrap().expect("a lost lock is free");
+    assert!(second.held().await);
+    first.release().await;
+    assert!(second.held().await, "releasing a lost lock leaves the new holder's");
+
+    let (items, _, batch) = store.begin_batch(job.id, 2).await.unwrap();
+    let seqs: Vec<i32> = items.iter().map(|i| i.seq).collect();
+    let other = store.begin_batch(job.id, 2);
+    tokio::pin!(other);
+    let waited = tokio::time::timeout(Duration::from_millis(300), &mut other).await;
+    assert!(waited.is_err(), "a second batch of the job waits for the first's items");
+    let verdicts: Vec<ItemVerdict> = items
+        .iter()
+        .map(|i| ItemVerdict { seq: i.seq, record_id: i.record_id, state: "skipped", detail: Some("by hand".into()) })
+        .collect();
+    batch.finish(job.id, &[], &verdicts).await.unwrap();
+    let (later, _, later_batch) = other.await.unwrap();
+    let later_seqs: Vec<i32> = later.iter().map(|i| i.seq).collect();
+    assert_eq!(later.len(), 2, "the two items after the first batch's: {later_seqs:?} after {seqs:?}");
+    assert!(later_seqs.iter().all(|s| !seqs.contains(s)), "{later_seqs:?} after {seqs:?}");
+    store.complete_running_job(job.id).await.unwrap();
+    assert_eq!(requeue_job(store, job.id).await.unwrap().state, "running", "two items are pending");
+    drop(later_batch);
+    let read = requeue_job(store, job.id).await.unwrap();
+    assert_eq!((read.state.as_str(), read.skipped, read.done), ("running", 2, 0));
+    second.release().await;
+    assert_eq!(h.counted().await, h.actual().await);
 }

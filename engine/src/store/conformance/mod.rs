@@ -175,6 +175,9 @@ pub trait Fixtures {
     async fn pause_row(&self, group: &str, message_type: &str) -> Option<PauseRowRead>;
     /// What `api_tokens` stores of each token, by id.
     async fn token_digests(&self) -> Vec<Vec<u8>>;
+    /// Ends the session holding bulk requeue job `job_id`'s runner lock, as an idle timeout, a
+    /// proxy or an operator's `KILL` would; returns once the lock is free.
+    async fn lose_runner_lock(&self, job_id: i64);
 }
 
 /// A store under test: a fresh, migrated database of its own (dropped with the harness) and its
@@ -268,6 +271,8 @@ macro_rules! conformance_tests {
             a_duplicate_drill_is_recorded_and_judged_by_its_records_counters,
             #[cfg(feature = "rabbitmq")]
             a_bulk_requeue_freezes_its_selection_and_one_runner_requeues_each_record_once,
+            #[cfg(feature = "rabbitmq")]
+            two_batches_of_one_job_never_share_an_item_and_a_lost_runner_lock_shows,
             the_records_list_filters_orders_and_pages_alike,
         );
     };

@@ -248,4 +248,20 @@ impl Fixtures for MySqlHarness {
     async fn token_digests(&self) -> Vec<Vec<u8>> {
         sqlx::query_scalar("SELECT token_sha256 FROM api_tokens ORDER BY id").fetch_all(&self.db.pool).await.unwrap()
     }
+
+    async fn lose_runner_lock(&self, job_id: i64) {
+        use crate::store::mysql::requeue_jobs::RUNNER_LOCK;
+        let name_of = format!("SELECT CAST(IS_USED_LOCK({RUNNER_LOCK}) AS SIGNED)");
+        let holder: Option<i64> = sqlx::query_scalar(&name_of).bind(job_id).fetch_one(&self.db.pool).await.unwrap();
+        let holder = holder.unwrap_or_else(|| panic!("no session held job {job_id}'s runner lock"));
+        sqlx::query(&format!("KILL CONNECTION {holder}")).execute(&self.db.pool).await.unwrap();
+        for _ in 0..500 {
+            let held: Option<i64> = sqlx::query_scalar(&name_of).bind(job_id).fetch_one(&self.db.pool).await.unwrap();
+            if held.is_none() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("job {job_id}'s runner lock outlived its session");
+    }
 }

@@ -226,4 +226,35 @@ impl Fixtures for PgHarness {
     async fn token_digests(&self) -> Vec<Vec<u8>> {
         sqlx::query_scalar("SELECT token_sha256 FROM api_tokens ORDER BY id").fetch_all(&self.db.pool).await.unwrap()
     }
+
+    async fn lose_runner_lock(&self, job_id: i64) {
+        use crate::store::postgres::requeue_jobs::{RUNNER_LOCK_KEY, runner_lock_key};
+        let ended: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid
+               AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .bind(i64::from(RUNNER_LOCK_KEY))
+        .bind(i64::from(runner_lock_key(job_id)))
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(ended, [true], "one session held job {job_id}'s runner lock");
+        for _ in 0..500 {
+            let held: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::bigint::oid
+                                  AND objid = $2::bigint::oid AND objsubid = 2)",
+            )
+            .bind(i64::from(RUNNER_LOCK_KEY))
+            .bind(i64::from(runner_lock_key(job_id)))
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap();
+            if !held {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("job {job_id}'s runner lock outlived its session");
+    }
 }

@@ -1,6 +1,7 @@
 //! MySQL's bulk requeue jobs ([`RequeueJobBooks`]): the selection frozen by one `INSERT …
 //! SELECT` (a consistent read under `READ COMMITTED`: no record is locked), the job's id by
-//! `LAST_INSERT_ID()` where PostgreSQL has `RETURNING`; a batch's records locked through the
+//! `LAST_INSERT_ID()` where PostgreSQL has `RETURNING`; a batch's pending items locked (`FOR
+//! UPDATE`, so two batches of one job never share one) and its records locked through the
 //! dedup key, one consumer group at a time, in the consumers' claim order; the items' verdicts
 //! written by one `INSERT … ON DUPLICATE KEY UPDATE` on their primary key (no `unnest`); the
 //! status counts' delta rows beside the records' change (no triggers); and one runner per job by
@@ -41,7 +42,7 @@ const JOB_COLUMNS: &str = "id, created_at, CAST(created_by AS CHAR) AS created_b
 /// The name of job `?`'s runner lock: a digest of the database's name and the job id, so that
 /// engines of two databases on one server do not share it and it stays within MySQL 8's 64
 /// characters.
-const RUNNER_LOCK: &str = "CONCAT('requeue_job.', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))";
+pub(crate) const RUNNER_LOCK: &str = "CONCAT('requeue_job.', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))";
 
 #[async_trait]
 impl RequeueJobBooks for MySqlPool {
@@ -148,7 +149,7 @@ impl RequeueJobBooks for MySqlPool {
         let mut tx = self.begin().await?;
         let items: Vec<PendingItem> = sqlx::query_as(
             "SELECT seq, record_id, record_version FROM requeue_job_items
-             WHERE job_id = ? AND state = 'pending' ORDER BY seq LIMIT ?",
+             WHERE job_id = ? AND state = 'pending' ORDER BY seq LIMIT ? FOR UPDATE",
         )
         .bind(id)
         .bind(limit)
@@ -173,8 +174,10 @@ impl RequeueJobBooks for MySqlPool {
     async fn complete_running_job(&self, id: i64) -> Result<(), sqlx::Error> {
         sqlx::query(
             "UPDATE requeue_jobs SET state = 'completed', finished_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6)
-             WHERE id = ? AND state = 'running'",
+             WHERE id = ? AND state = 'running'
+               AND NOT EXISTS (SELECT 1 FROM requeue_job_items WHERE job_id = ? AND state = 'pending')",
         )
+        .bind(id)
         .bind(id)
         .execute(self)
         .await
@@ -328,6 +331,12 @@ struct MySqlRunnerLock {
 
 #[async_trait]
 impl RunnerLock for MySqlRunnerLock {
+    async fn held(&mut self) -> bool {
+        let sql = format!("SELECT IS_USED_LOCK({RUNNER_LOCK}) <=> CONNECTION_ID()");
+        let held: Result<bool, _> = sqlx::query_scalar(&sql).bind(self.id).fetch_one(&mut self.conn).await;
+        held.unwrap_or(false)
+    }
+
     async fn release(mut self: Box<Self>) {
         // Closing the connection releases the lock as well; released first, so that a close
         // that fails leaves no runner waiting.

@@ -2,6 +2,7 @@
 //! `INSERT … SELECT`, a batch's records locked in the consumers' claim order, the items' verdicts
 //! written by one `UPDATE … FROM unnest(…)`, the status counts following by trigger, and one
 //! runner per job by a session advisory lock (`pg_try_advisory_lock(RUNNER_LOCK_KEY, job id)`).
+//! A batch locks its pending items (`FOR UPDATE`), so two batches of one job never share one.
 
 use async_trait::async_trait;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, QueryBuilder, Transaction};
@@ -9,7 +10,6 @@ use sqlx::{Connection, PgConnection, PgPool, Postgres, QueryBuilder, Transaction
 use super::operator_tx::PgOperatorTx;
 use super::record_books::make_claimable;
 use super::records::push_filter;
-use crate::actions::bulk::runner::RUNNER_LOCK_KEY;
 use crate::actions::bulk::{
     FrozenJob, FrozenSelection, ItemVerdict, JobChange, LockedCandidate, NewRequeueJob, PendingItem, RequeueBatch,
     RequeueJob, RequeueJobBooks, RunnerLock, RunnerView,
@@ -25,6 +25,9 @@ const SKIP_REASON_SQL: &str = "CASE
     WHEN poison THEN 'poison message'
     WHEN payload IS NULL OR payload_truncated THEN 'payload missing'
 END";
+
+/// First key of the advisory locks the job runners hold (`pg_try_advisory_lock(key, job id)`).
+pub(crate) const RUNNER_LOCK_KEY: i32 = 0x5251_4a42; // "RQJB"
 
 const JOB_COLUMNS: &str = "id, created_at, created_by, reason, filter, state, paused_reason, rate_per_sec, canary_size,
     failure_threshold, total, done, skipped, failed, started_at, finished_at,
@@ -129,7 +132,7 @@ impl RequeueJobBooks for PgPool {
         let mut tx = self.begin().await?;
         let items: Vec<PendingItem> = sqlx::query_as(
             "SELECT seq, record_id, record_version FROM requeue_job_items
-             WHERE job_id = $1 AND state = 'pending' ORDER BY seq LIMIT $2",
+             WHERE job_id = $1 AND state = 'pending' ORDER BY seq LIMIT $2 FOR UPDATE",
         )
         .bind(id)
         .bind(limit)
@@ -163,7 +166,8 @@ impl RequeueJobBooks for PgPool {
     async fn complete_running_job(&self, id: i64) -> Result<(), sqlx::Error> {
         sqlx::query(
             "UPDATE requeue_jobs SET state = 'completed', finished_at = now(), updated_at = now()
-             WHERE id = $1 AND state = 'running'",
+             WHERE id = $1 AND state = 'running'
+               AND NOT EXISTS (SELECT 1 FROM requeue_job_items WHERE job_id = $1 AND state = 'pending')",
         )
         .bind(id)
         .execute(self)
@@ -177,16 +181,17 @@ impl RequeueJobBooks for PgPool {
 
     async fn lock_job_runner(&self, id: i64) -> Result<Option<Box<dyn RunnerLock>>, sqlx::Error> {
         let mut conn: PgConnection = self.acquire().await?.detach();
-        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2::int)")
+        let key = runner_lock_key(id);
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
             .bind(RUNNER_LOCK_KEY)
-            .bind(i32::try_from(id).unwrap_or(i32::MAX))
+            .bind(key)
             .fetch_one(&mut conn)
             .await?;
         if !locked {
             let _ = conn.close().await;
             return Ok(None);
         }
-        Ok(Some(Box::new(PgRunnerLock(conn))))
+        Ok(Some(Box::new(PgRunnerLock { conn, key })))
     }
 }
 
@@ -269,12 +274,33 @@ impl RequeueBatch for PgRequeueBatch {
     }
 }
 
+/// Second key of job `id`'s runner lock (ids past `i32::MAX` share the last key).
+pub(crate) fn runner_lock_key(id: i64) -> i32 {
+    i32::try_from(id).unwrap_or(i32::MAX)
+}
+
 /// A job runner's advisory lock: the session of a connection of its own.
-struct PgRunnerLock(PgConnection);
+struct PgRunnerLock {
+    conn: PgConnection,
+    key: i32,
+}
 
 #[async_trait]
 impl RunnerLock for PgRunnerLock {
+    async fn held(&mut self) -> bool {
+        let held = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks
+                            WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
+                              AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2)",
+        )
+        .bind(i64::from(RUNNER_LOCK_KEY))
+        .bind(i64::from(self.key))
+        .fetch_one(&mut self.conn)
+        .await;
+        held.unwrap_or(false)
+    }
+
     async fn release(self: Box<Self>) {
-        let _ = self.0.close().await;
+        let _ = self.conn.close().await;
     }
 }

@@ -6,7 +6,7 @@
 //! `auth.secure_cookies`, scoped to the console's base path, and holds only the random session
 //! id. A session expires after
 //! `auth.idle_timeout_secs` without requests (the store's expiry, pushed forward by every
-//! request) and `auth.absolute_timeout_secs` after sign-in (checked by [`current`]). Signing in
+//! request; at most the absolute timeout and a year) and `auth.absolute_timeout_secs` after sign-in (checked by [`current`]). Signing in
 //! rotates the id ([`start`]), so an id planted before sign-in is useless after it.
 
 use std::time::Duration;
@@ -152,9 +152,21 @@ pub async fn delete_expired(store: SessionBooks) {
     }
 }
 
+/// Longest idle expiry a session is stored with: a year. A session cannot outlive
+/// `auth.absolute_timeout_secs` either, and MySQL's session table keeps the expiry in a
+/// `TIMESTAMP`, which ends in 2038: a longer one would end every session at once.
+pub const MAX_IDLE_SECS: u64 = 365 * 24 * 3600;
+
+/// The idle expiry sessions are stored with: `auth.idle_timeout_secs`, at most
+/// `auth.absolute_timeout_secs` and [`MAX_IDLE_SECS`].
+fn idle_expiry(settings: &AuthSettings) -> time::Duration {
+    let secs = settings.idle_timeout_secs.min(settings.absolute_timeout_secs).min(MAX_IDLE_SECS);
+    time::Duration::seconds(secs as i64)
+}
+
 /// The session layer with the cookie and expiry settings described in the module docs.
 pub fn layer(store: SessionBooks, settings: &AuthSettings, base: &ConsoleBase) -> SessionManagerLayer<SessionBooks> {
-    let idle = time::Duration::seconds(i64::try_from(settings.idle_timeout_secs).unwrap_or(i64::MAX));
+    let idle = idle_expiry(settings);
     let path = if base.as_str().is_empty() { "/".to_owned() } else { base.as_str().to_owned() };
     SessionManagerLayer::new(store)
         .with_name(COOKIE_NAME)
@@ -204,4 +216,21 @@ const CLOCK_SKEW_SECS: f64 = 1.0;
 /// Now, in Unix seconds with milliseconds as the fraction.
 fn unix_seconds_now() -> f64 {
     chrono::Utc::now().timestamp_millis() as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_expiry_is_bounded_by_the_absolute_timeout_and_a_year() {
+        let with = |idle, absolute| AuthSettings {
+            idle_timeout_secs: idle,
+            absolute_timeout_secs: absolute,
+            ..AuthSettings::default()
+        };
+        assert_eq!(idle_expiry(&with(1800, 43_200)), time::Duration::seconds(1800));
+        assert_eq!(idle_expiry(&with(86_400, 43_200)), time::Duration::seconds(43_200));
+        assert_eq!(idle_expiry(&with(u64::MAX, u64::MAX)), time::Duration::seconds(MAX_IDLE_SECS as i64));
+    }
 }

@@ -153,7 +153,10 @@ pub async fn authorize(State(ctx): State<AuthLayerState>, req: Request, next: Ne
     let (req, csrf_ok) =
         if is_safe(&method) { (req, true) } else { check_csrf(&ctx, req, rule, identity.as_ref()).await };
     if !csrf_ok {
-        let refusal = Refusal::new(StatusCode::FORBIDDEN, "cross-site request refused (CSRF check)");
+        let refusal = Refusal::new(
+            StatusCode::FORBIDDEN,
+            "cross-site request refused (CSRF check): send the session's token in the x-csrf-token header",
+        );
         return refuse(&ctx, rule.kind, &req, refusal);
     }
     if ctx.read_only && rule.mutates {

@@ -1,7 +1,10 @@
 //! MySQL's failure reads ([`FailureReads`]): the records not succeeded read through
 //! `dedup_records_unsettled_idx` (`unsettled_status`, id), the stand-in for PostgreSQL's
-//! partial indexes. Dead letters are read per (class, type) and grouped here: MySQL's
-//! `GROUP_CONCAT` is cut at `group_concat_max_len` (1 024 bytes by default on MySQL 8) and
+//! partial indexes; the retries' and dead letters' cells from `dedup_records_status_cells_idx`
+//! alone, by `status` (MariaDB 10.11 was seen to read an index on the generated
+//! `unsettled_status` alone only on a prepared statement's first execution and to look up every
+//! row on the next ones: 0.5 s at 10 000 failed records where the index alone takes 3 ms).
+//! Dead letters are read per (class, type) and grouped here: MySQL's `GROUP_CONCAT` is cut at `group_concat_max_len` (1 024 bytes by default on MySQL 8) and
 //! `JSON_ARRAYAGG` takes no `ORDER BY` there.
 
 use std::collections::BTreeMap;
@@ -52,8 +55,9 @@ impl FailureReads for MySqlPool {
     async fn retry_cells(&self) -> Result<(Vec<RetryCell>, Option<DateTime<Utc>>), QueryError> {
         let cells = async {
             sqlx::query_as(
-                "SELECT attempts, CAST(message_type AS CHAR) AS message_type, COUNT(*) AS records FROM dedup_records
-                 WHERE unsettled_status = 'failed' GROUP BY attempts, message_type",
+                "SELECT attempts, CAST(message_type AS CHAR) AS message_type, COUNT(*) AS records
+                 FROM dedup_records FORCE INDEX (dedup_records_status_cells_idx)
+                 WHERE status = 'failed' GROUP BY attempts, message_type",
             )
             .fetch_all(self)
             .await
@@ -61,7 +65,8 @@ impl FailureReads for MySqlPool {
         };
         let next = async {
             sqlx::query_scalar::<_, Option<NaiveDateTime>>(
-                "SELECT MIN(next_attempt_at) FROM dedup_records WHERE unsettled_status = 'failed'",
+                "SELECT MIN(next_attempt_at) FROM dedup_records FORCE INDEX (dedup_records_status_cells_idx)
+                 WHERE status = 'failed'",
             )
             .fetch_one(self)
             .await
@@ -79,7 +84,8 @@ impl FailureReads for MySqlPool {
                     first_seen_at, last_seen_at
              FROM (SELECT CAST(error_class AS BINARY) AS class, message_type, COUNT(*) AS records,
                           MIN(first_seen_at) AS first_seen_at, MAX(updated_at) AS last_seen_at
-                   FROM dedup_records WHERE unsettled_status = 'dead' GROUP BY class, message_type) cells",
+                   FROM dedup_records FORCE INDEX (dedup_records_status_cells_idx)
+                   WHERE status = 'dead' GROUP BY class, message_type) cells",
         )
         .fetch_all(self)
         .await?;

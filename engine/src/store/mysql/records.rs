@@ -39,6 +39,9 @@ pub(super) fn push_filter(q: &mut QueryBuilder<'_, MySql>, filter: &RecordFilter
             q.push(" AND d.status = 'succeeded'");
         }
         Some(status) => {
+            // Both columns, so that either index serves: `dedup_records_unsettled_idx` the id
+            // order, `dedup_records_status_cells_idx` the attempts order.
+            q.push(" AND d.status = ").push_bind(status.as_str());
             q.push(" AND d.unsettled_status = ").push_bind(status.as_str());
         }
         None => {}

@@ -122,7 +122,7 @@ async fn main() {
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let during = tokio::spawn(claimer(pool.clone(), "during", stop.clone()));
-    let run_id = scheduler::cleanup_run_now(&engine, "bench", schedule.id).await.unwrap();
+    let run_id = scheduler::cleanup_run_now(&engine.clone().into(), "bench", schedule.id).await.unwrap();
     let run = loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let runs = cleanup_runs(&engine, Some(schedule.id), 5).await.unwrap();

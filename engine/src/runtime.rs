@@ -156,9 +156,7 @@ impl EngineBuilder {
                 db::migrate(pool, &self.schema).await?;
                 let engine_pool = db::engine_pool(pool, &self.schema, self.pool_size);
                 let books: Arc<dyn RuntimeBooks> = Arc::new(PgRuntimeBooks::new(engine_pool.clone()));
-                if let Err(e) = retention.refresh(&engine_pool).await {
-                    tracing::warn!(error = %e, "reading the cleanup schedules' retention failed; the scheduler tries again");
-                }
+                refresh_retention(&retention, &engine_pool).await;
                 let store = PgStore::new(pool.clone(), &self.schema);
                 let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
                 tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
@@ -167,7 +165,7 @@ impl EngineBuilder {
                     shutdown.clone(),
                 )));
                 tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(
-                    engine_pool.clone(),
+                    EnginePool::Postgres(engine_pool.clone()),
                     retention,
                     shutdown.clone(),
                 )));
@@ -177,15 +175,17 @@ impl EngineBuilder {
             EnginePool::MySql(pool) => {
                 let engine_pool = pool::ready_mysql(pool, &self.schema, self.pool_size).await?;
                 let books: Arc<dyn RuntimeBooks> = Arc::new(MySqlRuntimeBooks::new(engine_pool.clone()));
-                tracing::warn!(
-                    "this engine runs on MySQL: cleanup schedules run on PostgreSQL only so far, so none runs \
-                     here, and no record is deleted (docs/DESIGN.md, \"An engine on MySQL\")"
-                );
+                refresh_retention(&retention, &engine_pool).await;
                 let store = crate::store::mysql::MySqlStore::new(pool.clone(), &self.schema);
                 let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
                 tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
                     EnginePool::MySql(engine_pool.clone()),
                     started.publishers.clone(),
+                    shutdown.clone(),
+                )));
+                tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(
+                    EnginePool::MySql(engine_pool.clone()),
+                    retention,
                     shutdown.clone(),
                 )));
                 (EnginePool::MySql(engine_pool), books, started)
@@ -240,8 +240,8 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// The engine's pool: on PostgreSQL `search_path` is the engine's schema (see [`Schema`]);
-    /// on MySQL its connections use the engine's database. The console's queries and the
-    /// operator actions take it (on PostgreSQL only so far: [`EnginePool::postgres`]).
+    /// on MySQL its connections use the engine's database. The console's queries, the operator
+    /// actions and cleanup take it, on either database ([`crate::console::console_store`]).
     pub fn pool(&self) -> &EnginePool {
         &self.pool
     }
@@ -377,5 +377,13 @@ impl Engine {
         for group in self.handle.groups.iter() {
             group.source.close().await;
         }
+    }
+}
+
+/// Reads the cleanup schedules' retention into `watch` before the pipelines start (the
+/// scheduler refreshes it from then on); a failure is logged.
+async fn refresh_retention(watch: &RetentionWatch, books: &dyn crate::actions::cleanup::CleanupBooks) {
+    if let Err(e) = watch.refresh(books).await {
+        tracing::warn!(error = %e, "reading the cleanup schedules' retention failed; the scheduler tries again");
     }
 }

@@ -70,7 +70,7 @@ async fn schedules_validate_their_cron_and_delete_only_old_records_of_their_stat
     assert_eq!((s.retention_days, s.statuses.clone()), (30, vec!["succeeded".to_owned()]));
     assert!(s.next_run_at.is_some());
     assert_eq!(cleanup_dry_run(pool, s.id).await.unwrap(), 30);
-    let run = scheduler::cleanup_run_now(pool, "user:ann", s.id).await.unwrap();
+    let run = scheduler::cleanup_run_now(&pool.clone().into(), "user:ann", s.id).await.unwrap();
     let finished = wait_run(pool, s.id, run).await;
     assert_eq!((finished.rows_deleted, finished.batches, finished.error), (30, 5, None), "batches of 7: 7+7+7+7+2");
     let left: Vec<(String, i64)> =

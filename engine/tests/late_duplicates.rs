@@ -41,7 +41,7 @@ async fn clean_up_aged_records(pool: &PgPool, fingerprint_days: Option<i32>) -> 
     .unwrap();
     let input = ScheduleInput { name: "nightly".to_owned(), fingerprint_days, ..ScheduleInput::default() };
     let schedule = cleanup_schedule_save(pool, "user:ann", None, &input).await.unwrap();
-    let run = scheduler::cleanup_run_now(pool, "user:ann", schedule.id).await.unwrap();
+    let run = scheduler::cleanup_run_now(&pool.clone().into(), "user:ann", schedule.id).await.unwrap();
     let started = Instant::now();
     loop {
         let runs = cleanup_runs(pool, Some(schedule.id), 10).await.unwrap();
@@ -236,7 +236,7 @@ async fn a_schedule_can_keep_no_fingerprints_and_expired_ones_are_forgotten() {
         .unwrap();
     let input = ScheduleInput { name: "again".to_owned(), ..ScheduleInput::default() };
     let schedule = cleanup_schedule_save(pool, "user:ann", None, &input).await.unwrap();
-    let run = scheduler::cleanup_run_now(pool, "user:ann", schedule.id).await.unwrap();
+    let run = scheduler::cleanup_run_now(&pool.clone().into(), "user:ann", schedule.id).await.unwrap();
     common::eventually(Duration::from_secs(10), || async {
         cleanup_runs(pool, Some(schedule.id), 10).await.unwrap().iter().any(|r| r.id == run && r.finished_at.is_some())
     })

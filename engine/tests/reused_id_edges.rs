@@ -72,7 +72,7 @@ async fn a_reused_id_after_cleanup_is_a_new_event_not_a_late_duplicate() {
         cleanup_schedule_save(pool, "user:ann", None, &ScheduleInput { name: "n".to_owned(), ..Default::default() })
             .await
             .unwrap();
-    let run = scheduler::cleanup_run_now(pool, "user:ann", schedule.id).await.unwrap();
+    let run = scheduler::cleanup_run_now(&pool.clone().into(), "user:ann", schedule.id).await.unwrap();
     eventually(Duration::from_secs(10), || async {
         cleanup_runs(pool, Some(schedule.id), 5).await.unwrap().iter().any(|r| r.id == run && r.finished_at.is_some())
     })

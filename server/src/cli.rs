@@ -81,8 +81,8 @@ pub enum Command {
 
 impl Command {
     /// Whether it runs on MySQL or MariaDB: `serve` (the engine and the console), `migrate`,
-    /// `simulate`, `publish`, `verify`, `user` and the operator commands; not yet `seed` and
-    /// `cleanup`.
+    /// `simulate`, `publish`, `verify`, `user`, `cleanup` and the operator commands; not yet
+    /// `seed`.
     ///
     /// Errors: a command that does not yet, saying so.
     fn check_runs_on_mysql(&self) -> anyhow::Result<()> {
@@ -98,15 +98,15 @@ impl Command {
             | Command::DeadLetter(_)
             | Command::Requeue(_)
             | Command::RequeueBulk(_)
-            | Command::RequeueConflicts(_) => {
+            | Command::RequeueConflicts(_)
+            | Command::Cleanup(_) => {
                 return Ok(());
             }
             Command::Seed(_) => "seed",
-            Command::Cleanup(_) => "cleanup",
         };
         anyhow::bail!(
             "`{name}` runs on PostgreSQL only so far, and DATABASE_URL names MySQL; on MySQL: serve (the consumer and \
-             the console), migrate, simulate, publish, verify, user and the operator commands"
+             the console), migrate, simulate, publish, verify, user, cleanup and the operator commands"
         )
     }
 }

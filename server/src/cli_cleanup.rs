@@ -1,16 +1,18 @@
 //! `dedup-console cleanup list|create|edit|run`: cleanup schedules from the command line, the
 //! same engine calls as the Cleanup page and `POST`/`PUT /api/v1/cleanup/schedules`, validated
-//! and audited alike (actor `cli:<$USER>`). `cleanup ID [--dry-run]` is `cleanup run`.
+//! and audited alike (actor `cli:<$USER>`), on the engine's database (PostgreSQL or MySQL)
+//! through the console store. `cleanup ID [--dry-run]` is `cleanup run`.
 
 use clap::{Args, Subcommand};
-use dedup_engine::console::RecordStatus;
+use dedup_engine::EnginePool;
 use dedup_engine::console::actions::cleanup::{
     CleanupSchedule, ScheduleInput, cleanup_dry_run, cleanup_runs, cleanup_schedule_save, cleanup_schedules, scheduler,
 };
+use dedup_engine::console::{RecordStatus, console_store};
 
 use crate::config::Settings;
 use crate::operator::cli_actor;
-use crate::startup::open_database;
+use crate::startup::open_engine_database;
 
 /// `cleanup` options: a subcommand, or a schedule id to run now.
 #[derive(Debug, Args)]
@@ -153,14 +155,15 @@ impl EditArgs {
 /// Errors: an invalid schedule (the message says which value and why), a name taken, an unknown
 /// schedule, a run in progress or stopped early, an unreachable database.
 pub async fn run_cleanup(settings: &Settings, args: CleanupArgs) -> anyhow::Result<()> {
-    let db = open_database(settings).await?;
-    let result = cleanup_command(&db.engine, args).await;
-    db.close().await;
+    let engine = open_engine_database(settings).await?;
+    let result = cleanup_command(&engine, args).await;
+    engine.close().await;
     result
 }
 
-async fn cleanup_command(pool: &sqlx::PgPool, args: CleanupArgs) -> anyhow::Result<()> {
+async fn cleanup_command(engine: &EnginePool, args: CleanupArgs) -> anyhow::Result<()> {
     let actor = cli_actor();
+    let pool = console_store(engine);
     match args.command {
         Some(CleanupCommand::List) => {
             println!(
@@ -208,8 +211,8 @@ async fn cleanup_command(pool: &sqlx::PgPool, args: CleanupArgs) -> anyhow::Resu
             let saved = cleanup_schedule_save(pool, &actor, Some(id), &input).await?;
             println!("schedule {} saved; next run: {}", saved.id, next_run(&saved));
         }
-        Some(CleanupCommand::Run(run)) => run_now(pool, &actor, run).await?,
-        None => run_now(pool, &actor, args.run).await?,
+        Some(CleanupCommand::Run(run)) => run_now(engine, &actor, run).await?,
+        None => run_now(engine, &actor, args.run).await?,
     }
     Ok(())
 }
@@ -224,7 +227,8 @@ fn next_run(s: &CleanupSchedule) -> String {
 }
 
 /// Dry-runs or runs a schedule now and waits for the run to finish.
-async fn run_now(pool: &sqlx::PgPool, actor: &str, args: RunArgs) -> anyhow::Result<()> {
+async fn run_now(engine: &EnginePool, actor: &str, args: RunArgs) -> anyhow::Result<()> {
+    let pool = console_store(engine);
     let Some(schedule) = args.schedule else {
         anyhow::bail!("name a schedule to run (cleanup run ID; cleanup list shows them), or a subcommand");
     };
@@ -232,7 +236,7 @@ async fn run_now(pool: &sqlx::PgPool, actor: &str, args: RunArgs) -> anyhow::Res
         println!("{} records would be deleted", cleanup_dry_run(pool, schedule).await?);
         return Ok(());
     }
-    let run_id = scheduler::cleanup_run_now(pool, actor, schedule).await?;
+    let run_id = scheduler::cleanup_run_now(engine, actor, schedule).await?;
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let runs = cleanup_runs(pool, Some(schedule), 20).await?;

@@ -113,8 +113,9 @@ pub mod actions {
     /// Cleanup schedules, their runs, and retention advice.
     pub mod cleanup {
         pub use crate::actions::cleanup::{
-            CleanupRun, CleanupSchedule, RetentionAdvice, ScheduleInput, cleanup_dry_run, cleanup_runs,
-            cleanup_schedule_save, cleanup_schedules, retention_advice,
+            CleanupBooks, CleanupRun, CleanupSchedule, DeleteBatch, RetentionAdvice, RunEnd, ScheduleInput,
+            ScheduleLock, ScheduleRow, cleanup_dry_run, cleanup_runs, cleanup_schedule, cleanup_schedule_save,
+            cleanup_schedules, retention_advice,
         };
 
         /// Late duplicates and deliveries older than the retention (the advice's evidence).
@@ -124,9 +125,9 @@ pub mod actions {
             };
         }
 
-        /// Running a schedule now.
+        /// Running a schedule now, and the scheduler's pass.
         pub mod scheduler {
-            pub use crate::actions::cleanup::scheduler::cleanup_run_now;
+            pub use crate::actions::cleanup::scheduler::{cleanup_run_now, run_due};
         }
     }
 

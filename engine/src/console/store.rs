@@ -7,6 +7,7 @@
 use crate::accounts::AccountBooks;
 use crate::actions::RecordBooks;
 use crate::actions::bulk::RequeueJobBooks;
+use crate::actions::cleanup::CleanupBooks;
 use crate::actions::conflicts::ConflictBooks;
 use crate::actions::drill::DrillBooks;
 use crate::actions::handlers::HandlerBooks;
@@ -19,7 +20,8 @@ use crate::runtime::EnginePool;
 
 /// The console's roles on one database: accounts, the audit log, the overview's, failure
 /// pages', endpoint cards' and records' reads, the handlers' pause rows, the single-record
-/// actions, the kept conflicting copies, the duplicate drills, and the bulk requeue jobs.
+/// actions, the kept conflicting copies, the duplicate drills, the bulk requeue jobs, and the
+/// cleanup schedules.
 pub trait ConsoleStore:
     AccountBooks
     + AuditLog
@@ -32,6 +34,7 @@ pub trait ConsoleStore:
     + ConflictBooks
     + DrillBooks
     + RequeueJobBooks
+    + CleanupBooks
 {
 }
 
@@ -47,6 +50,7 @@ impl<T> ConsoleStore for T where
         + ConflictBooks
         + DrillBooks
         + RequeueJobBooks
+        + CleanupBooks
 {
 }
 

@@ -30,8 +30,9 @@ pub enum EnginePool {
 }
 
 impl EnginePool {
-    /// The PostgreSQL pool, when the engine runs on PostgreSQL (the console's reads and
-    /// operator actions need it: they run on PostgreSQL only so far).
+    /// The PostgreSQL pool, when the engine runs on PostgreSQL (what a host keeps beside the
+    /// engine's tables on PostgreSQL only, such as the console's sessions in tower-sessions'
+    /// `PostgresStore`); `None` on MySQL.
     pub fn postgres(&self) -> Option<&PgPool> {
         match self {
             Self::Postgres(pool) => Some(pool),

@@ -6,8 +6,8 @@
 //! late duplicates, `late.rs`; handler pauses in `handler_pauses`, `pauses.rs`; the handler
 //! savepoint), and passes the conformance suite (`store/conformance/`). `Pipeline<MySqlStore>`
 //! runs on it, and an engine built on a `MySqlPool` starts it (with the runtime's tables,
-//! `runtime.rs`); the console, bulk requeue and cleanup still hold PostgreSQL, so nothing writes
-//! fingerprints on MySQL yet (docs/research/store-seam.md, "Order of work").
+//! `runtime.rs`); the console's roles, bulk requeue and cleanup (which writes the fingerprints,
+//! `cleanup.rs`) are implemented on the `MySqlPool` itself.
 //!
 //! The schema is the lean one of the PostgreSQL store (docs/DESIGN.md, "The lean write path"),
 //! in MySQL's terms: keys and compared text are `VARBINARY` or `_bin` (byte comparison: no
@@ -38,6 +38,7 @@
 
 mod accounts;
 pub(crate) mod audit;
+mod cleanup;
 mod overview;
 mod failures;
 mod endpoints;

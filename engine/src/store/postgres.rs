@@ -39,6 +39,7 @@ use crate::record::{HandlerMode, RecordStatus};
 mod sql;
 mod accounts;
 pub(crate) mod audit;
+mod cleanup;
 mod overview;
 mod failures;
 mod endpoints;

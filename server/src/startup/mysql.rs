@@ -1,6 +1,6 @@
 //! `serve` on MySQL 8 or MariaDB 10.11 (`DATABASE_URL=mysql://…`): the engine consumes with the
 //! order example's MySQL handlers (and the groups' HTTP handlers), and the console is mounted
-//! on it as on PostgreSQL (cleanup schedules answer that they run on PostgreSQL only so far).
+//! on it as on PostgreSQL.
 
 use std::time::Duration;
 

@@ -116,7 +116,7 @@ fn job_view(j: RequeueJob) -> RequeueJobView {
 
 /// The cleanup page's data.
 pub async fn cleanup_overview(state: &ConsoleState) -> Result<CleanupView, ConsoleError> {
-    let pool = state.postgres()?;
+    let pool = state.store();
     let (schedules, runs, advice, late, late_duplicates) = tokio::try_join!(
         cleanup::cleanup_schedules(pool),
         cleanup::cleanup_runs(pool, None, RUNS_SHOWN),
@@ -219,7 +219,7 @@ pub async fn schedule_save(
         enabled: request.enabled,
         fingerprint_days: request.fingerprint_days,
     };
-    let pool = state.postgres()?;
+    let pool = state.store();
     let saved = cleanup::cleanup_schedule_save(pool, actor, id, &input).await?;
     let advice = cleanup::retention_advice(pool).await?;
     Ok(schedule_view(saved, &advice))
@@ -227,14 +227,14 @@ pub async fn schedule_save(
 
 /// Records schedule `id` would delete now.
 pub async fn schedule_dry_run(state: &ConsoleState, id: i64) -> Result<i64, ConsoleError> {
-    Ok(cleanup::cleanup_dry_run(state.postgres()?, id).await?)
+    Ok(cleanup::cleanup_dry_run(state.store(), id).await?)
 }
 
 /// Starts a manual run of schedule `id` as `actor`; returns the run id. The run outlives the
 /// request and its batches may take longer than the console's statement timeout: it runs on the
 /// engine's pool, as scheduled runs do.
 pub async fn schedule_run_now(state: &ConsoleState, actor: &str, id: i64) -> Result<i64, ConsoleError> {
-    Ok(scheduler::cleanup_run_now(state.engine_postgres()?, actor, id).await?)
+    Ok(scheduler::cleanup_run_now(&state.engine_pool, actor, id).await?)
 }
 
 /// Publishes a drill copy as `actor`.

@@ -7,7 +7,6 @@ use dedup_engine::console::actions::Publishers;
 use dedup_engine::console::{ConsoleStore, FastPath, console_store};
 use dedup_engine::{EngineHandle, EnginePool, HealthProbes, HealthReport};
 use leptos::prelude::use_context;
-use sqlx::PgPool;
 
 use crate::error::ConsoleError;
 use crate::wire::{DependencyView, HealthView};
@@ -32,23 +31,8 @@ pub struct ConsoleState {
 }
 
 impl ConsoleState {
-    /// The console's pool on PostgreSQL, for what runs on PostgreSQL only so far (cleanup
-    /// schedules and their advice).
-    ///
-    /// Errors: [`ConsoleError::Unavailable`] on MySQL, saying so.
-    pub fn postgres(&self) -> Result<&PgPool, ConsoleError> {
-        self.pool.postgres().ok_or_else(|| postgres_only(&self.pool))
-    }
-
-    /// The engine's pool on PostgreSQL (a cleanup run started from the console).
-    ///
-    /// Errors: [`ConsoleError::Unavailable`] on MySQL, saying so.
-    pub fn engine_postgres(&self) -> Result<&PgPool, ConsoleError> {
-        self.engine_pool.postgres().ok_or_else(|| postgres_only(&self.engine_pool))
-    }
-
-    /// The console's roles (accounts, audit log, reads, operator actions, bulk requeue), on
-    /// the console's pool.
+    /// The console's roles (accounts, audit log, reads, operator actions, bulk requeue, cleanup
+    /// schedules), on the console's pool.
     pub fn store(&self) -> &dyn ConsoleStore {
         console_store(&self.pool)
     }
@@ -81,14 +65,6 @@ pub(crate) fn console_pool(engine: &EnginePool, statement_timeout: Duration, max
         None => CONSOLE_APPLICATION_NAME.to_owned(),
     };
     engine.bounded(statement_timeout, max_connections, &name)
-}
-
-/// The refusal of what runs on PostgreSQL only so far, on `pool`'s database.
-fn postgres_only(pool: &EnginePool) -> ConsoleError {
-    ConsoleError::Unavailable(format!(
-        "cleanup schedules run on PostgreSQL only so far; this console runs on {}",
-        pool.database()
-    ))
 }
 
 /// The [`ConsoleState`] of the current request.

@@ -49,8 +49,7 @@ pub use dedup_engine::console::accounts::Role;
 ///
 /// Errors: a base path with characters a URL path cannot carry as they are
 /// ([`ConsoleBase::validate`]); with [`ConsoleAuth::Accounts`], creating the session table (in
-/// the engine's schema or, on MySQL, database) failed. On MySQL (feature `mysql`), cleanup
-/// schedules answer that they run on PostgreSQL only so far.
+/// the engine's schema or, on MySQL, database) failed.
 pub async fn console_router(
     engine: EngineHandle,
     probes: HealthProbes,

@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{FromRow, PgPool};
+use sqlx::FromRow;
 
-use super::RETENTION_SAFETY_FACTOR;
+use super::{CleanupBooks, RETENTION_SAFETY_FACTOR};
 use crate::actions::ActionError;
 
 /// Days of late deliveries and late duplicates the Cleanup page shows and the retention advice
@@ -68,9 +68,8 @@ impl RetentionWatch {
     }
 
     #[cfg(feature = "testing")]
-    /// A watch that says fingerprints are kept (and no retention): nothing refreshes a watch
-    /// from MySQL yet (cleanup and its scheduler run on PostgreSQL only), so tests of a MySQL
-    /// pipeline's late duplicates give it this one.
+    /// A watch that says fingerprints are kept (and no retention) without reading any schedule:
+    /// for tests of a pipeline's late duplicates whose fingerprints are written by hand.
     pub fn keeping_fingerprints() -> Self {
         Self { fingerprints: AtomicBool::new(true), ..Self::default() }
     }
@@ -78,15 +77,9 @@ impl RetentionWatch {
     /// Reads the schedules again, and whether fingerprints are kept.
     ///
     /// Errors: the database's.
-    pub async fn refresh(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
-        let kept: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM dedup_fingerprints)").fetch_one(pool).await?;
+    pub async fn refresh(&self, books: &dyn CleanupBooks) -> Result<(), sqlx::Error> {
+        let (kept, rows) = books.retention_by_group().await?;
         self.fingerprints.store(kept, Ordering::Relaxed);
-        let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
-            "SELECT consumer_group, min(retention_days)::bigint * 86400000 FROM cleanup_schedules
-             WHERE enabled AND 'succeeded' = ANY(statuses) GROUP BY consumer_group",
-        )
-        .fetch_all(pool)
-        .await?;
         let mut fresh = Retentions::default();
         for (group, ms) in rows {
             match group {
@@ -115,17 +108,8 @@ pub struct LateDeliveries {
 /// Late deliveries per group over the last `days` days.
 ///
 /// Errors: the database's.
-pub async fn late_deliveries(pool: &PgPool, days: i32) -> Result<Vec<LateDeliveries>, ActionError> {
-    Ok(sqlx::query_as::<_, (String, i64, i64)>(
-        "SELECT consumer_group, sum(count)::bigint, max(max_age_ms) FROM late_deliveries
-         WHERE day > current_date - $1 GROUP BY consumer_group ORDER BY consumer_group",
-    )
-    .bind(days)
-    .fetch_all(pool)
-    .await?
-    .into_iter()
-    .map(|(consumer_group, count, max_age_ms)| LateDeliveries { consumer_group, count, max_age_ms })
-    .collect())
+pub async fn late_deliveries(books: &dyn CleanupBooks, days: i32) -> Result<Vec<LateDeliveries>, ActionError> {
+    Ok(books.late_deliveries(days).await?)
 }
 
 /// The retention advice: the longest delay a copy of a message was seen to arrive after the
@@ -151,15 +135,8 @@ impl RetentionAdvice {
 
 /// Reads the advice from the duplicate-delay histogram, the recent late duplicates and the
 /// recent late deliveries.
-pub async fn retention_advice(pool: &PgPool) -> Result<RetentionAdvice, ActionError> {
-    let longest: Option<i64> = sqlx::query_scalar(
-        "SELECT GREATEST((SELECT max(max_delay_ms) FROM duplicate_delays),
-                         (SELECT max(delay_ms) FROM late_duplicates WHERE seen_at > now() - make_interval(days => $1)),
-                         (SELECT max(max_age_ms) FROM late_deliveries WHERE day > current_date - $1))",
-    )
-    .bind(WINDOW_DAYS)
-    .fetch_one(pool)
-    .await?;
+pub async fn retention_advice(books: &dyn CleanupBooks) -> Result<RetentionAdvice, ActionError> {
+    let longest = books.longest_delay(WINDOW_DAYS).await?;
     Ok(RetentionAdvice {
         longest_delay_ms: longest,
         safety_factor: RETENTION_SAFETY_FACTOR,
@@ -185,16 +162,8 @@ pub struct LateDuplicates {
 /// Late duplicates per group over the last `days` days.
 ///
 /// Errors: the database's.
-pub async fn late_duplicates(pool: &PgPool, days: i32) -> Result<Vec<LateDuplicates>, ActionError> {
-    Ok(sqlx::query_as(
-        "SELECT consumer_group, count(*) AS count, count(*) FILTER (WHERE held) AS held,
-                max(delay_ms) AS longest_delay_ms, max(seen_at) AS last_seen_at
-         FROM late_duplicates WHERE seen_at > now() - make_interval(days => $1)
-         GROUP BY consumer_group ORDER BY consumer_group",
-    )
-    .bind(days)
-    .fetch_all(pool)
-    .await?)
+pub async fn late_duplicates(books: &dyn CleanupBooks, days: i32) -> Result<Vec<LateDuplicates>, ActionError> {
+    Ok(books.late_duplicates(days).await?)
 }
 
 /// Forgets the fingerprints past their horizon, and the late-duplicate notes and the settled
@@ -202,29 +171,15 @@ pub async fn late_duplicates(pool: &PgPool, days: i32) -> Result<Vec<LateDuplica
 /// fingerprints forgotten.
 ///
 /// Errors: the database's.
-pub(crate) async fn forget_expired(pool: &PgPool, batch: i32) -> Result<i64, sqlx::Error> {
+pub(crate) async fn forget_expired(books: &dyn CleanupBooks, batch: i32) -> Result<i64, sqlx::Error> {
     let mut forgotten = 0;
     loop {
-        let n = sqlx::query(
-            "DELETE FROM dedup_fingerprints WHERE fingerprint IN (
-                 SELECT fingerprint FROM dedup_fingerprints WHERE forget_at < now() LIMIT $1)",
-        )
-        .bind(i64::from(batch))
-        .execute(pool)
-        .await?
-        .rows_affected() as i64;
+        let n = books.forget_fingerprints(batch).await?;
         forgotten += n;
         if n < i64::from(batch) {
             break;
         }
     }
-    sqlx::query("DELETE FROM late_duplicates WHERE seen_at < now() - make_interval(days => $1)")
-        .bind(KEEP_NOTES_DAYS)
-        .execute(pool)
-        .await?;
-    sqlx::query("DELETE FROM record_conflicts WHERE settled_at < now() - make_interval(days => $1)")
-        .bind(KEEP_NOTES_DAYS)
-        .execute(pool)
-        .await?;
+    books.forget_notes(KEEP_NOTES_DAYS).await?;
     Ok(forgotten)
 }

@@ -13,9 +13,11 @@
 //! fingerprints past their horizon and the late-duplicate notes older than
 //! [`late::KEEP_NOTES_DAYS`].
 
+mod books;
 pub mod late;
 pub mod scheduler;
 
+pub use books::{CleanupBooks, DeleteBatch, RunEnd, ScheduleLock, ScheduleRow};
 pub use late::{RetentionAdvice, retention_advice};
 pub use scheduler::CronSchedule;
 
@@ -24,12 +26,12 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sqlx::{FromRow, PgConnection, PgPool};
+use sqlx::FromRow;
 
 use super::ActionError;
 use super::bulk::audit_on_pool;
 use crate::audit::{AuditOutcome, NewAuditEntry};
-use crate::store::postgres::audit;
+use crate::console::ConsoleStore;
 use crate::record::RecordStatus;
 
 /// Default retention, days.
@@ -187,9 +189,6 @@ pub struct CleanupRun {
     pub error: Option<String>,
 }
 
-const SCHEDULE_COLUMNS: &str = "id, name, cron, retention_days, batch_size, statuses, consumer_group, enabled, \
-                                fingerprint_days, last_run_for, next_run_at, created_by, updated_at";
-
 impl CleanupSchedule {
     /// Days it keeps the fingerprints of what it deletes: its own setting, else ten times its
     /// retention (at most 36 500).
@@ -197,41 +196,33 @@ impl CleanupSchedule {
         self.fingerprint_days.unwrap_or((self.retention_days * FINGERPRINT_HORIZON_FACTOR).min(MAX_FINGERPRINT_DAYS))
     }
 }
-const RUN_COLUMNS: &str =
-    "id, schedule_id, trigger, tick_at, actor, cutoff, started_at, finished_at, rows_deleted, batches, error";
 
 /// Every schedule, by name.
-pub async fn cleanup_schedules(pool: &PgPool) -> Result<Vec<CleanupSchedule>, ActionError> {
-    Ok(sqlx::query_as(&format!("SELECT {SCHEDULE_COLUMNS} FROM cleanup_schedules ORDER BY name"))
-        .fetch_all(pool)
-        .await?)
+pub async fn cleanup_schedules(books: &dyn CleanupBooks) -> Result<Vec<CleanupSchedule>, ActionError> {
+    Ok(books.cleanup_schedules().await?)
 }
 
 /// One schedule.
 ///
 /// Errors: [`ActionError::UnknownJob`].
-pub async fn cleanup_schedule(pool: &PgPool, id: i64) -> Result<CleanupSchedule, ActionError> {
-    sqlx::query_as(&format!("SELECT {SCHEDULE_COLUMNS} FROM cleanup_schedules WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(pool)
-        .await?
-        .ok_or(ActionError::UnknownJob { what: "cleanup schedule", id })
+pub async fn cleanup_schedule(books: &dyn CleanupBooks, id: i64) -> Result<CleanupSchedule, ActionError> {
+    books.cleanup_schedule(id).await?.ok_or(ActionError::UnknownJob { what: "cleanup schedule", id })
 }
 
-/// The latest `limit` runs of a schedule (all schedules when `None`), newest first.
-pub async fn cleanup_runs(pool: &PgPool, schedule: Option<i64>, limit: i64) -> Result<Vec<CleanupRun>, ActionError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {RUN_COLUMNS} FROM cleanup_runs WHERE ($1::bigint IS NULL OR schedule_id = $1) ORDER BY id DESC LIMIT $2"
-    ))
-    .bind(schedule)
-    .bind(limit.clamp(1, 500))
-    .fetch_all(pool)
-    .await?)
+/// The latest `limit` runs (clamped to 1..=500) of a schedule (all schedules when `None`),
+/// newest first.
+pub async fn cleanup_runs(
+    books: &dyn CleanupBooks,
+    schedule: Option<i64>,
+    limit: i64,
+) -> Result<Vec<CleanupRun>, ActionError> {
+    Ok(books.cleanup_runs(schedule, limit.clamp(1, 500)).await?)
 }
 
+/// The refusal of a name another schedule has (the only unique key of a schedule's values).
 fn name_taken(e: &sqlx::Error, name: &str) -> Option<ActionError> {
     match e {
-        sqlx::Error::Database(db) if db.constraint() == Some("cleanup_schedules_name_key") => {
+        sqlx::Error::Database(db) if db.kind() == sqlx::error::ErrorKind::UniqueViolation => {
             Some(ActionError::Refused(format!("a schedule named {name:?} exists already")))
         }
         _ => None,
@@ -245,7 +236,7 @@ fn name_taken(e: &sqlx::Error, name: &str) -> Option<ActionError> {
 /// [`ActionError::Refused`] (name taken), [`ActionError::UnknownJob`] (no such schedule).
 #[tracing::instrument(skip_all, fields(actor), err(level = "warn"))]
 pub async fn cleanup_schedule_save(
-    pool: &PgPool,
+    store: &dyn ConsoleStore,
     actor: &str,
     id: Option<i64>,
     input: &ScheduleInput,
@@ -253,36 +244,20 @@ pub async fn cleanup_schedule_save(
     let verb = if id.is_some() { "cleanup.schedule.update" } else { "cleanup.schedule.create" };
     let result = async {
         let cron = input.validate()?;
-        let next = cron.next_after(Utc::now())?;
-        let sql = match id {
-            None => format!(
-                "INSERT INTO cleanup_schedules (name, cron, retention_days, batch_size, statuses, consumer_group,
-                     enabled, next_run_at, fingerprint_days, created_by)
-                 VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $1) RETURNING {SCHEDULE_COLUMNS}"
-            ),
-            Some(_) => format!(
-                "UPDATE cleanup_schedules SET name = $2, cron = $3, retention_days = $4, batch_size = $5,
-                     statuses = $6, consumer_group = $7, enabled = $8, next_run_at = $9, fingerprint_days = $10,
-                     updated_at = now()
-                 WHERE id = $1 RETURNING {SCHEDULE_COLUMNS}"
-            ),
+        let statuses = input.status_names();
+        let row = ScheduleRow {
+            name: input.name.trim(),
+            cron: cron.as_str(),
+            retention_days: input.retention_days,
+            batch_size: input.batch_size,
+            statuses: &statuses,
+            consumer_group: input.consumer_group.as_deref().map(str::trim).filter(|g| !g.is_empty()),
+            enabled: input.enabled,
+            next_run_at: cron.next_after(Utc::now())?,
+            fingerprint_days: input.fingerprint_days,
         };
-        let query = sqlx::query_as::<_, CleanupSchedule>(&sql);
-        let query = match id {
-            None => query.bind(actor),
-            Some(id) => query.bind(id),
-        };
-        let saved = query
-            .bind(input.name.trim())
-            .bind(cron.as_str())
-            .bind(input.retention_days)
-            .bind(input.batch_size)
-            .bind(input.status_names())
-            .bind(input.consumer_group.as_deref().map(str::trim).filter(|g| !g.is_empty()))
-            .bind(input.enabled)
-            .bind(next)
-            .bind(input.fingerprint_days)
-            .fetch_optional(pool)
+        let saved = store
+            .save_cleanup_schedule(actor, id, &row)
             .await
             .map_err(|e| name_taken(&e, &input.name).unwrap_or_else(|| e.into()))?;
         saved.ok_or(ActionError::UnknownJob { what: "cleanup schedule", id: id.unwrap_or_default() })
@@ -292,106 +267,31 @@ pub async fn cleanup_schedule_save(
         Ok(s) => (AuditOutcome::Ok, json!({ "schedule_id": s.id, "input": input })),
         Err(e) => (e.audit_outcome(), json!({ "schedule_id": id, "input": input, "error": e.to_string() })),
     };
-    audit_on_pool(pool, actor, verb, outcome, None, detail).await;
+    audit_on_pool(store, actor, verb, outcome, None, detail).await;
     result
 }
 
-/// Records a schedule would delete now (its statuses older than its retention).
+/// Records a schedule would delete now (its statuses older than its retention, those with an
+/// open conflicting copy kept).
 ///
 /// Errors: [`ActionError::UnknownJob`], database errors.
-pub async fn cleanup_dry_run(pool: &PgPool, id: i64) -> Result<i64, ActionError> {
-    let schedule = cleanup_schedule(pool, id).await?;
-    let cutoff: DateTime<Utc> = sqlx::query_scalar("SELECT now() - make_interval(days => $1)")
-        .bind(schedule.retention_days)
-        .fetch_one(pool)
-        .await?;
+pub async fn cleanup_dry_run(books: &dyn CleanupBooks, id: i64) -> Result<i64, ActionError> {
+    let schedule = cleanup_schedule(books, id).await?;
+    let cutoff = books.cleanup_cutoff(schedule.retention_days).await?;
     let mut total = 0;
     for status in &schedule.statuses {
-        let (column, narrow, _) = age_column(status);
-        let n: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
-               AND ($3::text IS NULL OR consumer_group = $3) {KEEPS_OPEN_CONFLICTS}"
-        ))
-        .bind(status)
-        .bind(cutoff)
-        .bind(&schedule.consumer_group)
-        .fetch_one(pool)
-        .await?;
-        total += n;
+        total += books.count_deletable(status, cutoff, schedule.consumer_group.as_deref()).await?;
     }
     Ok(total)
 }
 
-/// Cleanup keeps a record while a conflicting copy of its message id waits for an operator
-/// (`record_conflicts`): the record page is where the copy is settled.
-const KEEPS_OPEN_CONFLICTS: &str =
-    "AND NOT EXISTS (SELECT 1 FROM record_conflicts c WHERE c.record_id = dedup_records.id AND c.settled_at IS NULL)";
-
-/// The age column of a status, a condition that narrows the records to an index, and the
-/// order batches take them in. `succeeded` records (no index of their own since migration
-/// `..._lean_write_path`): by id, below the first id seen after the cutoff (a record completes
-/// after it was first seen; `dedup_records_id_at`); failed and dead ones on
-/// `dedup_records_cleanup_unsettled_idx` by `updated_at`.
-fn age_column(status: &str) -> (&'static str, String, &'static str) {
-    if status == "succeeded" {
-        let slack = crate::store::postgres::records::ARRIVAL_SLACK;
-        ("completed_at", format!("AND id < (SELECT dedup_records_id_at($2 + {slack}))"), "id")
-    } else {
-        ("updated_at", String::new(), "updated_at")
-    }
-}
-
-/// Deletes one batch: at most `limit` records of `status` older than `cutoff`, rows locked by
-/// others skipped (a consumer touching a record is never waited for) and records with an open
-/// conflicting copy kept (an operator has yet to settle it), and keeps the fingerprints of the
-/// succeeded ones for `fingerprint_days` (none when 0; a failed or dead record's copy is no
-/// duplicate of an effect that happened). Returns the count deleted.
-async fn delete_batch(
-    conn: &mut PgConnection,
-    status: &str,
-    cutoff: DateTime<Utc>,
-    group: Option<&str>,
-    limit: i32,
-    fingerprint_days: i32,
-) -> Result<i64, sqlx::Error> {
-    let (column, narrow, order) = age_column(status);
-    sqlx::query_scalar(&format!(
-        // A materialized CTE: as a subquery the planner may rescan the LIMIT per joined row and
-        // delete far more than one batch. Fingerprints are written in fingerprint order (one lock
-        // order for concurrent runs) and grouped, since two records may share one; a fingerprint
-        // kept already keeps its earliest sighting and its latest horizon.
-        "WITH d AS MATERIALIZED (
-             SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
-               AND ($3::text IS NULL OR consumer_group = $3) {KEEPS_OPEN_CONFLICTS}
-             ORDER BY {order} LIMIT $4 FOR UPDATE SKIP LOCKED
-         ), gone AS (
-             DELETE FROM dedup_records r USING d WHERE r.id = d.id AND r.status = $1
-             RETURNING r.consumer_group, r.message_type, r.message_id, r.first_seen_at
-         ), kept AS (
-             INSERT INTO dedup_fingerprints AS f (fingerprint, first_seen_at, forget_at)
-             SELECT dedup_fingerprint(consumer_group, message_type, message_id), min(first_seen_at),
-                    now() + make_interval(days => $5)
-             FROM gone WHERE $5 > 0 AND $1 = 'succeeded' GROUP BY 1 ORDER BY 1
-             ON CONFLICT (fingerprint) DO UPDATE SET
-                 first_seen_at = LEAST(f.first_seen_at, EXCLUDED.first_seen_at),
-                 forget_at = GREATEST(f.forget_at, EXCLUDED.forget_at)
-         )
-         SELECT count(*) FROM gone"
-    ))
-    .bind(status)
-    .bind(cutoff)
-    .bind(group)
-    .bind(i64::from(limit))
-    .bind(fingerprint_days)
-    .fetch_one(conn)
-    .await
-}
-
 /// Runs the deletion of `schedule` into the run row `run_id`: batch after batch until a batch
-/// comes back short, each in its own short transaction. Updates the run row as it goes and
-/// audits the end (`cleanup.run`).
+/// comes back short, each in its own short transaction ([`CleanupBooks::delete_batch`]), then
+/// forgets what is past its horizon ([`late::forget_expired`]). Updates the run row every 20
+/// batches and stores its end with its audit entry (`cleanup.run`) in one transaction: whoever
+/// sees the run finished sees its audit entry too.
 pub(crate) async fn execute_run(
-    pool: &PgPool,
+    books: &dyn CleanupBooks,
     schedule: &CleanupSchedule,
     run_id: i64,
     cutoff: DateTime<Utc>,
@@ -403,24 +303,19 @@ pub(crate) async fn execute_run(
     let mut error = None;
     'statuses: for status in &schedule.statuses {
         loop {
-            let result = async {
-                let mut conn = pool.acquire().await?;
-                let group = schedule.consumer_group.as_deref();
-                let horizon = schedule.fingerprint_horizon_days();
-                delete_batch(&mut conn, status, cutoff, group, schedule.batch_size, horizon).await
-            }
-            .await;
-            match result {
+            let batch = DeleteBatch {
+                status,
+                cutoff,
+                group: schedule.consumer_group.as_deref(),
+                limit: schedule.batch_size,
+                fingerprint_days: schedule.fingerprint_horizon_days(),
+            };
+            match books.delete_batch(&batch).await {
                 Ok(n) => {
                     deleted += n;
                     batches += 1;
                     if batches % 20 == 0 {
-                        let _ = sqlx::query("UPDATE cleanup_runs SET rows_deleted = $2, batches = $3 WHERE id = $1")
-                            .bind(run_id)
-                            .bind(deleted)
-                            .bind(batches)
-                            .execute(pool)
-                            .await;
+                        let _ = books.run_progress(run_id, deleted, batches).await;
                     }
                     if n < i64::from(schedule.batch_size) {
                         break;
@@ -435,7 +330,7 @@ pub(crate) async fn execute_run(
         }
     }
     if error.is_none()
-        && let Err(e) = late::forget_expired(pool, schedule.batch_size).await
+        && let Err(e) = late::forget_expired(books, schedule.batch_size).await
     {
         tracing::warn!(schedule = schedule.id, error = %e, "forgetting expired fingerprints failed");
         error = Some(format!("forgetting expired fingerprints failed: {e}"));
@@ -457,24 +352,8 @@ pub(crate) async fn execute_run(
         detail,
         source: None,
     };
-    // The run's end and its audit entry in one transaction: whoever sees the run finished sees
-    // its audit entry too.
-    let finished = async {
-        let mut tx = pool.begin().await?;
-        sqlx::query(
-            "UPDATE cleanup_runs SET rows_deleted = $2, batches = $3, error = $4, finished_at = now() WHERE id = $1",
-        )
-        .bind(run_id)
-        .bind(deleted)
-        .bind(batches)
-        .bind(&error)
-        .execute(&mut *tx)
-        .await?;
-        audit::insert(&mut *tx, &entry).await?;
-        tx.commit().await
-    }
-    .await;
-    if let Err(e) = finished {
+    let end = RunEnd { run_id, rows_deleted: deleted, batches, error: error.as_deref() };
+    if let Err(e) = books.finish_run(&end, &entry).await {
         tracing::error!(schedule = schedule.id, run_id, error = %e, "could not record the end of a cleanup run");
     }
 }

@@ -12,13 +12,14 @@
 //! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
 //! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs`, `failures.rs`, `endpoints.rs` and
 //! `records.rs` the console's reads, `record_actions.rs` the operator actions on one record, one kept
-//! copy and a drill, `bulk_requeue.rs` the bulk requeue.
+//! copy and a drill, `bulk_requeue.rs` the bulk requeue, `cleanup.rs` the cleanup schedules.
 
 mod accounts;
 mod audit;
 #[cfg(feature = "rabbitmq")]
 mod bulk_requeue;
 mod claims;
+mod cleanup;
 mod endpoints;
 mod failures;
 mod leases;
@@ -40,6 +41,7 @@ pub use audit::*;
 #[cfg(feature = "rabbitmq")]
 pub use bulk_requeue::*;
 pub use claims::*;
+pub use cleanup::*;
 pub use endpoints::*;
 pub use failures::*;
 pub use leases::*;
@@ -164,7 +166,7 @@ pub trait Fixtures {
     async fn settle_conflicts(&self, record_id: i64);
     /// Keeps `fingerprint` (PostgreSQL's `dedup_fingerprint` of a triple, as a signed 64-bit
     /// integer) of a deleted record first seen at `first_seen_at`, as cleanup does; forgotten in
-    /// a year. Nothing writes fingerprints on MySQL yet: this stands in for cleanup there.
+    /// a year.
     async fn keep_fingerprint(&self, fingerprint: i64, first_seen_at: DateTime<Utc>);
     /// `late_duplicates`: record id, delay in ms, held; by record id.
     async fn late_duplicates(&self) -> Vec<(i64, i64, bool)>;
@@ -178,6 +180,10 @@ pub trait Fixtures {
     /// Ends the session holding bulk requeue job `job_id`'s runner lock, as an idle timeout, a
     /// proxy or an operator's `KILL` would; returns once the lock is free.
     async fn lose_runner_lock(&self, job_id: i64);
+    /// Moves record `id`'s first sighting, last change and completion `days` days back.
+    async fn age_record(&self, id: i64, days: i32);
+    /// Makes cleanup schedule `id`'s next tick due a second ago (database clock).
+    async fn make_schedule_due(&self, id: i64);
 }
 
 /// A store under test: a fresh, migrated database of its own (dropped with the harness) and its
@@ -273,6 +279,7 @@ macro_rules! conformance_tests {
             a_bulk_requeue_freezes_its_selection_and_one_runner_requeues_each_record_once,
             #[cfg(feature = "rabbitmq")]
             two_batches_of_one_job_never_share_an_item_and_a_lost_runner_lock_shows,
+            a_cleanup_schedule_deletes_old_succeeded_records_in_batches_once_and_keeps_their_fingerprints,
             the_records_list_filters_orders_and_pages_alike,
         );
     };

@@ -264,4 +264,27 @@ impl Fixtures for MySqlHarness {
         }
         panic!("job {job_id}'s runner lock outlived its session");
     }
+
+    async fn age_record(&self, id: i64, days: i32) {
+        sqlx::query(
+            "UPDATE dedup_records SET first_seen_at = first_seen_at - INTERVAL ? DAY,
+                 updated_at = updated_at - INTERVAL ? DAY, completed_at = completed_at - INTERVAL ? DAY
+             WHERE id = ?",
+        )
+        .bind(days)
+        .bind(days)
+        .bind(days)
+        .bind(id)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn make_schedule_due(&self, id: i64) {
+        sqlx::query("UPDATE cleanup_schedules SET next_run_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE id = ?")
+            .bind(id)
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
+    }
 }

@@ -257,4 +257,25 @@ impl Fixtures for PgHarness {
         }
         panic!("job {job_id}'s runner lock outlived its session");
     }
+
+    async fn age_record(&self, id: i64, days: i32) {
+        sqlx::query(
+            "UPDATE dedup_records SET first_seen_at = first_seen_at - make_interval(days => $2),
+                 updated_at = updated_at - make_interval(days => $2), completed_at = completed_at - make_interval(days => $2)
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(days)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn make_schedule_due(&self, id: i64) {
+        sqlx::query("UPDATE cleanup_schedules SET next_run_at = now() - interval '1 second' WHERE id = $1")
+            .bind(id)
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
+    }
 }

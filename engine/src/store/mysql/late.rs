@@ -1,7 +1,7 @@
 //! Late duplicates on MySQL (DESIGN.md, "Late duplicates"; `postgres/late.rs`): the lookup of a
 //! batch's deliveries in `dedup_fingerprints`, the notes in `late_duplicates`, and a late
-//! duplicate held for an operator as a parked record. Nothing writes fingerprints on MySQL yet
-//! (cleanup runs on PostgreSQL only): the lookup finds what another writer put there.
+//! duplicate held for an operator as a parked record. Cleanup's delete batches write the
+//! fingerprints (`cleanup.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

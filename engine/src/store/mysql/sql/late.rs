@@ -7,7 +7,7 @@ use super::{HELD_OWNER, derived, repeat};
 /// The fingerprint of `group`, `message_type` and `message_id` (SQL operands): PostgreSQL's
 /// `dedup_fingerprint`, the first 8 bytes of the MD5 of the three joined by newlines (none may
 /// hold a control character), as `BINARY(8)`: the same 64 bits.
-fn fingerprint(group: &str, message_type: &str, message_id: &str) -> String {
+pub(in crate::store::mysql) fn fingerprint(group: &str, message_type: &str, message_id: &str) -> String {
     format!("UNHEX(LEFT(MD5(CONCAT({group}, CHAR(10), {message_type}, CHAR(10), {message_id})), 16))")
 }
 

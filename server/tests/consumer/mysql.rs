@@ -180,7 +180,7 @@ async fn console_on_mariadb(world: &World, server: &crate::support::Server, dead
     let ran = cli(&["cleanup", "run", "1"]).await;
     assert!(ran.contains(": 0 records deleted in 1 batches"), "{ran}");
     let view = server.call(&token, Method::GET, "/api/v1/cleanup", None).await;
-    assert_eq!(view["schedules"][0]["name"], "nightly", "{view}");
+    assert_eq!(view["schedules"][0]["settings"]["name"], "nightly", "{view}");
     assert_eq!(
         (view["runs"][0]["rows_deleted"].as_i64(), view["runs"][0]["batches"].as_i64()),
         (Some(0), Some(1)),

@@ -1,12 +1,14 @@
 //! Cleanup schedules (DESIGN.md, "Operator actions"): delete records of the chosen statuses
 //! (default only `succeeded`) older than a retention (default 30 days), in bounded batches that
 //! never hold locks long enough to stall consumers. Schedules live in the database and are
-//! edited from the console; [`scheduler`] runs them, exactly one instance per tick.
+//! edited from the console; [`scheduler`] runs them, exactly one instance per tick. What each
+//! database keeps and locks is [`CleanupBooks`] (`store/<database>/cleanup.rs`); the rules are
+//! here.
 //!
 //! Age is `completed_at` for `succeeded` records and `updated_at` for `failed` and `dead` ones.
 //! `processing` records are never deleted.
 //!
-//! The statement that deletes a batch keeps a fingerprint of each record it deletes (its
+//! The transaction that deletes a batch keeps a fingerprint of each record it deletes (its
 //! consumer group and message id hashed to 64 bits, and when it was first seen) for the
 //! schedule's fingerprint horizon, so that a copy arriving after its record is gone is known as
 //! a late duplicate ([`late`], DESIGN.md "Late duplicates"). Each run then forgets the

@@ -44,6 +44,9 @@ const ARRIVAL_SLACK: Duration = Duration::minutes(10);
 /// scan.
 const IDS_PER_STATEMENT: usize = 5_000;
 
+/// Tries of a delete batch chosen as a deadlock victim ([`CleanupBooks::delete_batch`]).
+const DEADLOCK_TRIES: u32 = 3;
+
 /// A schedule's row as MySQL returns it: its statuses are a `SET`, read as `dead,succeeded`.
 #[derive(FromRow)]
 struct ScheduleRead {
@@ -222,45 +225,18 @@ impl CleanupBooks for MySqlPool {
 
     /// The ids locked first (`FOR UPDATE SKIP LOCKED`, in id order); then, by those ids and in
     /// the same transaction, the count deltas (−1 per record, per group), the fingerprints
-    /// (grouped, in fingerprint order: one lock order for concurrent runs) and the delete.
+    /// (grouped, in fingerprint order: one lock order for concurrent runs) and the delete. A
+    /// transaction chosen as a deadlock victim is run again, at most `DEADLOCK_TRIES` times in
+    /// all: the delete locks the rows' secondary index entries, which a consumer's claim of a
+    /// late copy may hold while it waits for the row (PostgreSQL's index entries take no lock).
     async fn delete_batch(&self, batch: &DeleteBatch<'_>) -> Result<i64, sqlx::Error> {
-        let mut tx = self.begin().await?;
-        let mut q = QueryBuilder::new("SELECT d.id FROM dedup_records d");
-        push_deletable(&mut tx, &mut q, batch.status, batch.cutoff, batch.group).await?;
-        q.push(" ORDER BY d.id LIMIT ").push_bind(i64::from(batch.limit)).push(" FOR UPDATE SKIP LOCKED");
-        let ids: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
-        let keep = batch.status == "succeeded" && batch.fingerprint_days > 0;
-        for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            let list = id_list(chunk);
-            sqlx::query(&format!(
-                "INSERT INTO record_counts (consumer_group, status, n)
-                 SELECT consumer_group, status, -COUNT(*) FROM dedup_records WHERE id IN ({list})
-                 GROUP BY consumer_group, status"
-            ))
-            .execute(&mut *tx)
-            .await?;
-            if keep {
-                // A derived table: the `ON DUPLICATE KEY UPDATE` of an `INSERT … SELECT … GROUP BY`
-                // may not name the select's columns, and `first_seen_at` would be ambiguous.
-                sqlx::query(&format!(
-                    "INSERT INTO dedup_fingerprints (fingerprint, first_seen_at, forget_at)
-                     SELECT g.fp, g.seen, UTC_TIMESTAMP(6) + INTERVAL ? DAY
-                     FROM (SELECT {fp} AS fp, MIN(first_seen_at) AS seen FROM dedup_records
-                           WHERE id IN ({list}) GROUP BY fp) g
-                     ORDER BY g.fp
-                     ON DUPLICATE KEY UPDATE
-                         first_seen_at = LEAST(dedup_fingerprints.first_seen_at, VALUES(first_seen_at)),
-                         forget_at = GREATEST(dedup_fingerprints.forget_at, VALUES(forget_at))",
-                    fp = fingerprint("consumer_group", "message_type", "message_id"),
-                ))
-                .bind(batch.fingerprint_days)
-                .execute(&mut *tx)
-                .await?;
+        let mut tries = 1;
+        loop {
+            match delete_batch_once(self, batch).await {
+                Err(e) if tries < DEADLOCK_TRIES && is_deadlock(&e) => tries += 1,
+                done => return done,
             }
-            sqlx::query(&format!("DELETE FROM dedup_records WHERE id IN ({list})")).execute(&mut *tx).await?;
         }
-        tx.commit().await?;
-        Ok(ids.len() as i64)
     }
 
     async fn forget_fingerprints(&self, limit: i32) -> Result<i64, sqlx::Error> {
@@ -430,6 +406,52 @@ impl CleanupBooks for MySqlPool {
         .await?;
         Ok([a, b, c].into_iter().flatten().max())
     }
+}
+
+/// One try of [`CleanupBooks::delete_batch`].
+async fn delete_batch_once(pool: &MySqlPool, batch: &DeleteBatch<'_>) -> Result<i64, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let mut q = QueryBuilder::new("SELECT d.id FROM dedup_records d");
+    push_deletable(&mut tx, &mut q, batch.status, batch.cutoff, batch.group).await?;
+    q.push(" ORDER BY d.id LIMIT ").push_bind(i64::from(batch.limit)).push(" FOR UPDATE SKIP LOCKED");
+    let ids: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
+    let keep = batch.status == "succeeded" && batch.fingerprint_days > 0;
+    for chunk in ids.chunks(IDS_PER_STATEMENT) {
+        let list = id_list(chunk);
+        sqlx::query(&format!(
+            "INSERT INTO record_counts (consumer_group, status, n)
+             SELECT consumer_group, status, -COUNT(*) FROM dedup_records WHERE id IN ({list})
+             GROUP BY consumer_group, status"
+        ))
+        .execute(&mut *tx)
+        .await?;
+        if keep {
+            // A derived table: the `ON DUPLICATE KEY UPDATE` of an `INSERT … SELECT … GROUP BY`
+            // may not name the select's columns, and `first_seen_at` would be ambiguous.
+            sqlx::query(&format!(
+                "INSERT INTO dedup_fingerprints (fingerprint, first_seen_at, forget_at)
+                 SELECT g.fp, g.seen, UTC_TIMESTAMP(6) + INTERVAL ? DAY
+                 FROM (SELECT {fp} AS fp, MIN(first_seen_at) AS seen FROM dedup_records
+                       WHERE id IN ({list}) GROUP BY fp) g
+                 ORDER BY g.fp
+                 ON DUPLICATE KEY UPDATE
+                     first_seen_at = LEAST(dedup_fingerprints.first_seen_at, VALUES(first_seen_at)),
+                     forget_at = GREATEST(dedup_fingerprints.forget_at, VALUES(forget_at))",
+                fp = fingerprint("consumer_group", "message_type", "message_id"),
+            ))
+            .bind(batch.fingerprint_days)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query(&format!("DELETE FROM dedup_records WHERE id IN ({list})")).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(ids.len() as i64)
+}
+
+/// Whether `e` is InnoDB's choice of this transaction as a deadlock victim (1213).
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    matches!(crate::store::DbErrorKind::of(e), crate::store::DbErrorKind::Deadlock)
 }
 
 /// A schedule's `GET_LOCK`, held by a connection of its own.

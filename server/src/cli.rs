@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dedup_engine::Broker;
+use dedup_engine::console::console_store;
 use dedup_engine::console::seed::{SeedParams, seed_records};
 use dedup_example_orders::simulate::SimulateParams;
 use dedup_example_orders::verify::{VerifyReport, check_kafka_lag};
@@ -18,7 +19,7 @@ use crate::config::{GroupConfig, Settings};
 use crate::example_database::ExampleDatabase;
 use crate::operator::{BulkArgs, ConflictArgs, RecordArgs, run_bulk, run_conflicts, run_record};
 use crate::publish::{PublishArgs, run_publish};
-use crate::startup::{Application, open_database, open_engine_database};
+use crate::startup::{Application, open_engine_database};
 use crate::telemetry;
 use dedup_engine::console::actions::RecordActionKind;
 
@@ -79,38 +80,6 @@ pub enum Command {
     Cleanup(CleanupArgs),
 }
 
-impl Command {
-    /// Whether it runs on MySQL or MariaDB: `serve` (the engine and the console), `migrate`,
-    /// `simulate`, `publish`, `verify`, `user`, `cleanup` and the operator commands; not yet
-    /// `seed`.
-    ///
-    /// Errors: a command that does not yet, saying so.
-    fn check_runs_on_mysql(&self) -> anyhow::Result<()> {
-        let name = match self {
-            Command::Serve(_)
-            | Command::Migrate
-            | Command::Simulate(_)
-            | Command::Publish(_)
-            | Command::Verify(_)
-            | Command::User(_)
-            | Command::Release(_)
-            | Command::MarkSucceeded(_)
-            | Command::DeadLetter(_)
-            | Command::Requeue(_)
-            | Command::RequeueBulk(_)
-            | Command::RequeueConflicts(_)
-            | Command::Cleanup(_) => {
-                return Ok(());
-            }
-            Command::Seed(_) => "seed",
-        };
-        anyhow::bail!(
-            "`{name}` runs on PostgreSQL only so far, and DATABASE_URL names MySQL; on MySQL: serve (the consumer and \
-             the console), migrate, simulate, publish, verify, user, cleanup and the operator commands"
-        )
-    }
-}
-
 /// `seed` options.
 #[derive(Debug, Args)]
 pub struct SeedArgs {
@@ -120,7 +89,8 @@ pub struct SeedArgs {
     /// Days the records' first-seen times spread over, ending now.
     #[arg(long, default_value_t = 60)]
     pub days: u32,
-    /// Records per statement.
+    /// Records generated and loaded at a time (PostgreSQL: per COPY; MySQL splits them into
+    /// statements of at most 1 MiB).
     #[arg(long, default_value_t = 50_000)]
     pub batch: u64,
     /// Print the report as JSON.
@@ -236,9 +206,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     telemetry::init(settings.log_format);
     let command = cli.command.unwrap_or(Command::Serve(ServeArgs::default()));
-    if settings.on_mysql() {
-        command.check_runs_on_mysql()?;
-    }
     match command {
         Command::Serve(args) => {
             tracing::info!(settings = %settings.redacted_json(), demo = args.demo, "starting dedup-console");
@@ -272,7 +239,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run_seed(settings: &Settings, args: SeedArgs) -> anyhow::Result<()> {
-    let db = open_database(settings).await?;
+    let engine = open_engine_database(settings).await?;
     let bar = indicatif::ProgressBar::new(args.records);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -282,9 +249,10 @@ async fn run_seed(settings: &Settings, args: SeedArgs) -> anyhow::Result<()> {
     );
     let params = SeedParams { records: args.records, days: args.days, batch: args.batch };
     let domain = dedup_example_orders::seed::order_domain();
-    let report = seed_records(&db.engine, &params, &domain, |done, _| bar.set_position(done)).await?;
+    let report = seed_records(console_store(&engine), &params, &domain, |done, _| bar.set_position(done)).await;
     bar.finish_and_clear();
-    db.close().await;
+    engine.close().await;
+    let report = report?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

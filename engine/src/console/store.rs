@@ -16,12 +16,13 @@ use crate::console::endpoints::EndpointReads;
 use crate::console::failures::FailureReads;
 use crate::console::overview::OverviewReads;
 use crate::console::records::RecordReads;
+use crate::console::seed::SeedBooks;
 use crate::runtime::EnginePool;
 
 /// The console's roles on one database: accounts, the audit log, the overview's, failure
 /// pages', endpoint cards' and records' reads, the handlers' pause rows, the single-record
 /// actions, the kept conflicting copies, the duplicate drills, the bulk requeue jobs, and the
-/// cleanup schedules.
+/// cleanup schedules and the seeding of synthetic records.
 pub trait ConsoleStore:
     AccountBooks
     + AuditLog
@@ -35,6 +36,7 @@ pub trait ConsoleStore:
     + DrillBooks
     + RequeueJobBooks
     + CleanupBooks
+    + SeedBooks
 {
 }
 
@@ -51,6 +53,7 @@ impl<T> ConsoleStore for T where
         + DrillBooks
         + RequeueJobBooks
         + CleanupBooks
+        + SeedBooks
 {
 }
 

@@ -57,6 +57,7 @@ mod late;
 mod leases;
 mod pauses;
 pub(crate) mod runtime;
+mod seed;
 mod settle;
 mod sql;
 

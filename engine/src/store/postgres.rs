@@ -56,6 +56,7 @@ pub(crate) mod late;
 mod leases;
 mod pauses;
 pub(crate) mod runtime;
+mod seed;
 pub(crate) use conflicts::{ConflictCopy, ConflictKind};
 pub(crate) use late::HeldDelivery;
 use sql::Statements;

@@ -1,6 +1,7 @@
-//! The synthetic rows, as `COPY` text: about 1 % failed, dead or stuck, the groups, message
+//! The synthetic rows, database-neutral: about 1 % failed, dead or stuck, the groups, message
 //! types and errors of the run's [`SeedDomain`], duplicates with delays from 100 ms to weeks; the
-//! attempt history of every record not succeeded; their aggregates ([`Totals`]).
+//! attempt history of every record not succeeded; their aggregates ([`Totals`]). Each store
+//! writes them in its own form ([`SeedRows`]).
 
 use std::sync::Arc;
 
@@ -14,30 +15,71 @@ use super::totals::{Outcome, Totals};
 use crate::message::{IdPolicy, POISON_TYPE, PoisonReason};
 use crate::record::HandlerMode;
 
-/// The columns of [`Chunk::records`], in order. The ids are the run's reserved ones: COPY
-/// writes given values into an identity column. Binary format: PostgreSQL parses it in three
-/// quarters of the time of text (1 M rows: 3.7 s against 4.9 s measured), and it needs no
-/// escaping or timestamp formatting on our side.
-pub const COPY_SQL: &str = "COPY dedup_records (id, consumer_group, message_id, message_type, status, handler_mode, \
-    attempts, max_attempts, reentries, lease_owner, lease_token, lease_expires_at, first_seen_at, updated_at, \
-    completed_at, next_attempt_at, last_error, error_class, payload_hash, payload, headers, content_type, \
-    source_broker, source_exchange, source_routing_key, source_queue, duplicate_count, last_duplicate_at, poison) \
-    FROM STDIN (FORMAT binary)";
-const RECORD_COLUMNS: i16 = 29;
+/// How a database writes the generated rows: the PostgreSQL store as binary `COPY` data, the
+/// MySQL store as multi-row `INSERT` statements. The generator calls it on a blocking thread, one
+/// value per [`Chunk`], so the encoding runs beside the database's load of the previous chunk.
+pub trait SeedRows: Send + 'static {
+    /// Adds one `dedup_records` row.
+    fn record(&mut self, r: &SeedRecord<'_>);
+    /// Adds one `record_attempts` row.
+    fn attempt(&mut self, a: &SeedAttempt<'_>);
+}
 
-/// The columns of [`Chunk::attempts`], in order.
-pub const ATTEMPTS_COPY_SQL: &str = "COPY record_attempts (record_id, attempt, worker, started_at, ended_at, outcome, error) FROM STDIN (FORMAT binary)";
-const ATTEMPT_COLUMNS: i16 = 7;
+/// One generated `dedup_records` row: every column a seed writes, in the order the stores'
+/// statements list them. The id is the run's reserved one.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedRecord<'a> {
+    pub id: i64,
+    pub consumer_group: &'a str,
+    pub message_id: &'a str,
+    pub message_type: &'a str,
+    pub status: &'a str,
+    pub handler_mode: Option<&'a str>,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub reentries: i32,
+    pub lease_owner: Option<&'a str>,
+    pub lease_token: Option<&'a uuid::Uuid>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub first_seen_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub last_error: Option<&'a str>,
+    pub error_class: Option<&'a str>,
+    pub payload_hash: &'a [u8],
+    pub payload: Option<&'a [u8]>,
+    /// JSON text.
+    pub headers: Option<&'a str>,
+    pub content_type: &'a str,
+    pub source_broker: &'a str,
+    pub source_exchange: &'a str,
+    pub source_routing_key: &'a str,
+    pub source_queue: &'a str,
+    pub duplicate_count: i32,
+    pub last_duplicate_at: Option<DateTime<Utc>>,
+    pub poison: bool,
+}
 
-/// The rows of a run of consecutive ids, as COPY data.
+/// One generated `record_attempts` row, in the order the stores' statements list its columns.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedAttempt<'a> {
+    pub record_id: i64,
+    pub attempt: i32,
+    pub worker: &'a str,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub outcome: Option<&'a str>,
+    pub error: Option<&'a str>,
+}
+
+/// The rows of a run of consecutive ids, encoded by a store's [`SeedRows`].
 #[derive(Debug)]
-pub struct Chunk {
+pub struct Chunk<E> {
     /// Records in it.
     pub count: u64,
-    /// The `dedup_records` rows ([`COPY_SQL`]).
-    pub records: CopyData,
-    /// The `record_attempts` rows of its records not succeeded ([`ATTEMPTS_COPY_SQL`]).
-    pub attempts: CopyData,
+    /// Its records and the attempts of those not succeeded.
+    pub rows: E,
 }
 
 /// Where the ids of a run fall in time, and what its records are made of. A record's id is also
@@ -94,134 +136,17 @@ impl Plan {
     }
 }
 
-/// One `COPY ... FROM STDIN (FORMAT binary)` stream: the signature and header, rows, and the
-/// trailer ([`CopyData::finish`]). Layout: PostgreSQL's documentation, "COPY", "Binary Format".
-#[derive(Debug)]
-pub struct CopyData {
-    bytes: Vec<u8>,
-    rows: u64,
-}
-
-impl CopyData {
-    fn with_capacity(bytes: usize) -> Self {
-        let mut data = Vec::with_capacity(bytes + 21);
-        data.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
-        data.extend_from_slice(&0i32.to_be_bytes()); // flags: no OIDs
-        data.extend_from_slice(&0i32.to_be_bytes()); // no header extension
-        Self { bytes: data, rows: 0 }
-    }
-
-    /// Starts a row of `fields` values.
-    fn row(&mut self, fields: i16) -> Row<'_> {
-        self.rows += 1;
-        self.bytes.extend_from_slice(&fields.to_be_bytes());
-        Row(&mut self.bytes)
-    }
-
-    /// Rows written.
-    pub fn rows(&self) -> u64 {
-        self.rows
-    }
-
-    /// The stream, with its trailer.
-    pub fn finish(mut self) -> Vec<u8> {
-        self.bytes.extend_from_slice(&(-1i16).to_be_bytes());
-        self.bytes
-    }
-}
-
-/// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01 00:00:00 UTC).
-const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
-
-/// Writes the values of one row: each is its length (-1 for NULL) and its bytes in the type's
-/// binary form.
-struct Row<'a>(&'a mut Vec<u8>);
-
-impl Row<'_> {
-    fn value(&mut self, bytes: &[u8]) -> &mut Self {
-        self.0.extend_from_slice(&(bytes.len() as i32).to_be_bytes());
-        self.0.extend_from_slice(bytes);
-        self
-    }
-
-    fn null(&mut self) -> &mut Self {
-        self.0.extend_from_slice(&(-1i32).to_be_bytes());
-        self
-    }
-
-    /// A `text` value.
-    fn raw(&mut self, value: &str) -> &mut Self {
-        self.value(value.as_bytes())
-    }
-
-    fn text(&mut self, value: Option<&str>) -> &mut Self {
-        match value {
-            Some(v) => self.raw(v),
-            None => self.null(),
-        }
-    }
-
-    fn int8(&mut self, value: i64) -> &mut Self {
-        self.value(&value.to_be_bytes())
-    }
-
-    fn int4(&mut self, value: i32) -> &mut Self {
-        self.value(&value.to_be_bytes())
-    }
-
-    fn bool(&mut self, value: bool) -> &mut Self {
-        self.value(&[u8::from(value)])
-    }
-
-    /// A `timestamptz`: microseconds since PostgreSQL's epoch.
-    fn time(&mut self, value: Option<DateTime<Utc>>) -> &mut Self {
-        match value {
-            Some(at) => self.value(&(at.timestamp_micros() - PG_EPOCH_MICROS).to_be_bytes()),
-            None => self.null(),
-        }
-    }
-
-    fn bytes(&mut self, value: Option<&[u8]>) -> &mut Self {
-        match value {
-            Some(v) => self.value(v),
-            None => self.null(),
-        }
-    }
-
-    fn uuid(&mut self, value: Option<&uuid::Uuid>) -> &mut Self {
-        match value {
-            Some(v) => self.value(v.as_bytes()),
-            None => self.null(),
-        }
-    }
-
-    /// A `jsonb`: format version 1, then the JSON text.
-    fn jsonb(&mut self, value: Option<&str>) -> &mut Self {
-        let Some(json) = value else { return self.null() };
-        self.0.extend_from_slice(&(json.len() as i32 + 1).to_be_bytes());
-        self.0.push(1);
-        self.0.extend_from_slice(json.as_bytes());
-        self
-    }
-}
-
 impl Plan {
-    /// The rows of ids `lo..=hi`, counted into `totals`.
-    pub fn chunk(&self, lo: i64, hi: i64, totals: &mut Totals) -> Chunk {
+    /// The rows of ids `lo..=hi`, written into `rows` and counted into `totals`.
+    pub fn chunk<E: SeedRows>(&self, lo: i64, hi: i64, mut rows: E, totals: &mut Totals) -> Chunk<E> {
         let mut rng = SmallRng::seed_from_u64(lo as u64 ^ 0x5eed_5eed);
-        let count = (hi - lo + 1) as u64;
-        let mut chunk = Chunk {
-            count,
-            records: CopyData::with_capacity(count as usize * 300),
-            attempts: CopyData::with_capacity(count as usize * 4),
-        };
         for g in lo..=hi {
-            totals.add(&self.row(&mut chunk, g, &mut rng));
+            totals.add(&self.row(&mut rows, g, &mut rng));
         }
-        chunk
+        Chunk { count: (hi - lo + 1) as u64, rows }
     }
 
-    fn row(&self, chunk: &mut Chunk, g: i64, rng: &mut SmallRng) -> Outcome {
+    fn row(&self, out: &mut impl SeedRows, g: i64, rng: &mut SmallRng) -> Outcome {
         let [r_status, r_group, r_type, r_attempt, r_dup, r_error, r_time]: [f64; 7] = rng.random();
         let seen =
             self.start + TimeDelta::microseconds((((g - self.first) as f64 + r_time) * self.micros_per_record) as i64);
@@ -294,40 +219,39 @@ impl Plan {
             (owner, uuid::Uuid::from_u128(rng.random()))
         });
         let headers = (!succeeded).then(|| format!(r#"{{"x-seeded": true, "x-message-id": "{message_id}"}}"#));
-        chunk
-            .records
-            .row(RECORD_COLUMNS)
-            .int8(g)
-            .raw(&group.name)
-            .raw(&message_id)
-            .raw(message_type)
-            .raw(status)
-            .text(mode.map(HandlerMode::as_str))
-            .int4(attempts)
-            .int4(5)
-            .int4(if processing { (r_dup * 4.0) as i32 } else { 0 })
-            .text(lease.as_ref().map(|(owner, _)| owner.as_str()))
-            .uuid(lease.as_ref().map(|(_, token)| token))
-            .time(processing.then(|| seen + TimeDelta::seconds(30)))
-            .time(Some(seen))
-            .time(Some(seen + TimeDelta::seconds(2 * i64::from(attempts))))
-            .time(succeeded.then(|| seen + TimeDelta::milliseconds(40)))
-            .time((status == "failed").then(|| seen + TimeDelta::seconds(1 << attempts.clamp(0, 20))))
-            .text(last_error)
-            .text(error_class)
-            .bytes(Some(&hash))
-            .bytes(body.as_deref())
-            .jsonb(headers.as_deref())
-            .raw(if binary_poison { "application/octet-stream" } else { "application/json" })
-            .raw("rabbitmq")
-            .raw(&self.domain.exchange)
-            .raw(&message_type.to_lowercase())
-            .raw(&group.queue)
-            .int4(dups)
-            .time(dup_at)
-            .bool(poison);
+        out.record(&SeedRecord {
+            id: g,
+            consumer_group: &group.name,
+            message_id: &message_id,
+            message_type,
+            status,
+            handler_mode: mode.map(HandlerMode::as_str),
+            attempts,
+            max_attempts: 5,
+            reentries: if processing { (r_dup * 4.0) as i32 } else { 0 },
+            lease_owner: lease.as_ref().map(|(owner, _)| owner.as_str()),
+            lease_token: lease.as_ref().map(|(_, token)| token),
+            lease_expires_at: processing.then(|| seen + TimeDelta::seconds(30)),
+            first_seen_at: seen,
+            updated_at: seen + TimeDelta::seconds(2 * i64::from(attempts)),
+            completed_at: succeeded.then(|| seen + TimeDelta::milliseconds(40)),
+            next_attempt_at: (status == "failed").then(|| seen + TimeDelta::seconds(1 << attempts.clamp(0, 20))),
+            last_error,
+            error_class,
+            payload_hash: &hash,
+            payload: body.as_deref(),
+            headers: headers.as_deref(),
+            content_type: if binary_poison { "application/octet-stream" } else { "application/json" },
+            source_broker: "rabbitmq",
+            source_exchange: &self.domain.exchange,
+            source_routing_key: &message_type.to_lowercase(),
+            source_queue: &group.queue,
+            duplicate_count: dups,
+            last_duplicate_at: dup_at,
+            poison,
+        });
         if !succeeded {
-            attempt_rows(&mut chunk.attempts, g, seen, status, attempts, last_error);
+            attempt_rows(out, g, seen, status, attempts, last_error);
         }
         Outcome { group: group_index, seen, status, attempts, duplicates: dups, last_duplicate_at: dup_at }
     }
@@ -336,7 +260,14 @@ impl Plan {
 /// The attempt history of record `id`, two seconds apart, each failed in 150 ms but the last:
 /// `dead` for a dead record, still running (no end, no outcome) for a stuck one, whose earlier
 /// attempts lost their leases.
-fn attempt_rows(out: &mut CopyData, id: i64, seen: DateTime<Utc>, status: &str, attempts: i32, error: Option<&str>) {
+fn attempt_rows(
+    out: &mut impl SeedRows,
+    id: i64,
+    seen: DateTime<Utc>,
+    status: &str,
+    attempts: i32,
+    error: Option<&str>,
+) {
     let processing = status == "processing";
     let worker = format!("seed-host:{}:worker-{}", 1000 + id % 7, id % 4);
     for n in 1..=attempts {
@@ -348,14 +279,15 @@ fn attempt_rows(out: &mut CopyData, id: i64, seen: DateTime<Utc>, status: &str, 
             "dead" if n == attempts => Some("dead"),
             _ => Some("failed"),
         };
-        out.row(ATTEMPT_COLUMNS)
-            .int8(id)
-            .int4(n)
-            .raw(&worker)
-            .time(Some(started))
-            .time((!running).then(|| started + TimeDelta::milliseconds(150)))
-            .text(outcome)
-            .text(if processing { None } else { error });
+        out.attempt(&SeedAttempt {
+            record_id: id,
+            attempt: n,
+            worker: &worker,
+            started_at: started,
+            ended_at: (!running).then(|| started + TimeDelta::milliseconds(150)),
+            outcome,
+            error: if processing { None } else { error },
+        });
     }
 }
 
@@ -363,60 +295,48 @@ fn attempt_rows(out: &mut CopyData, id: i64, seen: DateTime<Utc>, status: &str, 
 mod tests {
     use super::*;
 
-    /// Walks a binary COPY stream: checks its header and trailer, and returns its rows, each as
-    /// its values (`None` for NULL).
-    fn parse(data: &[u8]) -> Vec<Vec<Option<&[u8]>>> {
-        assert_eq!(&data[..11], b"PGCOPY\n\xff\r\n\0", "signature");
-        let mut at = 19;
-        let mut rows = Vec::new();
-        loop {
-            let fields = i16::from_be_bytes([data[at], data[at + 1]]);
-            at += 2;
-            if fields == -1 {
-                assert_eq!(at, data.len(), "nothing after the trailer");
-                return rows;
-            }
-            let mut row = Vec::new();
-            for _ in 0..fields {
-                let len = i32::from_be_bytes(data[at..at + 4].try_into().unwrap());
-                at += 4;
-                if len < 0 {
-                    row.push(None);
-                } else {
-                    row.push(Some(&data[at..at + len as usize]));
-                    at += len as usize;
-                }
-            }
-            rows.push(row);
+    /// Keeps what the test looks at of each row.
+    #[derive(Default)]
+    struct Kept {
+        records: Vec<(i64, String, String, String, DateTime<Utc>)>,
+        attempts: usize,
+    }
+
+    impl SeedRows for Kept {
+        fn record(&mut self, r: &SeedRecord<'_>) {
+            let row = (
+                r.id,
+                r.consumer_group.to_owned(),
+                r.message_id.to_owned(),
+                r.message_type.to_owned(),
+                r.first_seen_at,
+            );
+            self.records.push(row);
+        }
+
+        fn attempt(&mut self, _: &SeedAttempt<'_>) {
+            self.attempts += 1;
         }
     }
 
     #[test]
-    fn rows_have_every_column_in_binary_form() {
+    fn rows_follow_the_domain_and_the_window() {
         let now = Utc::now();
         let domain = SeedDomain::new(&["g1", "g2"], &["THING.MADE", "THING.SOLD"]);
         let plan = Plan::new(1, now - TimeDelta::days(1), now, 1000.0, domain);
         let mut totals = Totals::default();
-        let chunk = plan.chunk(1, 2000, &mut totals);
-        let columns = |sql: &str| sql.split('(').nth(1).unwrap().split(')').next().unwrap().split(',').count();
-        assert!(chunk.attempts.rows() > 0, "records not succeeded have attempts");
-        let records = chunk.records.finish();
-        let attempts = chunk.attempts.finish();
-        let record_rows = parse(&records);
-        assert_eq!((chunk.count, record_rows.len()), (2000, 2000));
-        assert!(record_rows.iter().all(|r| r.len() == columns(COPY_SQL)));
-        assert!(parse(&attempts).iter().all(|r| r.len() == columns(ATTEMPTS_COPY_SQL)));
-        let text = |v: Option<&[u8]>| std::str::from_utf8(v.unwrap()).unwrap().to_owned();
-        assert!(record_rows.iter().all(|r| ["g1", "g2"].contains(&text(r[1]).as_str())), "the domain's groups");
+        let chunk = plan.chunk(1, 2000, Kept::default(), &mut totals);
+        let records = &chunk.rows.records;
+        assert_eq!((chunk.count, records.len()), (2000, 2000));
+        assert!(chunk.rows.attempts > 0, "records not succeeded have attempts");
+        assert!(records.iter().all(|r| ["g1", "g2"].contains(&r.1.as_str())), "the domain's groups");
         assert!(
-            record_rows.iter().all(|r| ["THING.MADE", "THING.SOLD", "POISON"].contains(&text(r[3]).as_str())),
+            records.iter().all(|r| ["THING.MADE", "THING.SOLD", "POISON"].contains(&r.3.as_str())),
             "the domain's types, and poison"
         );
-        let first = &record_rows[0];
-        assert_eq!(first[0], Some(&1i64.to_be_bytes()[..]), "the ids are given, as int8");
-        assert_eq!(first[2].map(|id| std::str::from_utf8(id).unwrap().ends_with(":1")), Some(true), "message id");
-        let seen = i64::from_be_bytes(first[12].unwrap().try_into().unwrap()) + PG_EPOCH_MICROS;
-        let start = plan.start.timestamp_micros();
+        assert_eq!(records.iter().map(|r| r.0).collect::<Vec<_>>(), (1..=2000).collect::<Vec<_>>(), "the ids given");
+        assert!(records[0].2.ends_with(":1"), "message id {}", records[0].2);
+        let (seen, start) = (records[0].4.timestamp_micros(), plan.start.timestamp_micros());
         assert!((start..start + 1000).contains(&seen), "first seen in the record's slot of the window: {seen}");
     }
 }

@@ -1,24 +1,14 @@
 //! The aggregates of the seeded records (`stats_minute`, `duplicate_delays`), counted in Rust as
-//! the rows are generated, so no pass over the loaded table is needed. The values are those the
+//! the rows are generated, so no pass over the loaded table is needed; each store writes them
+//! ([`Totals::into_counts`]). The values are those the
 //! engine would have counted for the records' histories: a delivery per record and per
 //! duplicate, 80 % of the duplicates caught by Redis, every attempt a claim.
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::PgConnection;
 
-use crate::stats::{ALL_EVENTS, Counters, Event, delay_bucket};
-use crate::store::postgres::runtime::{write_delays, write_minutes};
-
-const ROLLUP_OFF_SQL: &str = "ALTER TABLE stats_minute DISABLE TRIGGER stats_minute_rollup_insert, \
-    DISABLE TRIGGER stats_minute_rollup_update";
-const ROLLUP_ON_SQL: &str = "ALTER TABLE stats_minute ENABLE ALWAYS TRIGGER stats_minute_rollup_insert, \
-    ENABLE ALWAYS TRIGGER stats_minute_rollup_update";
-/// Adds records created per (hour, group), as the rollup trigger would have.
-const HOURS_SQL: &str = "INSERT INTO stats_hour AS h (hour, consumer_group, created) \
-    SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::int8[]) \
-    ON CONFLICT (hour, consumer_group) DO UPDATE SET created = h.created + EXCLUDED.created";
+use crate::stats::{ALL_EVENTS, Counters, DelayCounts, Event, MinuteCounts, delay_bucket};
 
 /// What the aggregates need to know of one generated record.
 #[derive(Debug, Clone, Copy)]
@@ -73,40 +63,19 @@ impl Totals {
         }
     }
 
-    /// Adds the counts to `stats_minute`, `stats_hour` and `duplicate_delays`, in the caller's
-    /// transaction; `groups` names the groups by index.
-    ///
-    /// `stats_hour` is written here, one row per hour and group, with the minutes' rollup
-    /// triggers disabled for the minute write: through them each hour's row would be updated 60
-    /// times (8 s of a 20 s seed of 1 M records). `ALTER TABLE` holds a SHARE ROW EXCLUSIVE
-    /// lock on `stats_minute` until the transaction ends, so the engine's flushes wait for the
-    /// seed's commit and nobody sees the triggers disabled; they are enabled again (ALWAYS, as
-    /// the migration left them) before the commit.
-    pub async fn write(self, conn: &mut PgConnection, groups: &[String]) -> Result<(), sqlx::Error> {
-        let mut hours: HashMap<(DateTime<Utc>, &str), i64> = HashMap::new();
-        for ((m, g), c) in &self.minutes {
-            if let Some(hour) = DateTime::from_timestamp(m.div_euclid(60) * 3600, 0) {
-                *hours.entry((hour, groups[*g].as_str())).or_default() += c[Event::Created as usize];
-            }
-        }
-        let minutes: HashMap<(DateTime<Utc>, String), Counters> = self
+    /// The counts as the runtime's flush writes them: per (minute, group) with the duplicates
+    /// shared out ([`split_duplicates`]), and per (day, group, bucket); `groups` names the groups
+    /// by index.
+    pub fn into_counts(self, groups: &[String]) -> (MinuteCounts, DelayCounts) {
+        let minutes = self
             .minutes
             .into_iter()
             .filter_map(|((m, g), c)| {
                 Some(((DateTime::from_timestamp(m * 60, 0)?, groups[g].clone()), split_duplicates(c)))
             })
             .collect();
-        sqlx::query(ROLLUP_OFF_SQL).execute(&mut *conn).await?;
-        write_minutes(&mut *conn, &minutes).await?;
-        sqlx::query(ROLLUP_ON_SQL).execute(&mut *conn).await?;
-        let mut hours: Vec<_> = hours.into_iter().filter(|(_, n)| *n != 0).collect();
-        hours.sort_unstable_by(|((h1, g1), _), ((h2, g2), _)| (g1, h1).cmp(&(g2, h2)));
-        let (hour, group, created): (Vec<DateTime<Utc>>, Vec<&str>, Vec<i64>) =
-            hours.into_iter().map(|((h, g), n)| (h, g, n)).collect();
-        sqlx::query(HOURS_SQL).bind(hour).bind(group).bind(created).execute(&mut *conn).await?;
-        let delays: HashMap<(NaiveDate, String, i64), (i64, i64)> =
-            self.delays.into_iter().map(|((d, g, le), v)| ((d, groups[g].clone(), le), v)).collect();
-        write_delays(&mut *conn, &delays).await
+        let delays = self.delays.into_iter().map(|((d, g, le), v)| ((d, groups[g].clone(), le), v)).collect();
+        (minutes, delays)
     }
 }
 

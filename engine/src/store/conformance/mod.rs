@@ -12,7 +12,8 @@
 //! copies, fingerprints and late duplicates, handler pauses). `accounts.rs` holds the accounts'
 //! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs`, `failures.rs`, `endpoints.rs` and
 //! `records.rs` the console's reads, `record_actions.rs` the operator actions on one record, one kept
-//! copy and a drill, `bulk_requeue.rs` the bulk requeue, `cleanup.rs` the cleanup schedules.
+//! copy and a drill, `bulk_requeue.rs` the bulk requeue, `cleanup.rs` the cleanup schedules,
+//! `seed.rs` the seeding of synthetic records.
 
 mod accounts;
 mod audit;
@@ -31,6 +32,7 @@ mod records;
 mod mysql;
 mod postgres;
 mod roles;
+mod seed;
 mod settle;
 
 use async_trait::async_trait;
@@ -53,6 +55,7 @@ pub use records::*;
 pub use mysql::MySqlHarness;
 pub use postgres::PgHarness;
 pub use roles::*;
+pub use seed::*;
 pub use settle::*;
 
 use chrono::{DateTime, Utc};
@@ -281,6 +284,7 @@ macro_rules! conformance_tests {
             two_batches_of_one_job_never_share_an_item_and_a_lost_runner_lock_shows,
             a_cleanup_schedule_deletes_old_succeeded_records_in_batches_once_and_keeps_their_fingerprints,
             the_records_list_filters_orders_and_pages_alike,
+            seeded_records_are_counted_with_their_attempts_and_a_second_seed_appends,
         );
     };
     (@cases $harness:ty; $($(#[$attr:meta])* $case:ident),* $(,)?) => {

@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use sqlx::MySqlConnection;
+use sqlx::mysql::MySqlArguments;
+use sqlx::query::Query;
+use sqlx::{MySql, MySqlConnection};
 
 use super::{MySqlStore, sql};
 use crate::store::{ClaimedRecord, StoreError};
@@ -41,18 +43,8 @@ impl MySqlStore {
             return Ok(());
         }
         let sql = self.render(&sql::add_types(types.len()));
-        let mut race = 0;
-        loop {
-            let mut query = sqlx::query(&sql);
-            for t in types {
-                query = query.bind(*t);
-            }
-            match query.execute(&mut *conn).await {
-                Ok(_) => return Ok(()),
-                Err(e) if race < TYPE_RACES && is_duplicate_key(&e) => race += 1,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        retry_type_race(conn, || types.iter().fold(sqlx::query(&sql), |query, t| query.bind(*t))).await?;
+        Ok(())
     }
 
     /// Attempt rows of transactional attempts that ended now with `outcome`: each claim with
@@ -75,6 +67,23 @@ impl MySqlStore {
         }
         query.execute(&mut *conn).await?;
         Ok(())
+    }
+}
+
+/// Runs a message-type insert (`query()`: the types not yet known, without locking the known
+/// ones), again when it lost a race to another transaction's first insert of a type (1062, which
+/// rolls back only that statement), at most [`TYPE_RACES`] times.
+pub(super) async fn retry_type_race<'q>(
+    conn: &mut MySqlConnection,
+    query: impl Fn() -> Query<'q, MySql, MySqlArguments>,
+) -> Result<(), sqlx::Error> {
+    let mut race = 0;
+    loop {
+        match query().execute(&mut *conn).await {
+            Ok(_) => return Ok(()),
+            Err(e) if race < TYPE_RACES && is_duplicate_key(&e) => race += 1,
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -212,7 +212,7 @@ impl RuntimeBooks for MySqlRuntimeBooks {
 }
 
 /// Adds the per-(minute, group) counters to `stats_minute`, in (group, minute) order.
-async fn write_minutes(conn: &mut MySqlConnection, minutes: &MinuteCounts) -> Result<(), sqlx::Error> {
+pub(super) async fn write_minutes(conn: &mut MySqlConnection, minutes: &MinuteCounts) -> Result<(), sqlx::Error> {
     let mut sorted: Vec<(&(DateTime<Utc>, String), &Counters)> = minutes.iter().collect();
     sorted.sort_unstable_by(|((m1, g1), _), ((m2, g2), _)| (g1, m1).cmp(&(g2, m2)));
     let columns = COUNTER_COLUMNS.join(", ");
@@ -233,7 +233,7 @@ async fn write_minutes(conn: &mut MySqlConnection, minutes: &MinuteCounts) -> Re
 
 /// Adds the minutes' `created` to `stats_hour` per (group, hour), what PostgreSQL's rollup
 /// trigger does.
-async fn write_hours(conn: &mut MySqlConnection, minutes: &MinuteCounts) -> Result<(), sqlx::Error> {
+pub(super) async fn write_hours(conn: &mut MySqlConnection, minutes: &MinuteCounts) -> Result<(), sqlx::Error> {
     let created = crate::stats::ALL_EVENTS.iter().position(|e| *e == crate::stats::Event::Created).unwrap_or(1);
     let mut hours: BTreeMap<(&str, DateTime<Utc>), i64> = BTreeMap::new();
     for ((minute, group), counters) in minutes {
@@ -253,7 +253,7 @@ async fn write_hours(conn: &mut MySqlConnection, minutes: &MinuteCounts) -> Resu
 }
 
 /// Adds (day, group, bucket) → (count, max delay ms) to `duplicate_delays`, in key order.
-async fn write_delays(conn: &mut MySqlConnection, delays: &DelayCounts) -> Result<(), sqlx::Error> {
+pub(super) async fn write_delays(conn: &mut MySqlConnection, delays: &DelayCounts) -> Result<(), sqlx::Error> {
     let sorted: Vec<_> = delays.iter().collect::<BTreeMap<_, _>>().into_iter().collect();
     for chunk in sorted.chunks(ROWS_PER_STATEMENT) {
         let mut insert =

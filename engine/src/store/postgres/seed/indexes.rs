@@ -34,7 +34,7 @@ const IS_EMPTY_SQL: &str = "SELECT NOT EXISTS (SELECT 1 FROM dedup_records)";
 
 /// Indexes and constraints dropped for the load, to be rebuilt by [`Deferred::rebuild`].
 #[derive(Debug, Default)]
-pub struct Deferred {
+pub(super) struct Deferred {
     /// The statements recreating them (`CREATE INDEX`, `ALTER TABLE ... ADD CONSTRAINT`).
     definitions: Vec<String>,
 }
@@ -46,7 +46,7 @@ impl Deferred {
     ///
     /// The first look is taken on `pool`, outside the transaction: taken in it, its ACCESS
     /// SHARE lock would be upgraded by the LOCK, and two seeds starting together deadlocked.
-    pub async fn drop_if_empty(pool: &PgPool, conn: &mut PgConnection) -> Result<Self, sqlx::Error> {
+    pub(super) async fn drop_if_empty(pool: &PgPool, conn: &mut PgConnection) -> Result<Self, sqlx::Error> {
         if !sqlx::query_scalar::<_, bool>(IS_EMPTY_SQL).fetch_one(pool).await? {
             return Ok(Self::default());
         }
@@ -70,7 +70,7 @@ impl Deferred {
     }
 
     /// Recreates the dropped indexes and constraints.
-    pub async fn rebuild(self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    pub(super) async fn rebuild(self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         if self.definitions.is_empty() {
             return Ok(());
         }

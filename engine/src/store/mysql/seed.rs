@@ -33,8 +33,9 @@ use crate::console::QueryError;
 use crate::console::seed::{SeedBooks, SeedRun};
 use values::InsertRows;
 
-/// The size a statement ends past, at most: 1 MiB, a few thousand records (measured on MariaDB
-/// 10.11: see docs/DESIGN.md); at most half of `max_allowed_packet`.
+/// The size a statement ends past: 1 MiB, about 3 000 records (on MariaDB 10.11, 300 000 rows
+/// loaded in 14.7 s at 1 MiB a statement, 15.0 s at 256 KiB, 16.5 s at 64 KiB, 16.1 s at 4 MiB;
+/// docs/DESIGN.md, "Seed"); at most half of `max_allowed_packet`.
 const STATEMENT_BYTES: usize = 1 << 20;
 
 /// Counts the records of the id range `?..=?` (the run's) by group and status: one delta row

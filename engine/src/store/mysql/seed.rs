@@ -74,9 +74,15 @@ const SAMPLES_SQL: &str = "INSERT INTO table_samples (sampled_at, total_records,
 impl SeedBooks for MySqlPool {
     async fn seed_reserve_ids(&self, n: i64) -> Result<i64, sqlx::Error> {
         let mut conn = self.acquire().await?;
+        // A `LOCK TABLES` waiting for a long transaction would hold up every consumer's claim
+        // behind it (a pending table lock goes first): wait at most `RESERVE_WAIT_SECS`.
+        conn.execute(format!("SET SESSION lock_wait_timeout = {RESERVE_WAIT_SECS}").as_str()).await?;
         let reserved = reserve_ids(&mut conn, n).await;
         // Unlocked whatever happened; a connection that cannot be is closed, its locks with it.
-        let unlocked = conn.execute("UNLOCK TABLES").await;
+        let unlocked = match conn.execute("UNLOCK TABLES").await {
+            Ok(_) => conn.execute("SET SESSION lock_wait_timeout = DEFAULT").await,
+            failed => failed,
+        };
         if reserved.is_err() || unlocked.is_err() {
             conn.close_on_drop();
         }
@@ -115,6 +121,10 @@ impl SeedBooks for MySqlPool {
         Ok(())
     }
 }
+
+/// Longest wait for the id reservation's table locks, seconds: past it the seed fails (error
+/// 1205) and the consumers go on.
+const RESERVE_WAIT_SECS: u32 = 10;
 
 /// Reserves `n` ids under `LOCK TABLES` (the caller unlocks); returns the first.
 async fn reserve_ids(conn: &mut MySqlConnection, n: i64) -> Result<i64, sqlx::Error> {

@@ -118,6 +118,10 @@ impl RecordReads for MySqlPool {
                     q.push(format!(" AND {part}"));
                     if let Some(c) = query.cursor {
                         let CursorKey::Attempts(a) = c.key else { unreachable!("the cursor's sort is checked") };
+                        // The bound on attempts alone as well: MariaDB takes no range from the row
+                        // comparison, and a part would scan its whole attempts range (break review:
+                        // a previous page took 4.7-6.1 s at 1 M records).
+                        q.push(format!(" AND d.attempts {cmp}= ")).push_bind(a);
                         q.push(format!(" AND (d.attempts, d.id) {cmp} (")).push_bind(a).push(", ").push_bind(c.id).push(")");
                     }
                     q.push(format!(" ORDER BY d.attempts {dir}, d.id {dir} LIMIT ")).push_bind(query.rows).push(")");

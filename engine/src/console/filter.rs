@@ -151,6 +151,15 @@ impl SortOrder {
             SortOrder::Asc => SortOrder::Desc,
         }
     }
+
+    /// The SQL comparison a row not past a far end read in this direction passes, followed by
+    /// `=` (`>=` descending, `<=` ascending).
+    pub(crate) fn not_past(self) -> &'static str {
+        match self {
+            SortOrder::Desc => ">",
+            SortOrder::Asc => "<",
+        }
+    }
 }
 
 /// The sort-key value of a cursor's row.

@@ -62,34 +62,48 @@ pub struct RecordPage {
     /// Cursor of the previous page (`before`), `None` on the first page.
     pub prev: Option<Cursor>,
     /// Set when the page searched a bounded stretch of the table and stopped short of its end:
-    /// the filter has no index to narrow it (a group, message type or error class over the
-    /// succeeded bulk), so a time-ordered page reads at most [`SCAN_WINDOW`] records past its
-    /// cursor. The id of the last record searched; `next` (or `prev`, going back) continues
-    /// from there. The console says so rather than scan the whole table.
+    /// the filter has no index to narrow it in this order (a group, message type or error class
+    /// over the succeeded bulk; in message-id order a type, class or time range), so a page
+    /// reads at most [`SCAN_WINDOW`] records past its cursor in time order (by id), and
+    /// [`INDEX_SCAN_WINDOW`] in attempts and message-id order. The id of the last record
+    /// searched; `next` (or `prev`, going back) continues from there. The console says so
+    /// rather than scan the whole table.
     pub searched_to: Option<i64>,
 }
 
-/// Records a time-ordered page reads at most when its filter has no index (see
-/// [`RecordPage::searched_to`]): a primary-key scan that filters them, 20 000 rows in about 25 ms
-/// on this project's loaded 2-core machine at 10 M records (50 000 took 60 ms there;
-/// BENCHMARKS.md, "Lean write path"), so a page stays under the console's 50 ms.
+/// Records a page reads at most when its filter has no index (see [`RecordPage::searched_to`]):
+/// a primary-key scan that filters them, 20 000 rows in about 25 ms on this project's loaded
+/// 2-core machine at 10 M records (50 000 took 60 ms there; BENCHMARKS.md, "Lean write path"),
+/// so a page stays under the console's 50 ms.
 pub const SCAN_WINDOW: i64 = 20_000;
 
-/// Whether a time-ordered list under `filter` must be bounded by [`SCAN_WINDOW`]: a group,
-/// type or error class is asked for, and nothing an index serves narrows the records first.
-fn needs_window(filter: &RecordFilter) -> bool {
+/// Records an attempts- or message-id-ordered page reads at most when its filter has no index
+/// in that order (see [`RecordPage::searched_to`]): those are read in the order of a secondary
+/// index, one row lookup each, about ten times a primary-key scan's cost per record on MariaDB
+/// (20 000 took 280 ms at 1 M records on this project's loaded 2-core machine; BENCHMARKS.md).
+pub const INDEX_SCAN_WINDOW: i64 = 2_000;
+
+/// Whether a list under `filter` in order `sort` must be bounded by a window
+/// ([`SCAN_WINDOW`], [`INDEX_SCAN_WINDOW`]): something
+/// no index serves in that order is asked for, and nothing an index serves narrows the records
+/// first. In message-id order the dedup key serves a group, and a time range is not an id range.
+fn needs_window(sort: SortKey, filter: &RecordFilter) -> bool {
     let narrowed = filter.status.is_some_and(|s| s != RecordStatus::Succeeded)
         || filter.message_id.is_some()
         || filter.id_prefix.is_some()
         || filter.min_attempts.is_some_and(|n| n > 1)
         || filter.flag.is_some();
-    let selective = filter.group.is_some() || filter.message_type.is_some() || filter.error_class.is_some();
+    let unindexed = filter.message_type.is_some() || filter.error_class.is_some();
+    let selective = match sort {
+        SortKey::Time | SortKey::Attempts => unindexed || filter.group.is_some(),
+        SortKey::MessageId => unindexed || filter.from.is_some() || filter.to.is_some(),
+    };
     selective && !narrowed
 }
 
 /// What one page reads of a store ([`RecordReads::record_rows`]): the rows matching `filter`
 /// past `cursor` (none: from the start) in `direction` under `sort`, ties by id, at most
-/// `rows`; a time-ordered page with a `window_end` reads no id beyond it (included).
+/// `rows`, none past `window_end` (the row at it included).
 #[derive(Debug, Clone, Copy)]
 pub struct RowsQuery<'a> {
     /// The filter.
@@ -102,8 +116,9 @@ pub struct RowsQuery<'a> {
     pub direction: SortOrder,
     /// Rows to read (a page's limit and one more, to tell whether more follow).
     pub rows: i64,
-    /// The far end of a bounded search ([`SCAN_WINDOW`]), included.
-    pub window_end: Option<i64>,
+    /// The far end of a bounded search ([`SCAN_WINDOW`], [`INDEX_SCAN_WINDOW`]), included: a
+    /// position in `sort` (in time order only its id counts).
+    pub window_end: Option<&'a Cursor>,
 }
 
 /// The records list's reads on one database. Errors: [`QueryError::Database`].
@@ -114,6 +129,27 @@ pub trait RecordReads: Send + Sync {
 
     /// The smallest and the largest record id; `None` for an empty table.
     async fn id_bounds(&self) -> Result<Option<(i64, i64)>, QueryError>;
+
+    /// The position in attempts order `rows` records past `from` (none: from the start) in
+    /// `direction`, over every record (an attempts [`Cursor`]); `None` when fewer are left.
+    /// Reads the parts' indexes only.
+    async fn attempts_window_end(
+        &self,
+        from: Option<&Cursor>,
+        direction: SortOrder,
+        rows: i64,
+    ) -> Result<Option<Cursor>, QueryError>;
+
+    /// The dedup key `rows` keys past `from` (none: from the start) in `direction`, in `group`
+    /// or, without one, the nearest such key of every group, with its record's id (a message-id
+    /// [`Cursor`]); `None` when no group has that many keys left. Reads the dedup key only.
+    async fn message_id_window_end(
+        &self,
+        group: Option<&str>,
+        from: Option<&Cursor>,
+        direction: SortOrder,
+        rows: i64,
+    ) -> Result<Option<Cursor>, QueryError>;
 
     /// Every stored field of record `id` (its attempt history empty); `None` when no record
     /// has this id.
@@ -146,8 +182,8 @@ pub async fn records_list(reads: &dyn RecordReads, params: &RecordListParams) ->
         PageAt::After(c) => (params.order, Some(c)),
         PageAt::Before(c) => (params.order.reversed(), Some(c)),
     };
-    let window = if params.sort == SortKey::Time && needs_window(&params.filter) {
-        Window::of(reads, cursor.map(|c| c.id), direction).await?
+    let window = if needs_window(params.sort, &params.filter) {
+        Window::of(reads, params, cursor, direction).await?
     } else {
         None
     };
@@ -157,20 +193,20 @@ pub async fn records_list(reads: &dyn RecordReads, params: &RecordListParams) ->
         cursor,
         direction,
         rows: params.limit + 1,
-        window_end: window.map(|w| w.end),
+        window_end: window.as_ref().map(|w| &w.end),
     };
     let mut rows = reads.record_rows(&query).await?;
     let more = rows.len() as i64 > params.limit;
     rows.truncate(params.limit as usize);
     // The window stopped the search short: the page continues from its far end.
-    let searched_to = window.filter(|_| !more).and_then(|w| w.end_short_of_the_table());
+    let resume = window.filter(|w| w.short && !more).map(|w| w.end);
+    let searched_to = resume.as_ref().map(|c| c.id);
     let backwards = matches!(params.at, PageAt::Before(_));
     if backwards {
         rows.reverse();
     }
     let first = rows.first().map(|r| r.cursor(params.sort));
     let last = rows.last().map(|r| r.cursor(params.sort));
-    let resume = searched_to.map(|id| Cursor { key: CursorKey::Time(0), id });
     let (next, prev) = match params.at {
         PageAt::First => (last.filter(|_| more).or(resume), None),
         PageAt::After(ref c) => (last.filter(|_| more).or(resume), first.or_else(|| Some(c.clone()))),
@@ -179,37 +215,49 @@ pub async fn records_list(reads: &dyn RecordReads, params: &RecordListParams) ->
     Ok(RecordPage { rows, next, prev, searched_to })
 }
 
-/// The stretch of ids a time-ordered page under a filter without an index searches:
-/// [`SCAN_WINDOW`] ids from its cursor (or from the newest record, or the oldest, for a first
-/// page) in its direction.
-#[derive(Debug, Clone, Copy)]
+/// The stretch a page under a filter without an index searches: [`SCAN_WINDOW`] ids, or
+/// [`INDEX_SCAN_WINDOW`] positions in attempts or message-id order, from its cursor (or from the
+/// start) in its direction.
+#[derive(Debug, Clone)]
 struct Window {
     /// The far end, included.
-    end: i64,
-    direction: SortOrder,
-    /// The table's smallest and largest ids.
-    min: i64,
-    max: i64,
+    end: Cursor,
+    /// Whether records lie beyond it.
+    short: bool,
 }
 
 impl Window {
-    /// `None` for an empty table. Two probes of the primary key's ends.
-    async fn of(reads: &dyn RecordReads, from: Option<i64>, direction: SortOrder) -> Result<Option<Self>, QueryError> {
-        let Some((min, max)) = reads.id_bounds().await? else { return Ok(None) };
-        let end = match direction {
-            SortOrder::Desc => from.unwrap_or(max + 1) - SCAN_WINDOW,
-            SortOrder::Asc => from.unwrap_or(min - 1) + SCAN_WINDOW,
+    /// `None` for an empty table, and in attempts or message-id order when fewer than the
+    /// window's records are left. Two probes of the primary key's ends, or one read of an index.
+    async fn of(
+        reads: &dyn RecordReads,
+        params: &RecordListParams,
+        cursor: Option<&Cursor>,
+        direction: SortOrder,
+    ) -> Result<Option<Self>, QueryError> {
+        let end = match params.sort {
+            SortKey::Time => {
+                let Some((min, max)) = reads.id_bounds().await? else { return Ok(None) };
+                let from = cursor.map(|c| c.id);
+                let (end, short) = match direction {
+                    SortOrder::Desc => {
+                        let end = from.unwrap_or(max + 1) - SCAN_WINDOW;
+                        (end, end > min)
+                    }
+                    SortOrder::Asc => {
+                        let end = from.unwrap_or(min - 1) + SCAN_WINDOW;
+                        (end, end < max)
+                    }
+                };
+                return Ok(Some(Self { end: Cursor { key: CursorKey::Time(0), id: end }, short }));
+            }
+            SortKey::Attempts => reads.attempts_window_end(cursor, direction, INDEX_SCAN_WINDOW).await?,
+            SortKey::MessageId => {
+                let group = params.filter.group.as_deref();
+                reads.message_id_window_end(group, cursor, direction, INDEX_SCAN_WINDOW).await?
+            }
         };
-        Ok(Some(Self { end, direction, min, max }))
-    }
-
-    /// The far end when records lie beyond it.
-    fn end_short_of_the_table(self) -> Option<i64> {
-        let short = match self.direction {
-            SortOrder::Desc => self.end > self.min,
-            SortOrder::Asc => self.end < self.max,
-        };
-        short.then_some(self.end)
+        Ok(end.map(|end| Self { end, short: true }))
     }
 }
 

@@ -7,6 +7,7 @@
 //! a lease is held), timed by the database clock (`now()` on PostgreSQL, `UTC_TIMESTAMP(6)` on
 //! MySQL), never the worker's.
 
+mod attempts_order;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod errors;

@@ -37,6 +37,7 @@
 //! duplicates noted, a held record) or by the primary key in the write's transaction (pauses).
 
 mod accounts;
+mod arrival;
 pub(crate) mod audit;
 mod cleanup;
 mod overview;

@@ -284,6 +284,8 @@ macro_rules! conformance_tests {
             two_batches_of_one_job_never_share_an_item_and_a_lost_runner_lock_shows,
             a_cleanup_schedule_deletes_old_succeeded_records_in_batches_once_and_keeps_their_fingerprints,
             the_records_list_filters_orders_and_pages_alike,
+            a_time_range_lists_the_records_first_seen_in_it,
+            a_filter_without_an_index_searches_a_bounded_window_in_every_order,
             seeded_records_are_counted_with_their_attempts_and_a_second_seed_appends,
         );
     };

@@ -8,7 +8,8 @@ use super::roles::{copy, keep};
 use super::{GROUP, Harness};
 use crate::console::filter::{PageAt, RecordFilter, RecordFlag, RecordListParams, SortKey, SortOrder};
 use crate::console::console_store;
-use crate::console::records::{RecordReads, record_detail, records_list};
+use crate::console::records::{INDEX_SCAN_WINDOW, RecordReads, record_detail, records_list};
+use crate::console::seed::{SeedDomain, SeedParams, seed_records};
 use crate::record::{ConsumerGroup, RecordStatus};
 use crate::store::postgres::ConflictKind;
 use crate::store::ClaimAs;
@@ -116,4 +117,92 @@ pub async fn the_records_list_filters_orders_and_pages_alike<H: Harness>() {
     let paid = record_detail(reads, id_of("A.1")).await.unwrap().unwrap();
     assert!(paid.completed_at.is_some() && paid.payload_conflicts == 0 && paid.last_duplicate_delay_ms.is_none());
     assert!(record_detail(reads, -1).await.unwrap().is_none());
+}
+
+/// A time range reads the records first seen in it, on a table whose ids a store may turn the
+/// range into (PostgreSQL's `dedup_records_id_at`, MySQL's binary search over the primary key):
+/// records a day apart, each time range's ends between two of them, in every order.
+pub async fn a_time_range_lists_the_records_first_seen_in_it<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let reads = console_store(&pool);
+    let l = lease("worker-1");
+    let names = ["D.6", "D.5", "D.4", "D.3", "D.2", "D.1", "D.0"];
+    for (days, name) in (0..).zip(names) {
+        let c = claimed(claim_one(&h, &msg(name, "ORDER.PAY", name), &l).await);
+        complete(&h, &[&c], &l).await;
+        // D.6 first, six days ago: ids follow first sightings, as arrivals make them.
+        h.age_record(c.id, 6 - days).await;
+    }
+    let now = Utc::now();
+    let days_ago = |d: i64| Some(now - TimeDelta::hours(d * 24 + 12));
+    for sort in [SortKey::Time, SortKey::Attempts, SortKey::MessageId] {
+        let list = |from, to| RecordListParams {
+            filter: RecordFilter { from, to, ..Default::default() },
+            sort,
+            order: SortOrder::Asc,
+            limit: 50,
+            ..Default::default()
+        };
+        let found = async |from, to| {
+            let mut found = ids(reads, &list(from, to)).await;
+            found.sort();
+            found
+        };
+        assert_eq!(found(days_ago(4), days_ago(1)).await, ["D.2", "D.3", "D.4"], "{sort:?}");
+        assert_eq!(found(days_ago(2), None).await, ["D.0", "D.1", "D.2"], "{sort:?}");
+        assert_eq!(found(None, days_ago(5)).await, ["D.6"], "{sort:?}");
+        assert!(found(days_ago(9), days_ago(7)).await.is_empty(), "{sort:?}");
+    }
+}
+
+/// A filter no index narrows in an order searches a window of that order per page
+/// ([`crate::console::records::SCAN_WINDOW`] ids, [`INDEX_SCAN_WINDOW`] positions), says where it
+/// stopped, and the next page goes on from there, in every order: one rare record behind 25 000
+/// seeded ones is found a few pages on, not by reading them all on the first. A group alone in message-id order is the dedup key's own: no window.
+pub async fn a_filter_without_an_index_searches_a_bounded_window_in_every_order<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let reads = console_store(&pool);
+    let l = lease("worker-1");
+    let rare = claimed(claim_one(&h, &msg("0-RARE", "RARE.EVENT", "rare"), &l).await);
+    complete(&h, &[&rare], &l).await;
+    let domain = SeedDomain::new(&["bulk-service"], &["THING.MADE"]);
+    seed_records(reads, &SeedParams { records: 25_000, days: 1, batch: 5_000 }, &domain, |_, _| {}).await.unwrap();
+
+    for sort in [SortKey::Time, SortKey::Attempts, SortKey::MessageId] {
+        let page = |at| RecordListParams {
+            filter: RecordFilter { message_type: Some("RARE.EVENT".into()), ..Default::default() },
+            sort,
+            at,
+            limit: 50,
+            ..Default::default()
+        };
+        // Each page searches one window and says where it stopped; the next goes on from there.
+        let mut at = PageAt::First;
+        let mut searched = 0;
+        let found = loop {
+            let page = records_list(reads, &page(at)).await.unwrap();
+            if !page.rows.is_empty() {
+                assert_eq!((page.searched_to, page.next), (None, None), "{sort:?}: the search reached the end");
+                break page.rows.iter().map(|r| r.id).collect::<Vec<i64>>();
+            }
+            let stopped = page.searched_to.unwrap_or_else(|| panic!("{sort:?}: an empty page says where it stopped"));
+            let next = page.next.expect("the search goes on");
+            assert_eq!(next.id, stopped, "{sort:?}");
+            searched += 1;
+            assert!(searched <= 25_000 / INDEX_SCAN_WINDOW + 1, "{sort:?}: each page searches a whole window");
+            at = PageAt::After(next);
+        };
+        assert_eq!(found, [rare.id], "{sort:?}");
+        assert!(searched >= 1, "{sort:?}: the rare record lies past the first window");
+    }
+    let by_key = RecordListParams {
+        filter: RecordFilter { group: Some("bulk-service".into()), ..Default::default() },
+        sort: SortKey::MessageId,
+        limit: 50,
+        ..Default::default()
+    };
+    let grouped = records_list(reads, &by_key).await.unwrap();
+    assert_eq!((grouped.rows.len(), grouped.searched_to), (50, None));
 }

@@ -10,10 +10,11 @@
 //! runner per schedule holds `GET_LOCK` on a connection of its own.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlPool;
 use sqlx::{Connection, FromRow, MySql, MySqlConnection, QueryBuilder};
 
+use super::arrival::{ARRIVAL_SLACK, first_id_seen_at};
 use super::audit;
 use super::sql::fingerprint;
 use crate::actions::cleanup::late::{LateDeliveries, LateDuplicates};
@@ -33,11 +34,6 @@ const RUN_COLUMNS: &str = "id, schedule_id, CAST(`trigger` AS CHAR) AS `trigger`
 /// engines' databases on one server do not share it; within MySQL 8's 64 characters), as
 /// [`super::requeue_jobs::RUNNER_LOCK`].
 const SCHEDULE_LOCK: &str = "CONCAT('cleanup_schedule.', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))";
-
-/// A record first seen this long after the cutoff may still have been inserted before a record
-/// seen before it (PostgreSQL's `ARRIVAL_SLACK`): ids follow arrival up to the length of the
-/// inserting transaction.
-const ARRIVAL_SLACK: Duration = Duration::minutes(10);
 
 /// Ids per statement of a batch's count deltas, fingerprints and delete: MySQL 8 plans a longer
 /// `IN` list past its `range_optimizer_max_mem_size` (8 MB, about 230 bytes a value) as a full
@@ -83,29 +79,6 @@ impl From<ScheduleRead> for CleanupSchedule {
             updated_at: r.updated_at,
         }
     }
-}
-
-/// The first record id seen at or after `at` (one past the last id when none is): PostgreSQL's
-/// `dedup_records_id_at`, a binary search over the primary key, one point read a step.
-async fn first_id_seen_at(conn: &mut MySqlConnection, at: DateTime<Utc>) -> Result<i64, sqlx::Error> {
-    let (lo, hi): (Option<i64>, Option<i64>) =
-        sqlx::query_as("SELECT MIN(id), MAX(id) + 1 FROM dedup_records").fetch_one(&mut *conn).await?;
-    let (Some(mut lo), Some(mut hi)) = (lo, hi) else { return Ok(1) };
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        let found: Option<(i64, DateTime<Utc>)> =
-            sqlx::query_as("SELECT id, first_seen_at FROM dedup_records WHERE id >= ? ORDER BY id LIMIT 1")
-                .bind(mid)
-                .fetch_optional(&mut *conn)
-                .await?;
-        match found {
-            Some((id, _)) if id >= hi => hi = mid,
-            None => hi = mid,
-            Some((id, seen)) if seen < at => lo = id + 1,
-            Some((id, _)) => hi = id,
-        }
-    }
-    Ok(lo)
 }
 
 /// Appends the records a batch of `status` may delete (`d`): older than `cutoff` (`succeeded`:

@@ -3,18 +3,20 @@
 //! `dedup_records_unsettled_idx`; a message id or prefix goes to the dedup key. Keys are bytes,
 //! so orders by message id compare bytes (PostgreSQL's `COLLATE "C"`). What MySQL lacks: no
 //! `LATERAL` on MariaDB (the message-id order reads each group in its own part of a `UNION ALL`,
-//! the groups listed first), no id range for a time filter yet (`first_seen_at` is compared
-//! directly: correct, but not yet measured at 1 M records; docs/research/store-seam.md).
+//! the groups listed first); a time range becomes an id range by a binary search over the
+//! primary key ([`ArrivalIds`]) where PostgreSQL calls `dedup_records_id_at`.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder};
 
+use super::arrival::ArrivalIds;
 use crate::console::QueryError;
-use crate::console::filter::{CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
+use crate::console::filter::{Cursor, CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
 use crate::console::records::{ANSWER_CHARS, AttemptRow, RecordDetail, RecordReads, RecordRow, RowsQuery};
 use crate::record::RecordStatus;
+use crate::store::attempts_order::{AttemptsPart, PartBound, past};
 
 /// The list's columns of `d` (`_bin` text and bytes read `AS CHAR`). An order names `d.`'s
 /// columns: an unqualified name would be the cast alias, compared by the connection's collation.
@@ -26,8 +28,10 @@ const ROW_COLUMNS: &str = "d.id, CAST(d.consumer_group AS CHAR) AS consumer_grou
 /// The consumer groups that have records.
 const KNOWN_GROUPS_SQL: &str = "SELECT consumer_group FROM record_counts GROUP BY consumer_group";
 
-/// Appends the `WHERE` conditions of `filter` on `d` (always at least `TRUE`), every value bound.
-pub(super) fn push_filter(q: &mut QueryBuilder<'_, MySql>, filter: &RecordFilter) {
+/// Appends the `WHERE` conditions of `filter` on `d` (always at least `TRUE`), every value bound;
+/// `ids` are its time range's ids ([`ArrivalIds::of`]), so that a time range reads a stretch of
+/// the primary key.
+pub(super) fn push_filter(q: &mut QueryBuilder<'_, MySql>, filter: &RecordFilter, ids: ArrivalIds) {
     q.push(" WHERE TRUE");
     if let Some(group) = &filter.group {
         q.push(" AND d.consumer_group = ").push_bind(group.as_bytes().to_vec());
@@ -57,6 +61,12 @@ pub(super) fn push_filter(q: &mut QueryBuilder<'_, MySql>, filter: &RecordFilter
     }
     if let Some(to) = filter.to {
         q.push(" AND d.first_seen_at < ").push_bind(to.naive_utc());
+    }
+    if let Some(id) = ids.from_id {
+        q.push(" AND d.id >= ").push_bind(id);
+    }
+    if let Some(id) = ids.to_id {
+        q.push(" AND d.id < ").push_bind(id);
     }
     if let Some(n) = filter.min_attempts {
         q.push(" AND d.attempts >= ").push_bind(n);
@@ -91,42 +101,24 @@ impl RecordReads for MySqlPool {
             SortOrder::Desc => ("<", "DESC"),
             SortOrder::Asc => (">", "ASC"),
         };
+        let not_past = query.direction.not_past();
+        let ids = ArrivalIds::of(self, query.filter).await?;
         let mut q: QueryBuilder<'_, MySql> = QueryBuilder::new("");
         match query.sort {
             SortKey::Time => {
                 q.push(format!("SELECT {ROW_COLUMNS} FROM dedup_records d"));
-                push_filter(&mut q, query.filter);
+                push_filter(&mut q, query.filter, ids);
                 if let Some(c) = query.cursor {
                     q.push(format!(" AND d.id {cmp} ")).push_bind(c.id);
                 }
-                match (query.window_end, query.direction) {
-                    (Some(end), SortOrder::Desc) => q.push(" AND d.id >= ").push_bind(end),
-                    (Some(end), SortOrder::Asc) => q.push(" AND d.id <= ").push_bind(end),
-                    (None, _) => &mut q,
-                };
+                if let Some(end) = query.window_end {
+                    q.push(format!(" AND d.id {not_past}= ")).push_bind(end.id);
+                }
                 q.push(format!(" ORDER BY d.id {dir} LIMIT ")).push_bind(query.rows);
             }
             SortKey::Attempts => {
-                // Three ordered parts merged, as PostgreSQL's: the first tries apart from the rest.
-                q.push("SELECT * FROM (");
-                for (n, part) in ["d.attempts > 1", "d.attempts = 1", "d.attempts < 1"].into_iter().enumerate() {
-                    if n > 0 {
-                        q.push(" UNION ALL ");
-                    }
-                    q.push(format!("(SELECT {ROW_COLUMNS} FROM dedup_records d"));
-                    push_filter(&mut q, query.filter);
-                    q.push(format!(" AND {part}"));
-                    if let Some(c) = query.cursor {
-                        let CursorKey::Attempts(a) = c.key else { unreachable!("the cursor's sort is checked") };
-                        // The bound on attempts alone as well: MariaDB takes no range from the row
-                        // comparison, and a part would scan its whole attempts range (break review:
-                        // a previous page took 4.7-6.1 s at 1 M records).
-                        q.push(format!(" AND d.attempts {cmp}= ")).push_bind(a);
-                        q.push(format!(" AND (d.attempts, d.id) {cmp} (")).push_bind(a).push(", ").push_bind(c.id).push(")");
-                    }
-                    q.push(format!(" ORDER BY d.attempts {dir}, d.id {dir} LIMIT ")).push_bind(query.rows).push(")");
-                }
-                q.push(format!(") parts ORDER BY attempts {dir}, id {dir} LIMIT ")).push_bind(query.rows);
+                push_attempts_parts(&mut q, ROW_COLUMNS, query, ids);
+                q.push(" LIMIT ").push_bind(query.rows);
             }
             SortKey::MessageId => {
                 // The dedup key leads with the group: each group is one part, merged by the key's bytes.
@@ -143,17 +135,23 @@ impl RecordReads for MySqlPool {
                         q.push(" UNION ALL ");
                     }
                     q.push(format!("(SELECT {ROW_COLUMNS}, d.message_id AS sort_key FROM dedup_records d"));
-                    push_filter(&mut q, query.filter);
+                    push_filter(&mut q, query.filter, ids);
                     q.push(" AND d.consumer_group = ").push_bind(group);
                     if let Some(c) = query.cursor {
                         // (message_id, id) past the cursor, spelled as one range of the dedup key
                         // from the cursor's id on, less the rows not past it (a row comparison or an
                         // OR of two ranges read 2-4× slower on MariaDB).
                         let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
-                        let not_past = if cmp == ">" { "<=" } else { ">=" };
                         q.push(format!(" AND d.message_id {cmp}= ")).push_bind(m.as_bytes().to_vec());
                         q.push(" AND NOT (d.message_id = ").push_bind(m.as_bytes().to_vec());
-                        q.push(format!(" AND d.id {not_past} ")).push_bind(c.id).push(")");
+                        q.push(format!(" AND d.id {not_past}= ")).push_bind(c.id).push(")");
+                    }
+                    if let Some(end) = query.window_end {
+                        // Not past the window's far end, spelled as the cursor is.
+                        let CursorKey::MessageId(m) = &end.key else { unreachable!("the window's sort is the list's") };
+                        q.push(format!(" AND d.message_id {not_past}= ")).push_bind(m.as_bytes().to_vec());
+                        q.push(" AND NOT (d.message_id = ").push_bind(m.as_bytes().to_vec());
+                        q.push(format!(" AND d.id {cmp} ")).push_bind(end.id).push(")");
                     }
                     // A message id is unique in its group: ordered by it alone, the part reads the
                     // dedup key in order (with the id as well, MariaDB sorted the whole group).
@@ -169,6 +167,58 @@ impl RecordReads for MySqlPool {
         let (min, max): (Option<i64>, Option<i64>) =
             sqlx::query_as("SELECT MIN(id), MAX(id) FROM dedup_records").fetch_one(self).await?;
         Ok(min.zip(max))
+    }
+
+    async fn attempts_window_end(
+        &self,
+        from: Option<&Cursor>,
+        direction: SortOrder,
+        rows: i64,
+    ) -> Result<Option<Cursor>, QueryError> {
+        // The parts' (attempts, id) alone, of every record, from `dedup_records_attempts_idx`.
+        let mut q: QueryBuilder<'_, MySql> = QueryBuilder::new("");
+        let every = RecordFilter::default();
+        let query = RowsQuery { filter: &every, sort: SortKey::Attempts, cursor: from, direction, rows, window_end: None };
+        push_attempts_parts(&mut q, "d.attempts, d.id", &query, ArrivalIds::default());
+        q.push(" LIMIT 1 OFFSET ").push_bind(rows - 1);
+        let end: Option<(i32, i64)> = q.build_query_as().fetch_optional(self).await?;
+        Ok(end.map(|(a, id)| Cursor { key: CursorKey::Attempts(a), id }))
+    }
+
+    async fn message_id_window_end(
+        &self,
+        group: Option<&str>,
+        from: Option<&Cursor>,
+        direction: SortOrder,
+        rows: i64,
+    ) -> Result<Option<Cursor>, QueryError> {
+        let (cmp, dir) = match direction {
+            SortOrder::Desc => ("<", "DESC"),
+            SortOrder::Asc => (">", "ASC"),
+        };
+        let groups: Vec<Vec<u8>> = match group {
+            Some(group) => vec![group.as_bytes().to_vec()],
+            None => sqlx::query_scalar(KNOWN_GROUPS_SQL).fetch_all(self).await?,
+        };
+        // Each group's key `rows` keys on, from the dedup key alone (it holds the id); then the
+        // nearest (UTF-8 compares as its bytes). A message id is unique in its group, so the cursor's id does not matter there.
+        let mut ends: Vec<(String, i64)> = Vec::new();
+        for group in groups {
+            let mut q: QueryBuilder<'_, MySql> =
+                QueryBuilder::new("SELECT CAST(message_id AS CHAR), id FROM dedup_records WHERE consumer_group = ");
+            q.push_bind(group);
+            if let Some(c) = from {
+                let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
+                q.push(format!(" AND message_id {cmp} ")).push_bind(m.as_bytes().to_vec());
+            }
+            q.push(format!(" ORDER BY message_id {dir} LIMIT 1 OFFSET ")).push_bind(rows - 1);
+            ends.extend(q.build_query_as::<(String, i64)>().fetch_optional(self).await?);
+        }
+        let nearest = match direction {
+            SortOrder::Desc => ends.into_iter().max(),
+            SortOrder::Asc => ends.into_iter().min(),
+        };
+        Ok(nearest.map(|(m, id)| Cursor { key: CursorKey::MessageId(m), id }))
     }
 
     async fn record_fields(&self, id: i64) -> Result<Option<RecordDetail>, QueryError> {
@@ -208,5 +258,84 @@ impl RecordReads for MySqlPool {
             .bind(id)
             .fetch_optional(self)
             .await?)
+    }
+}
+
+/// Attempts order as PostgreSQL reads it: three ordered parts (tried more than once, once,
+/// never) merged, each bounded by ranges of `dedup_records_attempts_idx` (or, under a status,
+/// `dedup_records_status_cells_idx`), the cursor and the window's far end reduced per part
+/// ([`push_part_bound`]). `columns` of each part's rows; the rows merged, not yet limited.
+fn push_attempts_parts(q: &mut QueryBuilder<'_, MySql>, columns: &str, query: &RowsQuery<'_>, ids: ArrivalIds) {
+    let dir = match query.direction {
+        SortOrder::Desc => "DESC",
+        SortOrder::Asc => "ASC",
+    };
+    let position = |c: &Cursor| match c.key {
+        CursorKey::Attempts(a) => (a, c.id),
+        _ => unreachable!("the cursor's sort is checked"),
+    };
+    q.push("SELECT * FROM (");
+    for (n, part) in AttemptsPart::ALL.into_iter().enumerate() {
+        if n > 0 {
+            q.push(" UNION ALL ");
+        }
+        q.push(format!("(SELECT {columns} FROM dedup_records d{}", attempts_index_hint(query.filter)));
+        push_filter(q, query.filter, ids);
+        q.push(format!(" AND {}", part.condition("d.")));
+        if let Some(c) = query.cursor {
+            push_part_bound(q, part, query.direction, false, position(c));
+        }
+        if let Some(end) = query.window_end {
+            push_part_bound(q, part, query.direction.reversed(), true, position(end));
+        }
+        q.push(format!(" ORDER BY d.attempts {dir}, d.id {dir} LIMIT ")).push_bind(query.rows).push(")");
+    }
+    q.push(format!(") parts ORDER BY attempts {dir}, id {dir}"));
+}
+
+/// The index attempts order is read through, named where the filter leaves it the only good one:
+/// MariaDB 10.11 reads the first tries before an id by `ref` on attempts alone rather than as a
+/// range of (attempts, id), and looks every one of them up (a page past a first try half-way
+/// down 1 M records: 1.7 s, named 20 ms). A status reads `dedup_records_status_cells_idx`; a
+/// message id, a prefix, a flag or a time range is left to the optimizer (another index narrows
+/// first).
+fn attempts_index_hint(filter: &RecordFilter) -> &'static str {
+    let elsewhere = filter.message_id.is_some()
+        || filter.id_prefix.is_some()
+        || filter.flag.is_some()
+        || filter.from.is_some()
+        || filter.to.is_some();
+    match filter.status {
+        _ if elsewhere => "",
+        Some(_) => " FORCE INDEX (dedup_records_status_cells_idx)",
+        None => " FORCE INDEX (dedup_records_attempts_idx)",
+    }
+}
+
+/// Appends the bound "`(attempts, id)` past `(attempts, id)` in `direction`" (`inclusive`: or at
+/// it) for the rows of `part` ([`AttemptsPart::bound`]): MariaDB takes no range from a row
+/// comparison, so attempts past, or equal with the id past, as two ranges of the index.
+fn push_part_bound(
+    q: &mut QueryBuilder<'_, MySql>,
+    part: AttemptsPart,
+    direction: SortOrder,
+    inclusive: bool,
+    (attempts, id): (i32, i64),
+) {
+    let cmp = past(direction, inclusive);
+    match part.bound(direction, attempts) {
+        PartBound::Every => {}
+        PartBound::No => {
+            q.push(" AND FALSE");
+        }
+        PartBound::Id => {
+            q.push(format!(" AND d.id {cmp} ")).push_bind(id);
+        }
+        PartBound::Row => {
+            let strict = past(direction, false);
+            q.push(" AND ((d.attempts = ").push_bind(attempts);
+            q.push(format!(" AND d.id {cmp} ")).push_bind(id);
+            q.push(format!(") OR d.attempts {strict} ")).push_bind(attempts).push(")");
+        }
     }
 }

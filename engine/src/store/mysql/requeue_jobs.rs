@@ -15,6 +15,7 @@ use sqlx::{Connection, MySql, MySqlConnection, QueryBuilder, Transaction};
 
 use super::operator_tx::MySqlOperatorTx;
 use super::record_books::{STORED_MESSAGE, make_claimable};
+use super::arrival::ArrivalIds;
 use super::records::push_filter;
 use super::sql::repeat;
 use crate::actions::bulk::{
@@ -50,7 +51,7 @@ impl RequeueJobBooks for MySqlPool {
         let mut q: QueryBuilder<'_, MySql> = QueryBuilder::new(format!(
             "SELECT skip, COUNT(*) AS n FROM (SELECT {SKIP_REASON_SQL} AS skip FROM dedup_records d"
         ));
-        push_filter(&mut q, filter);
+        push_filter(&mut q, filter, ArrivalIds::of(self, filter).await?);
         q.push(" LIMIT ").push_bind(limit).push(") s GROUP BY skip");
         q.build_query_as().fetch_all(self).await
     }
@@ -74,6 +75,7 @@ impl RequeueJobBooks for MySqlPool {
         job: &NewRequeueJob<'_>,
         limit: i64,
     ) -> Result<(FrozenSelection, Box<dyn FrozenJob>), sqlx::Error> {
+        let ids = ArrivalIds::of(self, job.filter).await?;
         let mut tx = self.begin().await?;
         let id = sqlx::query(
             "INSERT INTO requeue_jobs (created_by, reason, filter, rate_per_sec, canary_size, failure_threshold, total)
@@ -97,7 +99,7 @@ impl RequeueJobBooks for MySqlPool {
             ", ROW_NUMBER() OVER (ORDER BY id), id, IF(skip IS NULL, 'pending', 'skipped'), skip, version
              FROM (SELECT d.id, {SKIP_REASON_SQL} AS skip, d.version FROM dedup_records d"
         ));
-        push_filter(&mut q, job.filter);
+        push_filter(&mut q, job.filter, ids);
         q.push(" ORDER BY d.id LIMIT ").push_bind(limit).push(") s");
         q.build().execute(&mut *tx).await?;
         let (total, skipped): (i64, i64) = sqlx::query_as(

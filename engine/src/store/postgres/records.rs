@@ -9,8 +9,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use crate::console::QueryError;
-use crate::console::filter::{CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
+use crate::console::filter::{Cursor, CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
 use crate::console::records::{ANSWER_CHARS, AttemptRow, RecordDetail, RecordReads, RecordRow, RowsQuery};
+use crate::store::attempts_order::{AttemptsPart, PartBound, past};
 
 /// How far a time range is widened when it is turned into an id range
 /// (`dedup_records_id_at`): ids follow arrival up to the length of the inserting transaction,
@@ -98,14 +99,15 @@ impl RecordReads for PgPool {
                 if let Some(c) = cursor {
                     q.push(format!(" AND id {cmp} ")).push_bind(c.id);
                 }
-                match (query.window_end, query.direction) {
-                    (Some(end), SortOrder::Desc) => q.push(" AND id >= ").push_bind(end),
-                    (Some(end), SortOrder::Asc) => q.push(" AND id <= ").push_bind(end),
-                    (None, _) => &mut q,
-                };
+                if let Some(end) = query.window_end {
+                    q.push(format!(" AND id {}= ", query.direction.not_past())).push_bind(end.id);
+                }
                 q.push(format!(" ORDER BY id {dir} LIMIT ")).push_bind(query.rows);
             }
-            SortKey::Attempts => push_attempts_page(&mut q, query),
+            SortKey::Attempts => {
+                push_attempts_parts(&mut q, ROW_COLUMNS, query);
+                q.push(" LIMIT ").push_bind(query.rows);
+            }
             SortKey::MessageId => {
                 // The dedup key leads with the group: the page is read per group, then merged.
                 q.push(format!("SELECT {ROW_COLUMNS} FROM "));
@@ -124,6 +126,14 @@ impl RecordReads for PgPool {
                         .push_bind(c.id)
                         .push(")");
                 }
+                if let Some(end) = query.window_end {
+                    let CursorKey::MessageId(m) = &end.key else { unreachable!("the window's sort is the list's") };
+                    q.push(format!(" AND (message_id, id) {}= (", query.direction.not_past()))
+                        .push_bind(m.clone())
+                        .push(", ")
+                        .push_bind(end.id)
+                        .push(")");
+                }
                 q.push(format!(" ORDER BY message_id {dir}, id {dir} LIMIT ")).push_bind(query.rows);
                 q.push(format!(") r ORDER BY message_id {dir}, id {dir} LIMIT ")).push_bind(query.rows);
             }
@@ -135,6 +145,52 @@ impl RecordReads for PgPool {
         let (min, max): (Option<i64>, Option<i64>) =
             sqlx::query_as("SELECT min(id), max(id) FROM dedup_records").fetch_one(self).await?;
         Ok(min.zip(max))
+    }
+
+    async fn message_id_window_end(
+        &self,
+        group: Option<&str>,
+        from: Option<&Cursor>,
+        direction: SortOrder,
+        rows: i64,
+    ) -> Result<Option<Cursor>, QueryError> {
+        let (cmp, dir) = match direction {
+            SortOrder::Desc => ("<", "DESC"),
+            SortOrder::Asc => (">", "ASC"),
+        };
+        // Each group's key `rows` keys on, by an index-only scan of the dedup key (a message id
+        // is unique in its group, so the cursor's id does not matter there); then the nearest.
+        let mut q = QueryBuilder::new("SELECT e.message_id, d.id FROM ");
+        match group {
+            Some(group) => q.push("(SELECT ").push_bind(group.to_owned()).push(" AS g) groups"),
+            None => q.push(format!("unnest({KNOWN_GROUPS_SQL}) AS groups(g)")),
+        };
+        q.push(" CROSS JOIN LATERAL (SELECT message_id FROM dedup_records WHERE consumer_group = groups.g");
+        if let Some(c) = from {
+            let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
+            q.push(format!(" AND message_id {cmp} ")).push_bind(m.clone());
+        }
+        q.push(format!(" ORDER BY message_id {dir} OFFSET ")).push_bind(rows - 1).push(" LIMIT 1) e");
+        q.push(" JOIN dedup_records d ON d.consumer_group = groups.g AND d.message_id = e.message_id");
+        q.push(format!(" ORDER BY e.message_id {dir}, d.id {dir} LIMIT 1"));
+        let end: Option<(String, i64)> = q.build_query_as().fetch_optional(self).await?;
+        Ok(end.map(|(m, id)| Cursor { key: CursorKey::MessageId(m), id }))
+    }
+
+    async fn attempts_window_end(
+        &self,
+        from: Option<&Cursor>,
+        direction: SortOrder,
+        rows: i64,
+    ) -> Result<Option<Cursor>, QueryError> {
+        // The parts' (attempts, id) alone, of every record, read from the same indexes.
+        let mut q = QueryBuilder::new("");
+        let every = RecordFilter::default();
+        let query = RowsQuery { filter: &every, sort: SortKey::Attempts, cursor: from, direction, rows, window_end: None };
+        push_attempts_parts(&mut q, "attempts, id", &query);
+        q.push(" OFFSET ").push_bind(rows - 1).push(" LIMIT 1");
+        let end: Option<(i32, i64)> = q.build_query_as().fetch_optional(self).await?;
+        Ok(end.map(|(a, id)| Cursor { key: CursorKey::Attempts(a), id }))
     }
 
     async fn record_fields(&self, id: i64) -> Result<Option<RecordDetail>, QueryError> {
@@ -173,40 +229,57 @@ impl RecordReads for PgPool {
 
 /// Attempts order, by keyset on (attempts, id), as three ordered parts (tried more than once,
 /// once, never) merged: the first and last come from `dedup_records_retried_idx`, the first
-/// tries in id order from the primary key, so no part sorts the bulk.
-fn push_attempts_page(q: &mut QueryBuilder<'_, Postgres>, query: &RowsQuery<'_>) {
-    let (cursor, direction) = (query.cursor, query.direction);
-    let (cmp, dir) = match direction {
-        SortOrder::Desc => ("<", "DESC"),
-        SortOrder::Asc => (">", "ASC"),
+/// tries in id order from the primary key, so no part sorts the bulk. `columns` of each part's
+/// rows; the rows merged, not yet limited.
+fn push_attempts_parts(q: &mut QueryBuilder<'_, Postgres>, columns: &str, query: &RowsQuery<'_>) {
+    let dir = match query.direction {
+        SortOrder::Desc => "DESC",
+        SortOrder::Asc => "ASC",
+    };
+    let position = |c: &Cursor| match c.key {
+        CursorKey::Attempts(a) => (a, c.id),
+        _ => unreachable!("the cursor's sort is checked"),
     };
     q.push("SELECT * FROM (");
-    for (n, part) in ["attempts > 1", "attempts = 1", "attempts < 1"].into_iter().enumerate() {
+    for (n, part) in AttemptsPart::ALL.into_iter().enumerate() {
         if n > 0 {
             q.push(" UNION ALL ");
         }
-        q.push(format!("(SELECT {ROW_COLUMNS} FROM dedup_records"));
+        q.push(format!("(SELECT {columns} FROM dedup_records"));
         push_filter(q, query.filter);
-        q.push(format!(" AND {part}"));
-        if let Some(c) = cursor {
-            let CursorKey::Attempts(a) = c.key else { unreachable!("the cursor's sort is checked") };
-            if part == "attempts = 1" {
-                // On the primary key: the row comparison reduced to what it means for attempts 1.
-                match (a.cmp(&1), direction) {
-                    (std::cmp::Ordering::Equal, _) => {
-                        q.push(format!(" AND id {cmp} ")).push_bind(c.id);
-                    }
-                    (std::cmp::Ordering::Greater, SortOrder::Asc) | (std::cmp::Ordering::Less, SortOrder::Desc) => {
-                        q.push(" AND false");
-                    }
-                    _ => {}
-                }
-            } else {
-                q.push(format!(" AND (attempts, id) {cmp} (")).push_bind(a).push(", ").push_bind(c.id).push(")");
-            }
+        q.push(format!(" AND {}", part.condition("")));
+        if let Some(c) = query.cursor {
+            push_part_bound(q, part, query.direction, false, position(c));
+        }
+        if let Some(end) = query.window_end {
+            push_part_bound(q, part, query.direction.reversed(), true, position(end));
         }
         q.push(format!(" ORDER BY attempts {dir}, id {dir} LIMIT ")).push_bind(query.rows).push(")");
     }
-    q.push(format!(") parts ORDER BY attempts {dir}, id {dir} LIMIT ")).push_bind(query.rows);
+    q.push(format!(") parts ORDER BY attempts {dir}, id {dir}"));
 }
 
+/// Appends the bound "`(attempts, id)` past `(attempts, id)` in `direction`" (`inclusive`: or at
+/// it) for the rows of `part` ([`AttemptsPart::bound`]): a row comparison, a range of
+/// `dedup_records_retried_idx`.
+fn push_part_bound(
+    q: &mut QueryBuilder<'_, Postgres>,
+    part: AttemptsPart,
+    direction: SortOrder,
+    inclusive: bool,
+    (attempts, id): (i32, i64),
+) {
+    let cmp = past(direction, inclusive);
+    match part.bound(direction, attempts) {
+        PartBound::Every => {}
+        PartBound::No => {
+            q.push(" AND false");
+        }
+        PartBound::Id => {
+            q.push(format!(" AND id {cmp} ")).push_bind(id);
+        }
+        PartBound::Row => {
+            q.push(format!(" AND (attempts, id) {cmp} (")).push_bind(attempts).push(", ").push_bind(id).push(")");
+        }
+    }
+}

@@ -187,6 +187,10 @@ pub trait Fixtures {
     async fn age_record(&self, id: i64, days: i32);
     /// Makes cleanup schedule `id`'s next tick due a second ago (database clock).
     async fn make_schedule_due(&self, id: i64);
+    /// Keeps an open payload conflict of record `record_id` in a transaction of its own that
+    /// locks no record, and commits it `after` later in the task returned: a copy being kept
+    /// while a cleanup batch chooses and locks its records. Returns once the copy is written.
+    async fn keep_copy_committed_after(&self, record_id: i64, after: std::time::Duration) -> tokio::task::JoinHandle<()>;
 }
 
 /// A store under test: a fresh, migrated database of its own (dropped with the harness) and its
@@ -283,6 +287,7 @@ macro_rules! conformance_tests {
             #[cfg(feature = "rabbitmq")]
             two_batches_of_one_job_never_share_an_item_and_a_lost_runner_lock_shows,
             a_cleanup_schedule_deletes_old_succeeded_records_in_batches_once_and_keeps_their_fingerprints,
+            cleanup_keeps_a_record_whose_conflicting_copy_is_kept_while_its_batch_runs,
             the_records_list_filters_orders_and_pages_alike,
             a_time_range_lists_the_records_first_seen_in_it,
             a_filter_without_an_index_searches_a_bounded_window_in_every_order,

@@ -387,7 +387,8 @@ async fn delete_batch_once(pool: &MySqlPool, batch: &DeleteBatch<'_>) -> Result<
     let mut q = QueryBuilder::new("SELECT d.id FROM dedup_records d");
     push_deletable(&mut tx, &mut q, batch.status, batch.cutoff, batch.group).await?;
     q.push(" ORDER BY d.id LIMIT ").push_bind(i64::from(batch.limit)).push(" FOR UPDATE SKIP LOCKED");
-    let ids: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
+    let locked: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
+    let ids = without_open_conflicts(&mut tx, locked).await?;
     let keep = batch.status == "succeeded" && batch.fingerprint_days > 0;
     for chunk in ids.chunks(IDS_PER_STATEMENT) {
         let list = id_list(chunk);
@@ -420,6 +421,27 @@ async fn delete_batch_once(pool: &MySqlPool, batch: &DeleteBatch<'_>) -> Result<
     }
     tx.commit().await?;
     Ok(ids.len() as i64)
+}
+
+/// `locked` (ids this transaction has just locked) less those with an open conflicting copy,
+/// read again now that the records are locked: the choice's `NOT EXISTS` read `record_conflicts`
+/// as of the statement's start (a subquery's read is a consistent one, only the records' rows
+/// are read as locked), so a copy kept in between would go with its record. A locking read
+/// (`LOCK IN SHARE MODE`) also waits for a copy being kept: it sees the copy once its
+/// transaction commits. The records' own conditions (status, age, group) were judged on the rows
+/// as locked, which no one changes before this transaction ends; they are not read again.
+async fn without_open_conflicts(conn: &mut MySqlConnection, locked: Vec<i64>) -> Result<Vec<i64>, sqlx::Error> {
+    let mut open = std::collections::HashSet::new();
+    for chunk in locked.chunks(IDS_PER_STATEMENT) {
+        let rows: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT record_id FROM record_conflicts WHERE record_id IN ({}) AND settled_at IS NULL LOCK IN SHARE MODE",
+            id_list(chunk)
+        ))
+        .fetch_all(&mut *conn)
+        .await?;
+        open.extend(rows);
+    }
+    Ok(if open.is_empty() { locked } else { locked.into_iter().filter(|id| !open.contains(id)).collect() })
 }
 
 /// Whether `e` is InnoDB's choice of this transaction as a deadlock victim (1213).

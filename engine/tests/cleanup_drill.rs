@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use dedup_engine::actions::ActionError;
+use dedup_engine::actions::cleanup::late::RetentionWatch;
 use dedup_engine::actions::cleanup::{
     ScheduleInput, cleanup_dry_run, cleanup_runs, cleanup_schedule_save, retention_advice, scheduler,
 };
@@ -112,6 +113,7 @@ async fn two_scheduler_instances_run_each_tick_once() {
     aged(pool, "OLD.", 50, "succeeded", 40).await;
     let every_minute = ScheduleInput { cron: "* * * * *".to_owned(), ..schedule("minutely") };
     let s = cleanup_schedule_save(pool, "user:ann", None, &every_minute).await.unwrap();
+    let watch = RetentionWatch::default();
     for round in 0..5 {
         // The tick is due now (as if the minute had come).
         sqlx::query("UPDATE cleanup_schedules SET next_run_at = now() - interval '1 second' WHERE id = $1")
@@ -123,10 +125,10 @@ async fn two_scheduler_instances_run_each_tick_once() {
         // one's is an engine pool, as an engine builds it on its host pool.
         let host = PgPool::connect(&h.db.url).await.unwrap();
         let other = dedup_engine::db::engine_pool(&host, &h.db.schema, 4);
-        let (a, b) = tokio::join!(scheduler::run_due(pool), scheduler::run_due(&other));
+        let (a, b) = tokio::join!(scheduler::run_due(pool, &watch), scheduler::run_due(&other, &watch));
         let ran = a.unwrap().len() + b.unwrap().len();
         assert_eq!(ran, 1, "round {round}: exactly one instance ran the tick");
-        let (a, b) = tokio::join!(scheduler::run_due(pool), scheduler::run_due(&other));
+        let (a, b) = tokio::join!(scheduler::run_due(pool, &watch), scheduler::run_due(&other, &watch));
         assert_eq!(a.unwrap().len() + b.unwrap().len(), 0, "the next tick is not due yet");
         other.close().await;
         host.close().await;

@@ -51,6 +51,14 @@ pub struct DeleteBatch<'a> {
     pub fingerprint_days: i32,
 }
 
+impl DeleteBatch<'_> {
+    /// Whether the batch keeps the fingerprints of what it deletes: `succeeded` records only (a
+    /// copy of a failed or dead one repeats no effect), unless the schedule keeps none.
+    pub fn keeps_fingerprints(&self) -> bool {
+        self.status == "succeeded" && self.fingerprint_days > 0
+    }
+}
+
 /// How a run ended, as [`CleanupBooks::finish_run`] stores it.
 #[derive(Debug, Clone, Copy)]
 pub struct RunEnd<'a> {

@@ -67,6 +67,13 @@ impl RetentionWatch {
         self.fingerprints.load(Ordering::Relaxed)
     }
 
+    /// Says fingerprints are kept, at once: called by a run as soon as a batch kept some, so
+    /// that the pipelines look up the copies of what it deleted without waiting for the next
+    /// [`Self::refresh`] (the scheduler's, after the run).
+    pub(crate) fn fingerprints_written(&self) {
+        self.fingerprints.store(true, Ordering::Relaxed);
+    }
+
     #[cfg(feature = "testing")]
     /// A watch that says fingerprints are kept (and no retention) without reading any schedule:
     /// for tests of a pipeline's late duplicates whose fingerprints are written by hand.

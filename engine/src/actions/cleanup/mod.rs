@@ -289,15 +289,17 @@ pub async fn cleanup_dry_run(books: &dyn CleanupBooks, id: i64) -> Result<i64, A
 
 /// Runs the deletion of `schedule` into the run row `run_id`: batch after batch until a batch
 /// comes back short, each in its own short transaction ([`CleanupBooks::delete_batch`]), then
-/// forgets what is past its horizon ([`late::forget_expired`]). Updates the run row every 20
-/// batches and stores its end with its audit entry (`cleanup.run`) in one transaction: whoever
-/// sees the run finished sees its audit entry too.
+/// forgets what is past its horizon ([`late::forget_expired`]). The first batch that keeps
+/// fingerprints arms `retention` (this process's pipelines' watch, when the run is the
+/// scheduler's). Updates the run row every 20 batches and stores its end with its audit entry
+/// (`cleanup.run`) in one transaction: whoever sees the run finished sees its audit entry too.
 pub(crate) async fn execute_run(
     books: &dyn CleanupBooks,
     schedule: &CleanupSchedule,
     run_id: i64,
     cutoff: DateTime<Utc>,
     actor: &str,
+    retention: Option<&late::RetentionWatch>,
 ) {
     let started = Instant::now();
     let mut deleted = 0i64;
@@ -314,6 +316,9 @@ pub(crate) async fn execute_run(
             };
             match books.delete_batch(&batch).await {
                 Ok(n) => {
+                    if let Some(watch) = retention.filter(|_| n > 0 && batch.keeps_fingerprints()) {
+                        watch.fingerprints_written();
+                    }
                     deleted += n;
                     batches += 1;
                     if batches % 20 == 0 {

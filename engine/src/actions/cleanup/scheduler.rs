@@ -73,14 +73,16 @@ pub const TICK_EVERY: Duration = Duration::from_secs(5);
 pub const SCHEDULER_ACTOR: &str = "scheduler";
 
 /// One scheduler pass: runs every enabled schedule whose tick is due and that no other instance
-/// holds. Returns the ids of the runs this call made (each finished).
+/// holds. A run that keeps fingerprints says so to `retention` as soon as its first batch did,
+/// so the pipelines reading it look up the copies of what the run deletes while it goes on.
+/// Returns the ids of the runs this call made (each finished).
 ///
 /// Errors: database errors (a schedule that failed to start is tried again next pass).
-pub async fn run_due(books: &dyn CleanupBooks) -> Result<Vec<i64>, ActionError> {
+pub async fn run_due(books: &dyn CleanupBooks, retention: &RetentionWatch) -> Result<Vec<i64>, ActionError> {
     let mut runs = Vec::new();
     for schedule in books.due_schedules().await? {
         let Some(lock) = books.lock_schedule(schedule.id).await? else { continue };
-        let result = run_tick(books, &schedule).await;
+        let result = run_tick(books, &schedule, retention).await;
         lock.release().await;
         if let Some(run) = result? {
             runs.push(run);
@@ -90,21 +92,26 @@ pub async fn run_due(books: &dyn CleanupBooks) -> Result<Vec<i64>, ActionError> 
 }
 
 /// Claims the schedule's due tick (compare-and-set on `next_run_at`) and runs it.
-async fn run_tick(books: &dyn CleanupBooks, schedule: &CleanupSchedule) -> Result<Option<i64>, ActionError> {
+async fn run_tick(
+    books: &dyn CleanupBooks,
+    schedule: &CleanupSchedule,
+    retention: &RetentionWatch,
+) -> Result<Option<i64>, ActionError> {
     let Some(tick) = schedule.next_run_at else { return Ok(None) };
     let next = CronSchedule::parse(&schedule.cron)?.next_after(Utc::now())?;
     let cutoff = books.cleanup_cutoff(schedule.retention_days).await?;
     let Some(run_id) = books.claim_tick(schedule.id, tick, next, SCHEDULER_ACTOR, cutoff).await? else {
         return Ok(None);
     };
-    execute_run(books, schedule, run_id, cutoff, SCHEDULER_ACTOR).await;
+    execute_run(books, schedule, run_id, cutoff, SCHEDULER_ACTOR, Some(retention)).await;
     Ok(Some(run_id))
 }
 
 /// "Run now": starts a manual run of schedule `id` on `pool` (the engine's: the run outlasts a
 /// request) in the background, holding the schedule's lock so that it never overlaps a
 /// scheduled run, and returns the run's id at once; its progress is in the schedule's runs
-/// ([`super::cleanup_runs`]).
+/// ([`super::cleanup_runs`]). It arms no pipeline's [`RetentionWatch`]: the scheduler's next
+/// pass refreshes them.
 ///
 /// Errors: [`ActionError::UnknownJob`]; [`ActionError::Refused`] when a run of the schedule is in
 /// progress (here or on another instance).
@@ -125,7 +132,7 @@ pub async fn cleanup_run_now(pool: &EnginePool, actor: &str, id: i64) -> Result<
         Ok((schedule, lock, cutoff, run_id)) => {
             let (pool, actor) = (pool.clone(), actor.to_owned());
             tokio::spawn(async move {
-                execute_run(console_store(&pool), &schedule, run_id, cutoff, &actor).await;
+                execute_run(console_store(&pool), &schedule, run_id, cutoff, &actor, None).await;
                 lock.release().await;
             });
             Ok(run_id)
@@ -152,7 +159,7 @@ pub async fn supervise(pool: EnginePool, retention: Arc<RetentionWatch>, shutdow
         if let Err(e) = retention.refresh(books).await {
             tracing::warn!(error = %e, "reading the cleanup schedules' retention failed; retrying next tick");
         }
-        if let Err(e) = run_due(books).await {
+        if let Err(e) = run_due(books, &retention).await {
             tracing::warn!(error = %e, "cleanup scheduler pass failed; retrying next tick");
         }
     }

@@ -389,7 +389,7 @@ async fn delete_batch_once(pool: &MySqlPool, batch: &DeleteBatch<'_>) -> Result<
     q.push(" ORDER BY d.id LIMIT ").push_bind(i64::from(batch.limit)).push(" FOR UPDATE SKIP LOCKED");
     let locked: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
     let ids = without_open_conflicts(&mut tx, locked).await?;
-    let keep = batch.status == "succeeded" && batch.fingerprint_days > 0;
+    let keep = batch.keeps_fingerprints();
     for chunk in ids.chunks(IDS_PER_STATEMENT) {
         let list = id_list(chunk);
         sqlx::query(&format!(

@@ -22,6 +22,7 @@ pub mod cleanup;
 pub mod conflicts;
 pub mod drill;
 pub mod handlers;
+mod named_lock;
 pub(crate) mod record;
 pub(crate) mod republish;
 
@@ -34,6 +35,7 @@ pub use record::{
     ActionOutcome, LockedRecord, RecordAction, RecordActionKind, RecordBooks, RecordChange, RecordTransition,
     record_action,
 };
+pub use named_lock::NamedLock;
 pub use republish::Publishers;
 
 use crate::audit::NewAuditEntry;

@@ -82,8 +82,8 @@ pub mod accounts {
 pub mod actions {
     pub use crate::actions::record::HAND_DEAD_LETTER_CLASS;
     pub use crate::actions::{
-        ActionError, ActionOutcome, ErrorKind, LockedRecord, OperatorTx, Publishers, RecordAction, RecordActionKind,
-        RecordBooks, RecordChange, RecordTransition, record_action,
+        ActionError, ActionOutcome, ErrorKind, LockedRecord, NamedLock, OperatorTx, Publishers, RecordAction,
+        RecordActionKind, RecordBooks, RecordChange, RecordTransition, record_action,
     };
 
     /// Bulk requeue jobs: preview, start, control, and the runner the CLI drives.
@@ -91,8 +91,8 @@ pub mod actions {
         pub use crate::actions::bulk::{
             DEFAULT_CANARY, DEFAULT_FAILURE_THRESHOLD, DEFAULT_RATE, FrozenJob, FrozenSelection, ItemVerdict,
             JobChange, JobControl, LockedCandidate, NewRequeueJob, PendingItem, RequeueBatch, RequeueJob,
-            RequeueJobBooks, RequeueJobParams, RequeuePreview, RunnerLock, RunnerView, requeue_job,
-            requeue_job_control, requeue_job_start, requeue_jobs, requeue_preview,
+            RequeueJobBooks, RequeueJobParams, RequeuePreview, RunnerView, requeue_job, requeue_job_control,
+            requeue_job_start, requeue_jobs, requeue_preview,
         };
 
         /// Runs a bulk requeue job.
@@ -114,8 +114,8 @@ pub mod actions {
     pub mod cleanup {
         pub use crate::actions::cleanup::{
             CleanupBooks, CleanupRun, CleanupSchedule, DeleteBatch, RetentionAdvice, RunEnd, ScheduleInput,
-            ScheduleLock, ScheduleRow, cleanup_dry_run, cleanup_runs, cleanup_schedule, cleanup_schedule_save,
-            cleanup_schedules, retention_advice,
+            ScheduleRow, cleanup_dry_run, cleanup_runs, cleanup_schedule, cleanup_schedule_save, cleanup_schedules,
+            retention_advice,
         };
 
         /// Late duplicates and deliveries older than the retention (the advice's evidence).

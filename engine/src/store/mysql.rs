@@ -39,7 +39,7 @@
 mod accounts;
 mod arrival;
 pub(crate) mod audit;
-mod cleanup;
+pub(crate) mod cleanup;
 mod overview;
 mod failures;
 mod endpoints;
@@ -56,6 +56,7 @@ mod conflicts;
 pub(super) mod errors;
 mod late;
 mod leases;
+pub(crate) mod named_lock;
 mod pauses;
 pub(crate) mod runtime;
 mod seed;

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::FromRow;
 
 use super::RequeueJob;
-use crate::actions::OperatorTx;
+use crate::actions::{NamedLock, OperatorTx};
 use crate::actions::republish::StoredMessage;
 use crate::console::filter::RecordFilter;
 
@@ -151,7 +151,7 @@ pub trait RequeueJobBooks: Send + Sync {
 
     /// Makes this process job `id`'s only runner, across processes, until the lock is released
     /// or its connection closes (a crashed runner frees the job); `None` when another holds it.
-    async fn lock_job_runner(&self, id: i64) -> Result<Option<Box<dyn RunnerLock>>, sqlx::Error>;
+    async fn lock_job_runner(&self, id: i64) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error>;
 }
 
 /// The transaction that froze a job's selection.
@@ -179,16 +179,4 @@ pub trait RequeueBatch: Send {
     /// used up theirs, the status counts following), stores each item's `verdicts`, adds them to
     /// job `id`'s counters (completing it when it is running and nothing is pending), and commits.
     async fn finish(self: Box<Self>, id: i64, claimable: &[i64], verdicts: &[ItemVerdict]) -> Result<(), sqlx::Error>;
-}
-
-/// A job runner's lock ([`RequeueJobBooks::lock_job_runner`]).
-#[async_trait]
-pub trait RunnerLock: Send {
-    /// Whether this process still holds it: `false` once its connection was closed or killed
-    /// (an idle timeout such as MySQL's `wait_timeout`, a proxy, `KILL`, a restarted database),
-    /// when another runner may take the job. Asked before each batch.
-    async fn held(&mut self) -> bool;
-
-    /// Releases it (closing its connection).
-    async fn release(self: Box<Self>);
 }

@@ -28,7 +28,7 @@ use sqlx::FromRow;
 
 pub use books::{
     FrozenJob, FrozenSelection, ItemVerdict, JobChange, LockedCandidate, NewRequeueJob, PendingItem, RequeueBatch,
-    RequeueJobBooks, RunnerLock, RunnerView,
+    RequeueJobBooks, RunnerView,
 };
 
 use super::{ActionError, OperatorTx, end_action, optional_reason};

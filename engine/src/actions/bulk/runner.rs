@@ -18,7 +18,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::super::republish::{Publishers, publish_stored};
-use super::{ItemVerdict, LockedCandidate, RunnerLock, RunnerView, audit_on_pool};
+use super::{ItemVerdict, LockedCandidate, RunnerView, audit_on_pool};
+use crate::actions::NamedLock;
 use crate::actions::ActionError;
 use crate::audit::AuditOutcome;
 use crate::console::{ConsoleStore, console_store};
@@ -179,7 +180,7 @@ async fn run_locked(
     store: &dyn ConsoleStore,
     publishers: &Publishers,
     id: i64,
-    lock: &mut dyn RunnerLock,
+    lock: &mut dyn NamedLock,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
     let Some(job) = store.runner_view(id).await? else { return Ok(()) };
@@ -201,7 +202,7 @@ async fn run_open(
     publisher: &OpenPublishers,
     id: i64,
     job: RunnerView,
-    lock: &mut dyn RunnerLock,
+    lock: &mut dyn NamedLock,
     shutdown: &CancellationToken,
 ) -> Result<(), ActionError> {
     let canary = i64::from(job.canary_size);

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 
 use super::late::{LateDeliveries, LateDuplicates};
 use super::{CleanupRun, CleanupSchedule};
+use crate::actions::NamedLock;
 use crate::audit::NewAuditEntry;
 
 /// A schedule's values as they are stored (already validated and normalized).
@@ -144,7 +145,7 @@ pub trait CleanupBooks: Send + Sync {
 
     /// Makes this process schedule `id`'s only runner, across processes, until the lock is
     /// released or its connection closes; `None` when another holds it.
-    async fn lock_schedule(&self, id: i64) -> Result<Option<Box<dyn ScheduleLock>>, sqlx::Error>;
+    async fn lock_schedule(&self, id: i64) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error>;
 
     /// Whether any fingerprint is kept, and the shortest retention in ms of the enabled
     /// schedules deleting `succeeded` records, per consumer group (`None`: every group).
@@ -159,11 +160,4 @@ pub trait CleanupBooks: Send + Sync {
     /// The longest delay, ms, of a copy after the first: the duplicate-delay histogram's, the
     /// late duplicates' and the late deliveries' of the last `days` days; `None` before any.
     async fn longest_delay(&self, days: i32) -> Result<Option<i64>, sqlx::Error>;
-}
-
-/// A schedule's lock ([`CleanupBooks::lock_schedule`]): a connection of its own.
-#[async_trait]
-pub trait ScheduleLock: Send {
-    /// Releases it (closing its connection).
-    async fn release(self: Box<Self>);
 }

@@ -19,7 +19,7 @@ mod books;
 pub mod late;
 pub mod scheduler;
 
-pub use books::{CleanupBooks, DeleteBatch, RunEnd, ScheduleLock, ScheduleRow};
+pub use books::{CleanupBooks, DeleteBatch, RunEnd, ScheduleRow};
 pub use late::{RetentionAdvice, retention_advice};
 pub use scheduler::CronSchedule;
 
@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::FromRow;
 
-use super::ActionError;
+use super::{ActionError, NamedLock};
 use super::bulk::audit_on_pool;
 use crate::audit::{AuditOutcome, NewAuditEntry};
 use crate::console::ConsoleStore;
@@ -289,9 +289,10 @@ pub async fn cleanup_dry_run(books: &dyn CleanupBooks, id: i64) -> Result<i64, A
 
 /// Runs the deletion of `schedule` into the run row `run_id`: batch after batch until a batch
 /// comes back short, each in its own short transaction ([`CleanupBooks::delete_batch`]), then
-/// forgets what is past its horizon ([`late::forget_expired`]). The first batch that keeps
-/// fingerprints arms `retention` (this process's pipelines' watch, when the run is the
-/// scheduler's). Updates the run row every 20 batches and stores its end with its audit entry
+/// forgets what is past its horizon ([`late::forget_expired`]). It stops, failed, before a batch
+/// when `lock` (the schedule's) is lost, so that no other instance's run overlaps it. The first
+/// batch that keeps fingerprints arms `retention` (this process's pipelines' watch, when the
+/// run is the scheduler's). Updates the run row every 20 batches and stores its end with its audit entry
 /// (`cleanup.run`) in one transaction: whoever sees the run finished sees its audit entry too.
 pub(crate) async fn execute_run(
     books: &dyn CleanupBooks,
@@ -299,6 +300,7 @@ pub(crate) async fn execute_run(
     run_id: i64,
     cutoff: DateTime<Utc>,
     actor: &str,
+    lock: &mut dyn NamedLock,
     retention: Option<&late::RetentionWatch>,
 ) {
     let started = Instant::now();
@@ -307,6 +309,11 @@ pub(crate) async fn execute_run(
     let mut error = None;
     'statuses: for status in &schedule.statuses {
         loop {
+            if !lock.held().await {
+                tracing::warn!(schedule = schedule.id, run_id, "cleanup run lost its schedule's lock; stopping");
+                error = Some("the schedule's lock was lost (its connection closed); stopped".to_owned());
+                break 'statuses;
+            }
             let batch = DeleteBatch {
                 status,
                 cutoff,

@@ -2,7 +2,9 @@
 //! instance — a lock per schedule ([`CleanupBooks::lock_schedule`]: PostgreSQL's
 //! `pg_try_advisory_lock`, MySQL's `GET_LOCK`) decides who may try, and the compare-and-set on
 //! `next_run_at` (plus the unique `(schedule_id, tick_at)` of the runs) makes a tick that one
-//! instance ran invisible to the others. "Run now" takes the same lock.
+//! instance ran invisible to the others. "Run now" takes the same lock. A run asks before each
+//! batch whether it still holds it and stops when not (its connection closed: another instance
+//! may take the schedule), as a bulk requeue runner does.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::late::RetentionWatch;
 use super::{CleanupBooks, CleanupSchedule, MAX_CRON_CHARS, cleanup_schedule, execute_run};
-use crate::actions::ActionError;
+use crate::actions::{ActionError, NamedLock};
 use crate::actions::bulk::audit_on_pool;
 use crate::console::console_store;
 use crate::runtime::EnginePool;
@@ -81,8 +83,8 @@ pub const SCHEDULER_ACTOR: &str = "scheduler";
 pub async fn run_due(books: &dyn CleanupBooks, retention: &RetentionWatch) -> Result<Vec<i64>, ActionError> {
     let mut runs = Vec::new();
     for schedule in books.due_schedules().await? {
-        let Some(lock) = books.lock_schedule(schedule.id).await? else { continue };
-        let result = run_tick(books, &schedule, retention).await;
+        let Some(mut lock) = books.lock_schedule(schedule.id).await? else { continue };
+        let result = run_tick(books, &schedule, lock.as_mut(), retention).await;
         lock.release().await;
         if let Some(run) = result? {
             runs.push(run);
@@ -95,6 +97,7 @@ pub async fn run_due(books: &dyn CleanupBooks, retention: &RetentionWatch) -> Re
 async fn run_tick(
     books: &dyn CleanupBooks,
     schedule: &CleanupSchedule,
+    lock: &mut dyn NamedLock,
     retention: &RetentionWatch,
 ) -> Result<Option<i64>, ActionError> {
     let Some(tick) = schedule.next_run_at else { return Ok(None) };
@@ -103,7 +106,7 @@ async fn run_tick(
     let Some(run_id) = books.claim_tick(schedule.id, tick, next, SCHEDULER_ACTOR, cutoff).await? else {
         return Ok(None);
     };
-    execute_run(books, schedule, run_id, cutoff, SCHEDULER_ACTOR, Some(retention)).await;
+    execute_run(books, schedule, run_id, cutoff, SCHEDULER_ACTOR, lock, Some(retention)).await;
     Ok(Some(run_id))
 }
 
@@ -129,10 +132,10 @@ pub async fn cleanup_run_now(pool: &EnginePool, actor: &str, id: i64) -> Result<
     }
     .await;
     match started {
-        Ok((schedule, lock, cutoff, run_id)) => {
+        Ok((schedule, mut lock, cutoff, run_id)) => {
             let (pool, actor) = (pool.clone(), actor.to_owned());
             tokio::spawn(async move {
-                execute_run(console_store(&pool), &schedule, run_id, cutoff, &actor, None).await;
+                execute_run(console_store(&pool), &schedule, run_id, cutoff, &actor, lock.as_mut(), None).await;
                 lock.release().await;
             });
             Ok(run_id)

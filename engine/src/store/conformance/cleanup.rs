@@ -12,6 +12,7 @@ use super::claims::{claim_one, claimed, complete, fail, group, lease, msg};
 use super::{GROUP, Harness};
 use crate::actions::ActionError;
 use crate::actions::cleanup::late::{RetentionWatch, late_duplicates};
+use crate::actions::cleanup::execute_run;
 use crate::actions::cleanup::scheduler::{cleanup_run_now, run_due};
 use crate::actions::cleanup::{
     CleanupRun, CleanupBooks, DeleteBatch, ScheduleInput, cleanup_dry_run, cleanup_runs, cleanup_schedule_save, cleanup_schedules,
@@ -217,5 +218,41 @@ pub async fn cleanup_keeps_a_record_whose_conflicting_copy_is_kept_while_its_bat
         assert_eq!(deleted, 1);
         assert_eq!(h.conflicts(ids[1]).await.len(), 1);
     }
+    assert_eq!(h.counted().await, h.actual().await);
+}
+
+/// A run whose schedule's lock was lost (its session ended, as an idle timeout, a proxy or a
+/// `KILL` would end it) stops before its next batch, failed, having deleted nothing more: another
+/// instance may hold the schedule by then, and two runs never overlap (before, the run went on
+/// deleting). That other instance's run then deletes the records.
+pub async fn a_cleanup_run_that_lost_its_schedules_lock_stops_before_its_next_batch<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let store = console_store(&pool);
+    let l = lease("w1");
+    for name in ["OLD.1", "OLD.2"] {
+        let m = msg(name, "ORDER.PAY", "{}");
+        let c = claimed(claim_one(&h, &m, &l).await);
+        complete(&h, &[&c], &l).await;
+        h.age_record(c.id, 40).await;
+    }
+    let input = ScheduleInput { name: "nightly".to_owned(), batch_size: 1, ..ScheduleInput::default() };
+    let s = cleanup_schedule_save(store, "user:ann", None, &input).await.unwrap();
+    let mut lock = store.lock_schedule(s.id).await.unwrap().expect("the schedule's lock");
+    assert!(lock.held().await);
+    h.lose_schedule_lock(s.id).await;
+    assert!(!lock.held().await, "a lock whose session ended is not held");
+    let cutoff = store.cleanup_cutoff(s.retention_days).await.unwrap();
+    let run_id = store.start_manual_run(s.id, "user:ann", cutoff).await.unwrap();
+    execute_run(store, &s, run_id, cutoff, "user:ann", lock.as_mut(), None).await;
+    lock.release().await;
+    let run = finished(store, s.id, run_id).await;
+    assert_eq!((run.rows_deleted, run.batches), (0, 0), "{run:?}");
+    assert!(run.error.as_deref().is_some_and(|e| e.contains("lock was lost")), "{run:?}");
+    assert!(h.record(GROUP, "OLD.1").await.is_some() && h.record(GROUP, "OLD.2").await.is_some());
+
+    let again = cleanup_run_now(&pool, "user:bob", s.id).await.unwrap();
+    let run = finished(store, s.id, again).await;
+    assert_eq!((run.rows_deleted, run.error.as_deref()), (2, None), "{run:?}");
     assert_eq!(h.counted().await, h.actual().await);
 }

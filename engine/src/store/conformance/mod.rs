@@ -183,6 +183,8 @@ pub trait Fixtures {
     /// Ends the session holding bulk requeue job `job_id`'s runner lock, as an idle timeout, a
     /// proxy or an operator's `KILL` would; returns once the lock is free.
     async fn lose_runner_lock(&self, job_id: i64);
+    /// Ends the session holding cleanup schedule `id`'s lock, as [`Self::lose_runner_lock`].
+    async fn lose_schedule_lock(&self, id: i64);
     /// Moves record `id`'s first sighting, last change and completion `days` days back.
     async fn age_record(&self, id: i64, days: i32);
     /// Makes cleanup schedule `id`'s next tick due a second ago (database clock).
@@ -288,6 +290,7 @@ macro_rules! conformance_tests {
             two_batches_of_one_job_never_share_an_item_and_a_lost_runner_lock_shows,
             a_cleanup_schedule_deletes_old_succeeded_records_in_batches_once_and_keeps_their_fingerprints,
             cleanup_keeps_a_record_whose_conflicting_copy_is_kept_while_its_batch_runs,
+            a_cleanup_run_that_lost_its_schedules_lock_stops_before_its_next_batch,
             the_records_list_filters_orders_and_pages_alike,
             a_time_range_lists_the_records_first_seen_in_it,
             a_filter_without_an_index_searches_a_bounded_window_in_every_order,

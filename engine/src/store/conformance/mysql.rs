@@ -42,6 +42,27 @@ impl Harness for MySqlHarness {
     }
 }
 
+impl MySqlHarness {
+    /// Kills the session holding the lock of `prefix` and `id`; returns once the lock is free.
+    async fn lose_lock(&self, prefix: &str, id: i64) {
+        use crate::store::mysql::named_lock::LOCK_NAME;
+        let name_of = format!("SELECT CAST(IS_USED_LOCK({LOCK_NAME}) AS SIGNED)");
+        let holder: Option<i64> =
+            sqlx::query_scalar(&name_of).bind(prefix).bind(id).fetch_one(&self.db.pool).await.unwrap();
+        let holder = holder.unwrap_or_else(|| panic!("no session held lock {prefix}{id}"));
+        sqlx::query(&format!("KILL CONNECTION {holder}")).execute(&self.db.pool).await.unwrap();
+        for _ in 0..500 {
+            let held: Option<i64> =
+                sqlx::query_scalar(&name_of).bind(prefix).bind(id).fetch_one(&self.db.pool).await.unwrap();
+            if held.is_none() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("lock {prefix}{id} outlived its session");
+    }
+}
+
 #[async_trait(?Send)]
 impl Fixtures for MySqlHarness {
     async fn record(&self, group: &str, message_id: &str) -> Option<RecordRow> {
@@ -250,19 +271,11 @@ impl Fixtures for MySqlHarness {
     }
 
     async fn lose_runner_lock(&self, job_id: i64) {
-        use crate::store::mysql::requeue_jobs::RUNNER_LOCK;
-        let name_of = format!("SELECT CAST(IS_USED_LOCK({RUNNER_LOCK}) AS SIGNED)");
-        let holder: Option<i64> = sqlx::query_scalar(&name_of).bind(job_id).fetch_one(&self.db.pool).await.unwrap();
-        let holder = holder.unwrap_or_else(|| panic!("no session held job {job_id}'s runner lock"));
-        sqlx::query(&format!("KILL CONNECTION {holder}")).execute(&self.db.pool).await.unwrap();
-        for _ in 0..500 {
-            let held: Option<i64> = sqlx::query_scalar(&name_of).bind(job_id).fetch_one(&self.db.pool).await.unwrap();
-            if held.is_none() {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        panic!("job {job_id}'s runner lock outlived its session");
+        self.lose_lock(crate::store::mysql::requeue_jobs::RUNNER_LOCK, job_id).await;
+    }
+
+    async fn lose_schedule_lock(&self, id: i64) {
+        self.lose_lock(crate::store::mysql::cleanup::SCHEDULE_LOCK, id).await;
     }
 
     async fn age_record(&self, id: i64, days: i32) {

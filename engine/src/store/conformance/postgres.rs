@@ -37,6 +37,41 @@ impl Harness for PgHarness {
     }
 }
 
+impl PgHarness {
+    /// Terminates the session holding the advisory lock of `class` and `id`; returns once the
+    /// lock is free.
+    async fn lose_lock(&self, class: i32, id: i64) {
+        let key = crate::store::postgres::named_lock::lock_key(id);
+        let ended: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid
+               AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .bind(i64::from(class))
+        .bind(i64::from(key))
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(ended, [true], "one session held lock ({class}, {id})");
+        for _ in 0..500 {
+            let held: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::bigint::oid
+                                  AND objid = $2::bigint::oid AND objsubid = 2)",
+            )
+            .bind(i64::from(class))
+            .bind(i64::from(key))
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap();
+            if !held {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("lock ({class}, {id}) outlived its session");
+    }
+}
+
 #[async_trait(?Send)]
 impl Fixtures for PgHarness {
     async fn record(&self, group: &str, message_id: &str) -> Option<RecordRow> {
@@ -228,34 +263,11 @@ impl Fixtures for PgHarness {
     }
 
     async fn lose_runner_lock(&self, job_id: i64) {
-        use crate::store::postgres::requeue_jobs::{RUNNER_LOCK_KEY, runner_lock_key};
-        let ended: Vec<bool> = sqlx::query_scalar(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks
-             WHERE locktype = 'advisory' AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid
-               AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        )
-        .bind(i64::from(RUNNER_LOCK_KEY))
-        .bind(i64::from(runner_lock_key(job_id)))
-        .fetch_all(&self.db.pool)
-        .await
-        .unwrap();
-        assert_eq!(ended, [true], "one session held job {job_id}'s runner lock");
-        for _ in 0..500 {
-            let held: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::bigint::oid
-                                  AND objid = $2::bigint::oid AND objsubid = 2)",
-            )
-            .bind(i64::from(RUNNER_LOCK_KEY))
-            .bind(i64::from(runner_lock_key(job_id)))
-            .fetch_one(&self.db.pool)
-            .await
-            .unwrap();
-            if !held {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        panic!("job {job_id}'s runner lock outlived its session");
+        self.lose_lock(crate::store::postgres::requeue_jobs::RUNNER_LOCK_KEY, job_id).await;
+    }
+
+    async fn lose_schedule_lock(&self, id: i64) {
+        self.lose_lock(crate::store::postgres::cleanup::CLEANUP_LOCK_KEY, id).await;
     }
 
     async fn age_record(&self, id: i64, days: i32) {

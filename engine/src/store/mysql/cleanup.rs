@@ -12,15 +12,17 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlPool;
-use sqlx::{Connection, FromRow, MySql, MySqlConnection, QueryBuilder};
+use sqlx::{FromRow, MySql, MySqlConnection, QueryBuilder};
 
 use super::arrival::{ARRIVAL_SLACK, first_id_seen_at};
 use super::audit;
+use super::named_lock;
 use super::sql::fingerprint;
 use crate::actions::cleanup::late::{LateDeliveries, LateDuplicates};
 use crate::actions::cleanup::{
-    CleanupBooks, CleanupRun, CleanupSchedule, DeleteBatch, RunEnd, ScheduleLock, ScheduleRow,
+    CleanupBooks, CleanupRun, CleanupSchedule, DeleteBatch, RunEnd, ScheduleRow,
 };
+use crate::actions::NamedLock;
 use crate::audit::NewAuditEntry;
 
 const SCHEDULE_COLUMNS: &str = "id, CAST(name AS CHAR) AS name, CAST(cron AS CHAR) AS cron, retention_days, batch_size,
@@ -30,10 +32,8 @@ const SCHEDULE_COLUMNS: &str = "id, CAST(name AS CHAR) AS name, CAST(cron AS CHA
 const RUN_COLUMNS: &str = "id, schedule_id, CAST(`trigger` AS CHAR) AS `trigger`, tick_at, CAST(actor AS CHAR) AS actor,
     cutoff, started_at, finished_at, rows_deleted, batches, CAST(error AS CHAR) AS error";
 
-/// The name of schedule `?`'s lock: a digest of the database's name and the schedule id (two
-/// engines' databases on one server do not share it; within MySQL 8's 64 characters), as
-/// [`super::requeue_jobs::RUNNER_LOCK`].
-const SCHEDULE_LOCK: &str = "CONCAT('cleanup_schedule.', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))";
+/// The prefix of a schedule's lock name ([`named_lock::LOCK_NAME`]).
+pub(crate) const SCHEDULE_LOCK: &str = "cleanup_schedule.";
 
 /// Ids per statement of a batch's count deltas, fingerprints and delete: MySQL 8 plans a longer
 /// `IN` list past its `range_optimizer_max_mem_size` (8 MB, about 230 bytes a value) as a full
@@ -318,15 +318,8 @@ impl CleanupBooks for MySqlPool {
         i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(e.into()))
     }
 
-    async fn lock_schedule(&self, id: i64) -> Result<Option<Box<dyn ScheduleLock>>, sqlx::Error> {
-        let mut conn: MySqlConnection = self.acquire().await?.detach();
-        let taken: Option<i64> =
-            sqlx::query_scalar(&format!("SELECT GET_LOCK({SCHEDULE_LOCK}, 0)")).bind(id).fetch_one(&mut conn).await?;
-        if taken != Some(1) {
-            let _ = conn.close().await;
-            return Ok(None);
-        }
-        Ok(Some(Box::new(MySqlScheduleLock { conn, id })))
+    async fn lock_schedule(&self, id: i64) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
+        named_lock::try_lock(self, SCHEDULE_LOCK, id).await
     }
 
     async fn retention_by_group(&self) -> Result<(bool, Vec<(Option<String>, i64)>), sqlx::Error> {
@@ -447,20 +440,4 @@ async fn without_open_conflicts(conn: &mut MySqlConnection, locked: Vec<i64>) ->
 /// Whether `e` is InnoDB's choice of this transaction as a deadlock victim (1213).
 fn is_deadlock(e: &sqlx::Error) -> bool {
     matches!(crate::store::DbErrorKind::of(e), crate::store::DbErrorKind::Deadlock)
-}
-
-/// A schedule's `GET_LOCK`, held by a connection of its own.
-struct MySqlScheduleLock {
-    conn: MySqlConnection,
-    id: i64,
-}
-
-#[async_trait]
-impl ScheduleLock for MySqlScheduleLock {
-    async fn release(mut self: Box<Self>) {
-        // Closing the connection releases the lock as well; released first, so that a close
-        // that fails leaves no scheduler waiting.
-        let _ = sqlx::query(&format!("SELECT RELEASE_LOCK({SCHEDULE_LOCK})")).bind(self.id).execute(&mut self.conn).await;
-        let _ = self.conn.close().await;
-    }
 }

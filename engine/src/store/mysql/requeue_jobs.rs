@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use sqlx::mysql::MySqlPool;
-use sqlx::{Connection, MySql, MySqlConnection, QueryBuilder, Transaction};
+use sqlx::{MySql, QueryBuilder, Transaction};
 
+use super::named_lock;
 use super::operator_tx::MySqlOperatorTx;
 use super::record_books::{STORED_MESSAGE, make_claimable};
 use super::arrival::ArrivalIds;
@@ -20,8 +21,9 @@ use super::records::push_filter;
 use super::sql::repeat;
 use crate::actions::bulk::{
     FrozenJob, FrozenSelection, ItemVerdict, JobChange, LockedCandidate, NewRequeueJob, PendingItem, RequeueBatch,
-    RequeueJob, RequeueJobBooks, RunnerLock, RunnerView,
+    RequeueJob, RequeueJobBooks, RunnerView,
 };
+use crate::actions::NamedLock;
 use crate::console::filter::RecordFilter;
 
 /// Why a matched record is not requeued (`NULL`: it is), evaluated on `dedup_records` rows;
@@ -40,10 +42,8 @@ const JOB_COLUMNS: &str = "id, created_at, CAST(created_by AS CHAR) AS created_b
     rate_per_sec, canary_size, failure_threshold, total, done, skipped, failed, started_at, finished_at,
     TIMESTAMPDIFF(MICROSECOND, started_at, COALESCE(finished_at, UTC_TIMESTAMP(6))) / 1e6 AS elapsed_secs";
 
-/// The name of job `?`'s runner lock: a digest of the database's name and the job id, so that
-/// engines of two databases on one server do not share it and it stays within MySQL 8's 64
-/// characters.
-pub(crate) const RUNNER_LOCK: &str = "CONCAT('requeue_job.', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))";
+/// The prefix of a job runner's lock name ([`named_lock::LOCK_NAME`]).
+pub(crate) const RUNNER_LOCK: &str = "requeue_job.";
 
 #[async_trait]
 impl RequeueJobBooks for MySqlPool {
@@ -190,17 +190,8 @@ impl RequeueJobBooks for MySqlPool {
         sqlx::query_scalar("SELECT id FROM requeue_jobs WHERE state = 'running' ORDER BY id").fetch_all(self).await
     }
 
-    async fn lock_job_runner(&self, id: i64) -> Result<Option<Box<dyn RunnerLock>>, sqlx::Error> {
-        let mut conn: MySqlConnection = self.acquire().await?.detach();
-        let taken: Option<i64> = sqlx::query_scalar(&format!("SELECT GET_LOCK({RUNNER_LOCK}, 0)"))
-            .bind(id)
-            .fetch_one(&mut conn)
-            .await?;
-        if taken != Some(1) {
-            let _ = conn.close().await;
-            return Ok(None);
-        }
-        Ok(Some(Box::new(MySqlRunnerLock { conn, id })))
+    async fn lock_job_runner(&self, id: i64) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
+        named_lock::try_lock(self, RUNNER_LOCK, id).await
     }
 }
 
@@ -322,27 +313,5 @@ impl RequeueBatch for MySqlRequeueBatch {
         .execute(&mut **tx)
         .await?;
         self.0.commit().await
-    }
-}
-
-/// A job runner's `GET_LOCK`, held by a connection of its own.
-struct MySqlRunnerLock {
-    conn: MySqlConnection,
-    id: i64,
-}
-
-#[async_trait]
-impl RunnerLock for MySqlRunnerLock {
-    async fn held(&mut self) -> bool {
-        let sql = format!("SELECT IS_USED_LOCK({RUNNER_LOCK}) <=> CONNECTION_ID()");
-        let held: Result<bool, _> = sqlx::query_scalar(&sql).bind(self.id).fetch_one(&mut self.conn).await;
-        held.unwrap_or(false)
-    }
-
-    async fn release(mut self: Box<Self>) {
-        // Closing the connection releases the lock as well; released first, so that a close
-        // that fails leaves no runner waiting.
-        let _ = sqlx::query(&format!("SELECT RELEASE_LOCK({RUNNER_LOCK})")).bind(self.id).execute(&mut self.conn).await;
-        let _ = self.conn.close().await;
     }
 }

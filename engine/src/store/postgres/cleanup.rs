@@ -6,14 +6,16 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 
 use super::audit;
+use super::named_lock;
 use super::records::ARRIVAL_SLACK;
 use crate::actions::cleanup::late::{LateDeliveries, LateDuplicates};
 use crate::actions::cleanup::{
-    CleanupBooks, CleanupRun, CleanupSchedule, DeleteBatch, RunEnd, ScheduleLock, ScheduleRow,
+    CleanupBooks, CleanupRun, CleanupSchedule, DeleteBatch, RunEnd, ScheduleRow,
 };
+use crate::actions::NamedLock;
 use crate::audit::NewAuditEntry;
 
 const SCHEDULE_COLUMNS: &str = "id, name, cron, retention_days, batch_size, statuses, consumer_group, enabled, \
@@ -257,19 +259,8 @@ impl CleanupBooks for PgPool {
         .await
     }
 
-    async fn lock_schedule(&self, id: i64) -> Result<Option<Box<dyn ScheduleLock>>, sqlx::Error> {
-        let mut conn = self.acquire().await?.detach();
-        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2::int)")
-            .bind(CLEANUP_LOCK_KEY)
-            .bind(i32::try_from(id).unwrap_or(i32::MAX))
-            .fetch_one(&mut conn)
-            .await?;
-        if locked {
-            Ok(Some(Box::new(PgScheduleLock(conn))))
-        } else {
-            let _ = conn.close().await;
-            Ok(None)
-        }
+    async fn lock_schedule(&self, id: i64) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
+        named_lock::try_lock(self, CLEANUP_LOCK_KEY, id).await
     }
 
     async fn retention_by_group(&self) -> Result<(bool, Vec<(Option<String>, i64)>), sqlx::Error> {
@@ -317,15 +308,5 @@ impl CleanupBooks for PgPool {
         .bind(days)
         .fetch_one(self)
         .await
-    }
-}
-
-/// A held schedule lock: a dedicated connection (closing it releases the lock, also on a crash).
-struct PgScheduleLock(PgConnection);
-
-#[async_trait]
-impl ScheduleLock for PgScheduleLock {
-    async fn release(self: Box<Self>) {
-        let _ = self.0.close().await;
     }
 }

@@ -5,15 +5,17 @@
 //! A batch locks its pending items (`FOR UPDATE`), so two batches of one job never share one.
 
 use async_trait::async_trait;
-use sqlx::{Connection, PgConnection, PgPool, Postgres, QueryBuilder, Transaction};
+use sqlx::{PgPool, Postgres, QueryBuilder, Transaction};
 
+use super::named_lock;
 use super::operator_tx::PgOperatorTx;
 use super::record_books::make_claimable;
 use super::records::push_filter;
 use crate::actions::bulk::{
     FrozenJob, FrozenSelection, ItemVerdict, JobChange, LockedCandidate, NewRequeueJob, PendingItem, RequeueBatch,
-    RequeueJob, RequeueJobBooks, RunnerLock, RunnerView,
+    RequeueJob, RequeueJobBooks, RunnerView,
 };
+use crate::actions::NamedLock;
 use crate::actions::republish::StoredMessage;
 use crate::console::filter::RecordFilter;
 
@@ -179,19 +181,8 @@ impl RequeueJobBooks for PgPool {
         sqlx::query_scalar("SELECT id FROM requeue_jobs WHERE state = 'running' ORDER BY id").fetch_all(self).await
     }
 
-    async fn lock_job_runner(&self, id: i64) -> Result<Option<Box<dyn RunnerLock>>, sqlx::Error> {
-        let mut conn: PgConnection = self.acquire().await?.detach();
-        let key = runner_lock_key(id);
-        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-            .bind(RUNNER_LOCK_KEY)
-            .bind(key)
-            .fetch_one(&mut conn)
-            .await?;
-        if !locked {
-            let _ = conn.close().await;
-            return Ok(None);
-        }
-        Ok(Some(Box::new(PgRunnerLock { conn, key })))
+    async fn lock_job_runner(&self, id: i64) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
+        named_lock::try_lock(self, RUNNER_LOCK_KEY, id).await
     }
 }
 
@@ -271,36 +262,5 @@ impl RequeueBatch for PgRequeueBatch {
         .execute(&mut **tx)
         .await?;
         self.0.commit().await
-    }
-}
-
-/// Second key of job `id`'s runner lock (ids past `i32::MAX` share the last key).
-pub(crate) fn runner_lock_key(id: i64) -> i32 {
-    i32::try_from(id).unwrap_or(i32::MAX)
-}
-
-/// A job runner's advisory lock: the session of a connection of its own.
-struct PgRunnerLock {
-    conn: PgConnection,
-    key: i32,
-}
-
-#[async_trait]
-impl RunnerLock for PgRunnerLock {
-    async fn held(&mut self) -> bool {
-        let held = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks
-                            WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
-                              AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2)",
-        )
-        .bind(i64::from(RUNNER_LOCK_KEY))
-        .bind(i64::from(self.key))
-        .fetch_one(&mut self.conn)
-        .await;
-        held.unwrap_or(false)
-    }
-
-    async fn release(self: Box<Self>) {
-        let _ = self.conn.close().await;
     }
 }

@@ -206,9 +206,7 @@ impl<S: PipelineStore> Pipeline<S> {
     /// Counts a transaction (or leased claim) a deadlock rolled back as a whole, run again:
     /// `dedup_store_retries_total{group, reason="deadlock"}`.
     pub(super) fn count_deadlock(&self) {
-        metrics::counter!("dedup_store_retries_total", "group" => self.settings.group.as_str().to_owned(),
-            "reason" => "deadlock")
-        .increment(1);
+        crate::store::count_deadlock_rerun(self.settings.group.as_str());
     }
 
     /// `items` in rounds of distinct message ids: a message id twice in one transaction is

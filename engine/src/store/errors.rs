@@ -6,6 +6,13 @@
 
 use sqlx::error::DatabaseError;
 
+/// Counts a transaction that a deadlock rolled back as a whole and that is run again, for
+/// `group` (a consumer group's pipeline; a cleanup batch: its schedule's group, empty for a
+/// schedule of every group): `dedup_store_retries_total{group, reason="deadlock"}`.
+pub(crate) fn count_deadlock_rerun(group: &str) {
+    metrics::counter!("dedup_store_retries_total", "group" => group.to_owned(), "reason" => "deadlock").increment(1);
+}
+
 /// The database errors the engine tells apart. Anything else is [`DbErrorKind::Other`]. Kinds
 /// are added as stores need them, so a `match` needs a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,6 +18,7 @@ pub(crate) mod roles;
 mod lease_store;
 
 pub use errors::DbErrorKind;
+pub(crate) use errors::count_deadlock_rerun;
 pub use lease_store::LeaseStore;
 pub use roles::PipelineStore;
 

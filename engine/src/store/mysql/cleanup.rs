@@ -200,13 +200,18 @@ impl CleanupBooks for MySqlPool {
     /// the same transaction, the count deltas (−1 per record, per group), the fingerprints
     /// (grouped, in fingerprint order: one lock order for concurrent runs) and the delete. A
     /// transaction chosen as a deadlock victim is run again, at most `DEADLOCK_TRIES` times in
-    /// all: the delete locks the rows' secondary index entries, which a consumer's claim of a
-    /// late copy may hold while it waits for the row (PostgreSQL's index entries take no lock).
+    /// all, each rerun counted as the pipeline's are (`dedup_store_retries_total{group,
+    /// reason="deadlock"}`): the delete locks the rows' secondary index entries, which a
+    /// consumer's claim of a late copy may hold while it waits for the row (PostgreSQL's index
+    /// entries take no lock).
     async fn delete_batch(&self, batch: &DeleteBatch<'_>) -> Result<i64, sqlx::Error> {
         let mut tries = 1;
         loop {
             match delete_batch_once(self, batch).await {
-                Err(e) if tries < DEADLOCK_TRIES && is_deadlock(&e) => tries += 1,
+                Err(e) if tries < DEADLOCK_TRIES && is_deadlock(&e) => {
+                    crate::store::count_deadlock_rerun(batch.group.unwrap_or_default());
+                    tries += 1;
+                }
                 done => return done,
             }
         }

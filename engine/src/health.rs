@@ -310,7 +310,7 @@ mod tests {
     #[tokio::test]
     async fn a_readiness_check_never_waits_for_a_page_probe_and_a_page_reuses_the_newest_report() {
         let (_broker, amqp_url) = silent_broker().await;
-        let pool = sqlx::PgPool::connect_lazy(&crate::testing::admin_url()).unwrap();
+        let pool = crate::connect(&crate::testing::admin_url(), &crate::PoolSettings::default()).await.unwrap();
         let probes = HealthProbes::new(pool, &crate::testing::admin_url(), &crate::testing::redis_url(), Duration::from_millis(800))
             .with_rabbitmq(&amqp_url);
 
@@ -341,7 +341,7 @@ mod tests {
     #[tokio::test]
     async fn pages_that_wait_for_a_probe_take_its_report_even_when_it_took_longer_than_max_age() {
         let (_broker, amqp_url) = silent_broker().await;
-        let pool = sqlx::PgPool::connect_lazy(&crate::testing::admin_url()).unwrap();
+        let pool = crate::connect(&crate::testing::admin_url(), &crate::PoolSettings::default()).await.unwrap();
         let probes = HealthProbes::new(pool, &crate::testing::admin_url(), &crate::testing::redis_url(), Duration::from_millis(800))
             .with_rabbitmq(&amqp_url);
         // Each probe takes 800 ms (the silent broker), longer than the 300 ms a page accepts.

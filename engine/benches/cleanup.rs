@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use dedup_engine::actions::cleanup::{ScheduleInput, cleanup_runs, cleanup_schedule_save, scheduler};
 use dedup_engine::console::seed::{SeedDomain, SeedParams, seed_records};
-use dedup_engine::db::{self, PoolSettings};
+use dedup_engine::db::{PoolSettings, Schema};
 use dedup_engine::message::{IdSourceKind, InboundMessage};
 use dedup_engine::record::{ConsumerGroup, MessageId};
+use dedup_engine::store::postgres;
 use dedup_engine::store::postgres::PgStore;
 use dedup_engine::store::{ClaimAs, ClaimBatch, ClaimItem, ClaimOutcome, DedupStore, Lease};
 use sqlx::PgPool;
@@ -30,7 +31,7 @@ fn message(id: &str) -> InboundMessage {
 
 /// Claims and completes batches of 50 new records until `stop`; returns each batch's latency.
 async fn claimer(pool: PgPool, tag: &'static str, stop: Arc<AtomicBool>) -> Vec<Duration> {
-    let store = PgStore::new(pool.clone(), &db::Schema::default());
+    let store = PgStore::new(pool.clone(), &Schema::default());
     let group = ConsumerGroup::parse("bench-claimer").unwrap();
     let mut latencies = Vec::new();
     let mut n = 0u64;
@@ -96,10 +97,11 @@ async fn main() {
     }
     // The host pool (the claimer's, as the consumer's) and the engine's pool (seeding,
     // cleanup), as the engine runs them.
-    let schema = db::Schema::default();
-    let pool = db::connect(&url, &PoolSettings { statement_timeout: None, ..PoolSettings::default() }).await.unwrap();
-    db::migrate(&pool, &schema).await.unwrap();
-    let engine = db::engine_pool(&pool, &schema, PoolSettings::default().max_connections);
+    let schema = Schema::default();
+    let pool =
+        postgres::connect(&url, &PoolSettings { statement_timeout: None, ..PoolSettings::default() }).await.unwrap();
+    postgres::migrate(&pool, &schema).await.unwrap();
+    let engine = postgres::engine_pool(&pool, &schema, PoolSettings::default().max_connections);
     let started = Instant::now();
     let domain = SeedDomain::new(&["group-a", "group-b", "group-c"], &["TYPE.ONE", "TYPE.TWO", "TYPE.THREE"]);
     seed_records(&engine, &SeedParams { records, days: 60, batch: 50_000 }, &domain, |_, _| {}).await.unwrap();

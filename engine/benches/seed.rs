@@ -12,7 +12,8 @@
 //! `cargo bench -p dedup-engine --bench seed`. Not a test: BENCHMARKS.md records its output.
 
 use dedup_engine::console::seed::{SeedDomain, SeedParams, seed_records};
-use dedup_engine::db::{self, PoolSettings};
+use dedup_engine::db::{PoolSettings, Schema};
+use dedup_engine::store::postgres;
 use futures::StreamExt;
 use sqlx::PgPool;
 use std::time::Instant;
@@ -75,12 +76,13 @@ async fn main() {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/dedup_seed_bench".to_owned());
     for run in 1..=runs {
         reset(&url, true).await;
-        let schema = db::Schema::default();
-        let host =
-            db::connect(&url, &PoolSettings { statement_timeout: None, ..PoolSettings::default() }).await.unwrap();
-        db::migrate(&host, &schema).await.unwrap();
+        let schema = Schema::default();
+        let host = postgres::connect(&url, &PoolSettings { statement_timeout: None, ..PoolSettings::default() })
+            .await
+            .unwrap();
+        postgres::migrate(&host, &schema).await.unwrap();
         // The engine's pool: seeding runs there, as in the engine.
-        let pool = db::engine_pool(&host, &schema, PoolSettings::default().max_connections);
+        let pool = postgres::engine_pool(&host, &schema, PoolSettings::default().max_connections);
         let params = SeedParams { records, days: 60, batch: 50_000 };
         let report = seed_records(&pool, &params, &bench_domain(), |_, _| {}).await.unwrap();
         println!("run {run}: {records} records in {:.1} s = {:.0} records/s", report.seconds, report.rate);

@@ -195,7 +195,7 @@ pub use async_trait::async_trait;
 pub use sqlx;
 
 pub use consumer::{ConsumerSettings, FailedBatches};
-pub use db::{PoolSettings, Schema, SchemaError, SchemaNameError, connect, migrate, migrate_schema};
+pub use db::{PoolSettings, Schema, SchemaError, SchemaNameError};
 pub use fastpath::FastPathSettings;
 pub use group::{Group, GroupSettings, GroupSource};
 pub use handler::{
@@ -213,6 +213,7 @@ pub use retry::Backoff;
 pub use runtime::{Engine, EngineBuilder, EngineError, EngineHandle, EnginePool};
 pub use service::{Service, Unreachable};
 pub use source::{DEAD_LETTER_REASON_HEADER, Outbound, Publish, PublishFailed, SourceError, SourceFactory};
+pub use store::postgres::{connect, migrate, migrate_schema};
 
 /// RabbitMQ (feature `rabbitmq`): a group's queue and topology, the connector, and a
 /// confirm-mode publisher.
@@ -227,8 +228,7 @@ pub mod rabbitmq {
 /// (`Engine::builder(mysql_pool)`; docs/DESIGN.md, "An engine on MySQL").
 #[cfg(feature = "mysql")]
 pub mod mysql {
-    pub use crate::runtime::migrate_engine;
-    pub use crate::store::mysql::{connect_url as connect, migrate};
+    pub use crate::store::mysql::{connect_url as connect, migrate, migrate_engine};
 }
 
 /// Kafka (feature `kafka`): a group's topics and consumer group, and the connector.

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::actions::cleanup::late::RetentionWatch;
 use crate::actions::republish::Publishers;
 use crate::consumer::ConsumerStatus;
-use crate::db::{self, Schema};
+use crate::db::Schema;
 use crate::fastpath::{FastPath, FastPathSettings};
 use crate::group::{Group, HttpEndpoint};
 use crate::health::GroupHealth;
@@ -19,10 +19,7 @@ use crate::instances::{Beat, Instance};
 use crate::message::Broker;
 use crate::record::ConsumerGroup;
 use crate::source::SourceFactory;
-use crate::store::postgres::PgStore;
-use crate::store::postgres::runtime::PgRuntimeBooks;
-#[cfg(feature = "mysql")]
-use crate::store::mysql::runtime::MySqlRuntimeBooks;
+use crate::store::PipelineStore;
 use books::RuntimeBooks;
 
 pub(crate) mod books;
@@ -30,9 +27,8 @@ mod errors;
 mod pool;
 mod start;
 pub use errors::EngineError;
+pub(crate) use pool::DatabasePool;
 pub use pool::EnginePool;
-#[cfg(feature = "mysql")]
-pub use pool::{migrate_engine, ready_mysql};
 
 /// Builds an [`Engine`]: see [`Engine::builder`].
 #[must_use = "an engine builder does nothing until `start` is called"]
@@ -95,7 +91,7 @@ impl EngineBuilder {
         self
     }
 
-    /// Migrates the engine's schema ([`db::migrate`]; on MySQL its database), then starts every
+    /// Migrates the engine's schema ([`crate::migrate`]; on MySQL its database), then starts every
     /// group's workers and the background tasks (aggregate flusher, heartbeat, the bulk-requeue
     /// runners; on PostgreSQL also the cleanup scheduler, which MySQL does not run yet: a
     /// warning says so). Does not wait for the brokers or Redis: workers connect and reconnect
@@ -152,43 +148,14 @@ impl EngineBuilder {
         let mut tasks = Vec::new();
         let retention = Arc::new(RetentionWatch::default());
         let (engine_pool, books, started) = match &self.pool {
-            EnginePool::Postgres(pool) => {
-                db::migrate(pool, &self.schema).await?;
-                let engine_pool = db::engine_pool(pool, &self.schema, self.pool_size);
-                let books: Arc<dyn RuntimeBooks> = Arc::new(PgRuntimeBooks::new(engine_pool.clone()));
-                refresh_retention(&retention, &engine_pool).await;
-                let store = PgStore::new(pool.clone(), &self.schema);
-                let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
-                tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
-                    EnginePool::Postgres(engine_pool.clone()),
-                    started.publishers.clone(),
-                    shutdown.clone(),
-                )));
-                tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(
-                    EnginePool::Postgres(engine_pool.clone()),
-                    retention,
-                    shutdown.clone(),
-                )));
-                (EnginePool::Postgres(engine_pool), books, started)
+            EnginePool::Postgres(host) => {
+                let ready = crate::store::postgres::ready(host, &self.schema, self.pool_size).await?;
+                self.start_on(ready, &retention, groups, &shutdown, &mut tasks).await?
             }
             #[cfg(feature = "mysql")]
-            EnginePool::MySql(pool) => {
-                let engine_pool = pool::ready_mysql(pool, &self.schema, self.pool_size).await?;
-                let books: Arc<dyn RuntimeBooks> = Arc::new(MySqlRuntimeBooks::new(engine_pool.clone()));
-                refresh_retention(&retention, &engine_pool).await;
-                let store = crate::store::mysql::MySqlStore::new(pool.clone(), &self.schema);
-                let started = self.start_groups(store, &books, &retention, groups, &shutdown, &mut tasks).await?;
-                tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
-                    EnginePool::MySql(engine_pool.clone()),
-                    started.publishers.clone(),
-                    shutdown.clone(),
-                )));
-                tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(
-                    EnginePool::MySql(engine_pool.clone()),
-                    retention,
-                    shutdown.clone(),
-                )));
-                (EnginePool::MySql(engine_pool), books, started)
+            EnginePool::MySql(host) => {
+                let ready = crate::store::mysql::ready(host, &self.schema, self.pool_size).await?;
+                self.start_on(ready, &retention, groups, &shutdown, &mut tasks).await?
             }
         };
         let handle = EngineHandle {
@@ -201,6 +168,33 @@ impl EngineBuilder {
             beat: started.beat,
         };
         Ok(Engine { handle, shutdown, tasks })
+    }
+
+    /// Starts, on the store and engine pool `ready` gave, what every database runs alike: the
+    /// groups ([`EngineBuilder::start_groups`]), the bulk-requeue runners and the cleanup
+    /// scheduler; returns the engine pool, the runtime's books on it and what was started.
+    async fn start_on<S: PipelineStore>(
+        &self,
+        (store, engine_pool): (S, EnginePool),
+        retention: &Arc<RetentionWatch>,
+        groups: Vec<(ConsumerGroup, Group)>,
+        shutdown: &CancellationToken,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) -> Result<(EnginePool, Arc<dyn RuntimeBooks>, start::StartedGroups), EngineError> {
+        let books = engine_pool.runtime_books();
+        refresh_retention(retention, engine_pool.console_store()).await;
+        let started = self.start_groups(store, &books, retention, groups, shutdown, tasks).await?;
+        tasks.push(tokio::spawn(crate::actions::bulk::runner::supervise(
+            engine_pool.clone(),
+            started.publishers.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(crate::actions::cleanup::scheduler::supervise(
+            engine_pool.clone(),
+            retention.clone(),
+            shutdown.clone(),
+        )));
+        Ok((engine_pool, books, started))
     }
 }
 

@@ -124,7 +124,7 @@ async fn two_scheduler_instances_run_each_tick_once() {
         // Two instances, each with its own pool (its own connections and locks): the other
         // one's is an engine pool, as an engine builds it on its host pool.
         let host = PgPool::connect(&h.db.url).await.unwrap();
-        let other = dedup_engine::db::engine_pool(&host, &h.db.schema, 4);
+        let other = dedup_engine::store::postgres::engine_pool(&host, &h.db.schema, 4);
         let (a, b) = tokio::join!(scheduler::run_due(pool, &watch), scheduler::run_due(&other, &watch));
         let ran = a.unwrap().len() + b.unwrap().len();
         assert_eq!(ran, 1, "round {round}: exactly one instance ran the tick");

@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::*;
-use dedup_engine::db;
 use dedup_engine::handler::{
     Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler, TransactionalHandler,
 };
 use dedup_engine::message::{Broker, SourceRef};
 use dedup_engine::pipeline::{AckReason, Disposition, Pipeline};
 use dedup_engine::record::{ConsumerGroup, HandlerMode, LeaseExpiryPolicy, MessageId};
+use dedup_engine::store::postgres;
 use dedup_engine::store::postgres::PgStore;
 use dedup_engine::store::{ClaimOutcome, ClaimRequest, DedupStore, Lease};
 use serde_json::json;
@@ -247,7 +247,7 @@ async fn the_claim_path_names_its_schema_and_runs_beside_tables_of_the_same_name
 
     // The fast path's duplicate counts reach the records through the store; the aggregates
     // are written on the engine's pool, as the engine does.
-    let engine = db::engine_pool(&plain, &h.db.schema, 2);
+    let engine = postgres::engine_pool(&plain, &h.db.schema, 2);
     h.stats.flush(&engine, &store).await.unwrap();
 
     assert_eq!(errors.take(), Vec::<String>::new(), "no statement failed");

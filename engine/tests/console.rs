@@ -360,7 +360,7 @@ async fn aggregates_match_brute_force_counts_on_seeded_data() {
     );
     // Into the empty table the UNIQUE key and the secondary indexes were dropped for the load
     // and built after it.
-    dedup_engine::db::verify_schema(p, &db.schema).await.expect("the dedup key is back after the seed");
+    dedup_engine::store::postgres::verify_schema(p, &db.schema).await.expect("the dedup key is back after the seed");
     let indexes: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_indexes WHERE tablename = 'dedup_records'")
         .fetch_one(p)
         .await

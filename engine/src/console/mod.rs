@@ -35,16 +35,16 @@ pub enum QueryError {
 }
 
 pub use crate::consumer::ConsumerStatus;
-pub use crate::db::engine_pool;
 pub use crate::fastpath::FastPath;
 pub use crate::group::HttpEndpoint;
 pub use crate::instances::{Instance, InstanceConsumer};
 pub use crate::record::{RecordStatus, UnknownStatus};
 pub use crate::runtime::RunningGroup;
-#[cfg(feature = "mysql")]
-pub use crate::runtime::ready_mysql as mysql_engine_pool;
 pub use crate::service::redact_url;
 pub use crate::store::DbErrorKind;
+#[cfg(feature = "mysql")]
+pub use crate::store::mysql::ready_mysql as mysql_engine_pool;
+pub use crate::store::postgres::engine_pool;
 
 /// Operator accounts: users with a role and an argon2id password hash, per-user API tokens
 /// (stored as SHA-256), and the login-failure throttle.

@@ -59,9 +59,5 @@ impl<T> ConsoleStore for T where
 
 /// The console's roles on `pool`'s database.
 pub fn console_store(pool: &EnginePool) -> &dyn ConsoleStore {
-    match pool {
-        EnginePool::Postgres(pool) => pool,
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => pool,
-    }
+    pool.console_store()
 }

@@ -2,7 +2,7 @@
 //! engine writes and reads besides its records — its shared keys at start, the aggregates every
 //! flush, the record counts' fold and the table samples, its instance's heartbeat row, and the
 //! conflicting copies a group's start warns of. One implementation per database, on the engine's
-//! pool (`store/postgres/runtime.rs`, `store/mysql/runtime.rs`); the runtime holds it as
+//! pool (`store/postgres/runtime.rs`, `store/mysql/runtime.rs`; [`crate::EnginePool`] gives it); the runtime holds it as
 //! `Arc<dyn RuntimeBooks>`, off the hot path.
 
 use async_trait::async_trait;
@@ -67,18 +67,4 @@ pub(crate) trait RuntimeBooks: Send + Sync {
 
     /// How many conflicting copies of `group`'s deliveries wait for an operator.
     async fn open_conflicts(&self, group: &str) -> Result<usize, sqlx::Error>;
-}
-
-/// The runtime's books on `pool`'s database (the conformance cases write aggregates through it).
-#[cfg(feature = "testing")]
-pub(crate) fn runtime_books(pool: &crate::runtime::EnginePool) -> std::sync::Arc<dyn RuntimeBooks> {
-    match pool {
-        crate::runtime::EnginePool::Postgres(pool) => {
-            std::sync::Arc::new(crate::store::postgres::runtime::PgRuntimeBooks::new(pool.clone()))
-        }
-        #[cfg(feature = "mysql")]
-        crate::runtime::EnginePool::MySql(pool) => {
-            std::sync::Arc::new(crate::store::mysql::runtime::MySqlRuntimeBooks::new(pool.clone()))
-        }
-    }
 }

@@ -58,10 +58,14 @@ mod late;
 mod leases;
 pub(crate) mod named_lock;
 mod pauses;
+mod pool;
 pub(crate) mod runtime;
 mod seed;
 mod settle;
 mod sql;
+
+pub use pool::{migrate_engine, ready_mysql};
+pub(crate) use pool::ready;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -104,31 +108,6 @@ fn pool_options(max_connections: u32) -> MySqlPoolOptions {
             Ok(())
         })
     })
-}
-
-/// A pool beside `engine` ([`crate::EnginePool::bounded`]): its connect options (database, UTC),
-/// `READ COMMITTED`, at most `max_connections` opened on demand, a wait for one bounded by
-/// `statement_timeout`, and each statement cancelled after it: MariaDB's `max_statement_time`
-/// (every statement), else MySQL 8's `max_execution_time` (reads only; MySQL has no bound on
-/// writes).
-pub(crate) fn bounded_pool(engine: &MySqlPool, statement_timeout: std::time::Duration, max_connections: u32) -> MySqlPool {
-    let seconds = statement_timeout.as_secs_f64();
-    let ms = u64::try_from(statement_timeout.as_millis()).unwrap_or(u64::MAX);
-    MySqlPoolOptions::new()
-        .max_connections(max_connections.max(1))
-        .min_connections(0)
-        .acquire_timeout(statement_timeout)
-        .after_connect(move |conn, _| {
-            Box::pin(async move {
-                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
-                let mariadb = sqlx::query("SET SESSION max_statement_time = ?").bind(seconds).execute(&mut *conn).await;
-                if mariadb.is_err() {
-                    sqlx::query("SET SESSION max_execution_time = ?").bind(ms).execute(&mut *conn).await?;
-                }
-                Ok(())
-            })
-        })
-        .connect_lazy_with(engine.connect_options().as_ref().clone())
 }
 
 /// Opens the pool an engine runs on from `url` (`mysql://user:password@host:3306/database`):

@@ -38,6 +38,8 @@ use crate::record::{HandlerMode, RecordStatus};
 #[macro_use]
 mod sql;
 mod accounts;
+mod connection;
+mod migrations;
 pub(crate) mod audit;
 pub(crate) mod cleanup;
 mod overview;
@@ -56,10 +58,16 @@ pub(crate) mod late;
 mod leases;
 pub(crate) mod named_lock;
 mod pauses;
+mod pool;
 pub(crate) mod runtime;
 mod seed;
 pub(crate) use conflicts::{ConflictCopy, ConflictKind};
 pub(crate) use late::HeldDelivery;
+pub use connection::{connect, engine_pool};
+#[cfg(feature = "testing")]
+pub use migrations::{MIGRATOR, verify_schema};
+pub use migrations::{migrate, migrate_schema};
+pub(crate) use pool::ready;
 use sql::Statements;
 
 /// The PostgreSQL implementation of [`DedupStore`]. Cheap to clone.
@@ -76,7 +84,7 @@ pub struct PgStore {
 
 impl PgStore {
     /// A store on `pool` (the host pool: transactional batches begin there), with its tables in
-    /// `schema` (migrated with [`crate::db::migrate`]).
+    /// `schema` (migrated with [`migrate`]).
     pub fn new(pool: PgPool, schema: &Schema) -> Self {
         Self { pool, sql: Arc::new(Statements::new(schema)), schema: schema.clone() }
     }

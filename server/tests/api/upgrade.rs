@@ -59,7 +59,7 @@ async fn a_database_from_before_schemas_upgrades_in_place_with_no_row_lost() {
         .fetch_all(pool)
         .await
         .unwrap();
-    let expected: Vec<i64> = dedup_engine::db::MIGRATOR.iter().map(|m| m.version).collect();
+    let expected: Vec<i64> = dedup_engine::store::postgres::MIGRATOR.iter().map(|m| m.version).collect();
     assert_eq!(versions, expected, "the engine's history: its own migrations only, all applied");
 
     // The legacy records, as the engine sees them now.

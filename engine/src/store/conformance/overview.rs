@@ -7,7 +7,6 @@ use super::{GROUP, Harness, sorted};
 use crate::console::console_store;
 use crate::console::overview::{DelayBucket, GrowthRange, OverviewReads, live_snapshot};
 use crate::record::{ConsumerGroup, RecordStatus};
-use crate::runtime::books::runtime_books;
 use crate::stats::{Event, Stats};
 use crate::store::ClaimAs;
 use crate::store::postgres::ConflictKind;
@@ -44,7 +43,7 @@ pub async fn the_overview_reads_what_the_store_and_the_runtime_wrote<H: Harness>
     stats.count(GROUP, Event::DuplicateDb, 2);
     stats.duplicate_delay(GROUP, 250);
     stats.duplicate_delay(GROUP, 40);
-    let books = runtime_books(&pool);
+    let books = pool.runtime_books();
     stats.flush_to(&*books, h.store()).await.unwrap();
     books.sample_table().await.unwrap();
 
@@ -99,7 +98,7 @@ pub async fn the_overview_reads_what_the_store_and_the_runtime_wrote<H: Harness>
 /// flight alone: it neither waits for the claim's transaction nor loses its row.
 pub async fn the_record_counts_fold_waits_for_no_claim_in_flight<H: Harness>() {
     let h = H::fresh().await;
-    let books = runtime_books(&h.engine_pool());
+    let books = h.engine_pool().runtime_books();
     let l = lease("w1");
     for n in 0..3 {
         claim(&h, &[&msg(&format!("FOLD.{n}"), "ORDER.PAY", "f")], ClaimAs::Succeeded, &l).await;

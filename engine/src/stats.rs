@@ -9,6 +9,8 @@ use std::sync::Mutex;
 
 use chrono::{DateTime, DurationRound, NaiveDate, TimeDelta, Utc};
 use crate::runtime::books::RuntimeBooks;
+#[cfg(feature = "testing")]
+use crate::runtime::EnginePool;
 use crate::store::{DedupStore, StoreError};
 
 /// Something the engine counts.
@@ -181,12 +183,13 @@ impl Stats {
         entry.1 = Utc::now();
     }
 
-    /// Writes everything counted since the last flush to the engine's PostgreSQL pool `pool`
-    /// (the engine's flusher does it every second, on either database). On failure the counts
-    /// are kept for the next flush. For tests: the engine's flusher writes through its books.
+    /// Writes everything counted since the last flush to the engine's pool `pool`, on either
+    /// database (a `PgPool`, or with the feature `mysql` a `MySqlPool`; the engine's flusher
+    /// does it every second). On failure the counts are kept for the next flush. For tests: the
+    /// engine's flusher writes through its books.
     #[cfg(feature = "testing")]
-    pub async fn flush<S: DedupStore>(&self, pool: &sqlx::PgPool, store: &S) -> Result<(), StoreError> {
-        self.flush_to(&crate::store::postgres::runtime::PgRuntimeBooks::new(pool.clone()), store).await
+    pub async fn flush<S: DedupStore>(&self, pool: impl Into<EnginePool>, store: &S) -> Result<(), StoreError> {
+        self.flush_to(pool.into().runtime_books().as_ref(), store).await
     }
 
     /// Writes everything counted since the last flush through `books`, then the fast path's

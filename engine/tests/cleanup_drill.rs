@@ -223,7 +223,7 @@ async fn eventually_succeeded(h: &Harness, message_id: &str) -> i64 {
 async fn follow(h: &Harness, store: &PgStore, id: i64) -> dedup_engine::actions::drill::DrillReport {
     let started = Instant::now();
     loop {
-        h.stats.flush(h.pool(), store).await.unwrap();
+        h.stats.flush(h.pool().clone(), store).await.unwrap();
         let report = drill_report(h.pool(), id).await.unwrap();
         if report.caught_by.is_some() {
             return report;

@@ -248,7 +248,7 @@ async fn the_claim_path_names_its_schema_and_runs_beside_tables_of_the_same_name
     // The fast path's duplicate counts reach the records through the store; the aggregates
     // are written on the engine's pool, as the engine does.
     let engine = postgres::engine_pool(&plain, &h.db.schema, 2);
-    h.stats.flush(&engine, &store).await.unwrap();
+    h.stats.flush(engine.clone(), &store).await.unwrap();
 
     assert_eq!(errors.take(), Vec::<String>::new(), "no statement failed");
 

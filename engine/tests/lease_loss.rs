@@ -130,7 +130,7 @@ async fn a_worker_that_lost_its_lease_before_the_effect_does_not_perform_it() {
     assert!(!detail.possible_double_effect(), "no effect ran twice");
     assert_eq!(detail.takeovers(), 1);
     // The traffic figures: one takeover, and no failure, since no record failed.
-    h.stats.flush(h.pool(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
+    h.stats.flush(h.pool().clone(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
     let (failed, takeovers, succeeded): (i64, i64, i64) = sqlx::query_as(
         "SELECT sum(failed)::bigint, sum(lease_takeovers)::bigint, sum(succeeded)::bigint FROM stats_minute",
     )

@@ -173,7 +173,7 @@ async fn with_redis_down_the_database_decides_and_fallbacks_are_counted() {
     assert_eq!(outcomes[0], Disposition::Ack(AckReason::Processed), "{outcomes:?}");
     assert_eq!(&outcomes[1..], [const { Disposition::Ack(AckReason::DuplicateDatabase) }; 2]);
     assert_eq!(h.effects("ORDER.PAY.10:2").await, 1);
-    h.stats.flush(h.pool(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
+    h.stats.flush(h.pool().clone(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
     let (fallbacks, db_duplicates): (i64, i64) =
         sqlx::query_as("SELECT sum(redis_fallbacks)::bigint, sum(duplicates_db)::bigint FROM stats_minute")
             .fetch_one(h.pool())
@@ -299,7 +299,7 @@ async fn a_failing_handler_fails_alone_and_its_batch_is_counted_once() {
     assert_eq!(history, [(1, "failed".into())]);
 
     // Counted once each, in both batches together: nothing from the rolled-back attempt.
-    h.stats.flush(h.pool(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
+    h.stats.flush(h.pool().clone(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
     let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
         "SELECT sum(deliveries)::bigint, sum(claimed)::bigint, sum(created)::bigint, sum(succeeded)::bigint,
                 sum(failed)::bigint, sum(retries)::bigint, sum(duplicates_db)::bigint, sum(poison)::bigint,

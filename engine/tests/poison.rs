@@ -71,7 +71,7 @@ async fn poison_messages_with_one_payload_get_a_record_each_with_its_own_reason(
     let reasons: std::collections::HashSet<Option<&str>> =
         dead.iter().map(|(_, reason, _)| reason.as_deref()).collect();
     assert_eq!(reasons.len(), 3, "the newline, the length and the missing id each keep their reason: {dead:?}");
-    h.stats.flush(h.pool(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
+    h.stats.flush(h.pool().clone(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
     let duplicates: Option<i64> =
         sqlx::query_scalar("SELECT sum(duplicates_db + duplicates_redis)::bigint FROM stats_minute")
             .fetch_one(h.pool())

@@ -273,7 +273,7 @@ async fn a_first_delivery_older_than_the_retention_is_counted_late_by_its_amqp_t
     token.cancel();
     task.await.unwrap();
 
-    h.stats.flush(h.pool(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
+    h.stats.flush(h.pool().clone(), &PgStore::new(h.pool().clone(), &h.db.schema)).await.unwrap();
     let late = late_deliveries(h.pool(), 30).await.unwrap();
     assert_eq!(late.len(), 1, "{late:?}");
     assert_eq!((late[0].consumer_group.as_str(), late[0].count), (GROUP, 1), "the old copy only");
@@ -308,7 +308,7 @@ async fn sends_with_a_fresh_message_id_each(ids: IdPolicy, judged: impl Fn(i64, 
     let store = PgStore::new(h.pool().clone(), &h.db.schema);
     let counts = || async {
         // Duplicates the fast path caught reach the records when the aggregates are flushed.
-        h.stats.flush(h.pool(), &store).await.unwrap();
+        h.stats.flush(h.pool().clone(), &store).await.unwrap();
         sqlx::query_as::<_, (i64, i64)>(
             "SELECT (SELECT count(*) FROM dedup_records WHERE status = 'succeeded'),
                     (SELECT count(*) + COALESCE(sum(duplicate_count), 0) FROM dedup_records)",

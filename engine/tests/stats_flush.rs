@@ -14,8 +14,8 @@ async fn a_flush_failing_after_the_aggregates_committed_counts_them_once() {
     // PostgreSQL refuses a NUL in text: the fast path's duplicate counts fail, after the
     // aggregates' transaction committed.
     h.stats.fast_path_duplicate("g", "ORDER.PAY.1:\0");
-    h.stats.flush(h.pool(), &store).await.expect_err("the duplicate counts fail");
-    h.stats.flush(h.pool(), &store).await.expect_err("kept for the next flush, they fail again");
+    h.stats.flush(h.pool().clone(), &store).await.expect_err("the duplicate counts fail");
+    h.stats.flush(h.pool().clone(), &store).await.expect_err("kept for the next flush, they fail again");
     let deliveries: i64 =
         sqlx::query_scalar("SELECT sum(deliveries)::bigint FROM stats_minute").fetch_one(h.pool()).await.unwrap();
     assert_eq!(deliveries, 3, "the committed aggregates, once");

@@ -1,6 +1,7 @@
 //! Sessions of the console's own accounts: tower-sessions with its sqlx store of the engine's
 //! database ([`SessionBooks`]: table `session` in the engine's schema on PostgreSQL, in the
-//! engine's database on MySQL, created at start-up by the store's own migration).
+//! engine's database on MySQL, created at start-up by the store's own migration; each
+//! database's in its module, `session/<database>.rs`).
 //!
 //! The cookie `dedup_session` is `HttpOnly`, `SameSite=Strict`, `Secure` with
 //! `auth.secure_cookies`, scoped to the console's base path, and holds only the random session
@@ -9,21 +10,21 @@
 //! request; at most the absolute timeout and a year) and `auth.absolute_timeout_secs` after sign-in (checked by [`current`]). Signing in
 //! rotates the id ([`start`]), so an id planted before sign-in is useless after it.
 
+#[cfg(feature = "mysql")]
+mod mysql;
+mod postgres;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use async_trait::async_trait;
 use dedup_engine::EnginePool;
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 use tower_sessions::cookie::SameSite;
 use tower_sessions::cookie::time;
 use tower_sessions::session::{Id, Record};
 use tower_sessions::session_store::{ExpiredDeletion, SessionStore};
 use tower_sessions::{Expiry, Session, SessionManagerLayer};
-#[cfg(feature = "mysql")]
-use tower_sessions_sqlx_store::MySqlStore;
-use tower_sessions_sqlx_store::PostgresStore;
 
 use crate::base::ConsoleBase;
 
@@ -49,94 +50,58 @@ pub struct SessionAuth {
     pub login_at: f64,
 }
 
-/// The sessions' store on the engine's database: tower-sessions' sqlx store of that database.
+/// The sessions' store on the engine's database: tower-sessions' sqlx store of that database,
+/// made by its module (`session/<database>.rs`).
 #[derive(Debug, Clone)]
-pub enum SessionBooks {
-    /// PostgreSQL's.
-    Postgres(PostgresStore),
-    /// MySQL's (also MariaDB's; feature `mysql`).
-    #[cfg(feature = "mysql")]
-    MySql(MySqlStore),
+pub struct SessionBooks(Arc<dyn DatabaseSessions>);
+
+/// A database's session store: tower-sessions' [`SessionStore`] that can delete its expired
+/// sessions (its [`ExpiredDeletion`], which cannot be a trait object itself).
+#[async_trait]
+trait DatabaseSessions: SessionStore {
+    /// Deletes the expired sessions.
+    async fn delete_expired(&self) -> tower_sessions::session_store::Result<()>;
 }
 
-/// Advisory-lock key serialising the session store's migration across server instances
-/// (`CREATE TABLE IF NOT EXISTS` run concurrently can still collide in PostgreSQL's catalog).
-const MIGRATE_LOCK: i64 = 0x6465_6475_7073_6573; // "dedupses"
-
-/// The store, its table created in `schema` if missing. On PostgreSQL under an advisory lock,
-/// so servers starting together do not race; MySQL takes a metadata lock for `CREATE TABLE IF
-/// NOT EXISTS` and needs none.
-///
-/// # Errors
-/// The database error of the lock or the store's migration.
-pub async fn store(pool: &EnginePool, schema: &str) -> anyhow::Result<SessionBooks> {
-    match pool {
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => {
-            let store = MySqlStore::new(pool.clone()).with_schema_name(schema).map_err(|e| anyhow::anyhow!("{e}"))?;
-            store.migrate().await.context("creating the session table")?;
-            Ok(SessionBooks::MySql(store))
-        }
-        pool => {
-            let pool = pool.postgres().context("sessions on this database")?;
-            postgres_store(pool, schema).await.map(SessionBooks::Postgres)
-        }
+#[async_trait]
+impl<T: ExpiredDeletion> DatabaseSessions for T {
+    async fn delete_expired(&self) -> tower_sessions::session_store::Result<()> {
+        ExpiredDeletion::delete_expired(self).await
     }
 }
 
-async fn postgres_store(pool: &PgPool, schema: &str) -> anyhow::Result<PostgresStore> {
-    let store = PostgresStore::new(pool.clone()).with_schema_name(schema).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut lock = pool.acquire().await.context("locking the session table migration")?;
-    sqlx::query("SELECT pg_advisory_lock($1)").bind(MIGRATE_LOCK).execute(&mut *lock).await?;
-    let migrated = store.migrate().await.context("creating the session table");
-    sqlx::query("SELECT pg_advisory_unlock($1)").bind(MIGRATE_LOCK).execute(&mut *lock).await?;
-    migrated?;
-    Ok(store)
+/// The store on `pool`'s database, its table created in `schema` if missing (servers starting
+/// together do not race: see each database's module).
+///
+/// # Errors
+/// The database error of the store's migration (or its lock); a database without a session
+/// store.
+pub async fn store(pool: &EnginePool, schema: &str) -> anyhow::Result<SessionBooks> {
+    let sessions: Arc<dyn DatabaseSessions> = match pool {
+        EnginePool::Postgres(pool) => Arc::new(postgres::store(pool, schema).await?),
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(pool) => Arc::new(mysql::store(pool, schema).await?),
+        other => anyhow::bail!("no session store on {}", other.database()),
+    };
+    Ok(SessionBooks(sessions))
 }
 
 #[async_trait]
 impl SessionStore for SessionBooks {
     async fn create(&self, record: &mut Record) -> tower_sessions::session_store::Result<()> {
-        match self {
-            Self::Postgres(store) => store.create(record).await,
-            #[cfg(feature = "mysql")]
-            Self::MySql(store) => store.create(record).await,
-        }
+        self.0.create(record).await
     }
 
     async fn save(&self, record: &Record) -> tower_sessions::session_store::Result<()> {
-        match self {
-            Self::Postgres(store) => store.save(record).await,
-            #[cfg(feature = "mysql")]
-            Self::MySql(store) => store.save(record).await,
-        }
+        self.0.save(record).await
     }
 
     async fn load(&self, id: &Id) -> tower_sessions::session_store::Result<Option<Record>> {
-        match self {
-            Self::Postgres(store) => store.load(id).await,
-            #[cfg(feature = "mysql")]
-            Self::MySql(store) => store.load(id).await,
-        }
+        self.0.load(id).await
     }
 
     async fn delete(&self, id: &Id) -> tower_sessions::session_store::Result<()> {
-        match self {
-            Self::Postgres(store) => store.delete(id).await,
-            #[cfg(feature = "mysql")]
-            Self::MySql(store) => store.delete(id).await,
-        }
-    }
-}
-
-#[async_trait]
-impl ExpiredDeletion for SessionBooks {
-    async fn delete_expired(&self) -> tower_sessions::session_store::Result<()> {
-        match self {
-            Self::Postgres(store) => store.delete_expired().await,
-            #[cfg(feature = "mysql")]
-            Self::MySql(store) => store.delete_expired().await,
-        }
+        self.0.delete(id).await
     }
 }
 
@@ -146,7 +111,7 @@ pub async fn delete_expired(store: SessionBooks) {
     let mut ticker = tokio::time::interval(CLEANUP_PERIOD);
     loop {
         ticker.tick().await;
-        if let Err(e) = store.delete_expired().await {
+        if let Err(e) = store.0.delete_expired().await {
             tracing::warn!(error = %e, "deleting expired sessions failed; trying again later");
         }
     }

@@ -37,6 +37,17 @@ pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<MySqlPool> {
     dedup_engine::mysql::connect(settings.database_url.expose(), &pool).await.map_err(crate::hints::with_hint)
 }
 
+/// A pool on the engine's database (named by `schema`, created if missing, migrated), for the
+/// commands that touch only the engine's tables ([`super::open_engine_database`]).
+///
+/// Errors: the server unreachable, a session not `READ COMMITTED` in UTC, a failed migration.
+pub(super) async fn open_engine_database(settings: &Settings) -> anyhow::Result<EnginePool> {
+    let host = connect(settings).await?;
+    let engine = dedup_engine::console::mysql_engine_pool(&host, &settings.schema, 2).await;
+    host.close().await;
+    Ok(engine?.into())
+}
+
 impl Application {
     /// [`Application::build`] on MySQL: the order example's MySQL tables (when a group uses its
     /// handlers), the engine, and the console.

@@ -183,10 +183,9 @@ impl Stats {
         entry.1 = Utc::now();
     }
 
-    /// Writes everything counted since the last flush to the engine's pool `pool`, on either
-    /// database (a `PgPool`, or with the feature `mysql` a `MySqlPool`; the engine's flusher
-    /// does it every second). On failure the counts are kept for the next flush. For tests: the
-    /// engine's flusher writes through its books.
+    /// Writes everything counted since the last flush to the engine's pool `pool`, on any of
+    /// its databases (the engine's flusher does it every second). On failure the counts are
+    /// kept for the next flush. For tests: the engine's flusher writes through its books.
     #[cfg(feature = "testing")]
     pub async fn flush<S: DedupStore>(&self, pool: impl Into<EnginePool>, store: &S) -> Result<(), StoreError> {
         self.flush_to(pool.into().runtime_books().as_ref(), store).await

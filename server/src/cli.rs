@@ -213,9 +213,22 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_stopped(shutdown_signal()).await
         }
         Command::Migrate => {
-            let db = ExampleDatabase::open(&settings).await?;
+            let groups = settings.consumer_groups().context("invalid consumer groups")?;
+            let example: Vec<&str> = groups.iter().filter(|g| g.uses_example()).map(|g| g.group.as_str()).collect();
+            if example.is_empty() {
+                // A team's own groups (HTTP handlers): nothing of the example's in its database.
+                open_engine_database(&settings).await?.close().await;
+            } else {
+                ExampleDatabase::open(&settings).await?.close().await;
+            }
             println!("migrations applied; schema {} verified ({})", settings.schema, settings.database_url.redacted());
-            db.close().await;
+            if !example.is_empty() {
+                println!(
+                    "the order example's tables are in that database too: group {} runs its handlers (configure \
+                     your own groups with DEDUP_CONFIG, and point DATABASE_URL at a database of its own to try the example)",
+                    example.join(", ")
+                );
+            }
             Ok(())
         }
         Command::Simulate(args) => run_simulate(&settings, args).await,

@@ -63,11 +63,10 @@ impl Application {
         let auth = console_auth(&settings)?;
         let shop = shop(&settings)?;
         let pool = connect(&settings).await?;
-        if groups.iter().any(GroupConfig::uses_example) {
+        // The example's tables only where its handlers will run: with the consumer off, none do.
+        if settings.consumer.enabled && groups.iter().any(GroupConfig::uses_example) {
             shop.migrate(&pool).await?;
-            if settings.consumer.enabled {
-                shop.stock_inventory(&pool, &settings.orders).await?;
-            }
+            shop.stock_inventory(&pool, &settings.orders).await?;
         }
         let example = shop.handlers(pool.clone(), &settings.orders);
         let builder = engine_builder(&settings, pool.clone(), &groups, &example)?;

@@ -87,14 +87,15 @@ impl Application {
     ) -> anyhow::Result<Self> {
         let auth = console_auth(&settings)?;
         let pool = connect(&settings).await?;
-        // Groups with HTTP handlers alone need none of the order example's tables.
-        let example_used = demo || groups.iter().any(GroupConfig::uses_example);
+        // Groups with HTTP handlers alone need none of the order example's tables, nor does a
+        // console whose consumer is off.
+        let consume = settings.consumer.enabled;
+        let example_used = demo || (consume && groups.iter().any(GroupConfig::uses_example));
         if example_used {
             orders::migrate(&pool).await?;
         }
         let order_settings =
             if demo { orders::demo::demo_order_settings(&settings.orders) } else { settings.orders.clone() };
-        let consume = settings.consumer.enabled;
         if consume && example_used {
             orders::stock_inventory(&pool, &order_settings).await?;
         }

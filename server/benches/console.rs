@@ -1,39 +1,42 @@
-//! Console read benchmark: seeds a database up to N records (`BENCH_RECORDS`, default 1 000 000;
-//! `BENCH_DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/dedup_console_bench`), then
-//! times every page's server-side queries (engine calls) and every API call and page (HTTP) on
-//! two servers started with the consumer off, side by side: the build `scripts/run` serves
-//! (profile `serve`, `BENCH_SERVED_BIN`) and the debug build (`BENCH_DEBUG_BIN`); prints p50 /
-//! p95 per item.
+//! Console read benchmark, on PostgreSQL, MySQL/MariaDB or both side by side: seeds each
+//! database up to N records (`BENCH_RECORDS`, default 1 000 000), then times every page's
+//! server-side queries (engine calls, through the console store each database has) and every API
+//! call and page (HTTP) on servers started with the consumer off, one per build: the build
+//! `scripts/run` serves (profile `serve`, `BENCH_SERVED_BIN`) and the debug build
+//! (`BENCH_DEBUG_BIN`), whichever of the two is built; prints p50 / p95 per item and database.
 //!
-//! Then, unless `BENCH_BROWSER=0`, the same pages loaded in Chromium on both servers
-//! (`end2end/bench/page-load.mjs`, navigation to `load`).
+//! The databases: `BENCH_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/dedup_console_bench`; a `mysql://` URL names MySQL), and
+//! `BENCH_MYSQL_URL` beside it when set. On MySQL the engine's tables are in a database of their
+//! own, `BENCH_MYSQL_SCHEMA` (default `dedup_console_bench_engine`); on PostgreSQL in the schema
+//! `dedup` of the URL's database.
+//!
+//! Then, unless `BENCH_BROWSER=0`, the same pages loaded in Chromium on both builds' servers of
+//! each database (`end2end/bench/page-load.mjs`, navigation to `load`).
 //!
 //! `cargo bench -p dedup-console --bench console` (`BENCH_ITERATIONS`, default 40). Not a test:
 //! it asserts nothing but that every page answers 200; BENCHMARKS.md records its output.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use dedup_engine::console::engine_pool;
-use dedup_engine::console::failures::{FailureReads, retries};
+use dedup_engine::console::failures::retries;
 use dedup_engine::console::filter::{FilterText, RecordListParams};
-use dedup_engine::console::overview::{GrowthRange, OverviewReads, live_snapshot};
-use dedup_engine::console::records::{record_detail, records_list};
+use dedup_engine::console::overview::{GrowthRange, live_snapshot};
+use dedup_engine::console::records::{RecordRow, record_detail, records_list};
 use dedup_engine::console::seed::{SeedParams, seed_records};
-use dedup_engine::{PoolSettings, Schema, connect, migrate};
-use sqlx::PgPool;
+use dedup_engine::console::{ConsoleStore, console_store, engine_pool, mysql_engine_pool};
+use dedup_engine::{EnginePool, PoolSettings, Schema, connect, migrate};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// Runs `f` `n` times (after 3 warm-ups); returns p50 and p95 in milliseconds.
-async fn percentiles<F, Fut, T, E>(label: &str, n: usize, mut f: F) -> (f64, f64)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-    E: std::fmt::Debug,
-{
+async fn percentiles<T, E: std::fmt::Debug>(
+    label: &str,
+    n: usize,
+    mut f: impl AsyncFnMut() -> Result<T, E>,
+) -> (f64, f64) {
     for _ in 0..3 {
         f().await.unwrap_or_else(|e| panic!("{label}: {e:?}"));
     }
@@ -49,116 +52,192 @@ where
     (ms(pick(0.50)), ms(pick(0.95)))
 }
 
-/// [`percentiles`], printed as a table row.
-async fn time<F, Fut, T, E>(label: &str, n: usize, f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-    E: std::fmt::Debug,
-{
-    let (p50, p95) = percentiles(label, n, f).await;
-    println!("| {label:<44} | {p50:>8.2} | {p95:>8.2} |");
+/// One database the bench times: its URL, the engine's schema (PostgreSQL) or database (MySQL)
+/// and the engine's pool on it, and what its records lists read (set once it is seeded).
+struct Target {
+    /// `PostgreSQL` or `MySQL`.
+    name: &'static str,
+    url: String,
+    schema: Schema,
+    pool: EnginePool,
+    /// The records list's cases, on this database's records.
+    cases: Vec<(String, RecordListParams)>,
+    /// A record three quarters down the table, for the record detail.
+    some_id: i64,
 }
 
-fn list(text: FilterText<'_>) -> RecordListParams {
-    RecordListParams::parse(&text).expect("valid filter")
-}
-
-async fn seed_to(pool: &PgPool, records: u64) {
-    let have: i64 =
-        sqlx::query_scalar("SELECT COALESCE(sum(n), 0)::bigint FROM record_counts").fetch_one(pool).await.unwrap();
-    let missing = records.saturating_sub(have as u64);
-    if missing > 0 {
-        eprintln!("seeding {missing} records (have {have})…");
-        let params = SeedParams { records: missing, ..SeedParams::default() };
-        let report =
-            seed_records(pool, &params, &dedup_example_orders::seed::order_domain(), |_, _| {}).await.expect("seed");
-        eprintln!("seeded {} records in {:.1} s ({:.0}/s)", report.records, report.seconds, report.rate);
+impl Target {
+    /// Connects to `url` (PostgreSQL, or MySQL for a `mysql://` or `mariadb://` URL), migrates
+    /// the engine's tables and opens the engine's pool of 16.
+    async fn open(url: String) -> Self {
+        let settings = PoolSettings { statement_timeout: None, ..PoolSettings::default() };
+        let (schema, pool) = if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            let schema = Schema::parse(env_or("BENCH_MYSQL_SCHEMA", "dedup_console_bench_engine".to_owned()))
+                .expect("BENCH_MYSQL_SCHEMA: a plain lowercase name");
+            let host = dedup_engine::mysql::connect(&url, &settings).await.expect("MySQL for the bench");
+            let engine = mysql_engine_pool(&host, &schema, 16).await.expect("the engine's MySQL database");
+            host.close().await;
+            (schema, EnginePool::from(engine))
+        } else {
+            let schema = Schema::default();
+            let host = connect(&url, &settings).await.expect("PostgreSQL for the bench");
+            migrate(&host, &schema).await.expect("migrate");
+            (schema.clone(), EnginePool::from(engine_pool(&host, &schema, 16)))
+        };
+        Self { name: pool.database(), url, schema, pool, cases: Vec::new(), some_id: 1 }
     }
-    sqlx::query("VACUUM ANALYZE dedup_records").execute(pool).await.unwrap();
+
+    fn store(&self) -> &dyn ConsoleStore {
+        console_store(&self.pool)
+    }
+
+    /// The records counted (`record_counts`, as the overview reads them).
+    async fn total(&self) -> i64 {
+        self.store().status_counts().await.expect("status counts").iter().map(|c| c.count).sum()
+    }
+
+    /// Seeds up to `records` (as `dedup-console seed` does), then refreshes the planner's
+    /// statistics: `VACUUM ANALYZE` on PostgreSQL, `ANALYZE TABLE` on MySQL.
+    async fn seed_to(&self, records: u64) {
+        let have = self.total().await;
+        let missing = records.saturating_sub(have as u64);
+        if missing > 0 {
+            eprintln!("{}: seeding {missing} records (have {have})…", self.name);
+            let params = SeedParams { records: missing, ..SeedParams::default() };
+            let domain = dedup_example_orders::seed::order_domain();
+            let report = seed_records(self.store(), &params, &domain, |_, _| {}).await.expect("seed");
+            eprintln!("seeded {} records in {:.1} s ({:.0}/s)", report.records, report.seconds, report.rate);
+        }
+        let analyzed = match &self.pool {
+            EnginePool::Postgres(pool) => sqlx::raw_sql("VACUUM ANALYZE dedup_records").execute(pool).await.map(drop),
+            EnginePool::MySql(pool) => sqlx::raw_sql("ANALYZE TABLE dedup_records").execute(pool).await.map(drop),
+            other => panic!("no bench on {}", other.database()),
+        };
+        analyzed.expect("ANALYZE");
+    }
+
+    /// The first record at or past id `id` (seeded ids follow one another).
+    async fn record_from(&self, id: i64) -> RecordRow {
+        for id in id..id + 1_000 {
+            if let Some(detail) = self.store().record_fields(id).await.expect("record fields") {
+                return detail.row;
+            }
+        }
+        panic!("{}: no record in ids {id}..{}", self.name, id + 1_000);
+    }
+
+    /// Picks the records the lists and the detail read: a cursor half way down the table (for
+    /// "any depth"), a record three quarters down (its message id, exact and as a prefix).
+    async fn pick_cases(&mut self) {
+        let (min, max) = self.store().id_bounds().await.expect("id bounds").expect("seeded records");
+        let mid = self.record_from(min + (max - min) / 2).await;
+        let some = self.record_from(min + (max - min) * 3 / 4).await;
+        self.some_id = some.id;
+        let deep = format!("t{}.{}", mid.first_seen_at.timestamp_micros(), mid.id);
+        let some_message = some.message_id;
+        let prefix: String = some_message.chars().take(some_message.len() - 4).collect();
+        let from = (mid.first_seen_at - chrono::TimeDelta::hours(1)).to_rfc3339();
+        let to = mid.first_seen_at.to_rfc3339();
+        let class = "TIMEOUT: gateway did not answer within # ms";
+        let list = |text: FilterText<'_>| RecordListParams::parse(&text).expect("valid filter");
+        let cases = [
+            ("records: first page, newest first", list(FilterText::default())),
+            ("records: page at half depth (keyset)", list(FilterText { after: Some(&deep), ..Default::default() })),
+            ("records: previous page at half depth", list(FilterText { before: Some(&deep), ..Default::default() })),
+            ("records: oldest first", list(FilterText { order: Some("asc"), ..Default::default() })),
+            ("records: status = dead", list(FilterText { status: Some("dead"), ..Default::default() })),
+            ("records: status = processing", list(FilterText { status: Some("processing"), ..Default::default() })),
+            (
+                "records: status = failed, by attempts",
+                list(FilterText { status: Some("failed"), sort: Some("attempts"), ..Default::default() }),
+            ),
+            ("records: sorted by attempts", list(FilterText { sort: Some("attempts"), ..Default::default() })),
+            (
+                "records: group = billing-service",
+                list(FilterText { group: Some("billing-service"), ..Default::default() }),
+            ),
+            ("records: type = ORDER.PAY", list(FilterText { message_type: Some("ORDER.PAY"), ..Default::default() })),
+            ("records: type = POISON (rare)", list(FilterText { message_type: Some("POISON"), ..Default::default() })),
+            ("records: attempts >= 3", list(FilterText { min_attempts: Some("3"), ..Default::default() })),
+            (
+                "records: one hour at half depth",
+                list(FilterText { from: Some(&from), to: Some(&to), ..Default::default() }),
+            ),
+            ("records: message id exact", list(FilterText { message_id: Some(&some_message), ..Default::default() })),
+            ("records: message id prefix", list(FilterText { id_prefix: Some(&prefix), ..Default::default() })),
+            (
+                "records: dead-letter group drill-down",
+                list(FilterText { status: Some("dead"), error_class: Some(class), ..Default::default() }),
+            ),
+        ];
+        self.cases = cases.into_iter().map(|(label, params)| (label.to_owned(), params)).collect();
+    }
 }
 
-async fn bench_queries(pool: &PgPool, n: usize) {
-    println!("\nEngine queries (server-side data of each page)\n");
-    println!("| query | p50 ms | p95 ms |\n|---|---:|---:|");
-    time("overview: counts by status (record_counts)", n, || pool.status_counts()).await;
-    time("overview: live snapshot", n, || live_snapshot(pool)).await;
-    time("overview: traffic last hour", n, || pool.traffic(3600)).await;
-    time("overview: traffic last 24 h", n, || pool.traffic(86_400)).await;
-    time("overview: duplicate delays 30 d", n, || pool.duplicate_delays(30)).await;
+/// Times `f` on each target in turn, printed as one table row: p50 and p95 of each.
+async fn time<T, E: std::fmt::Debug>(
+    label: &str,
+    n: usize,
+    targets: &[Target],
+    f: impl AsyncFn(&Target) -> Result<T, E>,
+) {
+    let mut row = format!("| {label:<44} |");
+    for target in targets {
+        let (p50, p95) = percentiles(&format!("{}: {label}", target.name), n, async || f(target).await).await;
+        row.push_str(&format!(" {p50:>8.2} | {p95:>8.2} |"));
+    }
+    println!("{row}");
+}
+
+/// The header of a table whose rows give p50 and p95 per column of `columns`.
+fn header(first: &str, columns: &[String]) {
+    let names: String = columns.iter().map(|c| format!(" {c} p50 | {c} p95 |")).collect();
+    let rule: String = columns.iter().map(|_| "---:|---:|").collect();
+    println!("| {first} |{names}\n|---|{rule}");
+}
+
+async fn bench_queries(targets: &[Target], n: usize) {
+    println!("\nEngine queries (server-side data of each page; ms)\n");
+    header("query", &targets.iter().map(|t| t.name.to_owned()).collect::<Vec<_>>());
+    time("overview: counts by status (record_counts)", n, targets, async |t| t.store().status_counts().await).await;
+    time("overview: live snapshot", n, targets, async |t| live_snapshot(t.store()).await).await;
+    time("overview: traffic last hour", n, targets, async |t| t.store().traffic(3600).await).await;
+    time("overview: traffic last 24 h", n, targets, async |t| t.store().traffic(86_400).await).await;
+    time("overview: duplicate delays 30 d", n, targets, async |t| t.store().duplicate_delays(30).await).await;
     for range in GrowthRange::ALL {
-        time(&format!("overview: growth {}", range.as_str()), n, || pool.growth(range)).await;
+        let label = format!("overview: growth {}", range.as_str());
+        time(&label, n, targets, async |t| t.store().growth(range).await).await;
     }
-    time("filters: consumer groups", n, || pool.consumer_groups()).await;
-    time("filters: message types (loose index scan)", n, || pool.message_types()).await;
-
-    // A cursor half way down the table, for "any depth".
-    let (mid_at, mid_id): (chrono::DateTime<chrono::Utc>, i64) = sqlx::query_as(
-        "SELECT first_seen_at, id FROM dedup_records WHERE id >= (SELECT (min(id) + max(id)) / 2 FROM dedup_records)
-         ORDER BY id LIMIT 1",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    let deep = format!("t{}.{mid_id}", mid_at.timestamp_micros());
-    let (some_id, some_message): (i64, String) = sqlx::query_as(
-        "SELECT id, message_id FROM dedup_records WHERE id >= (SELECT max(id) * 3 / 4 FROM dedup_records) ORDER BY id LIMIT 1",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    let prefix: String = some_message.chars().take(some_message.len() - 4).collect();
-    let from = (mid_at - chrono::TimeDelta::hours(1)).to_rfc3339();
-    let to = mid_at.to_rfc3339();
-    let class = "TIMEOUT: gateway did not answer within # ms";
-    let cases: Vec<(&str, RecordListParams)> = vec![
-        ("records: first page, newest first", list(FilterText::default())),
-        ("records: page at half depth (keyset)", list(FilterText { after: Some(&deep), ..Default::default() })),
-        ("records: previous page at half depth", list(FilterText { before: Some(&deep), ..Default::default() })),
-        ("records: oldest first", list(FilterText { order: Some("asc"), ..Default::default() })),
-        ("records: status = dead", list(FilterText { status: Some("dead"), ..Default::default() })),
-        ("records: status = processing", list(FilterText { status: Some("processing"), ..Default::default() })),
-        (
-            "records: status = failed, by attempts",
-            list(FilterText { status: Some("failed"), sort: Some("attempts"), ..Default::default() }),
-        ),
-        ("records: sorted by attempts", list(FilterText { sort: Some("attempts"), ..Default::default() })),
-        ("records: group = billing-service", list(FilterText { group: Some("billing-service"), ..Default::default() })),
-        ("records: type = ORDER.PAY", list(FilterText { message_type: Some("ORDER.PAY"), ..Default::default() })),
-        ("records: type = POISON (rare)", list(FilterText { message_type: Some("POISON"), ..Default::default() })),
-        ("records: attempts >= 3", list(FilterText { min_attempts: Some("3"), ..Default::default() })),
-        (
-            "records: one hour at half depth",
-            list(FilterText { from: Some(&from), to: Some(&to), ..Default::default() }),
-        ),
-        ("records: message id exact", list(FilterText { message_id: Some(&some_message), ..Default::default() })),
-        ("records: message id prefix", list(FilterText { id_prefix: Some(&prefix), ..Default::default() })),
-        (
-            "records: dead-letter group drill-down",
-            list(FilterText { status: Some("dead"), error_class: Some(class), ..Default::default() }),
-        ),
-    ];
-    for (label, params) in &cases {
-        time(label, n, || records_list(pool, params)).await;
+    time("filters: consumer groups", n, targets, async |t| t.store().consumer_groups().await).await;
+    time("filters: message types (loose index scan)", n, targets, async |t| t.store().message_types().await).await;
+    for (i, (label, _)) in targets[0].cases.iter().enumerate() {
+        time(label, n, targets, async |t| records_list(t.store(), &t.cases[i].1).await).await;
     }
-    time("record detail (with attempts)", n, || record_detail(pool, some_id)).await;
-    time("stuck: longest stuck 50 + total", n, || pool.stuck_records(50)).await;
-    time("retries: distribution, types, most retried", n, || retries(pool, pool, 50)).await;
-    time("dead letters: groups by error class", n, || pool.dead_letter_groups(200)).await;
+    time("record detail (with attempts)", n, targets, async |t| record_detail(t.store(), t.some_id).await).await;
+    time("stuck: longest stuck 50 + total", n, targets, async |t| t.store().stuck_records(50).await).await;
+    time("retries: distribution, types, most retried", n, targets, async |t| retries(t.store(), t.store(), 50).await)
+        .await;
+    time("dead letters: groups by error class", n, targets, async |t| t.store().dead_letter_groups(200).await).await;
 }
 
-/// A `dedup-console serve` process of one build (consumer off, auth off: loopback only), killed
-/// on drop.
+/// A `dedup-console serve` process of one build on one database (consumer off, auth off:
+/// loopback only), killed on drop.
 struct Served {
     child: std::process::Child,
     base: String,
+    /// `<database> <build>`, for the tables.
+    name: String,
 }
 
 impl Served {
-    async fn start(bin: &str, url: &str, port: u16) -> Self {
+    async fn start(bin: &str, build: &str, target: &Target) -> Self {
+        // A free port: the one the system hands out, released just before the server binds it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
         let mut child = std::process::Command::new(bin)
             .arg("serve")
-            .env("DEDUP_DATABASE_URL", url)
+            .env("DATABASE_URL", &target.url)
+            .env("DEDUP_DATABASE_URL", &target.url)
+            .env("DEDUP_SCHEMA", target.schema.as_str())
             .env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
             .env("DEDUP_CONSUMER__ENABLED", "false")
             .env("DEDUP_AUTH__MODE", "off")
@@ -166,18 +245,18 @@ impl Served {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("{bin}: {e} (build it first: see BENCHMARKS.md)"));
+            .unwrap_or_else(|e| panic!("{bin}: {e}"));
         let base = format!("http://127.0.0.1:{port}");
         let client = reqwest::Client::new();
         for _ in 0..600 {
             if client.get(format!("{base}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
-                return Self { child, base };
+                return Self { child, base, name: format!("{} {build}", target.name) };
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let _ = child.kill();
         let _ = child.wait();
-        panic!("{bin} did not start on port {port}");
+        panic!("{bin} did not start on port {port} ({})", target.name);
     }
 }
 
@@ -188,67 +267,86 @@ impl Drop for Served {
     }
 }
 
-/// Times every API call and page on the build `scripts/run` serves (profile `serve`) and on the
-/// debug build, request by request side by side (one client, no redirects: a page that is not
-/// 200 fails the bench).
-async fn bench_http(url: &str, n: usize) {
+/// The builds to serve: the build `scripts/run` serves (profile `serve`) and the debug build,
+/// those of the two whose binary exists (at least one must).
+fn builds() -> Vec<(&'static str, String)> {
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".to_owned());
-    let served_bin = std::env::var("BENCH_SERVED_BIN").unwrap_or_else(|_| format!("{target}/serve/dedup-console"));
-    let debug_bin = std::env::var("BENCH_DEBUG_BIN").unwrap_or_else(|_| format!("{target}/debug/dedup-console"));
-    let served = Served::start(&served_bin, url, 3701).await;
-    let debug = Served::start(&debug_bin, url, 3702).await;
-    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-    let record: serde_json::Value =
-        client.get(format!("{}/api/v1/records?limit=1", served.base)).send().await.unwrap().json().await.unwrap();
-    let id = record["rows"][0]["id"].as_i64().unwrap_or(1);
-    println!("\nHTTP (API calls and server-rendered pages, one client; ms)\n");
-    println!("| request | served p50 | served p95 | debug p50 | debug p95 |\n|---|---:|---:|---:|---:|");
-    for path in [
-        "/api/v1/aggregates".to_owned(),
-        "/api/v1/aggregates/growth?range=30d".to_owned(),
-        "/api/v1/groups".to_owned(),
-        "/api/v1/message-types".to_owned(),
-        "/api/v1/records".to_owned(),
-        "/api/v1/records?status=failed&sort=attempts".to_owned(),
-        "/api/v1/records?prefix=ORDER.PAY.0000000".to_owned(),
-        format!("/api/v1/records/{id}"),
-        "/api/v1/stuck".to_owned(),
-        "/api/v1/retries".to_owned(),
-        "/api/v1/dead-letters".to_owned(),
-        "/".to_owned(),
-        "/records".to_owned(),
-        format!("/records/{id}"),
-        "/stuck".to_owned(),
-        "/retries".to_owned(),
-        "/dead-letters".to_owned(),
-        "/cleanup".to_owned(),
-        "/audit".to_owned(),
-        "/requeue".to_owned(),
-    ] {
-        let mut row = Vec::new();
-        for server in [&served, &debug] {
-            let client = client.clone();
-            let url = format!("{}{path}", server.base);
-            let label = format!("GET {url}");
-            row.push(
-                percentiles(&label, n, move || {
-                    let request = client.get(url.clone()).send();
-                    async move {
-                        let response = request.await.map_err(|e| e.to_string())?;
-                        if response.status() != reqwest::StatusCode::OK {
-                            return Err(format!("status {}", response.status()));
-                        }
-                        response.bytes().await.map_err(|e| e.to_string())
-                    }
-                })
-                .await,
-            );
+    let served = std::env::var("BENCH_SERVED_BIN").unwrap_or_else(|_| format!("{target}/serve/dedup-console"));
+    let debug = std::env::var("BENCH_DEBUG_BIN").unwrap_or_else(|_| format!("{target}/debug/dedup-console"));
+    let builds: Vec<_> = [("served", served), ("debug", debug)]
+        .into_iter()
+        .filter(|(build, bin)| {
+            let built = std::path::Path::new(bin).exists();
+            if !built {
+                eprintln!("the {build} build is not timed: no {bin} (see BENCHMARKS.md to build it)");
+            }
+            built
+        })
+        .collect();
+    assert!(!builds.is_empty(), "no server build to time: build one first (see BENCHMARKS.md)");
+    builds
+}
+
+/// Times every API call and page on one server per build and database, request by request side
+/// by side (one client, no redirects: a page that is not 200 fails the bench).
+async fn bench_http(targets: &[Target], n: usize) {
+    let mut servers = Vec::new();
+    let mut record_ids = Vec::new();
+    for target in targets {
+        for (build, bin) in builds() {
+            servers.push(Served::start(&bin, build, target).await);
+            record_ids.push(target.some_id);
         }
-        let [(sp50, sp95), (dp50, dp95)] = [row[0], row[1]];
-        println!("| GET {path:<40} | {sp50:>8.2} | {sp95:>8.2} | {dp50:>8.2} | {dp95:>8.2} |");
+    }
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    println!("\nHTTP (API calls and server-rendered pages, one client; ms)\n");
+    header("request", &servers.iter().map(|s| s.name.clone()).collect::<Vec<_>>());
+    for path in [
+        "/api/v1/aggregates",
+        "/api/v1/aggregates/growth?range=30d",
+        "/api/v1/groups",
+        "/api/v1/message-types",
+        "/api/v1/records",
+        "/api/v1/records?status=failed&sort=attempts",
+        "/api/v1/records?prefix=ORDER.PAY.0000000",
+        "/api/v1/records/{id}",
+        "/api/v1/stuck",
+        "/api/v1/retries",
+        "/api/v1/dead-letters",
+        "/",
+        "/records",
+        "/records/{id}",
+        "/stuck",
+        "/retries",
+        "/dead-letters",
+        "/cleanup",
+        "/audit",
+        "/requeue",
+    ] {
+        let mut row = format!("| GET {path:<40} |");
+        for (server, id) in servers.iter().zip(&record_ids) {
+            let url = format!("{}{}", server.base, path.replace("{id}", &id.to_string()));
+            let label = format!("GET {url}");
+            let (p50, p95) = percentiles(&label, n, async || {
+                let response = client.get(&url).send().await.map_err(|e| e.to_string())?;
+                if response.status() != reqwest::StatusCode::OK {
+                    return Err(format!("status {}", response.status()));
+                }
+                response.bytes().await.map_err(|e| e.to_string())
+            })
+            .await;
+            row.push_str(&format!(" {p50:>8.2} | {p95:>8.2} |"));
+        }
+        println!("{row}");
     }
     if std::env::var("BENCH_BROWSER").as_deref() != Ok("0") {
-        page_loads(&served.base, &debug.base, id);
+        let per_target = servers.len() / targets.len();
+        for (target, servers) in targets.iter().zip(servers.chunks(per_target)) {
+            match servers {
+                [served, debug] => page_loads(&served.base, &debug.base, target.some_id),
+                _ => eprintln!("{}: page loads in Chromium need both builds; not measured", target.name),
+            }
+        }
     }
 }
 
@@ -267,18 +365,19 @@ fn main() {
     runtime.block_on(async {
         let url = std::env::var("BENCH_DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/dedup_console_bench".to_owned());
+        let urls = std::iter::once(url).chain(std::env::var("BENCH_MYSQL_URL").ok());
         let records: u64 = env_or("BENCH_RECORDS", 1_000_000);
         let n: usize = env_or("BENCH_ITERATIONS", 40);
-        let host = connect(&url, &PoolSettings { statement_timeout: None, ..PoolSettings::default() })
-            .await
-            .expect("PostgreSQL for the bench");
-        let schema = Schema::default();
-        migrate(&host, &schema).await.expect("migrate");
-        let pool = engine_pool(&host, &schema, 16);
-        seed_to(&pool, records).await;
-        let total: i64 = sqlx::query_scalar("SELECT sum(n)::bigint FROM record_counts").fetch_one(&pool).await.unwrap();
-        println!("console bench: {total} records, {n} timed runs each (after 3 warm-ups)");
-        bench_queries(&pool, n).await;
-        bench_http(&url, n).await;
+        let mut targets = Vec::new();
+        for url in urls {
+            let mut target = Target::open(url).await;
+            target.seed_to(records).await;
+            target.pick_cases().await;
+            println!("console bench: {}: {} records", target.name, target.total().await);
+            targets.push(target);
+        }
+        println!("{n} timed runs of each item (after 3 warm-ups)");
+        bench_queries(&targets, n).await;
+        bench_http(&targets, n).await;
     });
 }

@@ -184,7 +184,7 @@ fn Pager(q: RecordsQuery, p: RecordPageView) -> impl IntoView {
         view! {
             <p class="muted" role="status" data-testid="records-searched-to">
                 {format!(
-                    "This filter has no index over the succeeded records, so a page searches a bounded stretch of them: this one stopped at record #{id}. The next page searches further.",
+                    "No index narrows this filter in this order, so a page searches a bounded stretch of the records: this one stopped at record #{id}. The next page searches further.",
                 )}
             </p>
         }

@@ -212,10 +212,11 @@ pub struct RecordPageView {
     pub next: Option<String>,
     /// Pass as `before` for the previous page; `None` on the first page.
     pub prev: Option<String>,
-    /// Set when the filter has no index to narrow it (a group, message type or error class over
-    /// the succeeded records): the page searched a bounded stretch of records past its cursor
-    /// (20 000 in time order) and stopped at this record id with fewer matches than a page;
-    /// `next` (`prev` going back) continues the search from there.
+    /// Set when the filter has no index to narrow it in the list's order (a group, message type
+    /// or error class over the succeeded records; in message-id order a type, class or time
+    /// range): the page searched a bounded stretch of records past its cursor (20 000 in time
+    /// order, 2 000 in attempts and message-id order) and stopped at this record id with fewer
+    /// matches than a page; `next` (`prev` going back) continues the search from there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub searched_to: Option<i64>,
 }

@@ -299,6 +299,8 @@ macro_rules! conformance_tests {
             the_records_list_filters_orders_and_pages_alike,
             a_time_range_lists_the_records_first_seen_in_it,
             a_filter_without_an_index_searches_a_bounded_window_in_every_order,
+            breaker_windowed_pages_equal_the_filtered_unwindowed_list,
+            breaker_windowed_pages_over_time_ranges_and_the_time_window,
             seeded_records_are_counted_with_their_attempts_and_a_second_seed_appends,
         );
     };

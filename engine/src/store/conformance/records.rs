@@ -206,3 +206,160 @@ pub async fn a_filter_without_an_index_searches_a_bounded_window_in_every_order<
     let grouped = records_list(reads, &by_key).await.unwrap();
     assert_eq!((grouped.rows.len(), grouped.searched_to), (50, None));
 }
+
+/// Breaker: every filtered page sequence, forwards and back, in every order both ways, equals
+/// the unfiltered list (no window) filtered by hand: no row skipped or repeated across pages.
+pub async fn breaker_windowed_pages_equal_the_filtered_unwindowed_list<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let reads = console_store(&pool);
+    let l = lease("worker-1");
+    // Equal message ids in two groups, retried ones, untried ones.
+    let other = ConsumerGroup::parse(OTHER).unwrap();
+    for id in ["M.1", "M.2", "M.3", "zz"] {
+        claim_in(&h, &other, &[&msg(id, "RARE.EVENT", id)], ClaimAs::Succeeded, &l).await;
+        let a = msg(id, "RARE.EVENT", id);
+        fail(&h, &claimed(claim_one(&h, &a, &l).await), &a, &l, false).await;
+    }
+    let domain = SeedDomain::new(&["bulk-service", "bulk-two"], &["THING.MADE", "THING.GONE"]);
+    seed_records(reads, &SeedParams { records: 7_000, days: 1, batch: 3_500 }, &domain, |_, _| {}).await.unwrap();
+    for id in ["M.1", "M.4", "0"] {
+        claim_in(&h, &other, &[&msg(id, "RARE.EVENT", id)], ClaimAs::Succeeded, &l).await;
+        claimed(claim_one(&h, &msg(id, "RARE.EVENT", id), &l).await);
+    }
+    let filters: Vec<(&str, RecordFilter, Box<dyn Fn(&crate::console::records::RecordRow) -> bool>)> = vec![
+        ("rare", RecordFilter { message_type: Some("RARE.EVENT".into()), ..Default::default() }, Box::new(|r| r.message_type == "RARE.EVENT")),
+        ("gone", RecordFilter { message_type: Some("THING.GONE".into()), ..Default::default() }, Box::new(|r| r.message_type == "THING.GONE")),
+        ("other group", RecordFilter { group: Some(OTHER.into()), ..Default::default() }, Box::new(|r| r.consumer_group == OTHER)),
+        ("group+type", RecordFilter { group: Some("bulk-two".into()), message_type: Some("THING.MADE".into()), ..Default::default() }, Box::new(|r| r.consumer_group == "bulk-two" && r.message_type == "THING.MADE")),
+    ];
+    let mut failures = Vec::new();
+    for sort in [SortKey::Time, SortKey::Attempts, SortKey::MessageId] {
+        for order in [SortOrder::Desc, SortOrder::Asc] {
+            // Ground truth: the unfiltered list, which no window bounds.
+            let mut all = Vec::new();
+            let mut at = PageAt::First;
+            loop {
+                let p = records_list(reads, &RecordListParams { sort, order, at, limit: 500, ..Default::default() }).await.unwrap();
+                assert_eq!(p.searched_to, None);
+                all.extend(p.rows);
+                match p.next { Some(n) => at = PageAt::After(n), None => break }
+            }
+            for (name, filter, keep) in &filters {
+                let truth: Vec<i64> = all.iter().filter(|r| keep(r)).map(|r| r.id).collect();
+                for limit in [7, 50] {
+                    let params = |at| RecordListParams { filter: filter.clone(), sort, order, at, limit };
+                    let mut got = Vec::new();
+                    let mut at = PageAt::First;
+                    let mut pages = Vec::new();
+                    for _ in 0..2000 {
+                        let p = records_list(reads, &params(at.clone())).await.unwrap();
+                        got.extend(p.rows.iter().map(|r| r.id));
+                        pages.push((p.rows.iter().map(|r| r.id).collect::<Vec<_>>(), p.prev.clone(), p.next.clone(), p.searched_to));
+                        match p.next { Some(n) => at = PageAt::After(n), None => break }
+                    }
+                    if got != truth {
+                        failures.push(format!("{sort:?} {order:?} {name} limit {limit} forward: got {} rows {:?}.. truth {} rows {:?}..", got.len(), &got[..got.len().min(12)], truth.len(), &truth[..truth.len().min(12)]));
+                        continue;
+                    }
+                    // Back: from each page's prev, the rows before it.
+                    let mut back = Vec::new();
+                    let mut at = match pages.last().and_then(|p| p.1.clone()) { Some(c) => PageAt::Before(c), None => continue };
+                    let last_rows = pages.last().unwrap().0.clone();
+                    for _ in 0..2000 {
+                        let p = records_list(reads, &params(at.clone())).await.unwrap();
+                        let mut ids: Vec<i64> = p.rows.iter().map(|r| r.id).collect();
+                        ids.extend(back);
+                        back = ids;
+                        match p.prev { Some(c) => at = PageAt::Before(c), None => break }
+                    }
+                    back.extend(last_rows);
+                    if back != truth {
+                        failures.push(format!("{sort:?} {order:?} {name} limit {limit} backward: got {} rows {:?} truth {} rows {:?}", back.len(), &back[..back.len().min(12)], truth.len(), &truth[..truth.len().min(12)]));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Breaker: every filtered page sequence, forwards and back, in every order both ways, equals
+/// the unfiltered list (no window) filtered by hand: no row skipped or repeated across pages.
+pub async fn breaker_windowed_pages_over_time_ranges_and_the_time_window<H: Harness>() {
+    let h = H::fresh().await;
+    let pool = h.engine_pool();
+    let reads = console_store(&pool);
+    let l = lease("worker-1");
+    // Equal message ids in two groups, retried ones, untried ones.
+    let other = ConsumerGroup::parse(OTHER).unwrap();
+    for id in ["M.1", "M.2", "M.3", "zz"] {
+        claim_in(&h, &other, &[&msg(id, "RARE.EVENT", id)], ClaimAs::Succeeded, &l).await;
+        let a = msg(id, "RARE.EVENT", id);
+        fail(&h, &claimed(claim_one(&h, &a, &l).await), &a, &l, false).await;
+    }
+    let domain = SeedDomain::new(&["bulk-service", "bulk-two"], &["THING.MADE", "THING.GONE"]);
+    seed_records(reads, &SeedParams { records: 45_000, days: 1, batch: 15_000 }, &domain, |_, _| {}).await.unwrap();
+    for id in ["M.1", "M.4", "0"] {
+        claim_in(&h, &other, &[&msg(id, "RARE.EVENT", id)], ClaimAs::Succeeded, &l).await;
+        claimed(claim_one(&h, &msg(id, "RARE.EVENT", id), &l).await);
+    }
+    let now = Utc::now();
+    let (from, to) = (now - TimeDelta::hours(14), now - TimeDelta::hours(6));
+    let filters: Vec<(&str, RecordFilter, Box<dyn Fn(&crate::console::records::RecordRow) -> bool>)> = vec![
+        ("rare", RecordFilter { message_type: Some("RARE.EVENT".into()), ..Default::default() }, Box::new(|r| r.message_type == "RARE.EVENT")),
+        ("other group", RecordFilter { group: Some(OTHER.into()), ..Default::default() }, Box::new(|r| r.consumer_group == OTHER)),
+        ("from-to", RecordFilter { from: Some(from), to: Some(to), ..Default::default() }, Box::new(move |r| r.first_seen_at >= from && r.first_seen_at < to)),
+        ("to+group", RecordFilter { to: Some(to), group: Some("bulk-two".into()), ..Default::default() }, Box::new(move |r| r.first_seen_at < to && r.consumer_group == "bulk-two")),
+        ("from+type", RecordFilter { from: Some(now - TimeDelta::minutes(30)), message_type: Some("THING.GONE".into()), ..Default::default() }, Box::new(move |r| r.first_seen_at >= now - TimeDelta::minutes(30) && r.message_type == "THING.GONE")),
+    ];
+    let mut failures = Vec::new();
+    for sort in [SortKey::Time, SortKey::Attempts, SortKey::MessageId] {
+        for order in [SortOrder::Desc, SortOrder::Asc] {
+            // Ground truth: the unfiltered list, which no window bounds.
+            let mut all = Vec::new();
+            let mut at = PageAt::First;
+            loop {
+                let p = records_list(reads, &RecordListParams { sort, order, at, limit: 500, ..Default::default() }).await.unwrap();
+                assert_eq!(p.searched_to, None);
+                all.extend(p.rows);
+                match p.next { Some(n) => at = PageAt::After(n), None => break }
+            }
+            for (name, filter, keep) in &filters {
+                let truth: Vec<i64> = all.iter().filter(|r| keep(r)).map(|r| r.id).collect();
+                for limit in [if *name == "rare" { 3 } else { 400 }] {
+                    let params = |at| RecordListParams { filter: filter.clone(), sort, order, at, limit };
+                    let mut got = Vec::new();
+                    let mut at = PageAt::First;
+                    let mut pages = Vec::new();
+                    for _ in 0..2000 {
+                        let p = records_list(reads, &params(at.clone())).await.unwrap();
+                        got.extend(p.rows.iter().map(|r| r.id));
+                        pages.push((p.rows.iter().map(|r| r.id).collect::<Vec<_>>(), p.prev.clone(), p.next.clone(), p.searched_to));
+                        match p.next { Some(n) => at = PageAt::After(n), None => break }
+                    }
+                    if got != truth {
+                        failures.push(format!("{sort:?} {order:?} {name} limit {limit} forward: got {} rows {:?}.. truth {} rows {:?}..", got.len(), &got[..got.len().min(12)], truth.len(), &truth[..truth.len().min(12)]));
+                        continue;
+                    }
+                    // Back: from each page's prev, the rows before it.
+                    let mut back = Vec::new();
+                    let mut at = match pages.last().and_then(|p| p.1.clone()) { Some(c) => PageAt::Before(c), None => continue };
+                    let last_rows = pages.last().unwrap().0.clone();
+                    for _ in 0..2000 {
+                        let p = records_list(reads, &params(at.clone())).await.unwrap();
+                        let mut ids: Vec<i64> = p.rows.iter().map(|r| r.id).collect();
+                        ids.extend(back);
+                        back = ids;
+                        match p.prev { Some(c) => at = PageAt::Before(c), None => break }
+                    }
+                    back.extend(last_rows);
+                    if back != truth {
+                        failures.push(format!("{sort:?} {order:?} {name} limit {limit} backward: got {} rows {:?} truth {} rows {:?}", back.len(), &back[..back.len().min(12)], truth.len(), &truth[..truth.len().min(12)]));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -301,6 +301,8 @@ macro_rules! conformance_tests {
             a_filter_without_an_index_searches_a_bounded_window_in_every_order,
             breaker_windowed_pages_equal_the_filtered_unwindowed_list,
             breaker_windowed_pages_over_time_ranges_and_the_time_window,
+            breaker_a_window_that_reaches_the_last_record_is_not_short,
+            breaker_a_time_range_over_two_seed_runs_lists_every_record_in_it,
             seeded_records_are_counted_with_their_attempts_and_a_second_seed_appends,
         );
     };

@@ -131,7 +131,8 @@ pub trait RecordReads: Send + Sync {
     async fn id_bounds(&self) -> Result<Option<(i64, i64)>, QueryError>;
 
     /// The position in attempts order `rows` records past `from` (none: from the start) in
-    /// `direction`, over every record (an attempts [`Cursor`]); `None` when fewer are left.
+    /// `direction`, over every record (an attempts [`Cursor`]); `None` unless a record lies past
+    /// it.
     /// Reads the parts' indexes only.
     async fn attempts_window_end(
         &self,
@@ -142,7 +143,8 @@ pub trait RecordReads: Send + Sync {
 
     /// The dedup key `rows` keys past `from` (none: from the start) in `direction`, in `group`
     /// or, without one, the nearest such key of every group, with its record's id (a message-id
-    /// [`Cursor`]); `None` when no group has that many keys left. Reads the dedup key only.
+    /// [`Cursor`]), of the groups with a key past it; `None` when no group has. Reads the dedup
+    /// key only.
     async fn message_id_window_end(
         &self,
         group: Option<&str>,
@@ -227,8 +229,8 @@ struct Window {
 }
 
 impl Window {
-    /// `None` for an empty table, and in attempts or message-id order when fewer than the
-    /// window's records are left. Two probes of the primary key's ends, or one read of an index.
+    /// `None` for an empty table, and in attempts or message-id order when no record lies past
+    /// the window. Two probes of the primary key's ends, or one read of an index.
     async fn of(
         reads: &dyn RecordReads,
         params: &RecordListParams,

@@ -16,10 +16,11 @@ use crate::console::QueryError;
 /// A database's side of a seed run ([`super::seed_records`]), implemented on the pool types.
 #[async_trait]
 pub trait SeedBooks: Send + Sync {
-    /// Reserves `n` consecutive ids of `dedup_records` (returns the first) in a short
-    /// transaction of its own: the engine's inserts, now and later, take ids past them. A run
-    /// that fails later leaves them unused.
-    async fn seed_reserve_ids(&self, n: i64) -> Result<i64, sqlx::Error>;
+    /// Reserves `n` consecutive ids of `dedup_records` in a short transaction of its own: the
+    /// engine's inserts, now and later, take ids past them. Returns the first, and when the
+    /// first sighting of the record before it (the newest), read under the same lock. A run that
+    /// fails later leaves them unused.
+    async fn seed_reserve_ids(&self, n: i64) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error>;
 
     /// Loads the run: its records and attempts ([`SeedRun`]), their counts in `record_counts`
     /// and `message_types` (as the engine's inserts count theirs), the aggregates

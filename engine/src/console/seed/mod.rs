@@ -20,7 +20,7 @@ mod domain;
 mod rows;
 mod totals;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::SubsecRound;
 
@@ -69,7 +69,8 @@ pub struct SeedReport {
 }
 
 /// Inserts `params.records` synthetic records of `domain` spread over the last `params.days`
-/// days, with their attempts and aggregates, `progress(done, total)` called after each batch of
+/// days (after the newest record already there, if it is newer: ids follow first sightings),
+/// with their attempts and aggregates, `progress(done, total)` called after each batch of
 /// `params.batch` records, on `books`' database (a `PgPool` or a `MySqlPool`, or
 /// [`crate::console::console_store`]). On PostgreSQL, into an empty table the run holds its
 /// exclusive lock until it is done.
@@ -93,11 +94,14 @@ pub async fn seed_records(
     domain.check().map_err(QueryError::BadFilter)?;
     let started = Instant::now();
     let records = i64::try_from(params.records).map_err(|_| QueryError::BadFilter("too many records".to_owned()))?;
-    let first = books.seed_reserve_ids(records).await?;
-    let window = Duration::from_secs(u64::from(params.days) * 86_400);
+    let (first, newest) = books.seed_reserve_ids(records).await?;
     let now = chrono::Utc::now().trunc_subsecs(6);
-    let micros_per_record = window.as_micros() as f64 / records as f64;
-    let plan = Plan::new(first, now - window, now, micros_per_record, domain.clone());
+    // Ids follow first sightings (a time filter reads them as an id range, DESIGN.md): a run
+    // appended to records starts after the newest of them.
+    let days = chrono::TimeDelta::days(i64::from(params.days));
+    let start = newest.map_or(now - days, |newest| (now - days).max(newest).min(now));
+    let micros_per_record = (now - start).num_microseconds().unwrap_or(0) as f64 / records as f64;
+    let plan = Plan::new(first, start, now, micros_per_record, domain.clone());
     let run = SeedRun {
         plan,
         records: params.records,

@@ -28,6 +28,7 @@ mod leases;
 mod overview;
 #[cfg(feature = "rabbitmq")]
 mod record_actions;
+mod record_pages;
 mod records;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -53,6 +54,7 @@ pub use leases::*;
 pub use overview::*;
 #[cfg(feature = "rabbitmq")]
 pub use record_actions::*;
+pub use record_pages::*;
 pub use records::*;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlHarness;
@@ -299,10 +301,10 @@ macro_rules! conformance_tests {
             the_records_list_filters_orders_and_pages_alike,
             a_time_range_lists_the_records_first_seen_in_it,
             a_filter_without_an_index_searches_a_bounded_window_in_every_order,
-            breaker_windowed_pages_equal_the_filtered_unwindowed_list,
-            breaker_windowed_pages_over_time_ranges_and_the_time_window,
-            breaker_a_window_that_reaches_the_last_record_is_not_short,
-            breaker_a_time_range_over_two_seed_runs_lists_every_record_in_it,
+            filtered_pages_forwards_and_back_equal_the_whole_list_filtered,
+            pages_under_time_ranges_across_the_time_window_equal_the_whole_list_filtered,
+            a_window_that_reaches_the_last_record_says_nothing_is_left,
+            a_time_range_over_two_seed_runs_lists_every_record_in_it,
             seeded_records_are_counted_with_their_attempts_and_a_second_seed_appends,
         );
     };

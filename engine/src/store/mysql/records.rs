@@ -180,8 +180,10 @@ impl RecordReads for MySqlPool {
         let every = RecordFilter::default();
         let query = RowsQuery { filter: &every, sort: SortKey::Attempts, cursor: from, direction, rows, window_end: None };
         push_attempts_parts(&mut q, "d.attempts, d.id", &query, ArrivalIds::default());
-        q.push(" LIMIT 1 OFFSET ").push_bind(rows - 1);
-        let end: Option<(i32, i64)> = q.build_query_as().fetch_optional(self).await?;
+        q.push(" LIMIT 2 OFFSET ").push_bind(rows - 1);
+        let ends: Vec<(i32, i64)> = q.build_query_as().fetch_all(self).await?;
+        // The window's far end only when a record lies past it.
+        let end = ends.first().copied().filter(|_| ends.len() == 2);
         Ok(end.map(|(a, id)| Cursor { key: CursorKey::Attempts(a), id }))
     }
 
@@ -211,8 +213,12 @@ impl RecordReads for MySqlPool {
                 let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
                 q.push(format!(" AND message_id {cmp} ")).push_bind(m.as_bytes().to_vec());
             }
-            q.push(format!(" ORDER BY message_id {dir} LIMIT 1 OFFSET ")).push_bind(rows - 1);
-            ends.extend(q.build_query_as::<(String, i64)>().fetch_optional(self).await?);
+            // The key and the one after it: a group whose keys end there has no window.
+            q.push(format!(" ORDER BY message_id {dir} LIMIT 2 OFFSET ")).push_bind(rows - 1);
+            let mut keys: Vec<(String, i64)> = q.build_query_as().fetch_all(self).await?;
+            if keys.len() == 2 {
+                ends.push(keys.swap_remove(0));
+            }
         }
         let nearest = match direction {
             SortOrder::Desc => ends.into_iter().max(),

@@ -24,6 +24,7 @@
 mod values;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::{Executor, MySqlConnection};
 use sqlx::mysql::MySqlPool;
 
@@ -72,7 +73,7 @@ const SAMPLES_SQL: &str = "INSERT INTO table_samples (sampled_at, total_records,
 
 #[async_trait]
 impl SeedBooks for MySqlPool {
-    async fn seed_reserve_ids(&self, n: i64) -> Result<i64, sqlx::Error> {
+    async fn seed_reserve_ids(&self, n: i64) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
         let mut conn = self.acquire().await?;
         // A `LOCK TABLES` waiting for a long transaction would hold up every consumer's claim
         // behind it (a pending table lock goes first): wait at most `RESERVE_WAIT_SECS`.
@@ -86,9 +87,9 @@ impl SeedBooks for MySqlPool {
         if reserved.is_err() || unlocked.is_err() {
             conn.close_on_drop();
         }
-        let first = reserved?;
+        let reservation = reserved?;
         unlocked?;
-        Ok(first)
+        Ok(reservation)
     }
 
     async fn seed_load(&self, mut run: SeedRun<'_>) -> Result<(), QueryError> {
@@ -127,16 +128,18 @@ impl SeedBooks for MySqlPool {
 const RESERVE_WAIT_SECS: u32 = 10;
 
 /// Reserves `n` ids under `LOCK TABLES` (the caller unlocks); returns the first.
-async fn reserve_ids(conn: &mut MySqlConnection, n: i64) -> Result<i64, sqlx::Error> {
+async fn reserve_ids(conn: &mut MySqlConnection, n: i64) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
     // The attempts too: on MySQL 8 the ALTER of a table needs the tables whose foreign keys
     // refer to it locked as well.
     conn.execute("LOCK TABLES dedup_records WRITE, record_attempts WRITE").await?;
-    let first: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) + 1 FROM dedup_records").fetch_one(&mut *conn).await?;
+    let newest: Option<(i64, DateTime<Utc>)> =
+        sqlx::query_as("SELECT id, first_seen_at FROM dedup_records ORDER BY id DESC LIMIT 1").fetch_optional(&mut *conn).await?;
+    let first = newest.map_or(1, |(id, _)| id + 1);
     // Past the block. A counter already past it (ids of rolled-back inserts) stays there or is
     // lowered to it: either way no id of the block is handed out.
     let next = first.checked_add(n).ok_or_else(|| sqlx::Error::Protocol("no ids left to reserve".to_owned()))?;
     conn.execute(format!("ALTER TABLE dedup_records AUTO_INCREMENT = {next}").as_str()).await?;
-    Ok(first)
+    Ok((first, newest.map(|(_, seen)| seen)))
 }
 
 /// Rebuilds the window's `table_samples` in a transaction of its own; a sample taken before the

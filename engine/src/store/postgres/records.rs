@@ -158,21 +158,25 @@ impl RecordReads for PgPool {
             SortOrder::Desc => ("<", "DESC"),
             SortOrder::Asc => (">", "ASC"),
         };
-        // Each group's key `rows` keys on, by an index-only scan of the dedup key (a message id
-        // is unique in its group, so the cursor's id does not matter there); then the nearest.
-        let mut q = QueryBuilder::new("SELECT e.message_id, d.id FROM ");
+        // Each group's key `rows` keys on, and the one after it (a group whose keys end there
+        // has no window), by an index-only scan of the dedup key (a message id is unique in its
+        // group, so the cursor's id does not matter there); then the nearest.
+        let mut q = QueryBuilder::new("SELECT e.ends[1], d.id FROM ");
         match group {
             Some(group) => q.push("(SELECT ").push_bind(group.to_owned()).push(" AS g) groups"),
             None => q.push(format!("unnest({KNOWN_GROUPS_SQL}) AS groups(g)")),
         };
-        q.push(" CROSS JOIN LATERAL (SELECT message_id FROM dedup_records WHERE consumer_group = groups.g");
+        q.push(format!(
+            " CROSS JOIN LATERAL (SELECT array_agg(message_id ORDER BY message_id {dir}) AS ends FROM
+               (SELECT message_id FROM dedup_records WHERE consumer_group = groups.g"
+        ));
         if let Some(c) = from {
             let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
             q.push(format!(" AND message_id {cmp} ")).push_bind(m.clone());
         }
-        q.push(format!(" ORDER BY message_id {dir} OFFSET ")).push_bind(rows - 1).push(" LIMIT 1) e");
-        q.push(" JOIN dedup_records d ON d.consumer_group = groups.g AND d.message_id = e.message_id");
-        q.push(format!(" ORDER BY e.message_id {dir}, d.id {dir} LIMIT 1"));
+        q.push(format!(" ORDER BY message_id {dir} OFFSET ")).push_bind(rows - 1).push(" LIMIT 2) k) e");
+        q.push(" JOIN dedup_records d ON d.consumer_group = groups.g AND d.message_id = e.ends[1]");
+        q.push(format!(" WHERE cardinality(e.ends) = 2 ORDER BY e.ends[1] {dir}, d.id {dir} LIMIT 1"));
         let end: Option<(String, i64)> = q.build_query_as().fetch_optional(self).await?;
         Ok(end.map(|(m, id)| Cursor { key: CursorKey::MessageId(m), id }))
     }
@@ -188,8 +192,10 @@ impl RecordReads for PgPool {
         let every = RecordFilter::default();
         let query = RowsQuery { filter: &every, sort: SortKey::Attempts, cursor: from, direction, rows, window_end: None };
         push_attempts_parts(&mut q, "attempts, id", &query);
-        q.push(" OFFSET ").push_bind(rows - 1).push(" LIMIT 1");
-        let end: Option<(i32, i64)> = q.build_query_as().fetch_optional(self).await?;
+        q.push(" OFFSET ").push_bind(rows - 1).push(" LIMIT 2");
+        let ends: Vec<(i32, i64)> = q.build_query_as().fetch_all(self).await?;
+        // The window's far end only when a record lies past it.
+        let end = ends.first().copied().filter(|_| ends.len() == 2);
         Ok(end.map(|(a, id)| Cursor { key: CursorKey::Attempts(a), id }))
     }
 

@@ -31,6 +31,9 @@ SELECT setval(pg_get_serial_sequence('dedup_records', 'id'),
                        (SELECT COALESCE(max(id), 0) + 1 FROM dedup_records)) + $1 - 1) - $1 + 1
 "#;
 
+/// The first sighting of the newest record.
+const NEWEST_SEEN_SQL: &str = "SELECT first_seen_at FROM dedup_records ORDER BY id DESC LIMIT 1";
+
 /// Rebuilds `table_samples` every 10 minutes of the window from the cumulative `created` counts,
 /// scaling the current table and index sizes by the share of records then.
 const SAMPLES_SQL: &str = r#"
@@ -74,12 +77,13 @@ const HOURS_SQL: &str = "INSERT INTO stats_hour AS h (hour, consumer_group, crea
 
 #[async_trait]
 impl SeedBooks for PgPool {
-    async fn seed_reserve_ids(&self, n: i64) -> Result<i64, sqlx::Error> {
+    async fn seed_reserve_ids(&self, n: i64) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
         let mut tx = self.begin().await?;
         sqlx::query("LOCK TABLE dedup_records IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
         let first = sqlx::query_scalar(RESERVE_IDS_SQL).bind(n).fetch_one(&mut *tx).await?;
+        let newest = sqlx::query_scalar(NEWEST_SEEN_SQL).fetch_optional(&mut *tx).await?;
         tx.commit().await?;
-        Ok(first)
+        Ok((first, newest))
     }
 
     async fn seed_load(&self, mut run: SeedRun<'_>) -> Result<(), QueryError> {

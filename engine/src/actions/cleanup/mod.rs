@@ -322,6 +322,9 @@ pub(crate) async fn execute_run(
                 fingerprint_days: schedule.fingerprint_horizon_days(),
             };
             match books.delete_batch(&batch).await {
+                // Until a batch finds nothing: a short one is not the end, since a store may
+                // leave out records it chose (MySQL, a copy kept on one while the batch ran).
+                Ok(0) => break,
                 Ok(n) => {
                     if let Some(watch) = retention.filter(|_| n > 0 && batch.keeps_fingerprints()) {
                         watch.fingerprints_written();
@@ -330,9 +333,6 @@ pub(crate) async fn execute_run(
                     batches += 1;
                     if batches % 20 == 0 {
                         let _ = books.run_progress(run_id, deleted, batches).await;
-                    }
-                    if n < i64::from(schedule.batch_size) {
-                        break;
                     }
                 }
                 Err(e) => {

@@ -50,7 +50,10 @@ impl NamedLock for PgNamedLock {
         held.unwrap_or(false)
     }
 
-    async fn release(self: Box<Self>) {
+    async fn release(mut self: Box<Self>) {
+        // Unlocked first: the server ends a closed session (and frees its locks) after `close`
+        // returns, so another instance trying the lock at once could still find it held.
+        let _ = sqlx::query("SELECT pg_advisory_unlock($1, $2)").bind(self.class).bind(self.key).execute(&mut self.conn).await;
         let _ = self.conn.close().await;
     }
 }

@@ -113,7 +113,7 @@ async fn run_tick(
 /// "Run now": starts a manual run of schedule `id` on `pool` (the engine's: the run outlasts a
 /// request) in the background, holding the schedule's lock so that it never overlaps a
 /// scheduled run, and returns the run's id at once; its progress is in the schedule's runs
-/// ([`super::cleanup_runs`]). It arms no pipeline's [`RetentionWatch`]: the scheduler's next
+/// ([`super::cleanup_runs`]). It arms no pipeline's `RetentionWatch`: the scheduler's next
 /// pass refreshes them.
 ///
 /// Errors: [`ActionError::UnknownJob`]; [`ActionError::Refused`] when a run of the schedule is in

@@ -178,12 +178,13 @@ async fn console_on_mariadb(world: &World, server: &crate::support::Server, dead
     assert!(cli(&["cleanup", "list"]).await.contains("nightly"));
     assert_eq!(cli(&["cleanup", "run", "1", "--dry-run"]).await.trim(), "0 records would be deleted");
     let ran = cli(&["cleanup", "run", "1"]).await;
-    assert!(ran.contains(": 0 records deleted in 1 batches"), "{ran}");
+    // A batch that finds nothing ends the run and is not counted.
+    assert!(ran.contains(": 0 records deleted in 0 batches"), "{ran}");
     let view = server.call(&token, Method::GET, "/api/v1/cleanup", None).await;
     assert_eq!(view["schedules"][0]["settings"]["name"], "nightly", "{view}");
     assert_eq!(
         (view["runs"][0]["rows_deleted"].as_i64(), view["runs"][0]["batches"].as_i64()),
-        (Some(0), Some(1)),
+        (Some(0), Some(0)),
         "{view}"
     );
 }

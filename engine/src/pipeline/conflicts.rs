@@ -6,7 +6,7 @@
 use crate::store::PipelineStore;
 use super::{AckReason, Disposition, Outcome, Pipeline, Routed};
 use crate::store::ExistingRecord;
-use crate::store::postgres::{ConflictCopy, ConflictKind};
+use crate::store::{ConflictCopy, ConflictKind};
 
 impl<S: PipelineStore> Pipeline<S> {
     /// The copy to keep of `item`, judged `disposition` against `existing`: none for a

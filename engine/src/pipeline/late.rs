@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use super::{AckReason, Disposition, Pipeline, Routed};
 use crate::handler::Handler;
 use crate::record::{HandlerMode, LateDuplicatePolicy};
-use crate::store::postgres::HeldDelivery;
+use crate::store::HeldDelivery;
 
 /// A delivery's message id and when the deleted record of that id was first seen.
 pub(super) type FingerprintMatch = (String, DateTime<Utc>);

@@ -28,7 +28,7 @@ use super::{AckReason, Disposition, Outcome, Pipeline, Routed};
 use crate::handler::Handler;
 use crate::message::{InboundMessage, Poison};
 use crate::stats::Event;
-use crate::store::postgres::{ConflictCopy, ConflictKind};
+use crate::store::{ConflictCopy, ConflictKind};
 use crate::store::PoisonRecord;
 
 /// Most messages in one transaction with savepoints. Every handler runs in a savepoint, and a

@@ -8,6 +8,8 @@
 //! MySQL), never the worker's.
 
 mod attempts_order;
+mod conflict_copy;
+mod held_delivery;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod errors;
@@ -18,7 +20,9 @@ pub(crate) mod roles;
 mod lease_store;
 
 pub use errors::DbErrorKind;
+pub(crate) use conflict_copy::{ConflictCopy, ConflictKind, MAX_OPEN_PAYLOAD_COPIES, all_locked, records_of};
 pub(crate) use errors::count_deadlock_rerun;
+pub(crate) use held_delivery::{HeldDelivery, LATE_DUPLICATE_CLASS};
 pub use lease_store::LeaseStore;
 pub use roles::PipelineStore;
 
@@ -44,6 +48,11 @@ pub enum StoreError {
     /// The database refused or failed the statement.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// A conflicting copy of a delivery named a record that cleanup deleted while the copy was
+    /// being kept (DESIGN.md, "Reused ids and payload conflicts"). Nothing was kept; run again,
+    /// the delivery finds no record and is judged as the late duplicate it is.
+    #[error("record {0} was deleted while a conflicting copy of it was being kept")]
+    RecordDeleted(i64),
 }
 
 impl StoreError {
@@ -51,6 +60,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Database(e) => DbErrorKind::of(e).is_transient(),
+            StoreError::RecordDeleted(_) => true,
         }
     }
 
@@ -58,6 +68,7 @@ impl StoreError {
     pub fn is_deadlock(&self) -> bool {
         match self {
             StoreError::Database(e) => DbErrorKind::of(e) == DbErrorKind::Deadlock,
+            StoreError::RecordDeleted(_) => false,
         }
     }
 }

@@ -61,8 +61,6 @@ mod pauses;
 mod pool;
 pub(crate) mod runtime;
 mod seed;
-pub(crate) use conflicts::{ConflictCopy, ConflictKind};
-pub(crate) use late::HeldDelivery;
 pub use connection::{connect, engine_pool};
 #[cfg(feature = "testing")]
 pub use migrations::{MIGRATOR, verify_schema};

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::postgres::{ConflictCopy, HeldDelivery};
-use super::{DedupStore, LeaseStore, StoreError};
+use super::{ConflictCopy, DedupStore, HeldDelivery, LeaseStore, StoreError};
 use crate::record::ConsumerGroup;
 
 /// The connection type of a store's database.

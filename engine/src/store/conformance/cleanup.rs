@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 
 use super::claims::{claim_one, claimed, complete, fail, group, lease, msg};
+use super::roles::{copy, keep};
 use super::{GROUP, Harness};
 use crate::actions::ActionError;
 use crate::actions::cleanup::late::{RetentionWatch, late_duplicates};
@@ -21,7 +22,8 @@ use crate::actions::cleanup::{
 use crate::audit::AuditFilter;
 use crate::console::console_store;
 use crate::record::RecordStatus;
-use crate::store::roles::LateFingerprints;
+use crate::store::roles::{ConflictCopies, LateFingerprints};
+use crate::store::{ConflictKind, DedupStore, StoreError};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -177,13 +179,13 @@ pub async fn a_cleanup_schedule_deletes_old_succeeded_records_in_batches_once_an
 }
 
 /// Three succeeded records forty days old: one with an open conflicting copy, one whose copy is
-/// being kept (uncommitted, its record unlocked) while a delete batch runs, one without. The
-/// batch deletes the last only and the status counts follow. The second is the window between a
-/// batch's choice of records and its lock of them: MySQL's batch reads the open copies of what
-/// it locked again, by a locking read that waits for a copy being kept (it failed before: the
-/// choice's subquery reads the copies as of its start). PostgreSQL's batch chooses and locks in
-/// one statement, whose window (a copy committed while it runs) is not closed: that part runs
-/// on MySQL only.
+/// being kept (by the store's keeper, uncommitted) while a delete batch runs, one without. The
+/// batch deletes the last only and the status counts follow: the keeper holds the record it
+/// keeps a copy of, and a batch skips a held record. Before, PostgreSQL's batch read the copies
+/// as of its statement's start and deleted a record whose copy committed while it ran; MySQL's
+/// re-read them after its lock. A copy kept after its record's batch finds the record gone and
+/// keeps nothing ([`StoreError::RecordDeleted`]): its delivery is judged again, not left naming
+/// no record.
 pub async fn cleanup_keeps_a_record_whose_conflicting_copy_is_kept_while_its_batch_runs<H: Harness>() {
     let h = H::fresh().await;
     let pool = h.engine_pool();
@@ -197,9 +199,8 @@ pub async fn cleanup_keeps_a_record_whose_conflicting_copy_is_kept_while_its_bat
         h.age_record(c.id, 40).await;
         ids.push(c.id);
     }
-    h.keep_copy_committed_after(ids[0], Duration::ZERO).await.await.unwrap();
-    let race = H::NAME == "mysql";
-    let in_flight = if race { Some(h.keep_copy_committed_after(ids[1], Duration::from_millis(500)).await) } else { None };
+    let open = msg("COPY.OPEN", "ORDER.PAY", "{\"other\":1}");
+    keep(&h, &[copy(ids[0], &open, ConflictKind::Payload)], true).await;
     let batch = DeleteBatch {
         status: "succeeded",
         cutoff: store.cleanup_cutoff(30).await.unwrap(),
@@ -207,18 +208,27 @@ pub async fn cleanup_keeps_a_record_whose_conflicting_copy_is_kept_while_its_bat
         limit: 10,
         fingerprint_days: 1,
     };
-    let deleted = store.delete_batch(&batch).await.unwrap();
-    if let Some(copy) = in_flight {
-        copy.await.unwrap();
-    }
+    let in_flight = msg("COPY.IN_FLIGHT", "ORDER.PAY", "{\"other\":2}");
+    let mut keeper = h.store().pool().begin().await.unwrap();
+    let kept = h.store().keep_conflicts(&mut *keeper, &group(), &[copy(ids[1], &in_flight, ConflictKind::Payload)]).await;
+    kept.expect("the copy is kept");
+    let commit_later = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        keeper.commit().await.unwrap();
+    };
+    let (deleted, ()) = tokio::join!(store.delete_batch(&batch), commit_later);
+    assert_eq!(deleted.unwrap(), 1, "only the record without a copy is deleted");
     assert!(h.record(GROUP, "COPY.OPEN").await.is_some(), "a record with an open copy is kept");
+    assert!(h.record(GROUP, "COPY.IN_FLIGHT").await.is_some(), "a record whose copy was kept as its batch ran is kept");
     assert!(h.record(GROUP, "COPY.NONE").await.is_none(), "a record without one is deleted");
-    if race {
-        assert!(h.record(GROUP, "COPY.IN_FLIGHT").await.is_some(), "a record whose copy was kept as its batch ran is kept");
-        assert_eq!(deleted, 1);
-        assert_eq!(h.conflicts(ids[1]).await.len(), 1);
-    }
+    assert_eq!(h.conflicts(ids[1]).await.len(), 1);
     assert_eq!(h.counted().await, h.actual().await);
+
+    let late = msg("COPY.NONE", "ORDER.PAY", "{\"other\":3}");
+    let mut conn = h.store().pool().acquire().await.unwrap();
+    let kept = h.store().keep_conflicts(&mut *conn, &group(), &[copy(ids[2], &late, ConflictKind::Payload)]).await;
+    assert!(matches!(kept, Err(StoreError::RecordDeleted(id)) if id == ids[2]), "{kept:?}");
+    assert!(h.conflicts(ids[2]).await.is_empty(), "no copy names a deleted record");
 }
 
 /// A run whose schedule's lock was lost (its session ended, as an idle timeout, a proxy or a

@@ -196,10 +196,6 @@ pub trait Fixtures {
     async fn age_record(&self, id: i64, days: i32);
     /// Makes cleanup schedule `id`'s next tick due a second ago (database clock).
     async fn make_schedule_due(&self, id: i64);
-    /// Keeps an open payload conflict of record `record_id` in a transaction of its own that
-    /// locks no record, and commits it `after` later in the task returned: a copy being kept
-    /// while a cleanup batch chooses and locks its records. Returns once the copy is written.
-    async fn keep_copy_committed_after(&self, record_id: i64, after: std::time::Duration) -> tokio::task::JoinHandle<()>;
 }
 
 /// A store under test: a fresh, migrated database of its own (dropped with the harness) and its

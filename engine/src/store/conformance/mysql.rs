@@ -300,35 +300,4 @@ impl Fixtures for MySqlHarness {
             .await
             .unwrap();
     }
-
-    async fn keep_copy_committed_after(&self, record_id: i64, after: std::time::Duration) -> tokio::task::JoinHandle<()> {
-        use sqlx::Connection;
-        let (group, message_id, message_type): (String, String, String) =
-            sqlx::query_as("SELECT CAST(consumer_group AS CHAR), CAST(message_id AS CHAR), CAST(message_type AS CHAR) FROM dedup_records WHERE id = ?")
-                .bind(record_id)
-                .fetch_one(&self.db.pool)
-                .await
-                .unwrap();
-        let mut conn = self.db.pool.acquire().await.unwrap().detach();
-        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
-        sqlx::query(
-            "INSERT INTO record_conflicts (record_id, consumer_group, message_id, kind, message_type, id_source,
-                 payload_hash, payload, source_broker)
-             VALUES (?, ?, ?, 'payload', ?, 'property', ?, ?, 'rabbitmq')",
-        )
-        .bind(record_id)
-        .bind(group)
-        .bind(message_id)
-        .bind(message_type)
-        .bind(vec![7u8; 32])
-        .bind(b"{\"late\":true}".to_vec())
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
-            conn.close().await.unwrap();
-        })
-    }
 }

@@ -9,7 +9,7 @@ use crate::console::overview::{DelayBucket, GrowthRange, OverviewReads, live_sna
 use crate::record::{ConsumerGroup, RecordStatus};
 use crate::stats::{Event, Stats};
 use crate::store::ClaimAs;
-use crate::store::postgres::ConflictKind;
+use crate::store::ConflictKind;
 
 /// The overview's counts, traffic, delays and growth points on an empty database and after a
 /// record of each status, a stuck one, a conflicting copy and a flush of aggregates.

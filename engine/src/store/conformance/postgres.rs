@@ -290,35 +290,4 @@ impl Fixtures for PgHarness {
             .await
             .unwrap();
     }
-
-    async fn keep_copy_committed_after(&self, record_id: i64, after: std::time::Duration) -> tokio::task::JoinHandle<()> {
-        use sqlx::Connection;
-        let (group, message_id, message_type): (String, String, String) =
-            sqlx::query_as("SELECT consumer_group, message_id, message_type FROM dedup_records WHERE id = $1")
-                .bind(record_id)
-                .fetch_one(&self.db.pool)
-                .await
-                .unwrap();
-        let mut conn = self.db.pool.acquire().await.unwrap().detach();
-        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
-        sqlx::query(
-            "INSERT INTO record_conflicts (record_id, consumer_group, message_id, kind, message_type, id_source,
-                 payload_hash, payload, source_broker)
-             VALUES ($1, $2, $3, 'payload', $4, 'property', $5, $6, 'rabbitmq')",
-        )
-        .bind(record_id)
-        .bind(group)
-        .bind(message_id)
-        .bind(message_type)
-        .bind(vec![7u8; 32])
-        .bind(b"{\"late\":true}".to_vec())
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
-            conn.close().await.unwrap();
-        })
-    }
 }

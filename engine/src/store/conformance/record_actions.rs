@@ -18,7 +18,7 @@ use crate::console::console_store;
 use crate::fastpath::{FastPath, FastPathSettings};
 use crate::record::RecordStatus::{Dead, Failed, Processing, Succeeded};
 use crate::retry::Backoff;
-use crate::store::postgres::ConflictKind;
+use crate::store::ConflictKind;
 use crate::testing::{TestBroker, amqp_url, redis_url};
 
 /// A test broker, and publishers whose group [`GROUP`] publishes to its exchange (its work

@@ -11,7 +11,7 @@ use crate::console::console_store;
 use crate::console::records::{INDEX_SCAN_WINDOW, RecordReads, record_detail, records_list};
 use crate::console::seed::{SeedDomain, SeedParams, seed_records};
 use crate::record::{ConsumerGroup, RecordStatus};
-use crate::store::postgres::ConflictKind;
+use crate::store::ConflictKind;
 use crate::store::ClaimAs;
 
 /// The other consumer group of the case.

@@ -10,9 +10,7 @@ use crate::console::console_store;
 use crate::message::IdSourceKind;
 use crate::record::{ConsumerGroup, HandlerMode};
 use crate::store::DedupStore;
-use crate::store::postgres::conflicts::MAX_OPEN_PAYLOAD_COPIES;
-use crate::store::postgres::late::LATE_DUPLICATE_CLASS;
-use crate::store::postgres::{ConflictCopy, ConflictKind, HeldDelivery};
+use crate::store::{ConflictCopy, ConflictKind, HeldDelivery, LATE_DUPLICATE_CLASS, MAX_OPEN_PAYLOAD_COPIES};
 use crate::store::roles::{ConflictCopies, LateFingerprints, PauseBooks};
 
 /// PostgreSQL's `dedup_fingerprint(GROUP, 'ORDER.PAY', 'ORDER.PAY.1:1')`: the first 8 bytes of

@@ -10,9 +10,7 @@ use sqlx::types::Json;
 use super::{MySqlStore, sql};
 use crate::db::storable::Storable;
 use crate::record::ConsumerGroup;
-use crate::store::StoreError;
-use crate::store::postgres::ConflictCopy;
-use crate::store::postgres::conflicts::MAX_OPEN_PAYLOAD_COPIES;
+use crate::store::{ConflictCopy, MAX_OPEN_PAYLOAD_COPIES, StoreError, all_locked, records_of};
 use crate::store::roles::ConflictCopies;
 
 #[async_trait]
@@ -31,17 +29,17 @@ impl ConflictCopies for MySqlStore {
         // of its own; the transactional one in the claim's, which holds them already): the
         // statement counts a record's open payload conflicts, and without the lock concurrent
         // workers all count the same few and pass the limit (a review saw 7-8 open rows of 5
-        // under eight leased workers; PostgreSQL's statement held it).
-        let mut records: Vec<i64> = rows.iter().map(|(c, _)| c.record_id).collect();
-        records.sort_unstable();
-        records.dedup();
+        // under eight leased workers; PostgreSQL's statement held it). A cleanup batch skips a
+        // locked record, and one it deleted first is gone.
+        let records = records_of(&rows);
         let mut tx = conn.begin().await?;
         let lock = self.render(&sql::lock_records(records.len()));
-        let mut query = sqlx::query(&lock);
+        let mut query = sqlx::query_scalar(&lock);
         for id in &records {
             query = query.bind(id);
         }
-        query.execute(&mut *tx).await?;
+        let locked: Vec<i64> = query.fetch_all(&mut *tx).await?;
+        all_locked(&records, &locked)?;
         let stored: Vec<Storable<'_>> = rows.iter().map(|(c, _)| Storable::of(c.message)).collect();
         let sql = self.render(&sql::keep_conflicts(rows.len()));
         let mut query = sqlx::query(&sql).bind(group.as_str());

@@ -16,8 +16,7 @@ use super::{MySqlStore, sql, text};
 use crate::db::storable::{self, Storable};
 use crate::record::ConsumerGroup;
 use crate::store::StoreError;
-use crate::store::postgres::HeldDelivery;
-use crate::store::postgres::late::LATE_DUPLICATE_CLASS;
+use crate::store::{HeldDelivery, LATE_DUPLICATE_CLASS};
 use crate::store::roles::LateFingerprints;
 
 #[async_trait]

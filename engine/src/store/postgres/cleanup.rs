@@ -1,6 +1,6 @@
-//! PostgreSQL's cleanup schedules ([`CleanupBooks`]): a delete batch is one statement (a
-//! materialized CTE locking the batch `FOR UPDATE SKIP LOCKED`, `DELETE … USING … RETURNING`,
-//! the fingerprints kept by `INSERT … ON CONFLICT`), the status counts following by trigger; one
+//! PostgreSQL's cleanup schedules ([`CleanupBooks`]): a delete batch is a transaction of two
+//! statements (the batch locked `FOR UPDATE SKIP LOCKED`, then `DELETE … RETURNING` with the
+//! fingerprints kept by `INSERT … ON CONFLICT`), the status counts following by trigger; one
 //! runner per schedule by a session advisory lock (`pg_try_advisory_lock(CLEANUP_LOCK_KEY,
 //! schedule id)`).
 
@@ -123,38 +123,53 @@ impl CleanupBooks for PgPool {
         .await
     }
 
+    /// Two statements in one transaction: the batch is chosen and locked (`FOR UPDATE SKIP
+    /// LOCKED`: a record whose conflicting copy is being kept is locked by its keeper, and
+    /// skipped), then deleted by a statement whose snapshot follows the locks, so it sees a copy
+    /// committed before them and keeps that record. One statement would read `record_conflicts`
+    /// as of its start and delete a record whose copy committed while it ran. Fingerprints are
+    /// written in fingerprint order (one lock order for concurrent runs) and grouped, since two
+    /// records may share one; a fingerprint kept already keeps its earliest sighting and its
+    /// latest horizon.
     async fn delete_batch(&self, batch: &DeleteBatch<'_>) -> Result<i64, sqlx::Error> {
         let (column, narrow, order) = age_column(batch.status);
-        sqlx::query_scalar(&format!(
-            // A materialized CTE: as a subquery the planner may rescan the LIMIT per joined row and
-            // delete far more than one batch. Fingerprints are written in fingerprint order (one lock
-            // order for concurrent runs) and grouped, since two records may share one; a fingerprint
-            // kept already keeps its earliest sighting and its latest horizon.
-            "WITH d AS MATERIALIZED (
-                 SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
-                   AND ($3::text IS NULL OR consumer_group = $3) {KEEPS_OPEN_CONFLICTS}
-                 ORDER BY {order} LIMIT $4 FOR UPDATE SKIP LOCKED
-             ), gone AS (
-                 DELETE FROM dedup_records r USING d WHERE r.id = d.id AND r.status = $1
-                 RETURNING r.consumer_group, r.message_type, r.message_id, r.first_seen_at
+        let mut tx = self.begin().await?;
+        let locked: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT id FROM dedup_records WHERE status = $1 AND {column} < $2 {narrow}
+               AND ($3::text IS NULL OR consumer_group = $3) {KEEPS_OPEN_CONFLICTS}
+             ORDER BY {order} LIMIT $4 FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(batch.status)
+        .bind(batch.cutoff)
+        .bind(batch.group)
+        .bind(i64::from(batch.limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        if locked.is_empty() {
+            return Ok(0);
+        }
+        let deleted = sqlx::query_scalar(&format!(
+            "WITH gone AS (
+                 DELETE FROM dedup_records WHERE id = ANY($1) {KEEPS_OPEN_CONFLICTS}
+                 RETURNING consumer_group, message_type, message_id, first_seen_at
              ), kept AS (
                  INSERT INTO dedup_fingerprints AS f (fingerprint, first_seen_at, forget_at)
                  SELECT dedup_fingerprint(consumer_group, message_type, message_id), min(first_seen_at),
-                        now() + make_interval(days => $5)
-                 FROM gone WHERE $5 > 0 AND $1 = 'succeeded' GROUP BY 1 ORDER BY 1
+                        now() + make_interval(days => $2)
+                 FROM gone WHERE $3 GROUP BY 1 ORDER BY 1
                  ON CONFLICT (fingerprint) DO UPDATE SET
                      first_seen_at = LEAST(f.first_seen_at, EXCLUDED.first_seen_at),
                      forget_at = GREATEST(f.forget_at, EXCLUDED.forget_at)
              )
              SELECT count(*) FROM gone"
         ))
-        .bind(batch.status)
-        .bind(batch.cutoff)
-        .bind(batch.group)
-        .bind(i64::from(batch.limit))
+        .bind(&locked)
         .bind(batch.fingerprint_days)
-        .fetch_one(self)
-        .await
+        .bind(batch.keeps_fingerprints())
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(deleted)
     }
 
     async fn forget_fingerprints(&self, limit: i32) -> Result<i64, sqlx::Error> {

@@ -4,15 +4,14 @@
 //! transaction that judges it (transactional) or before it is acknowledged (leased).
 
 use async_trait::async_trait;
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 use sqlx::types::Json;
 
 use super::PgStore;
 use crate::db::storable::Storable;
-use crate::message::InboundMessage;
 use crate::record::ConsumerGroup;
-use crate::store::StoreError;
 use crate::store::roles::ConflictCopies;
+use crate::store::{ConflictCopy, MAX_OPEN_PAYLOAD_COPIES, StoreError, all_locked, records_of};
 
 /// `$1` group, `$2`.. the copies' columns; a copy kept already (and open) counts one more. A
 /// record keeps at most [`MAX_OPEN_PAYLOAD_COPIES`] open payload conflicts; copies past that
@@ -34,58 +33,6 @@ ORDER BY i.record_id, i.payload_hash
 ON CONFLICT (record_id, payload_hash) WHERE settled_at IS NULL
 DO UPDATE SET copies = c.copies + EXCLUDED.copies, last_seen_at = now()";
 
-/// Open payload conflicts a record keeps at most: a producer that puts a send time in its
-/// payload makes every retry one.
-pub(crate) const MAX_OPEN_PAYLOAD_COPIES: i64 = 5;
-
-/// What a conflicting delivery conflicts in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ConflictKind {
-    /// Another message type: a reused id, never a duplicate.
-    Type,
-    /// The same type, another payload.
-    Payload,
-}
-
-impl ConflictKind {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            ConflictKind::Type => "type",
-            ConflictKind::Payload => "payload",
-        }
-    }
-}
-
-/// A conflicting delivery to keep.
-#[derive(Clone)]
-pub(crate) struct ConflictCopy<'a> {
-    /// The record whose message id it carried.
-    pub record_id: i64,
-    pub message_id: &'a str,
-    pub kind: ConflictKind,
-    /// Its own message type.
-    pub message_type: &'a str,
-    /// The `ids.from` source its message id came from, as written (`key`, `header:<name>`, ...).
-    pub id_source: String,
-    pub payload_hash: &'a [u8],
-    pub message: &'a InboundMessage,
-}
-
-impl<'a> ConflictCopy<'a> {
-    /// `copies` one per record and payload, with how many came (two of one record and payload
-    /// are one row with two copies), in the order they first came.
-    pub(crate) fn per_payload<'c>(copies: &'c [ConflictCopy<'a>]) -> Vec<(&'c ConflictCopy<'a>, i32)> {
-        let mut rows: Vec<(&ConflictCopy<'_>, i32)> = Vec::with_capacity(copies.len());
-        for copy in copies {
-            match rows.iter_mut().find(|(c, _)| c.record_id == copy.record_id && c.payload_hash == copy.payload_hash) {
-                Some((_, n)) => *n += 1,
-                None => rows.push((copy, 1)),
-            }
-        }
-        rows
-    }
-}
-
 #[async_trait]
 impl ConflictCopies for PgStore {
     async fn keep_conflicts(
@@ -95,6 +42,22 @@ impl ConflictCopies for PgStore {
         copies: &[ConflictCopy<'_>],
     ) -> Result<(), StoreError> {
         let rows = ConflictCopy::per_payload(copies);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // The records first, `FOR KEY SHARE` in id order: a cleanup batch skips them while the
+        // copies are kept, and one it deleted first is gone (its statement reads
+        // `record_conflicts` once, as of its start, and would not see a copy committed meanwhile).
+        // A savepoint in the transactional path's transaction, a transaction of its own in the
+        // leased one, which keeps its copies on a connection of their own.
+        let records = records_of(&rows);
+        let mut tx = conn.begin().await?;
+        let locked: Vec<i64> =
+            sqlx::query_scalar(&self.render("SELECT id FROM {s}.dedup_records WHERE id = ANY($1) ORDER BY id FOR KEY SHARE"))
+                .bind(&records)
+                .fetch_all(&mut *tx)
+                .await?;
+        all_locked(&records, &locked)?;
         let stored: Vec<Storable<'_>> = rows.iter().map(|(c, _)| Storable::of(c.message)).collect();
         sqlx::query(&self.render(KEEP_SQL))
             .bind(group.as_str())
@@ -114,8 +77,9 @@ impl ConflictCopies for PgStore {
             .bind(rows.iter().map(|(_, n)| *n).collect::<Vec<_>>())
             .bind(rows.iter().map(|(c, _)| c.id_source.as_str()).collect::<Vec<_>>())
             .bind(MAX_OPEN_PAYLOAD_COPIES)
-            .execute(&mut *conn)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! Test support: a fresh PostgreSQL database per test, migrated, dropped afterwards
-//! ([`TestDatabase`], `postgres.rs`); with `mysql`, a fresh MySQL/MariaDB database
-//! ([`mysql::TestMySqlDatabase`]); with the `rabbitmq` and `kafka` features, a test's own queues
-//! ([`TestBroker`]) and topics.
+//! ([`TestDatabase`]); with `mysql`, a fresh MySQL/MariaDB database
+//! ([`mysql::TestMySqlDatabase`]) — each database's in its store's folder
+//! (`store/<database>/test_database.rs`); with the `rabbitmq` and `kafka` features, a test's own
+//! queues ([`TestBroker`]) and topics.
 //!
 //! Enabled by the `testing` feature (the engine's and the server's tests turn it on).
 
@@ -10,13 +11,17 @@ pub mod amqp;
 mod counters;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+
+/// A fresh MySQL/MariaDB database per test (feature `mysql`): [`TestMySqlDatabase`] on the
+/// server of [`admin_url`].
 #[cfg(feature = "mysql")]
-pub mod mysql;
-mod postgres;
+pub mod mysql {
+    pub use crate::store::mysql::test_database::{TestMySqlDatabase, admin_url};
+}
 
 pub use self::counters::deadlock_reruns;
-pub use self::postgres::{TestDatabase, admin_url, database_url};
 use crate::message::{Broker, InboundMessage, SourceRef};
+pub use crate::store::postgres::test_database::{TestDatabase, admin_url, database_url};
 
 /// A delivery as the tests' RabbitMQ hands it over: `payload` as `application/json`, `id` (if
 /// any) in the AMQP `message_id` property, from exchange `test.exchange` with routing key

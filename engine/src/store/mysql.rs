@@ -53,6 +53,10 @@ mod records;
 mod books;
 mod claims;
 mod conflicts;
+#[cfg(feature = "testing")]
+pub(crate) mod conformance;
+#[cfg(feature = "testing")]
+pub(crate) mod conformance_reads;
 pub(super) mod errors;
 mod late;
 mod leases;
@@ -63,6 +67,8 @@ pub(crate) mod runtime;
 mod seed;
 mod settle;
 mod sql;
+#[cfg(feature = "testing")]
+pub(crate) mod test_database;
 
 pub use pool::{migrate_engine, ready_mysql};
 pub(crate) use pool::ready;

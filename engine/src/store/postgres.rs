@@ -39,6 +39,8 @@ use crate::record::{HandlerMode, RecordStatus};
 mod sql;
 mod accounts;
 mod connection;
+#[cfg(feature = "testing")]
+pub(crate) mod conformance;
 mod migrations;
 pub(crate) mod audit;
 pub(crate) mod cleanup;
@@ -61,6 +63,8 @@ mod pauses;
 mod pool;
 pub(crate) mod runtime;
 mod seed;
+#[cfg(feature = "testing")]
+pub(crate) mod test_database;
 pub use connection::{connect, engine_pool};
 #[cfg(feature = "testing")]
 pub use migrations::{MIGRATOR, verify_schema};

@@ -13,8 +13,10 @@
 //! cases (users, tokens, the login throttle), `audit.rs` the audit log's, `overview.rs`, `failures.rs`, `endpoints.rs` and
 //! `records.rs` the console's reads, `record_actions.rs` the operator actions on one record, one kept
 //! copy and a drill, `bulk_requeue.rs` the bulk requeue, `cleanup.rs` the cleanup schedules,
-//! `seed.rs` the seeding of synthetic records; `mysql_reads.rs` checks that MySQL's console reads
-//! read no whole table (a case of its own: PostgreSQL's plans are checked by hand).
+//! `seed.rs` the seeding of synthetic records. Each database's harness is in its store's folder
+//! (`store/<database>/conformance.rs`), re-exported here; `store/mysql/conformance_reads.rs`
+//! checks that MySQL's console reads read no whole table (a case of its own: PostgreSQL's plans
+//! are checked by hand).
 
 mod accounts;
 mod audit;
@@ -30,11 +32,6 @@ mod overview;
 mod record_actions;
 mod record_pages;
 mod records;
-#[cfg(feature = "mysql")]
-mod mysql;
-#[cfg(feature = "mysql")]
-mod mysql_reads;
-mod postgres;
 mod roles;
 mod seed;
 mod settle;
@@ -57,10 +54,10 @@ pub use record_actions::*;
 pub use record_pages::*;
 pub use records::*;
 #[cfg(feature = "mysql")]
-pub use mysql::MySqlHarness;
+pub use crate::store::mysql::conformance::MySqlHarness;
 #[cfg(feature = "mysql")]
-pub use mysql_reads::*;
-pub use postgres::PgHarness;
+pub use crate::store::mysql::conformance_reads::*;
+pub use crate::store::postgres::conformance::PgHarness;
 pub use roles::*;
 pub use seed::*;
 pub use settle::*;
@@ -224,7 +221,7 @@ pub fn delivery(id: &str, body: &str) -> InboundMessage {
 }
 
 /// `rows` in Rust's (byte-wise) order, whatever the database's collation sorts by.
-fn sorted<T: Ord>(mut rows: Vec<T>) -> Vec<T> {
+pub(crate) fn sorted<T: Ord>(mut rows: Vec<T>) -> Vec<T> {
     rows.sort();
     rows
 }

@@ -8,7 +8,8 @@
 
 use sqlx::mysql::MySqlPool;
 
-use super::{Harness, MySqlHarness};
+use super::conformance::MySqlHarness;
+use crate::store::conformance::Harness;
 use crate::console::QueryError;
 use crate::console::console_store;
 use crate::console::failures::retries;

@@ -7,8 +7,8 @@ use sqlx::Row;
 use chrono::{DateTime, Utc};
 
 use crate::runtime::EnginePool;
-use super::{ConflictRow, Fixtures, Harness, PauseRowRead, RecordRow, sorted};
-use crate::store::postgres::PgStore;
+use super::PgStore;
+use crate::store::conformance::{ConflictRow, Fixtures, Harness, PauseRowRead, RecordRow, sorted};
 use crate::testing::TestDatabase;
 
 /// [`Harness`] of [`PgStore`]. Its pool's `search_path` finds the engine's tables unqualified.

@@ -9,10 +9,10 @@ use uuid::Uuid;
 
 use chrono::{DateTime, Utc};
 
-use super::{ConflictRow, Fixtures, Harness, PauseRowRead, RecordRow, sorted};
 use crate::db::Schema;
 use crate::runtime::EnginePool;
-use crate::store::mysql::MySqlStore;
+use super::MySqlStore;
+use crate::store::conformance::{ConflictRow, Fixtures, Harness, PauseRowRead, RecordRow, sorted};
 use crate::testing::mysql::TestMySqlDatabase;
 
 /// [`Harness`] of [`MySqlStore`].

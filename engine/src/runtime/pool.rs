@@ -4,6 +4,7 @@
 //! roles and the runtime's books on it — is its store's (`store/<database>/pool.rs`), behind
 //! [`DatabasePool`].
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use sqlx::PgPool;
 use sqlx::mysql::MySqlPool;
 
 use super::books::RuntimeBooks;
+use crate::actions::NamedLock;
 use crate::console::ConsoleStore;
 
 /// The team's pool an engine is built on ([`crate::Engine::builder`]): the database that holds
@@ -57,6 +59,10 @@ pub(crate) trait DatabasePool: Send + Sync {
 
     /// The runtime's books on this database.
     fn runtime_books(&self) -> Arc<dyn RuntimeBooks>;
+
+    /// Takes the lock `name` of this database on a connection of its own, waiting at most
+    /// `wait`; `None` when another session held it all that time ([`EnginePool::while_locked`]).
+    async fn lock_named(&self, name: &str, wait: Duration) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error>;
 }
 
 impl EnginePool {
@@ -104,6 +110,28 @@ impl EnginePool {
     /// The database's name as sqlx gives it (`Database::NAME`: `"PostgreSQL"`, `"MySQL"`).
     pub fn database(&self) -> &'static str {
         self.database_pool().database()
+    }
+
+    /// Runs `work` while this process holds the lock `name` of the pool's database, so that
+    /// processes doing the same work take turns (creating a table at start-up, say): a
+    /// PostgreSQL advisory lock or a MySQL `GET_LOCK`, on a connection of its own that is
+    /// closed afterwards (a crashed holder frees it). Waits at most `wait` for another holder.
+    ///
+    /// Returns `work`'s output, or `None` when another process held the lock all of `wait`.
+    ///
+    /// Errors: the database's, taking the lock.
+    pub async fn while_locked<F: Future>(
+        &self,
+        name: &str,
+        wait: Duration,
+        work: F,
+    ) -> Result<Option<F::Output>, sqlx::Error> {
+        let Some(lock) = self.database_pool().lock_named(name, wait).await? else {
+            return Ok(None);
+        };
+        let output = work.await;
+        lock.release().await;
+        Ok(Some(output))
     }
 
     /// The console's roles on this pool's database ([`crate::console::console_store`]).

@@ -13,6 +13,7 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 
 use super::MySqlStore;
 use super::runtime::MySqlRuntimeBooks;
+use crate::actions::NamedLock;
 use crate::console::ConsoleStore;
 use crate::db::{Schema, SchemaError};
 use crate::runtime::books::RuntimeBooks;
@@ -79,6 +80,10 @@ impl DatabasePool for MySqlPool {
 
     fn runtime_books(&self) -> Arc<dyn RuntimeBooks> {
         Arc::new(MySqlRuntimeBooks::new(self.clone()))
+    }
+
+    async fn lock_named(&self, name: &str, wait: Duration) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
+        super::named_lock::lock_named(self, name, wait).await
     }
 }
 

@@ -2,10 +2,16 @@
 //! `pg_try_advisory_lock(int, int)` on a connection of its own (closing it releases the lock,
 //! also on a crash).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::actions::NamedLock;
+use crate::store::DbErrorKind;
+
+/// The class of the locks named by text ([`lock_named`]): their key is `hashtext(name)`.
+const NAMED_LOCK_CLASS: i32 = 0x4e4d_4c4b; // "NMLK"
 
 /// The second half of the advisory lock of `id` (a job's or a schedule's): the ids fit an
 /// `int` for two billion jobs or schedules; past that they share the last key.
@@ -25,6 +31,29 @@ pub(crate) async fn try_lock(pool: &PgPool, class: i32, id: i64) -> Result<Optio
         return Ok(None);
     }
     Ok(Some(Box::new(PgNamedLock { conn, class, key })))
+}
+
+/// Takes the advisory lock (`NAMED_LOCK_CLASS`, `hashtext(name)`), waiting at most `wait`
+/// (`lock_timeout`); `None` when another session held it all that time.
+pub(crate) async fn lock_named(
+    pool: &PgPool,
+    name: &str,
+    wait: Duration,
+) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
+    let mut conn = pool.acquire().await?.detach();
+    let key: i32 = sqlx::query_scalar("SELECT hashtext($1)").bind(name).fetch_one(&mut conn).await?;
+    // At least a millisecond: a `lock_timeout` of 0 waits for ever.
+    let timeout = format!("{}ms", wait.as_millis().max(1));
+    sqlx::query("SELECT set_config('lock_timeout', $1, false)").bind(timeout).execute(&mut conn).await?;
+    let locked = sqlx::query("SELECT pg_advisory_lock($1, $2)").bind(NAMED_LOCK_CLASS).bind(key).execute(&mut conn).await;
+    match locked {
+        Ok(_) => Ok(Some(Box::new(PgNamedLock { conn, class: NAMED_LOCK_CLASS, key }))),
+        Err(e) if DbErrorKind::of(&e) == DbErrorKind::LockWaitTimeout => {
+            let _ = conn.close().await;
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// A held advisory lock: the session of a connection of its own.

@@ -10,6 +10,7 @@ use sqlx::PgPool;
 
 use super::PgStore;
 use super::runtime::PgRuntimeBooks;
+use crate::actions::NamedLock;
 use crate::console::ConsoleStore;
 use crate::db::Schema;
 use crate::runtime::books::RuntimeBooks;
@@ -76,6 +77,10 @@ impl DatabasePool for PgPool {
 
     fn runtime_books(&self) -> Arc<dyn RuntimeBooks> {
         Arc::new(PgRuntimeBooks::new(self.clone()))
+    }
+
+    async fn lock_named(&self, name: &str, wait: Duration) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
+        super::named_lock::lock_named(self, name, wait).await
     }
 }
 

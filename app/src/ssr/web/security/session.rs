@@ -17,14 +17,18 @@ mod postgres;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use async_trait::async_trait;
 use dedup_engine::EnginePool;
 use serde::{Deserialize, Serialize};
 use tower_sessions::cookie::SameSite;
 use tower_sessions::cookie::time;
 use tower_sessions::session::{Id, Record};
-use tower_sessions::session_store::{ExpiredDeletion, SessionStore};
+use tower_sessions::session_store::SessionStore;
 use tower_sessions::{Expiry, Session, SessionManagerLayer};
+#[cfg(feature = "mysql")]
+use tower_sessions_sqlx_store::MySqlStore;
+use tower_sessions_sqlx_store::PostgresStore;
 
 use crate::base::ConsoleBase;
 
@@ -50,39 +54,53 @@ pub struct SessionAuth {
     pub login_at: f64,
 }
 
-/// The sessions' store on the engine's database: tower-sessions' sqlx store of that database,
-/// made by its module (`session/<database>.rs`).
+/// The sessions' store on the engine's database: tower-sessions' sqlx store of that database
+/// (`session/<database>.rs`).
 #[derive(Debug, Clone)]
 pub struct SessionBooks(Arc<dyn DatabaseSessions>);
 
-/// A database's session store: tower-sessions' [`SessionStore`] that can delete its expired
-/// sessions (its [`ExpiredDeletion`], which cannot be a trait object itself).
+/// A database's session store: tower-sessions' [`SessionStore`] that creates its table and
+/// deletes its expired sessions (its own migration and [`ExpiredDeletion`](tower_sessions::session_store::ExpiredDeletion), which cannot be a
+/// trait object itself), implemented in the database's module.
 #[async_trait]
 trait DatabaseSessions: SessionStore {
+    /// Creates the session table unless it exists.
+    async fn create_table(&self) -> Result<(), dedup_engine::sqlx::Error>;
+
     /// Deletes the expired sessions.
     async fn delete_expired(&self) -> tower_sessions::session_store::Result<()>;
 }
 
-#[async_trait]
-impl<T: ExpiredDeletion> DatabaseSessions for T {
-    async fn delete_expired(&self) -> tower_sessions::session_store::Result<()> {
-        ExpiredDeletion::delete_expired(self).await
-    }
-}
+/// The engine's named lock ([`EnginePool::while_locked`]) serialising the session table's
+/// creation across servers starting together (`CREATE TABLE IF NOT EXISTS` run concurrently can
+/// still collide in PostgreSQL's catalog).
+const TABLE_LOCK: &str = "dedup_console.session_table";
 
-/// The store on `pool`'s database, its table created in `schema` if missing (servers starting
-/// together do not race: see each database's module).
+/// Longest wait for another server creating the session table.
+const TABLE_LOCK_WAIT: Duration = Duration::from_secs(300);
+
+/// The store on `pool`'s database, its table created in `schema` if missing, under the
+/// engine's named lock `TABLE_LOCK` so that servers starting together do not race.
 ///
 /// # Errors
-/// The database error of the store's migration (or its lock); a database without a session
-/// store.
+/// The database error of the lock or the store's migration; the lock held by another server
+/// for 300 s; a database without a session store.
 pub async fn store(pool: &EnginePool, schema: &str) -> anyhow::Result<SessionBooks> {
     let sessions: Arc<dyn DatabaseSessions> = match pool {
-        EnginePool::Postgres(pool) => Arc::new(postgres::store(pool, schema).await?),
+        EnginePool::Postgres(pool) => {
+            Arc::new(PostgresStore::new(pool.clone()).with_schema_name(schema).map_err(anyhow::Error::msg)?)
+        }
         #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => Arc::new(mysql::store(pool, schema).await?),
+        EnginePool::MySql(pool) => {
+            Arc::new(MySqlStore::new(pool.clone()).with_schema_name(schema).map_err(anyhow::Error::msg)?)
+        }
         other => anyhow::bail!("no session store on {}", other.database()),
     };
+    pool.while_locked(TABLE_LOCK, TABLE_LOCK_WAIT, sessions.create_table())
+        .await
+        .context("locking the session table's creation")?
+        .context("another server held the session table's lock for 300 s")?
+        .context("creating the session table")?;
     Ok(SessionBooks(sessions))
 }
 

@@ -1,18 +1,19 @@
 //! The console's sessions on MySQL and MariaDB (feature `mysql`): tower-sessions' `MySqlStore`,
 //! table `session` in the engine's database.
 
-use anyhow::Context;
-use sqlx::mysql::MySqlPool;
+use async_trait::async_trait;
+use tower_sessions::session_store::ExpiredDeletion;
 use tower_sessions_sqlx_store::MySqlStore;
 
-/// The store on `pool`, its table created in the database `schema` if missing. MySQL takes a
-/// metadata lock for `CREATE TABLE IF NOT EXISTS`, so servers starting together need no lock of
-/// their own.
-///
-/// # Errors
-/// The database error of the store's migration.
-pub(super) async fn store(pool: &MySqlPool, schema: &str) -> anyhow::Result<MySqlStore> {
-    let store = MySqlStore::new(pool.clone()).with_schema_name(schema).map_err(|e| anyhow::anyhow!("{e}"))?;
-    store.migrate().await.context("creating the session table")?;
-    Ok(store)
+use super::DatabaseSessions;
+
+#[async_trait]
+impl DatabaseSessions for MySqlStore {
+    async fn create_table(&self) -> Result<(), dedup_engine::sqlx::Error> {
+        self.migrate().await
+    }
+
+    async fn delete_expired(&self) -> tower_sessions::session_store::Result<()> {
+        ExpiredDeletion::delete_expired(self).await
+    }
 }

@@ -307,6 +307,31 @@ pub struct FailureReport<'a> {
     pub in_progress: bool,
 }
 
+impl FailureReport<'_> {
+    /// The status the failure leaves its record in: `dead` for a permanent error or at the
+    /// claim's last attempt, `failed` (retried later) otherwise.
+    pub(crate) fn status(&self) -> RecordStatus {
+        if self.permanent || self.claim.attempt >= self.claim.max_attempts {
+            RecordStatus::Dead
+        } else {
+            RecordStatus::Failed
+        }
+    }
+}
+
+/// The attempt row's answer columns, as both stores write them: status, latency in ms, summary
+/// (text as stored).
+pub(crate) fn answer_columns(answer: Option<&EffectAnswer>) -> (Option<i16>, Option<i32>, Option<String>) {
+    match answer {
+        None => (None, None, None),
+        Some(a) => (
+            a.status.and_then(|s| i16::try_from(s).ok()),
+            Some(i32::try_from(a.latency.as_millis()).unwrap_or(i32::MAX)),
+            Some(crate::db::storable::text(&a.summary).into_owned()),
+        ),
+    }
+}
+
 /// What a failure turned the record into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureOutcome {

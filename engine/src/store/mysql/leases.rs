@@ -13,22 +13,10 @@ use uuid::Uuid;
 use super::{MySqlStore, sql, text};
 use crate::db::storable;
 use crate::handler::EffectAnswer;
-use crate::store::{ClaimedRecord, FailureReport, LeaseStore, StoreError};
+use crate::store::{ClaimedRecord, FailureReport, LeaseStore, StoreError, answer_columns};
 
 /// A held leased claim: record id, attempt, group.
 pub(super) type Held = (i64, i32, String);
-
-/// The attempt row's answer columns: status, latency in ms, summary (text as stored).
-fn answer_columns(answer: Option<&EffectAnswer>) -> (Option<i16>, Option<i32>, Option<String>) {
-    match answer {
-        None => (None, None, None),
-        Some(a) => (
-            a.status.and_then(|s| i16::try_from(s).ok()),
-            Some(i32::try_from(a.latency.as_millis()).unwrap_or(i32::MAX)),
-            Some(storable::text(&a.summary).into_owned()),
-        ),
-    }
-}
 
 impl MySqlStore {
     /// The `claims` (record id, lease token) whose record is still `processing` under that token,

@@ -81,11 +81,7 @@ impl MySqlStore {
         failure: &FailureReport<'_>,
     ) -> Result<FailureOutcome, StoreError> {
         let claim = failure.claim;
-        let status = if failure.permanent || claim.attempt >= claim.max_attempts {
-            RecordStatus::Dead
-        } else {
-            RecordStatus::Failed
-        };
+        let status = failure.status();
         let settled = |done: bool| match (done, status) {
             (false, _) => FailureOutcome::Superseded,
             (true, RecordStatus::Dead) => FailureOutcome::Dead,

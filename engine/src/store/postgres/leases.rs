@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::PgConnection;
 
-use super::{PgStore, answer_columns, storable};
+use super::{PgStore, storable};
+use crate::store::answer_columns;
 use crate::handler::EffectAnswer;
 use crate::store::{ClaimedRecord, FailureReport, Lease, LeaseStore, StoreError};
 

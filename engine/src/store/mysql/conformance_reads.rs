@@ -27,6 +27,9 @@ const RECORDS: u64 = 100_000;
 /// dead record's index entry, about 1 % of the records).
 const BOUND: u64 = RECORDS / 20;
 
+/// Rows a page may touch whose filter matches nothing and an index answers exactly: a few probes.
+const NOTHING_BOUND: u64 = 10;
+
 /// Rows and index entries the storage engine has handed this session so far.
 async fn handler_reads(conn: &MySqlPool) -> u64 {
     let rows: Vec<(String, String)> = sqlx::query_as("SHOW SESSION STATUS LIKE 'Handler\\_read\\_%'")
@@ -51,7 +54,8 @@ fn list(text: FilterText<'_>) -> RecordListParams {
 /// Seeds 100 000 records (`ANALYZE`d), then reads each list, count and page of the console on
 /// one connection (and checks that an hour's page, read as an id range, holds that hour's
 /// records): none touches more than a twentieth of the records (a time-ordered page whose
-/// filter has no index reads at most [`SCAN_WINDOW`] records, by design, and a little more).
+/// filter has no index reads at most [`SCAN_WINDOW`] records, by design, and a little more), and
+/// a dead-letter drill-down on a class no record has touches almost none.
 pub async fn console_reads_on_mysql_touch_no_whole_table() {
     let h = MySqlHarness::fresh().await;
     let EnginePool::MySql(pool) = h.engine_pool() else { unreachable!("the MySQL harness") };
@@ -118,6 +122,11 @@ pub async fn console_reads_on_mysql_touch_no_whole_table() {
         let rows = touched(&conn, overhead, records_list(store, &list(text))).await;
         check(&format!("records list, {what}"), rows, BOUND);
     }
+    // A dead-letter drill-down on a class no record has reads the empty range of
+    // `dedup_records_dead_class_idx` (before it, every dead record, each looked up).
+    let absent = FilterText { status: Some("dead"), error_class: Some("NO SUCH CLASS"), ..Default::default() };
+    let rows = touched(&conn, overhead, records_list(store, &list(absent))).await;
+    check("records list, dead of a class no record has", rows, NOTHING_BOUND);
     // A group or a type alone has no index: a bounded stretch of the primary key, by design.
     let windowed = SCAN_WINDOW as u64 + BOUND / 10;
     for (what, text) in [

@@ -1,0 +1,14 @@
+-- The dead-letter drill-down on MySQL (issue 25): a dead-letter group's records, newest first
+-- (`status = 'dead' AND error_class = ? ORDER BY id DESC`), read as one range of this index in
+-- id order: a page reads its rows and stops, and a class no record has reads none. Without it the
+-- list read every dead record through `dedup_records_unsettled_idx` and looked each up for its
+-- class (4 039 rows at 1 M records, 139 / 186 ms p50 / p95 on MariaDB 10.11; PostgreSQL's partial
+-- `dedup_records_dead_class_idx`, migration 20261130000010, answers in under 1 ms).
+-- PostgreSQL's index is partial (WHERE status = 'dead'); MariaDB has none, so this one leads with
+-- the column that WHERE tests, as migrations …07 and …11 do (not a generated dead-only class:
+-- MariaDB 10.11 read an index on a generated column well only on a prepared statement's first
+-- execution, migration …11), and is a plain index, built in place while claims go on. Every
+-- record writes an entry (`succeeded` rows one with a NULL class, at the right edge of that
+-- status), and a completion moves its record's entry from `processing` to `succeeded`, as it
+-- does in `dedup_records_status_cells_idx`.
+CREATE INDEX dedup_records_dead_class_idx ON dedup_records (status, error_class, id);

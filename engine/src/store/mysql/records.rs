@@ -44,9 +44,14 @@ pub(super) fn push_filter(q: &mut QueryBuilder<'_, MySql>, filter: &RecordFilter
         }
         Some(status) => {
             // Both columns, so that either index serves: `dedup_records_unsettled_idx` the id
-            // order, `dedup_records_status_cells_idx` the attempts order.
+            // order, `dedup_records_status_cells_idx` the attempts order. Under an error class,
+            // the status alone: `dedup_records_dead_class_idx` then serves, where naming both
+            // made MariaDB merge two indexes and read the status's whole range (840 entries
+            // against 51 for a class of 50 at 100 000 records).
             q.push(" AND d.status = ").push_bind(status.as_str());
-            q.push(" AND d.unsettled_status = ").push_bind(status.as_str());
+            if filter.error_class.is_none() {
+                q.push(" AND d.unsettled_status = ").push_bind(status.as_str());
+            }
         }
         None => {}
     }

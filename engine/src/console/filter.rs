@@ -152,12 +152,15 @@ impl SortOrder {
         }
     }
 
-    /// The SQL comparison a row not past a far end read in this direction passes, followed by
-    /// `=` (`>=` descending, `<=` ascending).
-    pub(crate) fn not_past(self) -> &'static str {
-        match self {
-            SortOrder::Desc => ">",
-            SortOrder::Asc => "<",
+    /// The SQL comparison of a row past another in this direction (`<` descending, `>`
+    /// ascending), `inclusive` with `=` after it. A row not past a far end passes
+    /// `reversed().past(true)`.
+    pub(crate) fn past(self, inclusive: bool) -> &'static str {
+        match (self, inclusive) {
+            (SortOrder::Desc, false) => "<",
+            (SortOrder::Desc, true) => "<=",
+            (SortOrder::Asc, false) => ">",
+            (SortOrder::Asc, true) => ">=",
         }
     }
 }

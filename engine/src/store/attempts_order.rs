@@ -67,17 +67,6 @@ impl AttemptsPart {
     }
 }
 
-/// The SQL comparison "past" in `direction` (`<` descending, `>` ascending), `inclusive` with
-/// `=` after it.
-pub(crate) fn past(direction: SortOrder, inclusive: bool) -> &'static str {
-    match (direction, inclusive) {
-        (SortOrder::Desc, false) => "<",
-        (SortOrder::Desc, true) => "<=",
-        (SortOrder::Asc, false) => ">",
-        (SortOrder::Asc, true) => ">=",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use crate::console::QueryError;
 use crate::console::filter::{Cursor, CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
 use crate::console::records::{ANSWER_CHARS, AttemptRow, RecordDetail, RecordReads, RecordRow, RowsQuery};
 use crate::record::RecordStatus;
-use crate::store::attempts_order::{AttemptsPart, PartBound, past};
+use crate::store::attempts_order::{AttemptsPart, PartBound};
 
 /// The list's columns of `d` (`_bin` text and bytes read `AS CHAR`). An order names `d.`'s
 /// columns: an unqualified name would be the cast alias, compared by the connection's collation.
@@ -106,7 +106,7 @@ impl RecordReads for MySqlPool {
             SortOrder::Desc => ("<", "DESC"),
             SortOrder::Asc => (">", "ASC"),
         };
-        let not_past = query.direction.not_past();
+        let not_past = query.direction.reversed().past(true);
         let ids = ArrivalIds::of(self, query.filter).await?;
         let mut q: QueryBuilder<'_, MySql> = QueryBuilder::new("");
         match query.sort {
@@ -117,7 +117,7 @@ impl RecordReads for MySqlPool {
                     q.push(format!(" AND d.id {cmp} ")).push_bind(c.id);
                 }
                 if let Some(end) = query.window_end {
-                    q.push(format!(" AND d.id {not_past}= ")).push_bind(end.id);
+                    q.push(format!(" AND d.id {not_past} ")).push_bind(end.id);
                 }
                 q.push(format!(" ORDER BY d.id {dir} LIMIT ")).push_bind(query.rows);
             }
@@ -149,12 +149,12 @@ impl RecordReads for MySqlPool {
                         let CursorKey::MessageId(m) = &c.key else { unreachable!("the cursor's sort is checked") };
                         q.push(format!(" AND d.message_id {cmp}= ")).push_bind(m.as_bytes().to_vec());
                         q.push(" AND NOT (d.message_id = ").push_bind(m.as_bytes().to_vec());
-                        q.push(format!(" AND d.id {not_past}= ")).push_bind(c.id).push(")");
+                        q.push(format!(" AND d.id {not_past} ")).push_bind(c.id).push(")");
                     }
                     if let Some(end) = query.window_end {
                         // Not past the window's far end, spelled as the cursor is.
                         let CursorKey::MessageId(m) = &end.key else { unreachable!("the window's sort is the list's") };
-                        q.push(format!(" AND d.message_id {not_past}= ")).push_bind(m.as_bytes().to_vec());
+                        q.push(format!(" AND d.message_id {not_past} ")).push_bind(m.as_bytes().to_vec());
                         q.push(" AND NOT (d.message_id = ").push_bind(m.as_bytes().to_vec());
                         q.push(format!(" AND d.id {cmp} ")).push_bind(end.id).push(")");
                     }
@@ -333,7 +333,7 @@ fn push_part_bound(
     inclusive: bool,
     (attempts, id): (i32, i64),
 ) {
-    let cmp = past(direction, inclusive);
+    let cmp = direction.past(inclusive);
     match part.bound(direction, attempts) {
         PartBound::Every => {}
         PartBound::No => {
@@ -343,7 +343,7 @@ fn push_part_bound(
             q.push(format!(" AND d.id {cmp} ")).push_bind(id);
         }
         PartBound::Row => {
-            let strict = past(direction, false);
+            let strict = direction.past(false);
             q.push(" AND ((d.attempts = ").push_bind(attempts);
             q.push(format!(" AND d.id {cmp} ")).push_bind(id);
             q.push(format!(") OR d.attempts {strict} ")).push_bind(attempts).push(")");

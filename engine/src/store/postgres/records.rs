@@ -11,7 +11,7 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 use crate::console::QueryError;
 use crate::console::filter::{Cursor, CursorKey, RecordFilter, RecordFlag, SortKey, SortOrder, prefix_upper_bound};
 use crate::console::records::{ANSWER_CHARS, AttemptRow, RecordDetail, RecordReads, RecordRow, RowsQuery};
-use crate::store::attempts_order::{AttemptsPart, PartBound, past};
+use crate::store::attempts_order::{AttemptsPart, PartBound};
 
 /// How far a time range is widened when it is turned into an id range
 /// (`dedup_records_id_at`): ids follow arrival up to the length of the inserting transaction,
@@ -100,7 +100,7 @@ impl RecordReads for PgPool {
                     q.push(format!(" AND id {cmp} ")).push_bind(c.id);
                 }
                 if let Some(end) = query.window_end {
-                    q.push(format!(" AND id {}= ", query.direction.not_past())).push_bind(end.id);
+                    q.push(format!(" AND id {} ", query.direction.reversed().past(true))).push_bind(end.id);
                 }
                 q.push(format!(" ORDER BY id {dir} LIMIT ")).push_bind(query.rows);
             }
@@ -128,7 +128,7 @@ impl RecordReads for PgPool {
                 }
                 if let Some(end) = query.window_end {
                     let CursorKey::MessageId(m) = &end.key else { unreachable!("the window's sort is the list's") };
-                    q.push(format!(" AND (message_id, id) {}= (", query.direction.not_past()))
+                    q.push(format!(" AND (message_id, id) {} (", query.direction.reversed().past(true)))
                         .push_bind(m.clone())
                         .push(", ")
                         .push_bind(end.id)
@@ -275,7 +275,7 @@ fn push_part_bound(
     inclusive: bool,
     (attempts, id): (i32, i64),
 ) {
-    let cmp = past(direction, inclusive);
+    let cmp = direction.past(inclusive);
     match part.bound(direction, attempts) {
         PartBound::Every => {}
         PartBound::No => {

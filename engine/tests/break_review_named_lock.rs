@@ -1,0 +1,194 @@
+//! Break review of `EnginePool::while_locked` (0055e28) on PostgreSQL and MariaDB: contention,
+//! release after an error, a panic and a cancelled caller, connection leaks, and the engine
+//! pool's statement timeout against the documented wait.
+
+use std::time::{Duration, Instant};
+
+use dedup_engine::EnginePool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+fn pg_url() -> String {
+    std::env::var("BREAK_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+#[cfg(feature = "mysql")]
+fn my_url() -> String {
+    std::env::var("BREAK_MY_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".to_owned())
+}
+
+async fn pg_pool(statement_timeout_ms: Option<u64>) -> EnginePool {
+    let mut options: PgConnectOptions = pg_url().parse().unwrap();
+    if let Some(ms) = statement_timeout_ms {
+        options = options.options([("statement_timeout", ms.to_string())]);
+    }
+    EnginePool::Postgres(PgPoolOptions::new().max_connections(4).connect_with(options).await.unwrap())
+}
+
+#[cfg(feature = "mysql")]
+async fn my_pool() -> EnginePool {
+    EnginePool::MySql(sqlx::mysql::MySqlPoolOptions::new().max_connections(4).connect(&my_url()).await.unwrap())
+}
+
+fn name(what: &str) -> String {
+    format!("break_review.{what}.{}", std::process::id())
+}
+
+/// Server-side sessions of this database.
+async fn sessions(pool: &EnginePool) -> i64 {
+    match pool {
+        EnginePool::Postgres(p) => {
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+                .fetch_one(p)
+                .await
+                .unwrap()
+        }
+        #[cfg(feature = "mysql")]
+        EnginePool::MySql(p) => sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST")
+            .fetch_one(p)
+            .await
+            .unwrap(),
+        _ => unreachable!(),
+    }
+}
+
+/// How long until `name` can be taken again (polling with short waits), at most `within`.
+async fn free_after(pool: &EnginePool, name: &str, within: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if let Ok(Some(())) = pool.while_locked(name, Duration::from_millis(50), async {}).await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+async fn contention_error_panic_cancel_and_leaks(pool: EnginePool, other: EnginePool, db: &str) {
+    let mut report = Vec::new();
+    // 1. Contention: a second caller gives up after its wait with None.
+    let n = name("contention");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = pool.while_locked(&n, Duration::from_secs(5), async move {
+        let _ = rx.await;
+    });
+    let contender = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let start = Instant::now();
+        let r = other.while_locked(&n, Duration::from_millis(300), async {}).await;
+        let _ = tx.send(());
+        (r, start.elapsed())
+    };
+    let (held, (contended, waited)) = tokio::join!(holder, contender);
+    assert!(matches!(held, Ok(Some(()))), "{db}: holder {held:?}");
+    eprintln!("[{db}] contender: {contended:?} after {waited:?} (wait 300 ms)");
+    if !matches!(contended, Ok(None)) {
+        report.push(format!("contender got {contended:?}, expected Ok(None)"));
+    }
+
+    // 2. Work returning an error: released at once.
+    let n = name("error");
+    let r: Result<Option<Result<(), &str>>, _> = pool.while_locked(&n, Duration::from_secs(1), async { Err("boom") }).await;
+    assert!(matches!(r, Ok(Some(Err("boom")))));
+    let again = free_after(&other, &n, Duration::from_secs(5)).await;
+    eprintln!("[{db}] after an erroring work, free after {again:?}");
+    if again.is_none_or(|d| d > Duration::from_millis(500)) {
+        report.push(format!("lock not free after erroring work: {again:?}"));
+    }
+
+    // 3. A panicking work (spawned task): the lock's connection is dropped, not released.
+    let n = name("panic");
+    let p = pool.clone();
+    let n2 = n.clone();
+    let joined = tokio::spawn(async move {
+        p.while_locked(&n2, Duration::from_secs(1), async { panic!("work panicked") }).await
+    })
+    .await;
+    assert!(joined.is_err(), "the task panicked");
+    let again = free_after(&other, &n, Duration::from_secs(10)).await;
+    eprintln!("[{db}] after a panicking work, free after {again:?}");
+    if again.is_none_or(|d| d > Duration::from_secs(2)) {
+        report.push(format!("lock not free after a panicking work: {again:?}"));
+    }
+
+    // 4. A cancelled caller (timeout around while_locked, work pending forever).
+    let n = name("cancel");
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(300),
+        pool.while_locked(&n, Duration::from_secs(1), futures::future::pending::<()>()),
+    )
+    .await;
+    assert!(cancelled.is_err(), "cancelled");
+    let again = free_after(&other, &n, Duration::from_secs(10)).await;
+    eprintln!("[{db}] after a cancelled caller, free after {again:?}");
+    if again.is_none_or(|d| d > Duration::from_secs(2)) {
+        report.push(format!("lock not free after a cancelled caller: {again:?}"));
+    }
+
+    // 5. Leaks: 20 cancelled callers and 20 contended ones leave no server session behind.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = sessions(&other).await;
+    for i in 0..20 {
+        let n = name(&format!("leak{i}"));
+        let _ = tokio::time::timeout(
+            Duration::from_millis(100),
+            pool.while_locked(&n, Duration::from_secs(1), futures::future::pending::<()>()),
+        )
+        .await;
+    }
+    let n = name("leak-contended");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = pool.while_locked(&n, Duration::from_secs(1), async move {
+        let _ = rx.await;
+    });
+    let contenders = async {
+        for _ in 0..20 {
+            let _ = other.while_locked(&n, Duration::from_millis(10), async {}).await;
+        }
+        let _ = tx.send(());
+    };
+    let _ = tokio::join!(holder, contenders);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = sessions(&other).await;
+    eprintln!("[{db}] sessions before {before}, after {after}");
+    if after > before + 1 {
+        report.push(format!("server sessions grew from {before} to {after}"));
+    }
+    assert!(report.is_empty(), "[{db}] {}", report.join("; "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_review_while_locked_postgres() {
+    contention_error_panic_cancel_and_leaks(pg_pool(None).await, pg_pool(None).await, "postgres").await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_review_while_locked_mariadb() {
+    contention_error_panic_cancel_and_leaks(my_pool().await, my_pool().await, "mariadb").await;
+}
+
+/// The server's engine pool runs with `statement_timeout` (`db_statement_timeout_ms`, 30 s by
+/// default) and the console's session table creation waits `while_locked` up to 300 s. On
+/// PostgreSQL the advisory lock's wait is a statement: the statement timeout cancels it first,
+/// and the caller gets an error (57014), not `Ok(None)` after its wait. Here: a 1 s statement
+/// timeout against a 3 s wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_review_while_locked_postgres_wait_longer_than_statement_timeout() {
+    let holder_pool = pg_pool(None).await;
+    let bounded = pg_pool(Some(1000)).await;
+    let n = name("stmt-timeout");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = holder_pool.while_locked(&n, Duration::from_secs(5), async move {
+        let _ = rx.await;
+    });
+    let contender = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let start = Instant::now();
+        let r = bounded.while_locked(&n, Duration::from_secs(3), async {}).await;
+        let _ = tx.send(());
+        (r, start.elapsed())
+    };
+    let (_, (r, waited)) = tokio::join!(holder, contender);
+    eprintln!("contender with wait 3 s on a pool with statement_timeout 1 s: {r:?} after {waited:?}");
+    assert!(matches!(r, Ok(None)) && waited >= Duration::from_millis(2900), "{r:?} after {waited:?}");
+}

@@ -192,3 +192,19 @@ async fn break_review_while_locked_postgres_wait_longer_than_statement_timeout()
     eprintln!("contender with wait 3 s on a pool with statement_timeout 1 s: {r:?} after {waited:?}");
     assert!(matches!(r, Ok(None)) && waited >= Duration::from_millis(2900), "{r:?} after {waited:?}");
 }
+
+/// `EnginePool::while_locked` on a MySQL pool whose connections select no database (a team's
+/// pool may; the engine refuses only its own database as the team's): the lock's name is built
+/// from `DATABASE()`, which is NULL there, so `GET_LOCK(NULL, …)` returns NULL and every call
+/// answers `Ok(None)` ("another process held the lock all of `wait`") at once, with no holder.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_review_while_locked_mariadb_pool_without_a_database() {
+    let url = my_url();
+    let base = url.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap();
+    let pool = EnginePool::MySql(sqlx::mysql::MySqlPoolOptions::new().max_connections(2).connect(&base).await.unwrap());
+    let start = Instant::now();
+    let r = pool.while_locked(&name("no-database"), Duration::from_secs(2), async {}).await;
+    eprintln!("no default database: {r:?} after {:?}", start.elapsed());
+    assert!(matches!(r, Ok(Some(()))), "{r:?} after {:?}", start.elapsed());
+}

@@ -21,7 +21,7 @@
 mod accounts;
 mod audit;
 #[cfg(feature = "rabbitmq")]
-mod break_review;
+mod conflict_races;
 mod bulk_requeue;
 mod claims;
 mod cleanup;
@@ -43,7 +43,7 @@ use uuid::Uuid;
 pub use accounts::*;
 pub use audit::*;
 #[cfg(feature = "rabbitmq")]
-pub use break_review::*;
+pub use conflict_races::*;
 pub use bulk_requeue::*;
 pub use claims::*;
 pub use cleanup::*;
@@ -292,8 +292,8 @@ macro_rules! conformance_tests {
             two_batches_of_one_job_never_share_an_item_and_a_lost_runner_lock_shows,
             a_cleanup_schedule_deletes_old_succeeded_records_in_batches_once_and_keeps_their_fingerprints,
             cleanup_keeps_a_record_whose_conflicting_copy_is_kept_while_its_batch_runs,
-            break_review_keepers_racing_delete_batches_leave_no_orphan_copy,
-            break_review_distinct_payload_copies_kept_at_once_stay_within_the_open_limit,
+            keepers_racing_delete_batches_leave_no_orphan_copy,
+            distinct_payload_copies_kept_at_once_stay_within_the_open_limit,
             a_cleanup_run_that_lost_its_schedules_lock_stops_before_its_next_batch,
             the_records_list_filters_orders_and_pages_alike,
             a_time_range_lists_the_records_first_seen_in_it,

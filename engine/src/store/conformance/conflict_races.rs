@@ -1,5 +1,6 @@
-//! Break-review stress cases (hostile review of e332326): conflicting-copy keepers racing
-//! cleanup delete batches, and the open payload-copy limit under concurrent keepers.
+//! Conformance cases of conflicting copies under concurrency: keepers racing cleanup's delete
+//! batches (no copy outlives its record), and the open payload-copy limit under concurrent
+//! keepers.
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -31,7 +32,7 @@ async fn old_records<H: Harness>(h: &H, prefix: &str, n: usize) -> Vec<i64> {
 /// over them. Afterwards: no open copy names a deleted record (no orphan), every copy a keeper
 /// was told was kept still has its record, every `RecordDeleted` names a record that is gone,
 /// no keeper or batch failed otherwise, and the status counts equal the rows.
-pub async fn break_review_keepers_racing_delete_batches_leave_no_orphan_copy<H: Harness>() {
+pub async fn keepers_racing_delete_batches_leave_no_orphan_copy<H: Harness>() {
     const N: usize = 150;
     const KEEPERS: usize = 6;
     const KEEPS_EACH: usize = 60;
@@ -56,7 +57,7 @@ pub async fn break_review_keepers_racing_delete_batches_leave_no_orphan_copy<H: 
             let mut errors = Vec::new();
             for i in 0..KEEPS_EACH {
                 // Walk the records from both ends towards the batches (which go in id order).
-                let idx = if k % 2 == 0 { (i * 5 + k) % N } else { N - 1 - (i * 5 + k) % N };
+                let idx = if k.is_multiple_of(2) { (i * 5 + k) % N } else { N - 1 - (i * 5 + k) % N };
                 let other: Msg = msg(&format!("RACE.{idx}"), "ORDER.PAY", &format!("{{\"k\":{k},\"i\":{i}}}"));
                 let mut conn = h.store().pool().acquire().await.unwrap();
                 match h.store().keep_conflicts(&mut *conn, group, &[copy(ids[idx], &other, ConflictKind::Payload)]).await {
@@ -130,7 +131,7 @@ pub async fn break_review_keepers_racing_delete_batches_leave_no_orphan_copy<H: 
 /// Eight copies of one record, each with a payload of its own, kept at once on connections of
 /// their own (eight leased batches, each with one conflicting delivery): the record keeps at
 /// most [`MAX_OPEN_PAYLOAD_COPIES`] open payload conflicts. Ten records, to give the race room.
-pub async fn break_review_distinct_payload_copies_kept_at_once_stay_within_the_open_limit<H: Harness>() {
+pub async fn distinct_payload_copies_kept_at_once_stay_within_the_open_limit<H: Harness>() {
     let h = H::fresh().await;
     let ids = old_records(&h, "CAP", 10).await;
     let group = group();

@@ -1,6 +1,6 @@
-//! Break review of `EnginePool::while_locked` (0055e28) on PostgreSQL and MariaDB: contention,
-//! release after an error, a panic and a cancelled caller, connection leaks, and the engine
-//! pool's statement timeout against the documented wait.
+//! `EnginePool::while_locked` on PostgreSQL and MariaDB: contention, release after an error, a
+//! panic and a cancelled caller, connection leaks, the engine pool's statement timeout against
+//! the documented wait, and a MySQL pool that selects no database.
 
 use std::time::{Duration, Instant};
 
@@ -8,12 +8,12 @@ use dedup_engine::EnginePool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 fn pg_url() -> String {
-    std::env::var("BREAK_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+    std::env::var("NAMED_LOCK_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
 #[cfg(feature = "mysql")]
 fn my_url() -> String {
-    std::env::var("BREAK_MY_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".to_owned())
+    std::env::var("NAMED_LOCK_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".to_owned())
 }
 
 async fn pg_pool(statement_timeout_ms: Option<u64>) -> EnginePool {
@@ -30,7 +30,7 @@ async fn my_pool() -> EnginePool {
 }
 
 fn name(what: &str) -> String {
-    format!("break_review.{what}.{}", std::process::id())
+    format!("named_lock_test.{what}.{}", std::process::id())
 }
 
 /// Server-side sessions of this database.
@@ -43,10 +43,9 @@ async fn sessions(pool: &EnginePool) -> i64 {
                 .unwrap()
         }
         #[cfg(feature = "mysql")]
-        EnginePool::MySql(p) => sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST")
-            .fetch_one(p)
-            .await
-            .unwrap(),
+        EnginePool::MySql(p) => {
+            sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST").fetch_one(p).await.unwrap()
+        }
         _ => unreachable!(),
     }
 }
@@ -87,7 +86,8 @@ async fn contention_error_panic_cancel_and_leaks(pool: EnginePool, other: Engine
 
     // 2. Work returning an error: released at once.
     let n = name("error");
-    let r: Result<Option<Result<(), &str>>, _> = pool.while_locked(&n, Duration::from_secs(1), async { Err("boom") }).await;
+    let r: Result<Option<Result<(), &str>>, _> =
+        pool.while_locked(&n, Duration::from_secs(1), async { Err("boom") }).await;
     assert!(matches!(r, Ok(Some(Err("boom")))));
     let again = free_after(&other, &n, Duration::from_secs(5)).await;
     eprintln!("[{db}] after an erroring work, free after {again:?}");
@@ -99,10 +99,11 @@ async fn contention_error_panic_cancel_and_leaks(pool: EnginePool, other: Engine
     let n = name("panic");
     let p = pool.clone();
     let n2 = n.clone();
-    let joined = tokio::spawn(async move {
-        p.while_locked(&n2, Duration::from_secs(1), async { panic!("work panicked") }).await
-    })
-    .await;
+    let joined =
+        tokio::spawn(
+            async move { p.while_locked(&n2, Duration::from_secs(1), async { panic!("work panicked") }).await },
+        )
+        .await;
     assert!(joined.is_err(), "the task panicked");
     let again = free_after(&other, &n, Duration::from_secs(10)).await;
     eprintln!("[{db}] after a panicking work, free after {again:?}");
@@ -157,13 +158,13 @@ async fn contention_error_panic_cancel_and_leaks(pool: EnginePool, other: Engine
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn break_review_while_locked_postgres() {
+async fn while_locked_postgres() {
     contention_error_panic_cancel_and_leaks(pg_pool(None).await, pg_pool(None).await, "postgres").await;
 }
 
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn break_review_while_locked_mariadb() {
+async fn while_locked_mariadb() {
     contention_error_panic_cancel_and_leaks(my_pool().await, my_pool().await, "mariadb").await;
 }
 
@@ -173,7 +174,7 @@ async fn break_review_while_locked_mariadb() {
 /// and the caller gets an error (57014), not `Ok(None)` after its wait. Here: a 1 s statement
 /// timeout against a 3 s wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn break_review_while_locked_postgres_wait_longer_than_statement_timeout() {
+async fn while_locked_postgres_wait_longer_than_statement_timeout() {
     let holder_pool = pg_pool(None).await;
     let bounded = pg_pool(Some(1000)).await;
     let n = name("stmt-timeout");
@@ -199,7 +200,7 @@ async fn break_review_while_locked_postgres_wait_longer_than_statement_timeout()
 /// answers `Ok(None)` ("another process held the lock all of `wait`") at once, with no holder.
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn break_review_while_locked_mariadb_pool_without_a_database() {
+async fn while_locked_mariadb_pool_without_a_database() {
     let url = my_url();
     let base = url.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap();
     let pool = EnginePool::MySql(sqlx::mysql::MySqlPoolOptions::new().max_connections(2).connect(&base).await.unwrap());

@@ -29,7 +29,7 @@ impl ConflictCopies for MySqlStore {
         // of its own; the transactional one in the claim's, which holds them already): the
         // statement counts a record's open payload conflicts, and without the lock concurrent
         // workers all count the same few and pass the limit (a review saw 7-8 open rows of 5
-        // under eight leased workers; PostgreSQL's statement held it). A cleanup batch skips a
+        // under eight leased workers; PostgreSQL's keeper takes the same lock). A cleanup batch skips a
         // locked record, and one it deleted first is gone.
         let records = records_of(&rows);
         let mut tx = conn.begin().await?;

@@ -12,7 +12,7 @@ use crate::actions::NamedLock;
 
 /// The lock's name, SQL of two binds: the prefix (`requeue_job.`, `cleanup_schedule.`,
 /// [`NAMED_PREFIX`]), then the id (or name).
-pub(crate) const LOCK_NAME: &str = "CONCAT(?, LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))";
+pub(crate) const LOCK_NAME: &str = "CONCAT(?, LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), '.', ?), 256), 40))";
 
 /// The prefix of the locks named by text ([`lock_named`]).
 const NAMED_PREFIX: &str = "named.";

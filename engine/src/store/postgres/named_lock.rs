@@ -70,15 +70,16 @@ struct PgNamedLock {
 
 #[async_trait]
 impl NamedLock for PgNamedLock {
-    /// Its row in `pg_locks` for this backend (a two-`int` advisory lock has `objsubid` 2).
+    /// Its row in `pg_locks` for this backend (a two-`int` advisory lock has `objsubid` 2, and
+    /// its `int`s as `oid`s: their bits unsigned, so a negative `hashtext` key is read right).
     async fn held(&mut self) -> bool {
         let held = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_locks
                             WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
                               AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2)",
         )
-        .bind(i64::from(self.class))
-        .bind(i64::from(self.key))
+        .bind(i64::from(u32::from_ne_bytes(self.class.to_ne_bytes())))
+        .bind(i64::from(u32::from_ne_bytes(self.key.to_ne_bytes())))
         .fetch_one(&mut self.conn)
         .await;
         held.unwrap_or(false)

@@ -93,11 +93,11 @@ impl<S: PipelineStore> Pipeline<S> {
             succeeded.append(&mut run);
         }
         // Kept in the transaction that judged them: acknowledged only with their copy.
-        if !conflicts.is_empty() {
-            if let Err(e) = self.store.keep_conflicts(tx, &self.settings.group, &conflicts).await {
-                attempt.deadlocked |= e.is_deadlock();
-                return Err(attempt.isolation.abort("keeping conflicting copies failed", &e));
-            }
+        if !conflicts.is_empty()
+            && let Err(e) = self.store.keep_conflicts(tx, &self.settings.group, &conflicts).await
+        {
+            attempt.deadlocked |= e.is_deadlock();
+            return Err(attempt.isolation.abort("keeping conflicting copies failed", &e));
         }
         let completed: HashSet<i64> = match batch.claim_as {
             ClaimAs::Succeeded => succeeded.iter().map(|(_, c)| c.id).collect(),

@@ -16,7 +16,7 @@ use dedup_example_orders::verify::{VerifyReport, check_kafka_lag};
 use crate::cli_cleanup::{CleanupArgs, run_cleanup};
 use crate::cli_users::UserCommand;
 use crate::config::{GroupConfig, Settings};
-use crate::example_database::ExampleDatabase;
+use crate::example_database::open_example_database;
 use crate::operator::{BulkArgs, ConflictArgs, RecordArgs, run_bulk, run_conflicts, run_record};
 use crate::publish::{PublishArgs, run_publish};
 use crate::startup::{Application, open_engine_database};
@@ -219,7 +219,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 // A team's own groups (HTTP handlers): nothing of the example's in its database.
                 open_engine_database(&settings).await?.close().await;
             } else {
-                ExampleDatabase::open(&settings).await?.close().await;
+                open_example_database(&settings).await?.close().await;
             }
             println!("migrations applied; schema {} verified ({})", settings.schema, settings.database_url.redacted());
             if !example.is_empty() {
@@ -282,7 +282,7 @@ async fn run_simulate(settings: &Settings, args: SimulateArgs) -> anyhow::Result
     validate_share("poison-rate", args.poison_rate)?;
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 or more");
     let groups = groups_on(settings, args.source)?;
-    let db = ExampleDatabase::open(settings).await?;
+    let db = open_example_database(settings).await?;
     let first = &groups[0];
     let destination = first.destination();
     let source = first.source_factory(settings.amqp_url.expose());
@@ -346,7 +346,7 @@ async fn run_verify(settings: &Settings, args: VerifyArgs) -> anyhow::Result<()>
     if args.lag_only {
         return run_lag_check(&groups, args.group.as_deref(), wait).await;
     }
-    let db = ExampleDatabase::open(settings).await?;
+    let db = open_example_database(settings).await?;
     let mut report = db.verify(&settings.schema, args.run, wait).await?;
     db.close().await;
     for group in groups.iter().filter(|g| g.source == Broker::Kafka) {

@@ -14,14 +14,17 @@ use axum::Router;
 use axum::serve::ListenerExt;
 use dedup_engine::console::console_store;
 use dedup_engine::{Broker, Engine, EngineBuilder, EngineHandle, EnginePool, HandlerRegistry, HealthProbes};
+use dedup_example_orders as orders;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{GroupConfig, Settings};
 
+mod demo;
 pub(crate) mod mysql;
 pub(crate) mod postgres;
+use demo::Demo;
 pub use postgres::{Databases, open_database, open_database_with_example};
 
 use dedup_app::ssr::mount::AuthMode;
@@ -61,7 +64,7 @@ pub async fn open_engine_database(settings: &Settings) -> anyhow::Result<EngineP
 /// Errors: a group whose handlers are not in `example`.
 fn engine_builder(
     settings: &Settings,
-    pool: impl Into<EnginePool>,
+    pool: EnginePool,
     groups: &[GroupConfig],
     example: &HandlerRegistry,
 ) -> anyhow::Result<EngineBuilder> {
@@ -119,21 +122,50 @@ fn probes(settings: &Settings, pool: impl Into<EnginePool>, groups: &[GroupConfi
 }
 
 impl Application {
-    /// Opens the database (the order example's migrations; the engine applies its own), checks
-    /// Redis and the broker in the background without waiting for them (a warning, not a
-    /// failure: the console serves at once, `/readyz` reports them down and the consumers keep
-    /// reconnecting), starts the engine with the
-    /// configured consumer groups bound to the order example's handlers, builds the router and
-    /// binds the listener. `demo` turns on demo mode (see `serve --demo`).
+    /// Opens the database — PostgreSQL, or MySQL with a `mysql://` URL — and applies the order
+    /// example's migrations where its handlers will run (a group uses them and the consumer is
+    /// on) or in demo mode (the engine applies its own), checks Redis and the broker in the
+    /// background without waiting for them (a warning, not a failure: the console serves at
+    /// once, `/readyz` reports them down and the consumers keep reconnecting), starts the
+    /// engine with the configured consumer groups bound to the order example's handlers (or
+    /// their HTTP handlers), builds the router and binds the listener. `demo` turns on demo
+    /// mode (see `serve --demo`), on either database.
     ///
     /// Errors: the configuration's groups, the database, the listener.
     pub async fn build(settings: Settings, demo: bool) -> anyhow::Result<Self> {
         let metrics = crate::telemetry::metrics_handle().clone();
         let groups = settings.consumer_groups().context("invalid consumer groups")?;
-        if settings.on_mysql() {
-            return Self::build_on_mysql(settings, groups, demo, metrics).await;
+        let auth = console_auth(&settings)?;
+        let shop = if settings.on_mysql() {
+            mysql::shop_pool(&settings).await?
+        } else {
+            postgres::shop_pool(&settings).await?
+        };
+        // Groups with HTTP handlers alone need none of the order example's tables, nor does a
+        // console whose consumer is off; the demo records its traffic's runs in them.
+        let consume = settings.consumer.enabled;
+        let example_used = demo || (consume && groups.iter().any(GroupConfig::uses_example));
+        if example_used {
+            shop.migrate().await?;
         }
-        Self::build_on_postgres(settings, groups, demo, metrics).await
+        let order_settings =
+            if demo { orders::demo::demo_order_settings(&settings.orders) } else { settings.orders.clone() };
+        if consume && example_used {
+            shop.stock_inventory(&order_settings).await?;
+        }
+        let example = shop.handlers(&order_settings);
+        let builder = engine_builder(&settings, shop.engine_pool(), &groups, &example)?;
+
+        let listener = bind(&settings).await?;
+        let local_addr = listener.local_addr()?;
+        let engine = builder.start().await?;
+        let handle = engine.handle().clone();
+        let probes = probes(&settings, handle.pool().clone(), &groups)?;
+        warn_of_dependencies(&probes);
+        let demo = demo.then(|| Demo::start(&settings, &shop, &engine, &groups, order_settings));
+        let (router, console_shutdown) = console(&settings, auth, handle, probes, metrics, local_addr).await?;
+        let shutdown_timeout = Duration::from_millis(settings.shutdown_timeout_ms);
+        Ok(Self { listener, router, pool: shop.engine_pool(), engine, demo, console_shutdown, shutdown_timeout })
     }
 
     /// The port the listener is bound to (useful with port 0).
@@ -199,24 +231,6 @@ impl Application {
         }
         tracing::info!("stopped");
         Ok(())
-    }
-}
-
-/// What `serve --demo` runs besides the server: the simulated traffic and the crashing worker.
-struct Demo {
-    stop: CancellationToken,
-    traffic: tokio::task::JoinHandle<()>,
-    crashing_worker: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Demo {
-    /// Stops the traffic and kills the crashing worker.
-    async fn stop(self) {
-        self.stop.cancel();
-        let _ = self.traffic.await;
-        if let Some(thread) = self.crashing_worker {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }
     }
 }
 

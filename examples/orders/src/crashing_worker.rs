@@ -16,14 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedup_engine::{Engine, Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler};
+use dedup_engine::{
+    Engine, EnginePool, Handler, HandlerError, HandlerInput, HandlerRegistry, LeaseGuard, LeasedHandler,
+};
 use rand::Rng;
-use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::OrderSettings;
+use super::{OrderSettings, ShopPool};
 
 /// How long the worker stays frozen before it is killed.
 pub const FROZEN_FOR: Duration = Duration::from_secs(1);
@@ -34,15 +34,16 @@ pub const RESTART_AFTER: Duration = Duration::from_secs(20);
 /// runtime, which runs the future where it stands: it need not be `Send`), with the groups it
 /// joins bound to `handlers`: the order handlers, the NOTIFY one of which freezes.
 pub type StartEngine =
-    Arc<dyn Fn(PgPool, HandlerRegistry) -> Pin<Box<dyn Future<Output = anyhow::Result<Engine>>>> + Send + Sync>;
+    Arc<dyn Fn(EnginePool, HandlerRegistry) -> Pin<Box<dyn Future<Output = anyhow::Result<Engine>>>> + Send + Sync>;
 
 /// Runs crashing workers one after another on a thread of its own until `shutdown`: each
-/// connects to the database of `connect`, starts its engine with `start`, and is killed
+/// opens a pool of its own made as `shop`'s ([`ShopPool::reconnect`]: PostgreSQL or MySQL),
+/// starts its engine with `start`, and is killed
 /// [`FROZEN_FOR`] after one of its NOTIFY sends froze (a share `settings.notify_crash_rate` of
 /// them, half before the SMS went out and half after). The next one starts [`RESTART_AFTER`]
 /// later. At shutdown the running one is killed too.
 pub fn spawn_crashing_worker(
-    connect: PgConnectOptions,
+    shop: ShopPool,
     settings: OrderSettings,
     start: StartEngine,
     shutdown: CancellationToken,
@@ -57,7 +58,7 @@ pub fn spawn_crashing_worker(
                 }
             };
             let frozen = Arc::new(Notify::new());
-            let lived = runtime.block_on(live(&connect, &settings, &start, frozen, &shutdown));
+            let lived = runtime.block_on(live(&shop, &settings, &start, frozen, &shutdown));
             // The kill: every task of the worker dropped where it stands, its sockets closed.
             runtime.shutdown_background();
             match lived {
@@ -82,15 +83,15 @@ pub fn spawn_crashing_worker(
 
 /// One crashing worker's life: until a send froze (and [`FROZEN_FOR`] more), or shutdown.
 async fn live(
-    connect: &PgConnectOptions,
+    shop: &ShopPool,
     settings: &OrderSettings,
     start: &StartEngine,
     frozen: Arc<Notify>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = PgPoolOptions::new().max_connections(4).connect_with(connect.clone()).await?;
-    let handlers = freezing_handlers(pool.clone(), settings, frozen.clone());
-    let _engine = start(pool, handlers).await?;
+    let own = shop.reconnect(4).await?;
+    let handlers = freezing_handlers(own.handlers(settings), settings, frozen.clone());
+    let _engine = start(own.engine_pool(), handlers).await?;
     tokio::select! {
         () = shutdown.cancelled() => {}
         () = frozen.notified() => tokio::time::sleep(FROZEN_FOR).await,
@@ -98,9 +99,8 @@ async fn live(
     Ok(())
 }
 
-/// The order handlers, the NOTIFY one wrapped in [`Freezing`].
-fn freezing_handlers(pool: PgPool, settings: &OrderSettings, frozen: Arc<Notify>) -> HandlerRegistry {
-    let mut handlers = super::handlers(pool, settings);
+/// The order `handlers`, the NOTIFY one wrapped in [`Freezing`].
+fn freezing_handlers(mut handlers: HandlerRegistry, settings: &OrderSettings, frozen: Arc<Notify>) -> HandlerRegistry {
     if let Some(Handler::Leased { handler, on_lease_expiry }) = handlers.get("ORDER.NOTIFY").cloned() {
         let freezing = Freezing { inner: handler, rate: settings.notify_crash_rate.clamp(0.0, 1.0), frozen };
         handlers.register("ORDER.NOTIFY", Handler::Leased { handler: Arc::new(freezing), on_lease_expiry });

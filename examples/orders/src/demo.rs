@@ -6,11 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use super::OrderSettings;
-use super::simulate::{SimulateParams, SimulatedGroup, simulate};
+use super::simulate::{SimulateParams, SimulatedGroup};
+use super::{OrderSettings, ShopPool};
 use dedup_engine::{IdPolicy, SourceFactory};
 
 /// Orders published per burst.
@@ -33,10 +32,10 @@ pub fn demo_order_settings(configured: &OrderSettings) -> OrderSettings {
 }
 
 /// Publishes bursts of simulated orders through `source` (to its destination, reaching
-/// `groups`) until shutdown. Broker or database trouble is logged and retried after the pause;
+/// `groups`), each run recorded in `shop`, until shutdown. Broker or database trouble is logged and retried after the pause;
 /// it never stops the server.
 pub async fn run_demo_traffic(
-    pool: PgPool,
+    shop: ShopPool,
     source: Arc<dyn SourceFactory>,
     groups: Vec<SimulatedGroup>,
     orders: OrderSettings,
@@ -64,7 +63,7 @@ pub async fn run_demo_traffic(
         seed = seed.wrapping_add(1);
         let burst = async {
             let publisher = source.open_publisher().await?;
-            simulate(&pool, publisher.as_ref(), &params, &orders, &ids, |_, _| {}).await
+            shop.simulate(publisher.as_ref(), &params, &orders, &ids, |_, _| {}).await
         };
         tokio::select! {
             () = shutdown.cancelled() => return,

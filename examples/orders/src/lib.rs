@@ -8,7 +8,7 @@
 //! Its tables live in the schema `shop` ([`SCHEMA`]), with a migration history of their own
 //! ([`migrate`]); its SQL names them with that schema, so it runs under any `search_path`.
 //! With the feature `mysql`, `mysql` holds the same on MySQL 8 / MariaDB 10.11 (the database
-//! `shop`), sharing all but the statements.
+//! `shop`), sharing all but the statements; [`ShopPool`] runs the example on either.
 
 pub mod crashing_worker;
 pub mod demo;
@@ -16,6 +16,7 @@ mod handlers;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod seed;
+mod shop_pool;
 pub mod simulate;
 mod sms;
 pub mod verify;
@@ -28,6 +29,7 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 
 pub use handlers::{CreateOrder, NotifyOrder, PayOrder};
+pub use shop_pool::ShopPool;
 pub use sms::SmsGateway;
 
 /// The schema of the example's tables.

@@ -43,8 +43,8 @@ async fn a_killed_worker_leaves_its_record_stuck_and_its_delivery_back_in_the_qu
         })
     });
     let stop = CancellationToken::new();
-    let options = (*db.pool.connect_options()).clone();
-    let worker = spawn_crashing_worker(options, orders, start, stop.clone()).unwrap();
+    let shop = dedup_example_orders::ShopPool::Postgres(db.pool.clone());
+    let worker = spawn_crashing_worker(shop, orders, start, stop.clone()).unwrap();
     eventually(Duration::from_secs(20), "the worker consumes", || async {
         broker.queue_state(&queue).await.is_some_and(|(_, consumers)| consumers == 1)
     })

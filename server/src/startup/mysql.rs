@@ -1,17 +1,14 @@
-//! `serve` on MySQL 8 or MariaDB 10.11 (`DATABASE_URL=mysql://…`): the engine consumes with the
-//! order example's MySQL handlers (and the groups' HTTP handlers), and the console is mounted
-//! on it as on PostgreSQL.
-
-use std::time::Duration;
+//! `serve` and the commands on MySQL 8 or MariaDB 10.11 (`DATABASE_URL=mysql://…`): the
+//! server's pool, the engine's database (named by `schema`), and the order example's tables in
+//! the URL's database ([`shop`]). Everything else — the engine, the console, the demo — is
+//! [`super::Application::build`]'s, as on PostgreSQL.
 
 use anyhow::Context;
 use dedup_engine::{EnginePool, PoolSettings, Schema};
 use dedup_example_orders as orders;
-use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::MySqlPool;
 
-use super::{Application, bind, console, console_auth, engine_builder, probes, warn_of_dependencies};
-use crate::config::{GroupConfig, Settings};
+use crate::config::Settings;
 
 /// The order example on MySQL: its tables in the database `DATABASE_URL` names (the team's own;
 /// the engine's go in the database named by `schema`).
@@ -48,43 +45,11 @@ pub(super) async fn open_engine_database(settings: &Settings) -> anyhow::Result<
     Ok(engine?.into())
 }
 
-impl Application {
-    /// [`Application::build`] on MySQL: the order example's MySQL tables (when a group uses its
-    /// handlers), the engine, and the console.
-    ///
-    /// Errors: `serve --demo` (PostgreSQL only so far), the database, the listener.
-    pub(super) async fn build_on_mysql(
-        settings: Settings,
-        groups: Vec<GroupConfig>,
-        demo: bool,
-        metrics: PrometheusHandle,
-    ) -> anyhow::Result<Self> {
-        anyhow::ensure!(!demo, "serve --demo runs on PostgreSQL only so far; DATABASE_URL names MySQL");
-        let auth = console_auth(&settings)?;
-        let shop = shop(&settings)?;
-        let pool = connect(&settings).await?;
-        // The example's tables only where its handlers will run: with the consumer off, none do.
-        if settings.consumer.enabled && groups.iter().any(GroupConfig::uses_example) {
-            shop.migrate(&pool).await?;
-            shop.stock_inventory(&pool, &settings.orders).await?;
-        }
-        let example = shop.handlers(pool.clone(), &settings.orders);
-        let builder = engine_builder(&settings, pool.clone(), &groups, &example)?;
-        let listener = bind(&settings).await?;
-        let local_addr = listener.local_addr()?;
-        let engine = builder.start().await?;
-        let probes = probes(&settings, engine.handle().pool().clone(), &groups)?;
-        warn_of_dependencies(&probes);
-        let (router, console_shutdown) =
-            console(&settings, auth, engine.handle().clone(), probes, metrics, local_addr).await?;
-        Ok(Self {
-            listener,
-            router,
-            pool: EnginePool::MySql(pool),
-            engine,
-            demo: None,
-            console_shutdown,
-            shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),
-        })
-    }
+/// The server's pool on the order example's [`shop`], as its [`orders::ShopPool`]: what `serve`
+/// builds the engine on ([`super::Application::build`]).
+///
+/// Errors: those of [`shop`] and [`connect`].
+pub(super) async fn shop_pool(settings: &Settings) -> anyhow::Result<orders::ShopPool> {
+    let shop = shop(settings)?;
+    Ok(orders::ShopPool::MySql(connect(settings).await?, shop))
 }

@@ -82,9 +82,21 @@ impl World {
     /// Starts a server with the world's environment plus `extra`; waits until it consumes from
     /// every one of `queues` (RabbitMQ), or has subscribed (Kafka).
     pub async fn serve_on(&self, name: &str, extra: &[(&str, &str)], queues: &[&str]) -> Server {
+        self.serve_command(name, &["serve"], extra, queues).await
+    }
+
+    /// `serve --demo` with the world's environment; waits until its consumer is subscribed to
+    /// the work queue (the demo publishes to the world's exchange).
+    pub async fn serve_demo(&self, name: &str) -> Server {
+        self.serve_command(name, &["serve", "--demo"], &[], &[&self.broker.settings.queue]).await
+    }
+
+    /// Starts `dedup-console <args>` (a `serve`) with the world's environment plus `extra`;
+    /// waits until it consumes from every one of `queues` (RabbitMQ), or has subscribed (Kafka).
+    async fn serve_command(&self, name: &str, args: &[&str], extra: &[(&str, &str)], queues: &[&str]) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = std::env::temp_dir().join(format!("{}-{name}.log", self.db.name));
-        let mut cmd = self.command(&["serve"]);
+        let mut cmd = self.command(args);
         cmd.env("DEDUP_LISTEN", format!("127.0.0.1:{port}"))
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .stdout(Stdio::null())

@@ -12,6 +12,7 @@ mod conflicts_cli;
 mod crashes;
 mod database_outage;
 mod database_restart;
+mod demo;
 mod exactly_once;
 mod groups;
 mod http;

@@ -270,9 +270,19 @@ async fn run_seed(settings: &Settings, args: SeedArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "seeded {} records over {} days in {:.1} s ({:.0} records/s)",
-            report.records, args.days, report.seconds, report.rate
+            "seeded {} records first seen from {} until now in {:.1} s ({:.0} records/s)",
+            report.records,
+            report.from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            report.seconds,
+            report.rate
         );
+        let asked = chrono::Utc::now() - chrono::TimeDelta::days(i64::from(args.days));
+        if report.from - asked > chrono::TimeDelta::minutes(1) {
+            println!(
+                "(not the last {} days: records newer than that were there already, and a seed run starts after                  the newest of them, so that ids keep following first sightings; seed an empty database to spread them)",
+                args.days
+            );
+        }
     }
     Ok(())
 }

@@ -68,7 +68,7 @@ pub struct Settings {
     /// Address the console and API listen on. Default `127.0.0.1:3000`; port 0 picks a free port.
     pub listen: SocketAddr,
     /// Database URL (dedup store and business tables): `postgres://…`, or `mysql://…` for MySQL 8
-    /// or MariaDB 10.11 (`seed` runs on PostgreSQL only so far). Env: `DATABASE_URL`.
+    /// or MariaDB 10.11. Env: `DATABASE_URL`.
     pub database_url: SecretUrl,
     /// Redis URL (fast-path markers). Env: `REDIS_URL`.
     pub redis_url: SecretUrl,

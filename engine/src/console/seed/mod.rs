@@ -22,7 +22,7 @@ mod totals;
 
 use std::time::Instant;
 
-use chrono::SubsecRound;
+use chrono::{DateTime, SubsecRound, Utc};
 
 use super::QueryError;
 pub use crate::record::HandlerMode;
@@ -66,6 +66,9 @@ pub struct SeedReport {
     pub seconds: f64,
     /// Records per second.
     pub rate: f64,
+    /// The first sighting of the first record inserted: `days` back from now, or later when
+    /// records newer than that were there already (a run starts after the newest of them).
+    pub from: DateTime<Utc>,
 }
 
 /// Inserts `params.records` synthetic records of `domain` spread over the last `params.days`
@@ -111,5 +114,5 @@ pub async fn seed_records(
     };
     books.seed_load(run).await?;
     let seconds = started.elapsed().as_secs_f64();
-    Ok(SeedReport { records: params.records, seconds, rate: params.records as f64 / seconds.max(1e-9) })
+    Ok(SeedReport { records: params.records, seconds, rate: params.records as f64 / seconds.max(1e-9), from: start })
 }

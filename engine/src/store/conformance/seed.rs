@@ -35,6 +35,8 @@ pub async fn seeded_records_are_counted_with_their_attempts_and_a_second_seed_ap
         .await
         .unwrap();
     assert_eq!(report.records, 4_000);
+    let two_days_ago = chrono::Utc::now() - chrono::TimeDelta::days(2);
+    assert!((report.from - two_days_ago).num_seconds().abs() < 60, "an empty table gets the whole span: {report:?}");
     let counted = h.counted().await;
     assert_eq!(counted, h.actual().await, "record_counts equal the rows");
     assert_eq!(counted.iter().map(|(_, _, n)| n).sum::<i64>(), 4_000);
@@ -72,7 +74,9 @@ pub async fn seeded_records_are_counted_with_their_attempts_and_a_second_seed_ap
     let sampled = growth.iter().rev().find_map(|p| p.total_records).expect("table samples");
     assert!((3_900..=4_000).contains(&sampled), "{sampled}");
 
-    seed_records(store, &SeedParams { records: 1_000, days: 1, batch: 1_000 }, &domain(), |_, _| {}).await.unwrap();
+    let params = SeedParams { records: 1_000, days: 1, batch: 1_000 };
+    let second = seed_records(store, &params, &domain(), |_, _| {}).await.unwrap();
+    assert!(second.from > chrono::Utc::now() - chrono::TimeDelta::minutes(5), "it starts after the newest: {second:?}");
     let counted = h.counted().await;
     assert_eq!(counted, h.actual().await, "record_counts equal the rows after a second seed");
     assert_eq!(counted.iter().map(|(_, _, n)| n).sum::<i64>(), 5_000);

@@ -279,7 +279,8 @@ async fn run_seed(settings: &Settings, args: SeedArgs) -> anyhow::Result<()> {
         let asked = chrono::Utc::now() - chrono::TimeDelta::days(i64::from(args.days));
         if report.from - asked > chrono::TimeDelta::minutes(1) {
             println!(
-                "(not the last {} days: records newer than that were there already, and a seed run starts after                  the newest of them, so that ids keep following first sightings; seed an empty database to spread them)",
+                "(not the last {} days: records newer than that were there already, and a seed run starts after \
+                 the newest of them, so that ids keep following first sightings; seed an empty database to spread them)",
                 args.days
             );
         }

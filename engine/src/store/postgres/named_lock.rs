@@ -41,15 +41,18 @@ pub(crate) async fn lock_named(
     wait: Duration,
 ) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
     let mut conn = pool.acquire().await?.detach();
-    let key: i32 = sqlx::query_scalar("SELECT hashtext($1)").bind(name).fetch_one(&mut conn).await?;
     // At least a millisecond: a `lock_timeout` of 0 waits for ever. The pool's
     // `statement_timeout` (the server's engine pool has 30 s) would cancel the wait first, with
     // an error rather than `None`: off on this connection of its own, `lock_timeout` bounds it.
+    // The key and both settings in one round trip.
     let timeout = format!("{}ms", wait.as_millis().max(1));
-    sqlx::query("SELECT set_config('lock_timeout', $1, false), set_config('statement_timeout', '0', false)")
-        .bind(timeout)
-        .execute(&mut conn)
-        .await?;
+    let key: i32 = sqlx::query_scalar(
+        "SELECT hashtext($1) FROM (SELECT set_config('lock_timeout', $2, false), set_config('statement_timeout', '0', false)) s",
+    )
+    .bind(name)
+    .bind(timeout)
+    .fetch_one(&mut conn)
+    .await?;
     let locked = sqlx::query("SELECT pg_advisory_lock($1, $2)").bind(NAMED_LOCK_CLASS).bind(key).execute(&mut conn).await;
     match locked {
         Ok(_) => Ok(Some(Box::new(PgNamedLock { conn, class: NAMED_LOCK_CLASS, key }))),

@@ -34,11 +34,13 @@ pub use pool::EnginePool;
 #[must_use = "an engine builder does nothing until `start` is called"]
 pub struct EngineBuilder {
     pool: EnginePool,
-    schema: Schema,
+    /// The engine's schema (on MySQL a database), as each database's start readies it.
+    pub(crate) schema: Schema,
     redis_url: String,
     fast_path: FastPathSettings,
     stats_flush: Duration,
-    pool_size: u32,
+    /// Most connections of the engine's pool, as each database's start opens it.
+    pub(crate) pool_size: u32,
     consume: bool,
     groups: Vec<Group>,
 }
@@ -91,10 +93,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Migrates the engine's schema ([`crate::migrate`]; on MySQL its database), then starts every
-    /// group's workers and the background tasks (aggregate flusher, heartbeat, the bulk-requeue
-    /// runners; on PostgreSQL also the cleanup scheduler, which MySQL does not run yet: a
-    /// warning says so). Does not wait for the brokers or Redis: workers connect and reconnect
+    /// Migrates the engine's schema ([`EnginePool::open_engine_pool`]; on MySQL its database),
+    /// then starts every group's workers and the background tasks (aggregate flusher, heartbeat,
+    /// the bulk-requeue runners, the cleanup scheduler). Does not wait for the brokers or Redis: workers connect and reconnect
     /// in the background.
     ///
     /// Errors: [`EngineError`]: an invalid or repeated group name, two groups reading one queue,
@@ -147,17 +148,8 @@ impl EngineBuilder {
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
         let retention = Arc::new(RetentionWatch::default());
-        let (engine_pool, books, started) = match &self.pool {
-            EnginePool::Postgres(host) => {
-                let ready = crate::store::postgres::ready(host, &self.schema, self.pool_size).await?;
-                self.start_on(ready, &retention, groups, &shutdown, &mut tasks).await?
-            }
-            #[cfg(feature = "mysql")]
-            EnginePool::MySql(host) => {
-                let ready = crate::store::mysql::ready(host, &self.schema, self.pool_size).await?;
-                self.start_on(ready, &retention, groups, &shutdown, &mut tasks).await?
-            }
-        };
+        let start = StartOn { retention: &retention, groups, shutdown: &shutdown, tasks: &mut tasks };
+        let (engine_pool, books, started) = self.pool.start_engine(&self, start).await?;
         let handle = EngineHandle {
             pool: engine_pool,
             books,
@@ -170,17 +162,15 @@ impl EngineBuilder {
         Ok(Engine { handle, shutdown, tasks })
     }
 
-    /// Starts, on the store and engine pool `ready` gave, what every database runs alike: the
-    /// groups ([`EngineBuilder::start_groups`]), the bulk-requeue runners and the cleanup
-    /// scheduler; returns the engine pool, the runtime's books on it and what was started.
-    async fn start_on<S: PipelineStore>(
+    /// Starts, on the store and engine pool its database readied (`store/<database>/pool.rs`),
+    /// what every database runs alike: the groups ([`EngineBuilder::start_groups`]), the
+    /// bulk-requeue runners and the cleanup scheduler; returns the engine pool, the runtime's
+    /// books on it and what was started.
+    pub(crate) async fn start_on<S: PipelineStore>(
         &self,
         (store, engine_pool): (S, EnginePool),
-        retention: &Arc<RetentionWatch>,
-        groups: Vec<(ConsumerGroup, Group)>,
-        shutdown: &CancellationToken,
-        tasks: &mut Vec<JoinHandle<()>>,
-    ) -> Result<(EnginePool, Arc<dyn RuntimeBooks>, start::StartedGroups), EngineError> {
+        StartOn { retention, groups, shutdown, tasks }: StartOn<'_>,
+    ) -> Result<StartedEngine, EngineError> {
         let books = engine_pool.runtime_books();
         refresh_retention(retention, engine_pool.console_store()).await;
         let started = self.start_groups(store, &books, retention, groups, shutdown, tasks).await?;
@@ -197,6 +187,19 @@ impl EngineBuilder {
         Ok((engine_pool, books, started))
     }
 }
+
+/// What [`EngineBuilder::start`] hands its database's start ([`EngineBuilder::start_on`]): the
+/// retention the cleanup watches, the checked groups, the shutdown token and the engine's tasks.
+pub(crate) struct StartOn<'a> {
+    retention: &'a Arc<RetentionWatch>,
+    groups: Vec<(ConsumerGroup, Group)>,
+    shutdown: &'a CancellationToken,
+    tasks: &'a mut Vec<JoinHandle<()>>,
+}
+
+/// What a database's start gives back: the engine's pool, the runtime's books on it, the groups
+/// started.
+pub(crate) type StartedEngine = (EnginePool, Arc<dyn RuntimeBooks>, start::StartedGroups);
 
 /// One consumer group of a running engine, as the console shows it.
 pub struct RunningGroup {

@@ -21,12 +21,12 @@ async fn pg_pool(statement_timeout_ms: Option<u64>) -> EnginePool {
     if let Some(ms) = statement_timeout_ms {
         options = options.options([("statement_timeout", ms.to_string())]);
     }
-    EnginePool::Postgres(PgPoolOptions::new().max_connections(4).connect_with(options).await.unwrap())
+    EnginePool::from(PgPoolOptions::new().max_connections(4).connect_with(options).await.unwrap())
 }
 
 #[cfg(feature = "mysql")]
 async fn my_pool() -> EnginePool {
-    EnginePool::MySql(sqlx::mysql::MySqlPoolOptions::new().max_connections(4).connect(&my_url()).await.unwrap())
+    EnginePool::from(sqlx::mysql::MySqlPoolOptions::new().max_connections(4).connect(&my_url()).await.unwrap())
 }
 
 fn name(what: &str) -> String {
@@ -35,19 +35,17 @@ fn name(what: &str) -> String {
 
 /// Server-side sessions of this database.
 async fn sessions(pool: &EnginePool) -> i64 {
-    match pool {
-        EnginePool::Postgres(p) => {
-            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
-                .fetch_one(p)
-                .await
-                .unwrap()
-        }
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(p) => {
-            sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST").fetch_one(p).await.unwrap()
-        }
-        _ => unreachable!(),
+    if let Some(p) = pool.postgres() {
+        return sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+            .fetch_one(p)
+            .await
+            .unwrap();
     }
+    #[cfg(feature = "mysql")]
+    if let Some(p) = pool.mysql() {
+        return sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST").fetch_one(p).await.unwrap();
+    }
+    unreachable!("{}", pool.database())
 }
 
 /// How long until `name` can be taken again (polling with short waits), at most `within`.
@@ -203,7 +201,7 @@ async fn while_locked_postgres_wait_longer_than_statement_timeout() {
 async fn while_locked_mariadb_pool_without_a_database() {
     let url = my_url();
     let base = url.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap();
-    let pool = EnginePool::MySql(sqlx::mysql::MySqlPoolOptions::new().max_connections(2).connect(&base).await.unwrap());
+    let pool = EnginePool::from(sqlx::mysql::MySqlPoolOptions::new().max_connections(2).connect(&base).await.unwrap());
     let start = Instant::now();
     let r = pool.while_locked(&name("no-database"), Duration::from_secs(2), async {}).await;
     eprintln!("no default database: {r:?} after {:?}", start.elapsed());

@@ -24,8 +24,8 @@ use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::overview::{GrowthRange, live_snapshot};
 use dedup_engine::console::records::{RecordRow, record_detail, records_list};
 use dedup_engine::console::seed::{SeedParams, seed_records};
-use dedup_engine::console::{ConsoleStore, console_store, engine_pool, mysql_engine_pool};
-use dedup_engine::{EnginePool, PoolSettings, Schema, connect, migrate};
+use dedup_engine::console::{ConsoleStore, console_store};
+use dedup_engine::{EnginePool, PoolSettings, Schema};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -71,19 +71,15 @@ impl Target {
     /// the engine's tables and opens the engine's pool of 16.
     async fn open(url: String) -> Self {
         let settings = PoolSettings { statement_timeout: None, ..PoolSettings::default() };
-        let (schema, pool) = if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            let schema = Schema::parse(env_or("BENCH_MYSQL_SCHEMA", "dedup_console_bench_engine".to_owned()))
-                .expect("BENCH_MYSQL_SCHEMA: a plain lowercase name");
-            let host = dedup_engine::mysql::connect(&url, &settings).await.expect("MySQL for the bench");
-            let engine = mysql_engine_pool(&host, &schema, 16).await.expect("the engine's MySQL database");
-            host.close().await;
-            (schema, EnginePool::from(engine))
+        let schema = if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            Schema::parse(env_or("BENCH_MYSQL_SCHEMA", "dedup_console_bench_engine".to_owned()))
+                .expect("BENCH_MYSQL_SCHEMA: a plain lowercase name")
         } else {
-            let schema = Schema::default();
-            let host = connect(&url, &settings).await.expect("PostgreSQL for the bench");
-            migrate(&host, &schema).await.expect("migrate");
-            (schema.clone(), EnginePool::from(engine_pool(&host, &schema, 16)))
+            Schema::default()
         };
+        let host = EnginePool::connect(&url, &settings).await.expect("the bench's database");
+        let pool = host.open_engine_pool(&schema, 16).await.expect("the engine's tables");
+        host.close().await;
         Self { name: pool.database(), url, schema, pool, cases: Vec::new(), some_id: 1 }
     }
 
@@ -108,10 +104,12 @@ impl Target {
             let report = seed_records(self.store(), &params, &domain, |_, _| {}).await.expect("seed");
             eprintln!("seeded {} records in {:.1} s ({:.0}/s)", report.records, report.seconds, report.rate);
         }
-        let analyzed = match &self.pool {
-            EnginePool::Postgres(pool) => sqlx::raw_sql("VACUUM ANALYZE dedup_records").execute(pool).await.map(drop),
-            EnginePool::MySql(pool) => sqlx::raw_sql("ANALYZE TABLE dedup_records").execute(pool).await.map(drop),
-            other => panic!("no bench on {}", other.database()),
+        let analyzed = if let Some(pool) = self.pool.postgres() {
+            sqlx::raw_sql("VACUUM ANALYZE dedup_records").execute(pool).await.map(drop)
+        } else if let Some(pool) = self.pool.mysql() {
+            sqlx::raw_sql("ANALYZE TABLE dedup_records").execute(pool).await.map(drop)
+        } else {
+            panic!("no bench on {}", self.pool.database())
         };
         analyzed.expect("ANALYZE");
     }

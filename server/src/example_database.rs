@@ -6,22 +6,16 @@
 use dedup_example_orders::ShopPool;
 
 use crate::config::Settings;
-use crate::startup::{Databases, open_database_with_example};
 
 /// Connects to `settings.database_url` and applies the engine's and the example's migrations;
 /// the example's tables' pool (simulating and verifying runs, [`ShopPool`]).
 ///
-/// Errors: the database unreachable, a failed migration.
-pub(crate) async fn open_example_database(settings: &Settings) -> anyhow::Result<ShopPool> {
-    if !settings.on_mysql() {
-        let Databases { host, engine } = open_database_with_example(settings).await?;
-        engine.close().await;
-        return Ok(ShopPool::Postgres(host));
-    }
-    let shop = crate::startup::mysql::shop(settings)?;
-    let pool = crate::startup::mysql::connect(settings).await?;
-    dedup_engine::mysql::migrate_engine(&pool, &settings.schema).await?;
-    let shop = ShopPool::MySql(pool, shop);
+/// Errors: the database unreachable, a failed migration, a MySQL URL without a database or
+/// naming the engine's.
+pub async fn open_example_database(settings: &Settings) -> anyhow::Result<ShopPool> {
+    let host = crate::startup::connect(settings).await?;
+    host.open_engine_pool(&settings.schema, 1).await?.close().await;
+    let shop = ShopPool::on(&host, &settings.schema)?;
     shop.migrate().await?;
     Ok(shop)
 }

@@ -6,7 +6,7 @@ pub mod cli;
 pub mod cli_cleanup;
 pub mod cli_users;
 pub mod config;
-mod example_database;
+pub mod example_database;
 pub mod hints;
 pub mod operator;
 pub mod publish;

@@ -13,7 +13,9 @@ use anyhow::Context;
 use axum::Router;
 use axum::serve::ListenerExt;
 use dedup_engine::console::console_store;
-use dedup_engine::{Broker, Engine, EngineBuilder, EngineHandle, EnginePool, HandlerRegistry, HealthProbes};
+use dedup_engine::{
+    Broker, Engine, EngineBuilder, EngineHandle, EnginePool, HandlerRegistry, HealthProbes, PoolSettings,
+};
 use dedup_example_orders as orders;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -22,10 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{GroupConfig, Settings};
 
 mod demo;
-pub(crate) mod mysql;
-pub(crate) mod postgres;
 use demo::Demo;
-pub use postgres::{Databases, open_database, open_database_with_example};
 
 use dedup_app::ssr::mount::AuthMode;
 use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, console_router, mount};
@@ -44,18 +43,29 @@ pub struct Application {
     shutdown_timeout: Duration,
 }
 
-/// The engine's database alone, migrated, for the commands that touch only the engine's tables
-/// (`user`): on PostgreSQL the engine pool of [`open_database`]; on MySQL a pool on the database
-/// named by `schema` (created if missing).
+/// Connects to `settings.database_url` with the server's pool: PostgreSQL, or MySQL 8 or
+/// MariaDB for a `mysql://` or `mariadb://` URL ([`EnginePool::connect`], which creates the
+/// database if it is missing).
+///
+/// Errors: the database unreachable (names it, the redacted URL and how to start it).
+pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<EnginePool> {
+    let statement_timeout = Some(Duration::from_millis(settings.db_statement_timeout_ms)).filter(|t| !t.is_zero());
+    let pool =
+        PoolSettings { max_connections: settings.db_max_connections, statement_timeout, ..PoolSettings::default() };
+    EnginePool::connect(settings.database_url.expose(), &pool).await.map_err(crate::hints::with_hint)
+}
+
+/// The engine's pool alone, its tables migrated, for the commands that touch only the engine's
+/// tables (`user`, the operator commands, `cleanup`): on PostgreSQL its schema `schema`, on
+/// MySQL the database `schema` (created if missing).
 ///
 /// Errors: the database unreachable, a MySQL session not `READ COMMITTED` in UTC, a failed
 /// migration.
 pub async fn open_engine_database(settings: &Settings) -> anyhow::Result<EnginePool> {
-    if settings.on_mysql() {
-        mysql::open_engine_database(settings).await
-    } else {
-        postgres::open_engine_database(settings).await
-    }
+    let host = connect(settings).await?;
+    let engine = host.open_engine_pool(&settings.schema, settings.engine_pool_size()).await;
+    host.close().await;
+    Ok(engine?)
 }
 
 /// The engine of `settings` on the host pool `pool`, with `groups` bound to `example`'s handlers
@@ -136,11 +146,8 @@ impl Application {
         let metrics = crate::telemetry::metrics_handle().clone();
         let groups = settings.consumer_groups().context("invalid consumer groups")?;
         let auth = console_auth(&settings)?;
-        let shop = if settings.on_mysql() {
-            mysql::shop_pool(&settings).await?
-        } else {
-            postgres::shop_pool(&settings).await?
-        };
+        let pool = connect(&settings).await?;
+        let shop = orders::ShopPool::on(&pool, &settings.schema)?;
         // Groups with HTTP handlers alone need none of the order example's tables, nor does a
         // console whose consumer is off; the demo records its traffic's runs in them.
         let consume = settings.consumer.enabled;
@@ -154,7 +161,7 @@ impl Application {
             shop.stock_inventory(&order_settings).await?;
         }
         let example = shop.handlers(&order_settings);
-        let builder = engine_builder(&settings, shop.engine_pool(), &groups, &example)?;
+        let builder = engine_builder(&settings, pool.clone(), &groups, &example)?;
 
         let listener = bind(&settings).await?;
         let local_addr = listener.local_addr()?;
@@ -165,7 +172,7 @@ impl Application {
         let demo = demo.then(|| Demo::start(&settings, &shop, &engine, &groups, order_settings));
         let (router, console_shutdown) = console(&settings, auth, handle, probes, metrics, local_addr).await?;
         let shutdown_timeout = Duration::from_millis(settings.shutdown_timeout_ms);
-        Ok(Self { listener, router, pool: shop.engine_pool(), engine, demo, console_shutdown, shutdown_timeout })
+        Ok(Self { listener, router, pool, engine, demo, console_shutdown, shutdown_timeout })
     }
 
     /// The port the listener is bound to (useful with port 0).

@@ -42,8 +42,6 @@ pub use crate::record::{RecordStatus, UnknownStatus};
 pub use crate::runtime::RunningGroup;
 pub use crate::service::redact_url;
 pub use crate::store::DbErrorKind;
-#[cfg(feature = "mysql")]
-pub use crate::store::mysql::ready_mysql as mysql_engine_pool;
 pub use crate::store::postgres::engine_pool;
 
 /// Operator accounts: users with a role and an argon2id password hash, per-user API tokens

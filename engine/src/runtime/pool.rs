@@ -1,41 +1,47 @@
-//! [`EnginePool`]: the database an engine runs on. The enum is the one place the engine names
-//! each database (a pool of each is what a host hands over); what each database does with its
-//! pool — the `From` of its pool type, ping, close, a bounded pool beside it, the console's
-//! roles and the runtime's books on it — is its store's (`store/<database>/pool.rs`), behind
-//! [`DatabasePool`].
+//! [`EnginePool`]: the database an engine runs on. What each database does with its pool — the
+//! `From` of its pool type and the typed way back (`EnginePool::postgres`, `EnginePool::mysql`),
+//! connecting by URL, ping, close, a bounded pool beside it, migrating, starting an engine, the
+//! console's roles and the runtime's books on it — is its store's (`store/<database>/pool.rs`),
+//! behind [`DatabasePool`]; this file names no database.
 
+use std::any::Any;
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::PgPool;
-#[cfg(feature = "mysql")]
-use sqlx::mysql::MySqlPool;
 
 use super::books::RuntimeBooks;
+use super::{EngineBuilder, EngineError, StartOn, StartedEngine};
 use crate::actions::NamedLock;
 use crate::console::ConsoleStore;
+use crate::db::{PoolSettings, Schema};
+use crate::service::Unreachable;
 
 /// The team's pool an engine is built on ([`crate::Engine::builder`]): the database that holds
 /// the team's tables and, in a schema (PostgreSQL) or database (MySQL) of their own, the
-/// engine's. `Engine::builder(pool)` takes either pool as it is (`From`).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum EnginePool {
-    /// PostgreSQL.
-    Postgres(PgPool),
-    /// MySQL 8 or MariaDB 10.11 (feature `mysql`). Its connections must run `READ COMMITTED` in
-    /// UTC, as [`crate::mysql::connect`] opens them; the engine refuses to start on
-    /// others ([`EngineError::MySqlSession`](super::EngineError::MySqlSession)).
-    #[cfg(feature = "mysql")]
-    MySql(MySqlPool),
+/// engine's. Made from the team's own sqlx pool as it is (`From`: PostgreSQL's, or with the
+/// feature `mysql` MySQL's, whose connections must run `READ COMMITTED` in UTC as
+/// `mysql::connect` opens them), or by URL ([`EnginePool::connect`]); the typed pool
+/// comes back from [`EnginePool::postgres`] (or `EnginePool::mysql`). Cheap to clone: clones
+/// share the pool.
+#[derive(Clone)]
+pub struct EnginePool(Arc<dyn DatabasePool>);
+
+impl fmt::Debug for EnginePool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("EnginePool").field(&self.database()).finish()
+    }
 }
 
 /// One database's side of an [`EnginePool`], implemented on its pool type in its store's folder
 /// (`store/<database>/pool.rs`).
 #[async_trait]
-pub(crate) trait DatabasePool: Send + Sync {
+pub(crate) trait DatabasePool: Any + Send + Sync {
+    /// Itself, for the typed way back to its pool type ([`EnginePool::downcast`]).
+    fn as_any(&self) -> &dyn Any;
+
     /// The service it is, for probes and errors.
     fn service(&self) -> crate::Service;
 
@@ -60,19 +66,66 @@ pub(crate) trait DatabasePool: Send + Sync {
     /// The runtime's books on this database.
     fn runtime_books(&self) -> Arc<dyn RuntimeBooks>;
 
+    /// Migrates the engine's `schema` on this (the team's) pool and opens the engine's pool
+    /// beside it, at most `max_connections` ([`EnginePool::open_engine_pool`]).
+    async fn open_engine_pool(&self, schema: &Schema, max_connections: u32) -> Result<EnginePool, EngineError>;
+
+    /// Readies this database for `builder`'s engine (migrates its schema, checks the session)
+    /// and starts the engine on it ([`EngineBuilder::start_on`]).
+    async fn start_engine(&self, builder: &EngineBuilder, start: StartOn<'_>) -> Result<StartedEngine, EngineError>;
+
     /// Takes the lock `name` of this database on a connection of its own, waiting at most
     /// `wait`; `None` when another session held it all that time ([`EnginePool::while_locked`]).
     async fn lock_named(&self, name: &str, wait: Duration) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error>;
 }
 
 impl EnginePool {
+    /// The pool of one database's side ([`DatabasePool`]); each store's `From` of its pool type.
+    pub(crate) fn new(pool: impl DatabasePool) -> Self {
+        Self(Arc::new(pool))
+    }
+
     /// Its database's side.
     fn database_pool(&self) -> &dyn DatabasePool {
-        match self {
-            Self::Postgres(pool) => pool,
-            #[cfg(feature = "mysql")]
-            Self::MySql(pool) => pool,
-        }
+        self.0.as_ref()
+    }
+
+    /// The pool as its database's own type `P`, when it is one (each store's typed accessor).
+    pub(crate) fn downcast<P: DatabasePool>(&self) -> Option<&P> {
+        self.0.as_any().downcast_ref()
+    }
+
+    /// Opens a pool on the database `url` names, chosen by its scheme: `mysql://` or
+    /// `mariadb://` is MySQL 8 or MariaDB 10.11 (`mysql::connect`, feature `mysql`),
+    /// any other PostgreSQL ([`crate::connect`]); each with `settings` as those take them.
+    ///
+    /// Errors: [`Unreachable`], naming the database, the redacted URL and the cause (a URL that
+    /// does not parse, a server that does not answer, a MySQL URL on a build without the
+    /// feature `mysql`).
+    pub async fn connect(url: &str, settings: &PoolSettings) -> Result<EnginePool, Unreachable> {
+        crate::store::connect(url, settings).await
+    }
+
+    /// Migrates the engine's `schema` on this, the team's pool (as [`EngineBuilder::start`]
+    /// does first: a deploy step, or the console's and operator commands' start without an
+    /// engine), and opens the engine's pool beside it: at most `max_connections`, opened on
+    /// demand; on PostgreSQL its `search_path` is `schema`, on MySQL it uses the database
+    /// `schema`.
+    ///
+    /// Errors: [`EngineBuilder::start`]'s on the database: a failed migration, a dedup table
+    /// without its dedup key, a MySQL session not `READ COMMITTED` in UTC, a MySQL `schema` that
+    /// is the team's database.
+    pub async fn open_engine_pool(&self, schema: &Schema, max_connections: u32) -> Result<EnginePool, EngineError> {
+        self.database_pool().open_engine_pool(schema, max_connections).await
+    }
+
+    /// Starts `builder`'s engine on this pool's database.
+    pub(crate) async fn start_engine(
+        &self,
+        builder: &EngineBuilder,
+        start: StartOn<'_>,
+    ) -> Result<StartedEngine, EngineError> {
+        self.database_pool().start_engine(builder, start).await
     }
 
     /// Closes the pool: waits for every connection checked out to come back, then closes them.

@@ -104,7 +104,7 @@ impl EngineBuilder {
 
 
 /// What [`EngineBuilder::start_groups`] started, for the engine's handle.
-pub(super) struct StartedGroups {
+pub(crate) struct StartedGroups {
     pub(super) fast_path: Arc<FastPath>,
     pub(super) publishers: Publishers,
     pub(super) groups: Arc<Vec<RunningGroup>>,

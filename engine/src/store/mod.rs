@@ -8,6 +8,7 @@
 //! MySQL), never the worker's.
 
 mod attempts_order;
+mod by_url;
 mod conflict_copy;
 mod held_delivery;
 #[cfg(feature = "testing")]
@@ -20,6 +21,7 @@ pub(crate) mod roles;
 mod lease_store;
 
 pub use errors::DbErrorKind;
+pub(crate) use by_url::connect;
 pub(crate) use conflict_copy::{ConflictCopy, ConflictKind, MAX_OPEN_PAYLOAD_COPIES, all_locked, records_of};
 pub(crate) use errors::count_deadlock_rerun;
 pub(crate) use held_delivery::{HeldDelivery, LATE_DUPLICATE_CLASS};

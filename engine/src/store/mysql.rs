@@ -71,7 +71,6 @@ mod sql;
 pub(crate) mod test_database;
 
 pub use pool::{migrate_engine, ready_mysql};
-pub(crate) use pool::ready;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

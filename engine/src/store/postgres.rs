@@ -55,7 +55,6 @@ pub use connection::{connect, engine_pool};
 #[cfg(feature = "testing")]
 pub use migrations::{MIGRATOR, verify_schema};
 pub use migrations::{migrate, migrate_schema};
-pub(crate) use pool::ready;
 use sql::Statements;
 
 /// The PostgreSQL implementation of [`DedupStore`](super::DedupStore). Cheap to clone.

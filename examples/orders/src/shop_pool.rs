@@ -24,6 +24,33 @@ pub enum ShopPool {
 }
 
 impl ShopPool {
+    /// The shop on `pool`, a team's pool as `dedup_engine::EnginePool::connect` opens one by
+    /// URL: on PostgreSQL the tables go in the schema `shop`; on MySQL in the database the pool's
+    /// connections use, which must not be the engine's `engine_schema` (each database keeps one
+    /// migration history).
+    ///
+    /// Errors: a MySQL pool that uses no database, or the engine's, or one whose name is not a
+    /// plain lowercase name; a database the example has no tables for.
+    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+    pub fn on(pool: &EnginePool, engine_schema: &Schema) -> anyhow::Result<Self> {
+        if let Some(pool) = pool.postgres() {
+            return Ok(Self::Postgres(pool.clone()));
+        }
+        #[cfg(feature = "mysql")]
+        if let Some(pool) = pool.mysql() {
+            use anyhow::Context;
+            let options = pool.connect_options();
+            let database = options.get_database().context("the MySQL URL names no database (mysql://…/<database>)")?;
+            anyhow::ensure!(
+                database != engine_schema.as_str(),
+                "the MySQL URL's database {database:?} is the engine's (schema): on MySQL the engine's tables need a \
+                 database of their own (each database keeps one migration history)"
+            );
+            return Ok(Self::MySql(pool.clone(), crate::mysql::Shop::new(Schema::parse(database)?)));
+        }
+        anyhow::bail!("the order example has no tables for {}", pool.database())
+    }
+
     /// Applies the example's migrations ([`crate::migrate`], [`crate::mysql::Shop::migrate`]).
     ///
     /// Errors: the database's, or a migration's.
@@ -72,22 +99,9 @@ impl ShopPool {
     /// Errors: the database unreachable.
     pub async fn reconnect(&self, max_connections: u32) -> Result<Self, sqlx::Error> {
         Ok(match self {
-            Self::Postgres(pool) => Self::Postgres(
-                pool.options()
-                    .clone()
-                    .max_connections(max_connections)
-                    .connect_with((*pool.connect_options()).clone())
-                    .await?,
-            ),
+            Self::Postgres(pool) => Self::Postgres(reconnect(pool, max_connections).await?),
             #[cfg(feature = "mysql")]
-            Self::MySql(pool, shop) => Self::MySql(
-                pool.options()
-                    .clone()
-                    .max_connections(max_connections)
-                    .connect_with((*pool.connect_options()).clone())
-                    .await?,
-                shop.clone(),
-            ),
+            Self::MySql(pool, shop) => Self::MySql(reconnect(pool, max_connections).await?, shop.clone()),
         })
     }
 
@@ -135,4 +149,14 @@ impl ShopPool {
             Self::MySql(pool, _) => pool.close().await,
         }
     }
+}
+
+/// A new pool of at most `max_connections`, with `pool`'s connect and pool options.
+///
+/// Errors: the database unreachable.
+async fn reconnect<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    max_connections: u32,
+) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    pool.options().clone().max_connections(max_connections).connect_with((*pool.connect_options()).clone()).await
 }

@@ -242,12 +242,6 @@ impl Settings {
         groups::resolve(&self.consumer, &self.groups.0)
     }
 
-    /// Whether [`Settings::database_url`] names MySQL or MariaDB (`mysql://`, `mariadb://`).
-    pub fn on_mysql(&self) -> bool {
-        let url = self.database_url.expose();
-        url.starts_with("mysql:") || url.starts_with("mariadb:")
-    }
-
     /// Connections of the engine's own pool: half of [`Settings::db_max_connections`], at
     /// least 4.
     pub fn engine_pool_size(&self) -> u32 {

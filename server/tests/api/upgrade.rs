@@ -3,7 +3,7 @@
 //! place by what `dedup-console migrate` runs, with no row lost.
 
 use dedup_console::config::Settings;
-use dedup_console::startup::open_database_with_example;
+use dedup_console::example_database::open_example_database;
 use dedup_engine::console::overview::OverviewReads;
 use dedup_engine::testing::TestDatabase;
 use sqlx::{Connection, PgConnection, PgPool};
@@ -39,8 +39,7 @@ async fn a_database_from_before_schemas_upgrades_in_place_with_no_row_lost() {
 
     let settings = Settings { database_url: db.url.as_str().into(), ..Settings::default() };
     for run in 0..2 {
-        let upgraded =
-            open_database_with_example(&settings).await.unwrap_or_else(|e| panic!("migrate run {run}: {e:#}"));
+        let upgraded = open_example_database(&settings).await.unwrap_or_else(|e| panic!("migrate run {run}: {e:#}"));
         upgraded.close().await;
     }
 

@@ -277,7 +277,7 @@ async fn on_mysql_the_demo_starts_and_seed_accounts_and_the_console_work() {
     // The engine's database as the team's: the two migration histories would collide.
     let out = world.command(&["migrate"]).env("DATABASE_URL", url_of(&db.name)).output().await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("need a database of their own"), "{stderr}");
+    assert!(!out.status.success() && stderr.contains("give the engine a database of its own"), "{stderr}");
 
     // A host mounts the console on an engine on MySQL.
     let pool = dedup_engine::mysql::connect(&url_of(&shop), &Default::default()).await.unwrap();

@@ -58,14 +58,14 @@ fn list(text: FilterText<'_>) -> RecordListParams {
 /// a dead-letter drill-down on a class no record has touches almost none.
 pub async fn console_reads_on_mysql_touch_no_whole_table() {
     let h = MySqlHarness::fresh().await;
-    let EnginePool::MySql(pool) = h.engine_pool() else { unreachable!("the MySQL harness") };
+    let pool = h.engine_pool().mysql().expect("the MySQL harness").clone();
     let domain = SeedDomain::new(&["alpha-service", "beta-service"], &["THING.MADE", "THING.SOLD", "THING.SENT"]);
     let params = SeedParams { records: RECORDS, days: 30, batch: 20_000 };
     seed_records(&pool, &params, &domain, |_, _| {}).await.expect("seed");
     sqlx::raw_sql("ANALYZE TABLE dedup_records, record_attempts").execute(&pool).await.expect("ANALYZE");
 
     let conn = pool.options().clone().max_connections(1).connect_lazy_with((*pool.connect_options()).clone());
-    let one = EnginePool::MySql(conn.clone());
+    let one = EnginePool::from(conn.clone());
     let store = console_store(&one);
     let overhead = touched(&conn, 0, async { Ok(()) }).await;
     let (min, max) = store.id_bounds().await.unwrap().expect("seeded");

@@ -3,6 +3,7 @@
 //! ([`DatabasePool`]) — and what the engine's start needs of it: the team's session checked, the
 //! engine's database created and migrated ([`ready_mysql`], [`ready`]).
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,16 +18,28 @@ use crate::actions::NamedLock;
 use crate::console::ConsoleStore;
 use crate::db::{Schema, SchemaError};
 use crate::runtime::books::RuntimeBooks;
-use crate::runtime::{DatabasePool, EngineError, EnginePool};
+use crate::runtime::{DatabasePool, EngineBuilder, EngineError, EnginePool, StartOn, StartedEngine};
 
 impl From<MySqlPool> for EnginePool {
     fn from(pool: MySqlPool) -> Self {
-        Self::MySql(pool)
+        Self::new(pool)
+    }
+}
+
+impl EnginePool {
+    /// The MySQL pool, when the engine runs on MySQL or MariaDB (what a host keeps beside the
+    /// engine's tables on MySQL only); `None` on another database.
+    pub fn mysql(&self) -> Option<&MySqlPool> {
+        self.downcast()
     }
 }
 
 #[async_trait]
 impl DatabasePool for MySqlPool {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
     fn service(&self) -> crate::Service {
         crate::Service::MySql
     }
@@ -85,13 +98,21 @@ impl DatabasePool for MySqlPool {
     async fn lock_named(&self, name: &str, wait: Duration) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
         super::named_lock::lock_named(self, name, wait).await
     }
+
+    async fn open_engine_pool(&self, schema: &Schema, max_connections: u32) -> Result<EnginePool, EngineError> {
+        Ok(ready_mysql(self, schema, max_connections).await?.into())
+    }
+
+    async fn start_engine(&self, builder: &EngineBuilder, start: StartOn<'_>) -> Result<StartedEngine, EngineError> {
+        builder.start_on(ready(self, &builder.schema, builder.pool_size).await?, start).await
+    }
 }
 
 /// Readies MySQL for an engine on the team's pool `host` ([`ready_mysql`]), and returns the store
 /// on `host` (transactional batches begin there) and the engine's pool.
 ///
 /// Errors: [`ready_mysql`]'s.
-pub(crate) async fn ready(
+async fn ready(
     host: &MySqlPool,
     schema: &Schema,
     max_connections: u32,

@@ -54,18 +54,27 @@ async fn migrate_with(
 ) -> Result<(), SchemaError> {
     let mut conn = PgConnection::connect_with(&schema_options(pool, schema)).await?;
     sqlx::query("SELECT pg_advisory_lock($1)").bind(MIGRATE_LOCK).execute(&mut conn).await?;
-    let result = async {
-        if move_legacy {
-            legacy::move_into(&mut conn, schema).await?;
-        }
-        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {}", schema.quoted())).execute(&mut conn).await?;
-        migrator.run(&mut conn).await?;
-        Ok::<_, SchemaError>(())
-    }
-    .await;
+    let result = migrate_locked(&mut conn, schema, migrator, move_legacy).await;
     // Closing the connection releases the lock whatever happened.
     conn.close().await?;
     result
+}
+
+/// [`migrate_with`]'s work on `conn`, which holds the migration lock. (A function, not an async
+/// block, and `run_direct`, not `run`'s `Acquire`: rustc cannot prove either `Send` for every
+/// lifetime, which the engine's start, boxed as `Send` per database, needs.)
+async fn migrate_locked(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    migrator: &Migrator,
+    move_legacy: bool,
+) -> Result<(), SchemaError> {
+    if move_legacy {
+        legacy::move_into(conn, schema).await?;
+    }
+    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {}", schema.quoted())).execute(&mut *conn).await?;
+    migrator.run_direct(conn).await?;
+    Ok(())
 }
 
 /// The options of `pool` with `search_path` set to `schema` alone and no statement timeout (a

@@ -1,7 +1,9 @@
 //! PostgreSQL's side of an [`EnginePool`]: a `PgPool` is one, and what an engine does with it
 //! — ping, close, a bounded pool beside it, the console's roles and the runtime's books on it
-//! ([`DatabasePool`]) — and what the engine's start needs of it ([`ready`]).
+//! ([`DatabasePool`]) — and what the engine's start needs of it ([`ready`]): the engine's schema
+//! migrated, the store and the engine's pool.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,25 +16,28 @@ use crate::actions::NamedLock;
 use crate::console::ConsoleStore;
 use crate::db::Schema;
 use crate::runtime::books::RuntimeBooks;
-use crate::runtime::{DatabasePool, EngineError, EnginePool};
+use crate::runtime::{DatabasePool, EngineBuilder, EngineError, EnginePool, StartOn, StartedEngine};
 
 impl From<PgPool> for EnginePool {
     fn from(pool: PgPool) -> Self {
-        Self::Postgres(pool)
+        Self::new(pool)
     }
 }
 
 impl EnginePool {
     /// The PostgreSQL pool, when the engine runs on PostgreSQL (what a host keeps beside the
     /// engine's tables on PostgreSQL only); `None` on another database.
-    #[allow(irrefutable_let_patterns)] // PostgreSQL is the only database without the feature `mysql`.
     pub fn postgres(&self) -> Option<&PgPool> {
-        if let Self::Postgres(pool) = self { Some(pool) } else { None }
+        self.downcast()
     }
 }
 
 #[async_trait]
 impl DatabasePool for PgPool {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
     fn service(&self) -> crate::Service {
         crate::Service::PostgreSql
     }
@@ -61,14 +66,13 @@ impl DatabasePool for PgPool {
             .clone()
             .application_name(application_name)
             .options([("statement_timeout", ms.as_str())]);
-        EnginePool::Postgres(
-            self.options()
-                .clone()
-                .max_connections(max_connections.max(1))
-                .min_connections(0)
-                .acquire_timeout(statement_timeout)
-                .connect_lazy_with(options),
-        )
+        self.options()
+            .clone()
+            .max_connections(max_connections.max(1))
+            .min_connections(0)
+            .acquire_timeout(statement_timeout)
+            .connect_lazy_with(options)
+            .into()
     }
 
     fn console_store(&self) -> &dyn ConsoleStore {
@@ -82,6 +86,14 @@ impl DatabasePool for PgPool {
     async fn lock_named(&self, name: &str, wait: Duration) -> Result<Option<Box<dyn NamedLock>>, sqlx::Error> {
         super::named_lock::lock_named(self, name, wait).await
     }
+
+    async fn open_engine_pool(&self, schema: &Schema, max_connections: u32) -> Result<EnginePool, EngineError> {
+        Ok(ready(self, schema, max_connections).await?.1)
+    }
+
+    async fn start_engine(&self, builder: &EngineBuilder, start: StartOn<'_>) -> Result<StartedEngine, EngineError> {
+        builder.start_on(ready(self, &builder.schema, builder.pool_size).await?, start).await
+    }
 }
 
 /// Readies PostgreSQL for an engine on the team's pool `host`: migrates the engine's `schema`
@@ -89,7 +101,7 @@ impl DatabasePool for PgPool {
 /// and the engine's pool ([`super::engine_pool`], at most `max_connections`).
 ///
 /// Errors: a failed migration, or a dedup table without its dedup key.
-pub(crate) async fn ready(
+async fn ready(
     host: &PgPool,
     schema: &Schema,
     max_connections: u32,

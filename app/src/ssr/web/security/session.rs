@@ -79,6 +79,20 @@ const TABLE_LOCK: &str = "dedup_console.session_table";
 /// Longest wait for another server creating the session table.
 const TABLE_LOCK_WAIT: Duration = Duration::from_secs(300);
 
+/// The session store of `pool`'s database, its table in `schema` (not created yet).
+///
+/// Errors: a database without a session store here; a schema tower-sessions refuses.
+fn database_sessions(pool: &EnginePool, schema: &str) -> anyhow::Result<Arc<dyn DatabaseSessions>> {
+    if let Some(pool) = pool.postgres() {
+        return Ok(Arc::new(PostgresStore::new(pool.clone()).with_schema_name(schema).map_err(anyhow::Error::msg)?));
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(pool) = pool.mysql() {
+        return Ok(Arc::new(MySqlStore::new(pool.clone()).with_schema_name(schema).map_err(anyhow::Error::msg)?));
+    }
+    anyhow::bail!("no session store on {}", pool.database())
+}
+
 /// The store on `pool`'s database, its table created in `schema` if missing, under the
 /// engine's named lock `TABLE_LOCK` so that servers starting together do not race.
 ///
@@ -86,16 +100,7 @@ const TABLE_LOCK_WAIT: Duration = Duration::from_secs(300);
 /// The database error of the lock or the store's migration; the lock held by another server
 /// for 300 s; a database without a session store.
 pub async fn store(pool: &EnginePool, schema: &str) -> anyhow::Result<SessionBooks> {
-    let sessions: Arc<dyn DatabaseSessions> = match pool {
-        EnginePool::Postgres(pool) => {
-            Arc::new(PostgresStore::new(pool.clone()).with_schema_name(schema).map_err(anyhow::Error::msg)?)
-        }
-        #[cfg(feature = "mysql")]
-        EnginePool::MySql(pool) => {
-            Arc::new(MySqlStore::new(pool.clone()).with_schema_name(schema).map_err(anyhow::Error::msg)?)
-        }
-        other => anyhow::bail!("no session store on {}", other.database()),
-    };
+    let sessions = database_sessions(pool, schema)?;
     pool.while_locked(TABLE_LOCK, TABLE_LOCK_WAIT, sessions.create_table())
         .await
         .context("locking the session table's creation")?

@@ -167,10 +167,19 @@ impl Application {
         let local_addr = listener.local_addr()?;
         let engine = builder.start().await?;
         let handle = engine.handle().clone();
-        let probes = probes(&settings, handle.pool().clone(), &groups)?;
-        warn_of_dependencies(&probes);
+        let served = async {
+            let probes = probes(&settings, handle.pool().clone(), &groups)?;
+            warn_of_dependencies(&probes);
+            console(&settings, auth, handle, probes, metrics, local_addr).await
+        };
+        let (router, console_shutdown) = match served.await {
+            Ok(served) => served,
+            Err(e) => {
+                engine.stop().await; // its consumers would otherwise run on in a host's runtime
+                return Err(e);
+            }
+        };
         let demo = demo.then(|| Demo::start(&settings, &shop, &engine, &groups, order_settings));
-        let (router, console_shutdown) = console(&settings, auth, handle, probes, metrics, local_addr).await?;
         let shutdown_timeout = Duration::from_millis(settings.shutdown_timeout_ms);
         Ok(Self { listener, router, pool, engine, demo, console_shutdown, shutdown_timeout })
     }

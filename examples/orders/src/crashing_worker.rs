@@ -66,7 +66,7 @@ pub fn spawn_crashing_worker(
                     tracing::warn!("demo: the crashing worker was killed mid-SMS; its record will be stuck")
                 }
                 Ok(()) => {}
-                Err(e) => tracing::warn!(error = %e, "demo: the crashing worker did not start"),
+                Err(e) => tracing::warn!(error = %format_args!("{e:#}"), "demo: the crashing worker did not start"),
             }
             let pause = tokio::runtime::Builder::new_current_thread().enable_time().build();
             if let Ok(pause) = pause {

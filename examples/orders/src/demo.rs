@@ -68,7 +68,7 @@ pub async fn run_demo_traffic(
         tokio::select! {
             () = shutdown.cancelled() => return,
             result = burst => if let Err(e) = result {
-                tracing::warn!(error = %e, "demo traffic: burst not published; retrying later");
+                tracing::warn!(error = %format_args!("{e:#}"), "demo traffic: burst not published; retrying later");
             },
         }
     }

@@ -11,8 +11,8 @@ use dedup_app::ssr::mount::AuthMode;
 use dedup_app::ssr::mount::{ConsoleAuth, ConsoleConfig, DelegatedAuth, HostUser, Role, console_router, mount};
 use dedup_app::ssr::web::router::policy;
 use dedup_console::startup::Application;
-use dedup_engine::testing::{TestDatabase, redis_url};
-use dedup_engine::{Engine, HealthProbes};
+use dedup_engine::testing::{TestBroker, TestDatabase, redis_url};
+use dedup_engine::{Backoff, Engine, HealthProbes};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -358,6 +358,27 @@ async fn a_base_path_a_url_cannot_carry_is_refused_with_a_clear_error() {
         assert!(build(good).await.is_ok(), "{good} was refused");
     }
     engine.stop().await;
+}
+
+/// A start that fails after the engine started (here on the console's base path) stops that
+/// engine: its consumers do not run on in the host's runtime, holding the queue.
+#[tokio::test]
+async fn a_start_that_fails_after_the_engine_started_stops_the_engine() {
+    let db = TestDatabase::create().await;
+    let mut settings = local_settings();
+    settings.listen = "127.0.0.1:0".parse().unwrap();
+    settings.database_url = db.url.as_str().into();
+    let broker = TestBroker::new(settings.amqp_url.expose(), Backoff::default());
+    let queue = broker.settings.queue.clone();
+    settings.consumer.rabbitmq.exchange = broker.settings.exchange.clone();
+    settings.consumer.rabbitmq.queue = queue.clone();
+    settings.console.base_path = "/{id}".to_owned();
+    let refused = Application::build(settings, false).await.err().expect("a base path with a route parameter");
+    assert!(format!("{refused:#}").contains("base path"), "{refused:#}");
+    // A running engine's consumer would have declared the queue and attached within this.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let consumers = broker.queue_state(&queue).await.map_or(0, |(_, consumers)| consumers);
+    assert_eq!(consumers, 0, "no consumer left on {queue}");
 }
 
 /// A resolver with bugs and hostile answers: `x-user: panic` panics, `x-user: evil` refuses with

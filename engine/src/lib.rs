@@ -213,6 +213,7 @@ pub use retry::Backoff;
 pub use runtime::{Engine, EngineBuilder, EngineError, EngineHandle, EnginePool};
 pub use service::{Service, Unreachable};
 pub use source::{DEAD_LETTER_REASON_HEADER, Outbound, Publish, PublishFailed, SourceError, SourceFactory};
+pub use store::ConnectError;
 pub use store::postgres::{connect, migrate, migrate_schema};
 
 /// RabbitMQ (feature `rabbitmq`): a group's queue and topology, the connector, and a

@@ -47,9 +47,11 @@ impl fmt::Display for Service {
 /// Returns `url` with its password (if any) replaced by `***`, for logs and error messages.
 ///
 /// A string that does not parse as a URL is returned as `<unparsable URL>` rather than echoed,
-/// since it may still contain a secret.
+/// since it may still contain a secret; so is one without a host that holds an `@`
+/// (`mysql:root:secret@host/db` parses as a path, whose password the URL parser does not see).
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
+        Ok(parsed) if parsed.host().is_none() && url.contains('@') => "<unparsable URL>".to_owned(),
         Ok(mut parsed) => {
             if parsed.password().is_some() {
                 // Cannot fail: a URL with a password has a host.
@@ -90,6 +92,8 @@ mod tests {
         assert_eq!(redact_url("amqp://guest:s3cret@127.0.0.1:5672/%2f"), "amqp://guest:***@127.0.0.1:5672/%2f");
         assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redact_url("not a url s3cret"), "<unparsable URL>");
+        assert_eq!(redact_url("mysql:root:s3cret@127.0.0.1:3306/db"), "<unparsable URL>");
+        assert_eq!(redact_url("mysql:/db"), "mysql:/db");
     }
 
     #[test]

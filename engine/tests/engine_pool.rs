@@ -7,7 +7,7 @@ use std::time::Duration;
 use dedup_engine::console::console_store;
 use dedup_engine::testing::TestDatabase;
 use dedup_engine::testing::mysql::{TestMySqlDatabase, admin_url as mysql_admin_url};
-use dedup_engine::{Engine, EngineError, EnginePool, PoolSettings, Schema, Service};
+use dedup_engine::{ConnectError, Engine, EngineError, EnginePool, PoolSettings, Schema, Service};
 
 fn settings() -> PoolSettings {
     PoolSettings { max_connections: 2, acquire_timeout: Duration::from_secs(3), ..PoolSettings::default() }
@@ -45,13 +45,35 @@ async fn connect_opens_the_database_the_urls_scheme_names() {
 async fn connect_names_the_database_that_did_not_answer() {
     let cases = [
         ("postgres://postgres:secret@127.0.0.1:1/nothing", Service::PostgreSql),
+        ("PostgreSQL://postgres:secret@127.0.0.1:1/nothing", Service::PostgreSql),
         ("mysql://root:secret@127.0.0.1:1/nothing", Service::MySql),
         ("mariadb://root:secret@127.0.0.1:1/nothing", Service::MySql),
     ];
     for (url, service) in cases {
         let error = EnginePool::connect(url, &settings()).await.expect_err(url);
-        assert_eq!(error.service, service, "{url}: {error}");
-        assert!(!error.url.contains("secret") && error.url.contains("***"), "{url}: the password is redacted: {error}");
+        let ConnectError::Unreachable(unreachable) = &error else { panic!("{url}: {error}") };
+        assert_eq!(unreachable.service, service, "{url}: {error}");
+        assert!(!error.to_string().contains("secret") && error.to_string().contains("***"), "{url}: {error}");
+    }
+}
+
+/// A URL whose scheme names no database is refused, not read as PostgreSQL's (whose parser
+/// ignores the scheme: `jdbc:mysql://…` once created a PostgreSQL database of that name), and
+/// says what it takes; a password in it is not shown.
+#[tokio::test]
+async fn connect_refuses_a_url_whose_scheme_names_no_database() {
+    for url in [
+        "jdbc:mysql://root:secret@127.0.0.1:3306/shop",
+        "localhost:5432/shop",
+        "http://postgres:secret@127.0.0.1:5432/shop",
+        "/var/run/postgresql",
+        "",
+    ] {
+        let error = EnginePool::connect(url, &settings()).await.expect_err(url);
+        assert!(matches!(error, ConnectError::UnknownScheme { .. }), "{url}: {error}");
+        let shown = error.to_string();
+        assert!(shown.contains("postgres://") && shown.contains("mysql://"), "{url}: {shown}");
+        assert!(!shown.contains("secret"), "{url}: {shown}");
     }
 }
 

@@ -7,15 +7,16 @@ use dedup_example_orders::ShopPool;
 
 use crate::config::Settings;
 
-/// Connects to `settings.database_url` and applies the engine's and the example's migrations;
-/// the example's tables' pool (simulating and verifying runs, [`ShopPool`]).
+/// Connects to `settings.database_url` and, once the example's tables have a place there
+/// ([`ShopPool::on`]), applies the engine's and the example's migrations; the example's tables'
+/// pool (simulating and verifying runs, [`ShopPool`]).
 ///
 /// Errors: the database unreachable, a failed migration, a MySQL URL without a database or
 /// naming the engine's.
 pub async fn open_example_database(settings: &Settings) -> anyhow::Result<ShopPool> {
     let host = crate::startup::connect(settings).await?;
-    host.open_engine_pool(&settings.schema, 1).await?.close().await;
     let shop = ShopPool::on(&host, &settings.schema)?;
+    host.open_engine_pool(&settings.schema, 1).await?.close().await;
     shop.migrate().await?;
     Ok(shop)
 }

@@ -14,7 +14,7 @@ use axum::Router;
 use axum::serve::ListenerExt;
 use dedup_engine::console::console_store;
 use dedup_engine::{
-    Broker, Engine, EngineBuilder, EngineHandle, EnginePool, HandlerRegistry, HealthProbes, PoolSettings,
+    Broker, ConnectError, Engine, EngineBuilder, EngineHandle, EnginePool, HandlerRegistry, HealthProbes, PoolSettings,
 };
 use dedup_example_orders as orders;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -52,7 +52,10 @@ pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<EnginePool> {
     let statement_timeout = Some(Duration::from_millis(settings.db_statement_timeout_ms)).filter(|t| !t.is_zero());
     let pool =
         PoolSettings { max_connections: settings.db_max_connections, statement_timeout, ..PoolSettings::default() };
-    EnginePool::connect(settings.database_url.expose(), &pool).await.map_err(crate::hints::with_hint)
+    EnginePool::connect(settings.database_url.expose(), &pool).await.map_err(|e| match e {
+        ConnectError::Unreachable(e) => crate::hints::with_hint(e),
+        other => other.into(),
+    })
 }
 
 /// The engine's pool alone, its tables migrated, for the commands that touch only the engine's

@@ -17,7 +17,7 @@ use super::{EngineBuilder, EngineError, StartOn, StartedEngine};
 use crate::actions::NamedLock;
 use crate::console::ConsoleStore;
 use crate::db::{PoolSettings, Schema};
-use crate::service::Unreachable;
+use crate::store::ConnectError;
 
 /// The team's pool an engine is built on ([`crate::Engine::builder`]): the database that holds
 /// the team's tables and, in a schema (PostgreSQL) or database (MySQL) of their own, the
@@ -95,14 +95,15 @@ impl EnginePool {
         self.0.as_any().downcast_ref()
     }
 
-    /// Opens a pool on the database `url` names, chosen by its scheme: `mysql://` or
-    /// `mariadb://` is MySQL 8 or MariaDB 10.11 (`mysql::connect`, feature `mysql`),
-    /// any other PostgreSQL ([`crate::connect`]); each with `settings` as those take them.
+    /// Opens a pool on the database `url` names, chosen by its scheme (any case): `postgres://`
+    /// or `postgresql://` is PostgreSQL ([`crate::connect`]), `mysql://` or `mariadb://` MySQL 8
+    /// or MariaDB 10.11 (`mysql::connect`, feature `mysql`); each with `settings` as those take
+    /// them.
     ///
-    /// Errors: [`Unreachable`], naming the database, the redacted URL and the cause (a URL that
-    /// does not parse, a server that does not answer, a MySQL URL on a build without the
-    /// feature `mysql`).
-    pub async fn connect(url: &str, settings: &PoolSettings) -> Result<EnginePool, Unreachable> {
+    /// Errors: [`ConnectError::UnknownScheme`] for any other scheme (or none), a MySQL URL on a
+    /// build without the feature `mysql` included; [`ConnectError::Unreachable`], naming the
+    /// database, the redacted URL and the cause.
+    pub async fn connect(url: &str, settings: &PoolSettings) -> Result<EnginePool, ConnectError> {
         crate::store::connect(url, settings).await
     }
 

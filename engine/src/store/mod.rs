@@ -22,6 +22,7 @@ mod lease_store;
 
 pub use errors::DbErrorKind;
 pub(crate) use by_url::connect;
+pub use by_url::ConnectError;
 pub(crate) use conflict_copy::{ConflictCopy, ConflictKind, MAX_OPEN_PAYLOAD_COPIES, all_locked, records_of};
 pub(crate) use errors::count_deadlock_rerun;
 pub(crate) use held_delivery::{HeldDelivery, LATE_DUPLICATE_CLASS};

@@ -46,7 +46,10 @@ impl ShopPool {
                 "the MySQL URL's database {database:?} is the engine's (schema): on MySQL the engine's tables need a \
                  database of their own (each database keeps one migration history)"
             );
-            return Ok(Self::MySql(pool.clone(), crate::mysql::Shop::new(Schema::parse(database)?)));
+            let shop = Schema::parse(database).with_context(|| {
+                format!("the MySQL URL's database {database:?} cannot hold the order example's tables")
+            })?;
+            return Ok(Self::MySql(pool.clone(), crate::mysql::Shop::new(shop)));
         }
         anyhow::bail!("the order example has no tables for {}", pool.database())
     }

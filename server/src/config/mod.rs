@@ -209,8 +209,8 @@ impl Default for Settings {
 impl Settings {
     /// Loads the settings: defaults, then `file` (TOML) if given, then the environment.
     ///
-    /// Errors: a missing or malformed file, an unknown key, or a value of the wrong type; the
-    /// message names the key and where it came from.
+    /// Errors: a missing or malformed file, an unknown key, a value of the wrong type, or
+    /// `db_max_connections = 0`; the message names the key (and where it came from).
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
         let mut figment = Figment::new();
         if let Some(path) = file {
@@ -229,8 +229,14 @@ impl Settings {
             // Other tools use DEDUP_ variables too (DEDUP_BIN, DEDUP_CACHE_DIR): only keys of
             // these settings are read from the environment. Keys inside a section are strict.
             .merge(DedupEnv { top_level: &TOP_LEVEL_KEYS })
-            .extract()
+            .extract::<Self>()
             .map_err(Box::new)
+            .and_then(|settings| match settings.db_max_connections {
+                0 => Err(Box::new(figment::Error::from(
+                    "db_max_connections = 0: the server's pool needs at least one connection".to_owned(),
+                ))),
+                _ => Ok(settings),
+            })
     }
 
     /// The consumer groups to run: each `[[groups]]` entry laid over `[consumer]`, or
@@ -328,6 +334,10 @@ signing_secret = "whsec_c2VjcmV0LXNpZ25pbmc="
             jail.set_env("DEDUP_REQUEST_TIMEOUT_MS", "soon");
             let err = Settings::load(None).unwrap_err().to_string();
             assert!(err.to_lowercase().contains("request_timeout_ms"), "{err}");
+            jail.set_env("DEDUP_REQUEST_TIMEOUT_MS", "1000");
+            jail.set_env("DEDUP_DB_MAX_CONNECTIONS", "0");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.contains("db_max_connections = 0"), "{err}");
             Ok(())
         });
     }

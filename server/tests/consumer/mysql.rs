@@ -278,6 +278,25 @@ async fn on_mysql_the_demo_starts_and_seed_accounts_and_the_console_work() {
     let out = world.command(&["migrate"]).env("DATABASE_URL", url_of(&db.name)).output().await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("give the engine a database of its own"), "{stderr}");
+    // A URL database the example cannot use is refused before the engine's database is made.
+    let engine_database = format!("{}_unused", db.name);
+    let not_a_shop = format!("Shop_{}", db.name); // upper case: no name for the example's tables
+    let out = world
+        .command(&["migrate"])
+        .env("DATABASE_URL", url_of(&not_a_shop))
+        .env("DEDUP_SCHEMA", &engine_database)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("cannot hold the order example's tables"), "{stderr}");
+    let made: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?")
+        .bind(&engine_database)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {not_a_shop}")).execute(&db.pool).await.unwrap();
+    assert_eq!(made, 0, "the engine's database was not made");
 
     // A host mounts the console on an engine on MySQL.
     let pool = dedup_engine::mysql::connect(&url_of(&shop), &Default::default()).await.unwrap();

@@ -6,7 +6,7 @@ use dedup_engine::console::failures::{FailureReads, retries};
 use dedup_engine::console::filter::{FilterText, RecordListParams};
 use dedup_engine::console::overview::GrowthRange;
 use dedup_engine::console::records::{
-    MarkerState, SCAN_WINDOW, UNRECORDED_WORKER, record_detail, record_marker, records_list,
+    MarkerState, RecordPage, SCAN_WINDOW, UNRECORDED_WORKER, record_detail, record_marker, records_list,
 };
 use dedup_engine::fastpath::{FastPath, FastPathSettings};
 use dedup_engine::record::RecordStatus;
@@ -136,6 +136,19 @@ async fn bad_filters_are_refused_with_a_reason() {
 
 /// Walks every page forward, then every page back, while another task keeps inserting newer
 /// records: each original record appears exactly once, in order, both ways.
+/// A page of ten `ORDER.PAY` records in `sort` order: the first, or after or before a cursor.
+async fn pay_page(pool: &PgPool, sort: &str, after: Option<&str>, before: Option<&str>) -> RecordPage {
+    let text = FilterText {
+        sort: Some(sort),
+        message_type: Some("ORDER.PAY"),
+        limit: Some("10"),
+        after,
+        before,
+        ..Default::default()
+    };
+    records_list(pool, &params(text)).await.unwrap()
+}
+
 #[tokio::test]
 async fn keyset_pages_are_stable_under_concurrent_inserts() {
     let db = TestDatabase::create().await;
@@ -158,33 +171,12 @@ async fn keyset_pages_are_stable_under_concurrent_inserts() {
     });
     for sort in ["time", "attempts", "message_id"] {
         // Start below the newest records, so concurrent inserts land "before" the walk.
-        let first = records_list(
-            &p,
-            &params(FilterText {
-                sort: Some(sort),
-                message_type: Some("ORDER.PAY"),
-                limit: Some("10"),
-                ..Default::default()
-            }),
-        )
-        .await
-        .unwrap();
+        let first = pay_page(&p, sort, None, None).await;
         let mut pages = vec![first.clone()];
         let mut next = first.next;
         while let Some(cursor) = next {
             let after = cursor.encode();
-            let page = records_list(
-                &p,
-                &params(FilterText {
-                    sort: Some(sort),
-                    message_type: Some("ORDER.PAY"),
-                    limit: Some("10"),
-                    after: Some(&after),
-                    ..Default::default()
-                }),
-            )
-            .await
-            .unwrap();
+            let page = pay_page(&p, sort, Some(&after), None).await;
             next = page.next.clone();
             pages.push(page);
         }
@@ -202,18 +194,7 @@ async fn keyset_pages_are_stable_under_concurrent_inserts() {
         let mut back = pages.last().unwrap().prev.clone();
         for expected in pages.iter().rev().skip(1) {
             let before = back.expect("a previous page").encode();
-            let page = records_list(
-                &p,
-                &params(FilterText {
-                    sort: Some(sort),
-                    message_type: Some("ORDER.PAY"),
-                    limit: Some("10"),
-                    before: Some(&before),
-                    ..Default::default()
-                }),
-            )
-            .await
-            .unwrap();
+            let page = pay_page(&p, sort, None, Some(&before)).await;
             assert_eq!(page.rows, expected.rows, "{sort}: same page back as forward");
             back = page.prev;
         }

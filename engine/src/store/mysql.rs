@@ -70,7 +70,7 @@ mod sql;
 #[cfg(feature = "testing")]
 pub(crate) mod test_database;
 
-pub use pool::{migrate_engine, ready_mysql};
+pub use pool::migrate_engine;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

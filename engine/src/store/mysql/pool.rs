@@ -130,7 +130,7 @@ async fn ready(
 /// Errors: [`EngineError::MySqlSession`], [`EngineError::EngineDatabaseIsTheTeams`],
 /// [`EngineError::SharedMigrationHistory`], or the database's (unreachable, no right to create
 /// the database, a failed migration).
-pub async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32) -> Result<MySqlPool, EngineError> {
+async fn ready_mysql(host: &MySqlPool, schema: &Schema, max_connections: u32) -> Result<MySqlPool, EngineError> {
     let session = mysql_session(host).await.map_err(SchemaError::Query)?;
     if session.isolation != "READ-COMMITTED" || session.utc_offset_seconds != 0 {
         let TeamSession { isolation, utc_offset_seconds, .. } = session;

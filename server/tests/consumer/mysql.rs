@@ -277,7 +277,7 @@ async fn on_mysql_the_demo_starts_and_seed_accounts_and_the_console_work() {
     // The engine's database as the team's: the two migration histories would collide.
     let out = world.command(&["migrate"]).env("DATABASE_URL", url_of(&db.name)).output().await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("give the engine a database of its own"), "{stderr}");
+    assert!(!out.status.success() && stderr.contains("need a database of their own"), "{stderr}");
     // A URL database the example cannot use is refused before the engine's database is made.
     let engine_database = format!("{}_unused", db.name);
     let not_a_shop = format!("Shop_{}", db.name); // upper case: no name for the example's tables

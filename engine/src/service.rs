@@ -77,10 +77,30 @@ pub struct Unreachable {
 }
 
 impl Unreachable {
-    /// Builds the error from a raw URL (redacted here) and any error (its chain is kept).
+    /// Builds the error from a raw URL (redacted here) and any error (its chain is kept, each
+    /// cause once: [`error_chain`]).
     pub fn new(service: Service, raw_url: &str, cause: impl Into<anyhow::Error>) -> Self {
-        Self { service, url: redact_url(raw_url), cause: format!("{:#}", cause.into()) }
+        Self { service, url: redact_url(raw_url), cause: error_chain(&cause.into()) }
     }
+}
+
+/// `error` and its causes joined by `": "` (as `{:#}` prints them), leaving out a cause whose
+/// text the ones before it already hold: sqlx's errors print their source themselves (`error
+/// returned from database: 1045 (28000): Access denied …` has the source `1045 (28000): Access
+/// denied …`), so the plain chain says each database refusal twice. For a command line's or a
+/// log's last word on an error.
+pub fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain().map(ToString::to_string) {
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 #[cfg(test)]
@@ -94,6 +114,23 @@ mod tests {
         assert_eq!(redact_url("not a url s3cret"), "<unparsable URL>");
         assert_eq!(redact_url("mysql:root:s3cret@127.0.0.1:3306/db"), "<unparsable URL>");
         assert_eq!(redact_url("mysql:/db"), "mysql:/db");
+    }
+
+    #[test]
+    fn a_cause_the_error_already_says_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("error returned from database: {0}")]
+        struct Outer(#[source] Inner);
+        #[derive(Debug, thiserror::Error)]
+        #[error("1045 (28000): Access denied for user 'x'")]
+        struct Inner;
+        let error = Unreachable::new(Service::MySql, "mysql://x@h/db", Outer(Inner));
+        assert_eq!(error.cause, "error returned from database: 1045 (28000): Access denied for user 'x'");
+        let wrapped = anyhow::Error::new(Inner).context("connecting");
+        assert_eq!(
+            Unreachable::new(Service::MySql, "mysql://x@h/db", wrapped).cause,
+            "connecting: 1045 (28000): Access denied for user 'x'"
+        );
     }
 
     #[test]

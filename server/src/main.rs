@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", dedup_engine::console::error_chain(&e));
             ExitCode::FAILURE
         }
     }

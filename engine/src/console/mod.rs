@@ -40,7 +40,7 @@ pub use crate::group::HttpEndpoint;
 pub use crate::instances::{Instance, InstanceConsumer};
 pub use crate::record::{RecordStatus, UnknownStatus};
 pub use crate::runtime::RunningGroup;
-pub use crate::service::redact_url;
+pub use crate::service::{error_chain, redact_url};
 pub use crate::store::DbErrorKind;
 pub use crate::store::postgres::engine_pool;
 

@@ -60,22 +60,36 @@ async fn free_after(pool: &EnginePool, name: &str, within: Duration) -> Option<D
     None
 }
 
+type Locked = Result<Option<()>, sqlx::Error>;
+
+/// `holder` holds `name` (for at most 5 s) while, 200 ms in, `contender` tries it with `wait`:
+/// the holder's answer, the contender's, and how long the contender waited.
+async fn contend(
+    holder: &EnginePool,
+    contender: &EnginePool,
+    name: &str,
+    wait: Duration,
+) -> (Locked, Locked, Duration) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let held = holder.while_locked(name, Duration::from_secs(5), async move {
+        let _ = rx.await;
+    });
+    let contended = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let start = Instant::now();
+        let r = contender.while_locked(name, wait, async {}).await;
+        let _ = tx.send(());
+        (r, start.elapsed())
+    };
+    let (held, (contended, waited)) = tokio::join!(held, contended);
+    (held, contended, waited)
+}
+
 async fn contention_error_panic_cancel_and_leaks(pool: EnginePool, other: EnginePool, db: &str) {
     let mut report = Vec::new();
     // 1. Contention: a second caller gives up after its wait with None.
     let n = name("contention");
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let holder = pool.while_locked(&n, Duration::from_secs(5), async move {
-        let _ = rx.await;
-    });
-    let contender = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let start = Instant::now();
-        let r = other.while_locked(&n, Duration::from_millis(300), async {}).await;
-        let _ = tx.send(());
-        (r, start.elapsed())
-    };
-    let (held, (contended, waited)) = tokio::join!(holder, contender);
+    let (held, contended, waited) = contend(&pool, &other, &n, Duration::from_millis(300)).await;
     assert!(matches!(held, Ok(Some(()))), "{db}: holder {held:?}");
     eprintln!("[{db}] contender: {contended:?} after {waited:?} (wait 300 ms)");
     if !matches!(contended, Ok(None)) {
@@ -175,19 +189,7 @@ async fn while_locked_mariadb() {
 async fn while_locked_postgres_wait_longer_than_statement_timeout() {
     let holder_pool = pg_pool(None).await;
     let bounded = pg_pool(Some(1000)).await;
-    let n = name("stmt-timeout");
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let holder = holder_pool.while_locked(&n, Duration::from_secs(5), async move {
-        let _ = rx.await;
-    });
-    let contender = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let start = Instant::now();
-        let r = bounded.while_locked(&n, Duration::from_secs(3), async {}).await;
-        let _ = tx.send(());
-        (r, start.elapsed())
-    };
-    let (_, (r, waited)) = tokio::join!(holder, contender);
+    let (_, r, waited) = contend(&holder_pool, &bounded, &name("stmt-timeout"), Duration::from_secs(3)).await;
     eprintln!("contender with wait 3 s on a pool with statement_timeout 1 s: {r:?} after {waited:?}");
     assert!(matches!(r, Ok(None)) && waited >= Duration::from_millis(2900), "{r:?} after {waited:?}");
 }
